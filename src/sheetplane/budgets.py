@@ -1,0 +1,165 @@
+"""Every size, time and lease budget of sheetplane, derived by visible arithmetic.
+
+Durations are integer milliseconds (``_MS``); sizes are bytes (``_BYTES``).
+Later modules import these names and never write a literal duration or size
+of their own. The relations between budgets are asserted at import time (see
+the bottom of this module) and exercised again by the property suite, so a
+change that breaks one fails loudly instead of producing a call that can
+outlive the lease or session it runs under.
+
+``docs/budgets.md`` explains each value and why it was chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+
+# --- One gateway call ------------------------------------------------------
+
+#: Per-attempt timeout of one gateway request: connect, send, and read the
+#: whole body. Applied with ``trio.fail_after`` around the attempt, because
+#: httpx's own timeouts are per network operation.
+REQUEST_TIMEOUT_MS: Final = 30_000
+
+#: Delays between attempts of one gateway call: a doubling ladder, so a call
+#: makes ``len(RETRY_DELAYS_MS) + 1`` attempts at most.
+RETRY_DELAYS_MS: Final = (250, 500, 1_000, 2_000)
+
+#: Attempts one gateway call may make.
+MAX_ATTEMPTS: Final = len(RETRY_DELAYS_MS) + 1
+
+#: Retry-After used for back-pressure answers that carry none.
+DEFAULT_RETRY_AFTER_MS: Final = RETRY_DELAYS_MS[-1]
+
+#: The largest server-sent Retry-After honoured between two attempts. Larger
+#: values are clamped to this, and every wait is clamped again to what remains
+#: of the call's budget, so a server cannot stretch a call past
+#: ``CALL_BUDGET_MS``.
+MAX_RETRY_AFTER_MS: Final = 2 * RETRY_DELAYS_MS[-1]
+
+#: The whole budget of one gateway call: every attempt at its timeout plus
+#: every ladder delay between them.
+CALL_BUDGET_MS: Final = REQUEST_TIMEOUT_MS * MAX_ATTEMPTS + sum(RETRY_DELAYS_MS)
+
+#: The longest a value may wait in a ``BoundedBatchFunction`` lane before its
+#: batch starts: one whole call budget. A lane that cannot start a batch in
+#: that time is wedged, and its callers get ``LaneWedgedError``.
+MAX_QUEUE_WAIT_MS: Final = REQUEST_TIMEOUT_MS * (len(RETRY_DELAYS_MS) + 1) + sum(RETRY_DELAYS_MS)
+
+# --- Response sizes ----------------------------------------------------------
+
+#: What one HTTP response may carry on this platform's transport.
+TRANSPORT_CEILING_BYTES: Final = 16 * MiB
+
+#: Decoded bytes a batch read may answer. The rest of the transport ceiling is
+#: left for the envelope (page wrappers, echoed limits and offsets, headers).
+READ_BATCH_MAX_RESPONSE_BYTES: Final = 12 * MiB
+
+#: Room left under the transport ceiling for everything that is not row data.
+RESPONSE_ENVELOPE_HEADROOM_BYTES: Final = TRANSPORT_CEILING_BYTES - READ_BATCH_MAX_RESPONSE_BYTES
+
+#: Decoded bytes any other gateway action may answer.
+ACTION_MAX_RESPONSE_BYTES: Final = TRANSPORT_CEILING_BYTES
+
+# --- The page reader's batcher ---------------------------------------------
+
+#: Pages one batch read may carry (the gateway accepts 1 to 4).
+READ_BATCH_MAX_PAGES: Final = 4
+
+#: Batch reads in flight per page reader, all lanes together.
+READ_BATCH_MAX_IN_FLIGHT: Final = 2
+
+#: Pages queued or in flight per page reader: two full batches.
+READ_BATCH_MAX_RETAINED_PAGES: Final = READ_BATCH_MAX_PAGES * READ_BATCH_MAX_IN_FLIGHT
+
+#: Estimated request bytes one batch may carry.
+READ_BATCH_MAX_REQUEST_BYTES: Final = 16 * KiB
+
+#: Estimated request bytes queued or in flight per page reader.
+READ_BATCH_MAX_RETAINED_REQUEST_BYTES: Final = READ_BATCH_MAX_REQUEST_BYTES * READ_BATCH_MAX_PAGES
+
+#: Linger before a non-full batch of page reads dispatches.
+READ_BATCH_FLUSH_MS: Final = 5
+
+#: Rows one page read may ask for; larger limits are clamped.
+READ_PAGE_MAX_ROWS: Final = 5_000
+
+# --- Postgres ------------------------------------------------------------------
+
+#: Rows per admission or write statement.
+POSTGRES_WRITE_CHUNK_ROWS: Final = 5_000
+
+#: Timeout of one TCP connect to Postgres.
+POSTGRES_CONNECT_TIMEOUT_MS: Final = 5_000
+
+#: Delays between connect attempts on transient errors (ECONNRESET,
+#: ECONNREFUSED, ETIMEDOUT, SQLSTATE 57P01, "connection terminated/closed/reset").
+POSTGRES_CONNECT_RETRY_DELAYS_MS: Final = (250, 750, 1_500)
+
+#: ``statement_timeout`` set on every sheetplane connection.
+POSTGRES_STATEMENT_TIMEOUT_MS: Final = 20_000
+
+#: The longest one store operation can take: every connect attempt at its
+#: timeout, every delay between them, then one statement at its timeout.
+POSTGRES_OPERATION_BUDGET_MS: Final = (
+    POSTGRES_CONNECT_TIMEOUT_MS * (len(POSTGRES_CONNECT_RETRY_DELAYS_MS) + 1)
+    + sum(POSTGRES_CONNECT_RETRY_DELAYS_MS)
+    + POSTGRES_STATEMENT_TIMEOUT_MS
+)
+
+#: Longest wait for a pooled connection before the gateway answers 503
+#: back-pressure instead of queueing further.
+POSTGRES_POOL_ACQUIRE_TIMEOUT_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS
+
+#: Retry-After the gateway sends with pool back-pressure.
+POSTGRES_BACKPRESSURE_RETRY_AFTER_MS: Final = RETRY_DELAYS_MS[1]
+
+# --- DB sessions ---------------------------------------------------------------
+
+#: Lifetime of a scoped database session (and of its Postgres role).
+DB_SESSION_TTL_MS: Final = 10 * 60 * 1_000
+
+#: A cached session is reused only while more than this remains. It covers one
+#: whole store operation, so a reused session outlives the longest operation
+#: started on it.
+DB_SESSION_RENEWAL_WINDOW_MS: Final = 60_000
+
+#: How often the gateway drops expired session roles.
+DB_SESSION_REAPER_INTERVAL_MS: Final = DB_SESSION_RENEWAL_WINDOW_MS
+
+# --- Leases ----------------------------------------------------------------------
+
+#: A runner's lease on one sheet attempt. Renewed every
+#: ``SHEET_ATTEMPT_LEASE_RENEWAL_MS``; a renewal that starts then and takes a
+#: whole call budget still lands before the lease expires.
+SHEET_ATTEMPT_LEASE_TTL_MS: Final = 2 * CALL_BUDGET_MS
+SHEET_ATTEMPT_LEASE_RENEWAL_MS: Final = (SHEET_ATTEMPT_LEASE_TTL_MS - CALL_BUDGET_MS) // 2
+
+#: A claim on one work receipt: the same derivation, so a claimant may make a
+#: whole call (gateway or direct) under the claim and still renew it in time.
+WORK_RECEIPT_LEASE_TTL_MS: Final = 2 * CALL_BUDGET_MS
+WORK_RECEIPT_LEASE_RENEWAL_MS: Final = (WORK_RECEIPT_LEASE_TTL_MS - CALL_BUDGET_MS) // 2
+
+
+def _check() -> None:
+    """The relations between budgets; raised at import if one is broken."""
+    assert MAX_QUEUE_WAIT_MS == CALL_BUDGET_MS
+    assert DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS
+    assert 0 < READ_BATCH_MAX_RESPONSE_BYTES < TRANSPORT_CEILING_BYTES
+    assert RESPONSE_ENVELOPE_HEADROOM_BYTES >= TRANSPORT_CEILING_BYTES // 8
+    assert READ_BATCH_MAX_RETAINED_PAGES >= READ_BATCH_MAX_PAGES
+    assert READ_BATCH_MAX_RETAINED_REQUEST_BYTES >= READ_BATCH_MAX_REQUEST_BYTES
+    assert DB_SESSION_RENEWAL_WINDOW_MS >= POSTGRES_OPERATION_BUDGET_MS
+    assert DB_SESSION_TTL_MS > 2 * DB_SESSION_RENEWAL_WINDOW_MS
+    for ttl, renewal in (
+        (SHEET_ATTEMPT_LEASE_TTL_MS, SHEET_ATTEMPT_LEASE_RENEWAL_MS),
+        (WORK_RECEIPT_LEASE_TTL_MS, WORK_RECEIPT_LEASE_RENEWAL_MS),
+    ):
+        assert renewal > 0 and renewal + CALL_BUDGET_MS <= ttl
+        assert ttl > POSTGRES_OPERATION_BUDGET_MS
+
+
+_check()

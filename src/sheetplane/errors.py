@@ -1,0 +1,299 @@
+"""The exceptions sheetplane raises.
+
+Every class carries a stable ``code`` (a class attribute) that logs, metrics and
+tests can match on. Errors caused by bad input also derive from ``ValueError``
+or ``TypeError`` so generic handlers keep working.
+
+The tree::
+
+    SheetplaneError
+    ├── InvalidInputError (ValueError)        bad arguments; nothing was written
+    ├── BatchingError
+    │   ├── LaneWedgedError                   a value waited past max_wait
+    │   ├── OversizedValueError (ValueError)  one value exceeds the retained-bytes cap
+    │   ├── BatchContractError                execute broke its contract
+    │   └── BatcherClosedError                submit outside or after the batcher
+    ├── ReadBatchTooLargeError                a batch read exceeds the response budget
+    ├── ResponseTooLargeError                 a response exceeds its action's budget
+    ├── GatewayError                          the gateway answered an error
+    │   ├── GatewayAuthError                  401 / 403
+    │   ├── UnsupportedActionError            a gateway that predates the action
+    │   ├── TransientGatewayError             retryable, and retries ran out
+    │   │   ├── BackpressureError             503 runtime_postgres_admission_backpressure
+    │   │   └── GatewayTimeoutError           an attempt outlived REQUEST_TIMEOUT_MS
+    │   └── GatewayProtocolError              a malformed or inconsistent answer
+    ├── StoreError                            Postgres failed an operation
+    │   ├── StoreUnavailableError             could not connect within the ladder
+    │   └── StatementTimeoutError             a statement ran past its timeout
+    ├── AttemptSupersededError                a newer admission fenced this attempt
+    ├── WriteConflictError                    same version, different values
+    └── SessionError                          scoped DB sessions
+        ├── SessionExpiredError
+        └── EnvelopeDecryptionError           the encrypted Postgres URL did not open
+
+No message ever contains a secret: tokens and database URLs are redacted
+before they reach an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+
+class SheetplaneError(Exception):
+    """Base class of every error sheetplane raises on purpose."""
+
+    code: ClassVar[str] = "sheetplane_error"
+
+
+class InvalidInputError(SheetplaneError, ValueError):
+    """An argument was rejected before anything was read or written."""
+
+    code = "invalid_input"
+
+
+# --- batching -----------------------------------------------------------------
+
+
+class BatchingError(SheetplaneError):
+    """Base of the errors raised by ``BoundedBatchFunction``."""
+
+    code = "batching_error"
+
+
+class LaneWedgedError(BatchingError):
+    """The value's ``max_wait`` passed before its batch started executing.
+
+    The value is withdrawn and is never handed to ``execute`` afterwards.
+    """
+
+    code = "lane_wedged"
+
+
+class OversizedValueError(BatchingError, ValueError):
+    """One value's estimate alone exceeds ``max_retained_bytes``."""
+
+    code = "oversized_value"
+
+
+class BatchContractError(BatchingError):
+    """``execute`` returned something other than one result per value."""
+
+    code = "batch_contract_violation"
+
+
+class BatcherClosedError(BatchingError):
+    """``submit`` outside the batcher's ``async with`` block, or after it was torn down."""
+
+    code = "batcher_closed"
+
+
+# --- response budgets -------------------------------------------------------------
+
+
+class ReadBatchTooLargeError(SheetplaneError):
+    """A batch read would answer more than ``READ_BATCH_MAX_RESPONSE_BYTES``.
+
+    ``observed_bytes`` is a lower bound on the decoded size that was seen.
+    """
+
+    code = "runtime_sheet_read_batch_too_large"
+
+    def __init__(self, observed_bytes: int) -> None:
+        from .budgets import READ_BATCH_MAX_RESPONSE_BYTES
+
+        self.observed_bytes = observed_bytes
+        super().__init__(
+            f"read batch exceeds the {READ_BATCH_MAX_RESPONSE_BYTES} byte decoded response "
+            f"budget (observed at least {observed_bytes} bytes)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.observed_bytes,))
+
+
+class ResponseTooLargeError(SheetplaneError):
+    """A gateway response exceeded the byte budget of its action."""
+
+    code = "response_too_large"
+
+    def __init__(self, action: str, limit: int, observed: int) -> None:
+        self.action = action
+        self.limit = limit
+        self.observed = observed
+        super().__init__(
+            f"{action} response exceeds its {limit} byte budget "
+            f"(observed at least {observed} bytes)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.action, self.limit, self.observed))
+
+
+# --- gateway ----------------------------------------------------------------------
+
+
+class GatewayError(SheetplaneError):
+    """The runtime gateway answered with an error.
+
+    ``status`` is the HTTP status (0 when no response arrived), ``gateway_code``
+    the body's ``code`` if any, ``details`` the body's ``details`` or
+    ``debug_error``.
+    """
+
+    code = "gateway_error"
+
+    def __init__(
+        self,
+        status: int,
+        code: str | None,
+        message: str,
+        details: Any = None,
+    ) -> None:
+        self.status = status
+        self.gateway_code = code
+        self.message = message
+        self.details = details
+        text = message if status == 0 else f"HTTP {status}: {message}"
+        if code:
+            text = f"{text} [{code}]"
+        if details not in (None, "", {}, []):
+            text = f"{text} ({details})"
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.gateway_code, self.message, self.details))
+
+
+class GatewayAuthError(GatewayError):
+    """401 (no valid token) or 403 (the token's org does not own the sheet)."""
+
+    code = "gateway_auth"
+
+
+class UnsupportedActionError(GatewayError):
+    """The gateway predates the action ("Unsupported runtime data-plane action")."""
+
+    code = "unsupported_action"
+
+
+class TransientGatewayError(GatewayError):
+    """A retryable failure (connect error, reset, 502/503/504, a transient message)
+    that outlasted the retry ladder or the call's budget."""
+
+    code = "transient_gateway_error"
+
+
+class BackpressureError(TransientGatewayError):
+    """503 ``runtime_postgres_admission_backpressure``; ``retry_after_ms`` says when to retry."""
+
+    code = "runtime_postgres_admission_backpressure"
+
+    def __init__(
+        self,
+        status: int,
+        code: str | None,
+        message: str,
+        details: Any = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        self.retry_after_ms = retry_after_ms
+        super().__init__(status, code, message, details)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            type(self),
+            (self.status, self.gateway_code, self.message, self.details, self.retry_after_ms),
+        )
+
+
+class GatewayTimeoutError(TransientGatewayError):
+    """An attempt did not finish within ``REQUEST_TIMEOUT_MS``."""
+
+    code = "gateway_timeout"
+
+
+class GatewayProtocolError(GatewayError):
+    """The gateway's answer was malformed, truncated or inconsistent with the request."""
+
+    code = "gateway_protocol_error"
+
+
+# --- store ----------------------------------------------------------------------------
+
+
+class StoreError(SheetplaneError):
+    """Postgres failed a sheetplane operation."""
+
+    code = "store_error"
+
+
+class StoreUnavailableError(StoreError):
+    """No connection could be made within the connect-retry ladder."""
+
+    code = "store_unavailable"
+
+
+class StatementTimeoutError(StoreError):
+    """A statement ran past ``POSTGRES_STATEMENT_TIMEOUT_MS`` and was cancelled."""
+
+    code = "statement_timeout"
+
+
+# --- fencing ----------------------------------------------------------------------------
+
+
+class AttemptSupersededError(SheetplaneError):
+    """A terminal write found rows that a newer (or other) admission owns.
+
+    ``stale_rows`` is the sequence of stale-row records that superseded the
+    attempt; the message counts them by reason and shows up to five keys.
+    """
+
+    code = "attempt_superseded"
+
+    def __init__(self, stale_rows: Sequence[Mapping[str, Any]]) -> None:
+        self.stale_rows = tuple(stale_rows)
+        counts: dict[str, int] = {}
+        for row in self.stale_rows:
+            reason = str(row.get("reason", "unreported"))
+            counts[reason] = counts.get(reason, 0) + 1
+        reasons = ", ".join(f"{reason}={n}" for reason, n in sorted(counts.items()))
+        sample = ", ".join(repr(row.get("key")) for row in self.stale_rows[:5])
+        more = len(self.stale_rows) - 5
+        if more > 0:
+            sample = f"{sample}, and {more} more"
+        super().__init__(
+            f"attempt superseded: {len(self.stale_rows)} stale row(s) ({reasons}); keys: {sample}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stale_rows,))
+
+
+class WriteConflictError(SheetplaneError):
+    """A replay at the same write version carried different values than the stored ones."""
+
+    code = "write_conflict"
+
+
+# --- sessions -----------------------------------------------------------------------
+
+
+class SessionError(SheetplaneError):
+    """A scoped database session could not be created, matched or used."""
+
+    code = "db_session_error"
+
+
+class SessionExpiredError(SessionError):
+    """The session expired (or is inside its renewal window) and cannot be used."""
+
+    code = "db_session_expired"
+
+
+class EnvelopeDecryptionError(SessionError):
+    """The encrypted Postgres URL failed to decrypt or authenticate."""
+
+    code = "envelope_decryption_failed"

@@ -1,0 +1,61 @@
+"""The public namespace: complete, sorted, and every error carries a stable code."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+
+import sheetplane
+from sheetplane import errors
+
+
+def test_all_is_sorted_and_unique() -> None:
+    assert sheetplane.__all__ == sorted(set(sheetplane.__all__))
+
+
+def test_all_names_every_public_attribute() -> None:
+    public = {
+        name
+        for name, value in vars(sheetplane).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    }
+    assert public == set(sheetplane.__all__)
+
+
+def test_every_error_is_exported_with_a_unique_code() -> None:
+    classes = [
+        value
+        for value in vars(errors).values()
+        if inspect.isclass(value) and issubclass(value, errors.SheetplaneError)
+    ]
+    assert {cls.__name__ for cls in classes} <= set(sheetplane.__all__)
+    codes = [cls.code for cls in classes]
+    assert len(codes) == len(set(codes)), codes
+
+
+def test_contract_errors_survive_pickling() -> None:
+    for exc in (
+        errors.ReadBatchTooLargeError(123),
+        errors.ResponseTooLargeError("runtime_sheet_read_rows", 10, 11),
+        errors.GatewayError(502, "bad_gateway", "upstream failed", {"x": 1}),
+        errors.BackpressureError(503, "runtime_postgres_admission_backpressure", "busy", None, 500),
+        errors.AttemptSupersededError([{"key": "a", "reason": "newer_write_version"}]),
+    ):
+        again = pickle.loads(pickle.dumps(exc))
+        assert type(again) is type(exc)
+        assert str(again) == str(exc)
+
+
+def test_read_batch_too_large_carries_observed_bytes() -> None:
+    exc = sheetplane.ReadBatchTooLargeError(12_345)
+    assert exc.observed_bytes == 12_345
+    assert exc.code == "runtime_sheet_read_batch_too_large"
+
+
+def test_attempt_superseded_message_counts_reasons_and_samples_five_keys() -> None:
+    rows = [{"key": f"k{i}", "reason": "newer_write_version"} for i in range(6)]
+    rows.append({"key": "k6", "reason": "older_write_version"})
+    message = str(sheetplane.AttemptSupersededError(rows))
+    assert "7 stale row(s)" in message
+    assert "newer_write_version=6" in message and "older_write_version=1" in message
+    assert "'k4'" in message and "'k5'" not in message and "and 2 more" in message
