@@ -1,0 +1,208 @@
+"""Values the store takes and returns. Plain, frozen, and free of I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from ..errors import InvalidInputError
+
+RowStatus = Literal["pending", "running", "enriched", "failed", "stale"]
+RowMode = Literal["output", "all"]
+StaleReason = Literal[
+    "newer_write_version", "older_write_version", "already_terminal", "unreported"
+]
+ColumnSource = Literal["input", "mapField", "output"]
+Operation = Literal["rows.read", "rows.upsert", "rows.append", "rows.replace"]
+
+#: The benign stale reason: the row was already terminal at this very version.
+BENIGN_STALE_REASONS: frozenset[str] = frozenset({"already_terminal"})
+
+
+@attrs.frozen
+class SheetRef:
+    """Which sheet: an org's play's table namespace."""
+
+    org_id: str
+    """The owning organisation."""
+    play_name: str
+    """The play whose sheet this is."""
+    table_namespace: str
+    """The sheet's namespace within the play."""
+
+
+@attrs.frozen
+class ContractColumn:
+    """One column of a sheet contract."""
+
+    id: str
+    """The column's id in the play."""
+    sql_name: str
+    """Its physical name; a name starting with ``_`` is never a physical column."""
+    source: ColumnSource
+    """Where its value comes from."""
+    field: str | None = None
+    """The row field it reads, when it differs from ``id``."""
+
+    @property
+    def is_physical(self) -> bool:
+        """Whether the sheet table has a jsonb column for it."""
+        return not self.sql_name.startswith("_")
+
+
+@attrs.frozen
+class SheetContract:
+    """The columns a play declares for its sheet."""
+
+    columns: tuple[ContractColumn, ...] = ()
+    """In declaration order."""
+
+    @classmethod
+    def from_json(cls, value: object) -> SheetContract:
+        """Parse the wire shape ``{columns: [{id, sqlName, source, field?}]}``."""
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise InvalidInputError(f"sheet contract must be an object, got {type(value).__name__}")
+        raw = value.get("columns", [])
+        if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
+            raise InvalidInputError("sheet contract columns must be a list")
+        columns = []
+        for item in raw:
+            if not isinstance(item, Mapping):
+                raise InvalidInputError(f"sheet contract column must be an object, got {item!r}")
+            column_id, sql_name = item.get("id"), item.get("sqlName")
+            source, field = item.get("source"), item.get("field")
+            if not isinstance(column_id, str) or not column_id:
+                raise InvalidInputError(f"sheet contract column id must be a string: {item!r}")
+            if not isinstance(sql_name, str) or not sql_name:
+                raise InvalidInputError(f"sheet contract sqlName must be a string: {item!r}")
+            if source not in ("input", "mapField", "output"):
+                raise InvalidInputError(f"sheet contract column source is invalid: {source!r}")
+            if field is not None and not isinstance(field, str):
+                raise InvalidInputError(f"sheet contract column field must be a string: {item!r}")
+            columns.append(ContractColumn(column_id, sql_name, source, field))
+        return cls(tuple(columns))
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire shape."""
+        return {
+            "columns": [
+                {"id": c.id, "sqlName": c.sql_name, "source": c.source}
+                | ({"field": c.field} if c.field is not None else {})
+                for c in self.columns
+            ]
+        }
+
+
+@attrs.frozen
+class Admission:
+    """What ``start_dataset`` did."""
+
+    inserted: int
+    """Rows inserted as new ``pending`` rows."""
+    skipped: int
+    """Input rows not admitted: duplicates within the input and already-enriched rows."""
+    pending_rows: tuple[dict[str, Any], ...]
+    """Rows this attempt must map, each carrying ``_key``, in input order."""
+    completed_rows: tuple[dict[str, Any], ...]
+    """Already-enriched rows merged with their stored outputs, each carrying ``_key``."""
+    write_version: int
+    """This admission's write version; terminal writes must carry it."""
+    table_namespace: str
+    """The sheet's namespace."""
+
+
+@attrs.frozen
+class CompleteRow:
+    """One row's successful map output."""
+
+    key: str
+    """The row key."""
+    data: Mapping[str, Any]
+    """Output values by contract column id or sql name."""
+    cell_meta_patch: Mapping[str, Any] | None = None
+    """Merged into ``_cell_meta``."""
+
+
+@attrs.frozen
+class FailRow:
+    """One row's map failure."""
+
+    key: str
+    """The row key."""
+    error: str
+    """What went wrong, stored in ``_error``."""
+    data: Mapping[str, Any] | None = None
+    """Partial outputs, if any."""
+
+
+@attrs.frozen
+class StaleRow:
+    """A row a terminal write did not touch, and why."""
+
+    key: str
+    """The row key."""
+    reason: StaleReason
+    """Why the row was not written."""
+    row_version_stamp: int | None
+    """The row's stored write version, when the row exists."""
+
+
+@attrs.frozen
+class TerminalWriteResult:
+    """What ``complete_map_rows`` or ``fail_map_rows`` did."""
+
+    committed_keys: tuple[str, ...]
+    """Keys written (or replayed identically) at this version."""
+    stale_rows: tuple[StaleRow, ...]
+    """Keys not written, with their reasons."""
+    updated: int
+    """Rows whose stored state changed."""
+
+    @property
+    def stale_keys(self) -> tuple[str, ...]:
+        """The keys of ``stale_rows``."""
+        return tuple(row.key for row in self.stale_rows)
+
+
+@attrs.frozen
+class WriteResult:
+    """What ``append_rows``, ``upsert_rows`` or ``replace_rows`` did."""
+
+    written: int
+    """Rows inserted or changed."""
+    replayed: bool
+    """True when the idempotency key had already been applied and nothing was written."""
+
+
+@attrs.frozen
+class Summary:
+    """A sheet's status counters."""
+
+    total: int
+    queued: int
+    running: int
+    completed: int
+    failed: int
+
+
+@attrs.frozen
+class Receipt:
+    """A completed unit of work, recorded once."""
+
+    key: str
+    result: Any
+    run_id: str
+    completed_at: str
+    """ISO 8601."""
+
+
+@attrs.frozen
+class ReceiptCompletion:
+    """The receipt and whether this call wrote it."""
+
+    receipt: Receipt
+    completion_disposition: Literal["persisted", "existing"]
