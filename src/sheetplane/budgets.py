@@ -145,21 +145,42 @@ WORK_RECEIPT_LEASE_RENEWAL_MS: Final = (WORK_RECEIPT_LEASE_TTL_MS - CALL_BUDGET_
 
 
 def _check() -> None:
-    """The relations between budgets; raised at import if one is broken."""
-    assert MAX_QUEUE_WAIT_MS == CALL_BUDGET_MS
-    assert DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS
-    assert 0 < READ_BATCH_MAX_RESPONSE_BYTES < TRANSPORT_CEILING_BYTES
-    assert RESPONSE_ENVELOPE_HEADROOM_BYTES >= TRANSPORT_CEILING_BYTES // 8
-    assert READ_BATCH_MAX_RETAINED_PAGES >= READ_BATCH_MAX_PAGES
-    assert READ_BATCH_MAX_RETAINED_REQUEST_BYTES >= READ_BATCH_MAX_REQUEST_BYTES
-    assert DB_SESSION_RENEWAL_WINDOW_MS >= POSTGRES_OPERATION_BUDGET_MS
-    assert DB_SESSION_TTL_MS > 2 * DB_SESSION_RENEWAL_WINDOW_MS
-    for ttl, renewal in (
+    """The relations between budgets; a broken one fails the import (``-O`` cannot skip it)."""
+    leases = (
         (SHEET_ATTEMPT_LEASE_TTL_MS, SHEET_ATTEMPT_LEASE_RENEWAL_MS),
         (WORK_RECEIPT_LEASE_TTL_MS, WORK_RECEIPT_LEASE_RENEWAL_MS),
-    ):
-        assert renewal > 0 and renewal + CALL_BUDGET_MS <= ttl
-        assert ttl > POSTGRES_OPERATION_BUDGET_MS
+    )
+    relations = {
+        "MAX_QUEUE_WAIT_MS == CALL_BUDGET_MS": MAX_QUEUE_WAIT_MS == CALL_BUDGET_MS,
+        "DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS": (
+            DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS
+        ),
+        "0 < READ_BATCH_MAX_RESPONSE_BYTES < TRANSPORT_CEILING_BYTES": (
+            0 < READ_BATCH_MAX_RESPONSE_BYTES < TRANSPORT_CEILING_BYTES
+        ),
+        "envelope headroom >= 1/8 of the transport ceiling": (
+            RESPONSE_ENVELOPE_HEADROOM_BYTES >= TRANSPORT_CEILING_BYTES // 8
+        ),
+        "retained pages hold a full batch": READ_BATCH_MAX_RETAINED_PAGES >= READ_BATCH_MAX_PAGES,
+        "retained request bytes hold a full batch": (
+            READ_BATCH_MAX_RETAINED_REQUEST_BYTES >= READ_BATCH_MAX_REQUEST_BYTES
+        ),
+        "a reused session outlives the longest store operation": (
+            DB_SESSION_RENEWAL_WINDOW_MS >= POSTGRES_OPERATION_BUDGET_MS
+        ),
+        "a session lives past two renewal windows": (
+            DB_SESSION_TTL_MS > 2 * DB_SESSION_RENEWAL_WINDOW_MS
+        ),
+        "a lease renewal lands before expiry even when it takes a whole call": all(
+            renewal > 0 and renewal + CALL_BUDGET_MS <= ttl for ttl, renewal in leases
+        ),
+        "a lease outlives the longest store operation": all(
+            ttl > POSTGRES_OPERATION_BUDGET_MS for ttl, _ in leases
+        ),
+    }
+    broken = [name for name, holds in relations.items() if not holds]
+    if broken:
+        raise RuntimeError(f"sheetplane budgets are inconsistent: {broken}")
 
 
 _check()
