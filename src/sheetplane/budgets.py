@@ -64,6 +64,11 @@ RESPONSE_ENVELOPE_HEADROOM_BYTES: Final = TRANSPORT_CEILING_BYTES - READ_BATCH_M
 #: Decoded bytes any other gateway action may answer.
 ACTION_MAX_RESPONSE_BYTES: Final = TRANSPORT_CEILING_BYTES
 
+#: Characters of one string that ``json_byte_length_up_to`` encodes at a time,
+#: so measuring a huge string holds at most this slice's UTF-8 copy (4 bytes a
+#: character at worst) and stops within one slice of the limit.
+JSON_SIZE_SLICE_CHARS: Final = 64 * KiB
+
 # --- The page reader's batcher ---------------------------------------------
 
 #: Pages one batch read may carry (the gateway accepts 1 to 4).
