@@ -1,0 +1,384 @@
+"""Envelope encryption of scoped Postgres URLs as standard JWE (RFC 7516).
+
+A scoped session's Postgres URL carries a password, so the gateway never
+sends it in the clear. The caller makes a fresh RSA key pair, sends the public
+half as a JWK, and the gateway answers a JWE in the flattened JSON
+serialization (RFC 7516 §7.2.2):
+
+* ``alg`` ``RSA-OAEP-256`` (RSAES-OAEP, SHA-256, MGF1 with SHA-256) wraps a
+  fresh 256-bit content key, ``enc`` ``A256GCM`` encrypts the URL with it;
+* the session's identity (org, play, namespace, logical table, operations,
+  expiry; see :func:`session_aad`) travels as the JWE ``aad`` member, so the
+  GCM additional data is ``ASCII(BASE64URL(protected) || '.' || BASE64URL(aad))``
+  (RFC 7516 §5.1 step 14). An envelope replayed into another session's answer
+  fails to authenticate.
+
+Preloaded sessions (minted ahead of a run by a harness) use the same shape
+with ``alg`` ``A256KW`` (RFC 3394 AES key wrap) under a 32-byte unwrap key.
+
+Every decryption failure, whatever its cause (tampered protected header,
+encrypted key, IV, ciphertext or tag; another AAD; another key; an
+unexpected algorithm; a malformed envelope), raises
+:class:`~sheetplane.errors.EnvelopeDecryptionError` with a message that names
+no plaintext and no key material. A failed RSA unwrap is not reported on its
+own: decryption goes on with a random content key and fails at the tag, so
+the error does not tell an attacker which step failed (RFC 7516 §11.5).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.keywrap import (
+    InvalidUnwrap,
+    aes_key_unwrap,
+    aes_key_wrap,
+)
+
+from .errors import EnvelopeDecryptionError, InvalidInputError
+
+__all__ = [
+    "ENVELOPE_REQUEST_ALG",
+    "RSA_KEY_BITS",
+    "DecryptionKey",
+    "decrypt_postgres_url",
+    "decrypt_with_unwrap_key",
+    "encrypt_postgres_url",
+    "encrypt_with_unwrap_key",
+    "generate_decryption_key",
+    "session_aad",
+]
+
+#: The ``postgresUrlEncryption.alg`` a caller sends with ``create_db_session``.
+ENVELOPE_REQUEST_ALG: Final = "RSA-OAEP-256+A256GCM"
+
+#: Modulus size of the keys this module generates; smaller public keys are refused.
+RSA_KEY_BITS: Final = 2048
+
+_RSA_ALG: Final = "RSA-OAEP-256"
+_KW_ALG: Final = "A256KW"
+_ENC: Final = "A256GCM"
+_CEK_BYTES: Final = 32
+_IV_BYTES: Final = 12
+_TAG_BYTES: Final = 16
+_UNWRAP_KEY_BYTES: Final = 32
+_PUBLIC_EXPONENT: Final = 65537
+_OAEP: Final = padding.OAEP(
+    mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None
+)
+#: Header parameters this implementation understands; any other one in an
+#: envelope (``zip``, ``crit``, ``epk``...) makes it refuse the envelope.
+_KNOWN_HEADER_PARAMS: Final = frozenset({"alg", "enc", "kid", "typ", "cty"})
+_ENVELOPE_MEMBERS: Final = frozenset(
+    {"protected", "unprotected", "header", "encrypted_key", "iv", "ciphertext", "tag", "aad"}
+)
+
+
+# --- base64url ---------------------------------------------------------------
+
+
+def _b64u_encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64u_decode(text: str) -> bytes:
+    """Strict unpadded base64url (RFC 7515 §2): any other alphabet or padding is refused."""
+    if not isinstance(text, str) or "=" in text or len(text) % 4 == 1:
+        raise ValueError("not base64url")
+    try:
+        raw = text.encode("ascii")
+        decoded = base64.b64decode(raw + b"=" * (-len(raw) % 4), altchars=b"-_", validate=True)
+    except (UnicodeEncodeError, binascii.Error):
+        raise ValueError("not base64url") from None
+    if _b64u_encode(decoded) != text:
+        # Non-canonical trailing bits: two strings would name the same bytes.
+        raise ValueError("not canonical base64url")
+    return decoded
+
+
+def _uint_to_b64u(value: int) -> str:
+    return _b64u_encode(value.to_bytes((value.bit_length() + 7) // 8 or 1, "big"))
+
+
+# --- keys ------------------------------------------------------------------------
+
+
+@attrs.define(eq=False, repr=False)
+class DecryptionKey:
+    """An RSA private key that opens envelopes addressed to its public half.
+
+    Its ``repr`` names the key's size and nothing of the key itself.
+    """
+
+    _private_key: rsa.RSAPrivateKey
+
+    def __repr__(self) -> str:
+        return f"<DecryptionKey RSA-{self._private_key.key_size}>"
+
+    @property
+    def private_key(self) -> rsa.RSAPrivateKey:
+        """The private key (for tests and interoperability checks)."""
+        return self._private_key
+
+    def public_jwk(self) -> dict[str, str]:
+        """The public half as a JWK (RFC 7517): ``kty``, ``n``, ``e``, ``alg``, ``use``."""
+        numbers = self._private_key.public_key().public_numbers()
+        return {
+            "kty": "RSA",
+            "n": _uint_to_b64u(numbers.n),
+            "e": _uint_to_b64u(numbers.e),
+            "alg": _RSA_ALG,
+            "use": "enc",
+        }
+
+    def encryption_request(self) -> dict[str, Any]:
+        """The ``postgresUrlEncryption`` member of a ``create_db_session`` request."""
+        return {"alg": ENVELOPE_REQUEST_ALG, "publicKeyJwk": self.public_jwk()}
+
+
+def generate_decryption_key() -> DecryptionKey:
+    """A fresh RSA-2048 key pair with public exponent 65537.
+
+    Generation takes tens of milliseconds of CPU; callers on trio that make
+    many keys should run it in a worker thread.
+    """
+    key = rsa.generate_private_key(public_exponent=_PUBLIC_EXPONENT, key_size=RSA_KEY_BITS)
+    return DecryptionKey(key)
+
+
+def _public_key_from_jwk(jwk: Mapping[str, Any]) -> rsa.RSAPublicKey:
+    """Parse and check an RSA public JWK; raise ``InvalidInputError`` naming what is wrong."""
+    if not isinstance(jwk, Mapping):
+        raise InvalidInputError(f"public key JWK must be an object, got {type(jwk).__name__}")
+    if jwk.get("kty") != "RSA":
+        raise InvalidInputError(f"public key JWK kty must be 'RSA', got {jwk.get('kty')!r}")
+    if "alg" in jwk and jwk["alg"] != _RSA_ALG:
+        raise InvalidInputError(f"public key JWK alg must be {_RSA_ALG!r}, got {jwk['alg']!r}")
+    if "use" in jwk and jwk["use"] != "enc":
+        raise InvalidInputError(f"public key JWK use must be 'enc', got {jwk['use']!r}")
+    key_ops = jwk.get("key_ops")
+    if key_ops is not None and (
+        not isinstance(key_ops, list) or not {"wrapKey", "encrypt"} & set(map(str, key_ops))
+    ):
+        raise InvalidInputError("public key JWK key_ops must allow 'wrapKey' or 'encrypt'")
+    if "d" in jwk:
+        # Refuse a private key sent where a public one belongs: it is a leak.
+        raise InvalidInputError("public key JWK must not carry private key members")
+    n_text, e_text = jwk.get("n"), jwk.get("e")
+    try:
+        if not isinstance(n_text, str) or not isinstance(e_text, str):
+            raise ValueError("n and e must be strings")
+        n = int.from_bytes(_b64u_decode(n_text), "big")
+        e = int.from_bytes(_b64u_decode(e_text), "big")
+    except ValueError:
+        raise InvalidInputError("public key JWK n and e must be base64url integers") from None
+    if n.bit_length() < RSA_KEY_BITS:
+        raise InvalidInputError(
+            f"public key must be at least {RSA_KEY_BITS} bits, got {n.bit_length()}"
+        )
+    if e < 3 or e % 2 == 0:
+        raise InvalidInputError(f"public key exponent must be odd and >= 3, got {e}")
+    try:
+        return rsa.RSAPublicNumbers(e, n).public_key()
+    except ValueError:
+        raise InvalidInputError("public key JWK is not a valid RSA public key") from None
+
+
+# --- the session's identity --------------------------------------------------------------
+
+
+def session_aad(
+    *,
+    org_id: str,
+    play_name: str,
+    table_namespace: str,
+    logical_table: str,
+    operations: Iterable[str],
+    expires_at: str,
+) -> bytes:
+    """The additional authenticated data that binds an envelope to one session.
+
+    Canonical JSON (sorted keys, compact separators, UTF-8) of the session's
+    identity, with ``operations`` sorted so their order does not matter.
+    ``expires_at`` is the exact ``expiresAt`` string of the gateway's answer.
+    """
+    identity = {
+        "expiresAt": expires_at,
+        "logicalTable": logical_table,
+        "operations": sorted(operations),
+        "orgId": org_id,
+        "playName": play_name,
+        "tableNamespace": table_namespace,
+    }
+    for name, value in identity.items():
+        if name != "operations" and not isinstance(value, str):
+            raise InvalidInputError(f"session identity {name} must be a string, got {value!r}")
+    return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+# --- JWE ---------------------------------------------------------------------------------
+
+
+def _seal(url: str, alg: str, encrypted_key_for: Any, aad: bytes) -> dict[str, str]:
+    if not isinstance(url, str):
+        raise InvalidInputError(f"the URL to encrypt must be a string, got {type(url).__name__}")
+    if not isinstance(aad, bytes | bytearray):
+        raise InvalidInputError("aad must be bytes")
+    protected = _b64u_encode(
+        json.dumps({"alg": alg, "enc": _ENC}, separators=(",", ":")).encode("ascii")
+    )
+    aad_b64 = _b64u_encode(bytes(aad))
+    cek = AESGCM.generate_key(bit_length=_CEK_BYTES * 8)
+    iv = os.urandom(_IV_BYTES)
+    sealed = AESGCM(cek).encrypt(iv, url.encode("utf-8"), f"{protected}.{aad_b64}".encode("ascii"))
+    return {
+        "protected": protected,
+        "encrypted_key": _b64u_encode(encrypted_key_for(cek)),
+        "iv": _b64u_encode(iv),
+        "ciphertext": _b64u_encode(sealed[:-_TAG_BYTES]),
+        "tag": _b64u_encode(sealed[-_TAG_BYTES:]),
+        "aad": aad_b64,
+    }
+
+
+@attrs.frozen
+class _Parsed:
+    protected: str
+    encrypted_key: bytes
+    iv: bytes
+    ciphertext: bytes
+    tag: bytes
+
+
+def _fail(reason: str) -> EnvelopeDecryptionError:
+    return EnvelopeDecryptionError(f"encrypted Postgres URL did not open: {reason}")
+
+
+def _parse(envelope: Mapping[str, Any], alg: str, aad: bytes) -> _Parsed:
+    """Check an envelope's shape and headers; raise ``EnvelopeDecryptionError`` if off."""
+    if not isinstance(envelope, Mapping):
+        raise _fail("the envelope is not an object")
+    if not isinstance(aad, bytes | bytearray):
+        raise _fail("the expected aad is not bytes")
+    unknown = set(envelope) - _ENVELOPE_MEMBERS
+    if unknown or "recipients" in envelope:
+        raise _fail("the envelope is not a flattened JWE JSON serialization")
+    members: dict[str, bytes] = {}
+    for name in ("protected", "encrypted_key", "iv", "ciphertext", "tag", "aad"):
+        value = envelope.get(name)
+        if not isinstance(value, str):
+            raise _fail(f"the envelope's {name} member is missing")
+        try:
+            members[name] = _b64u_decode(value)
+        except ValueError:
+            raise _fail(f"the envelope's {name} member is not base64url") from None
+    if envelope["aad"] != _b64u_encode(bytes(aad)):
+        raise _fail("the envelope belongs to another session")
+    try:
+        header = json.loads(members["protected"].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _fail("the protected header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _fail("the protected header is not an object")
+    for name in ("unprotected", "header"):
+        extra = envelope.get(name)
+        if extra is None:
+            continue
+        if not isinstance(extra, Mapping) or set(extra) & (set(header) | {"alg", "enc"}):
+            raise _fail(f"the envelope's {name} member repeats or moves a protected parameter")
+        header = {**header, **extra}
+    if set(header) - _KNOWN_HEADER_PARAMS:
+        raise _fail("the header carries parameters this implementation does not support")
+    if header.get("alg") != alg or header.get("enc") != _ENC:
+        raise _fail(f"the envelope must use alg {alg} with enc {_ENC}")
+    if len(members["iv"]) != _IV_BYTES or len(members["tag"]) != _TAG_BYTES:
+        raise _fail("the IV or tag has the wrong length")
+    return _Parsed(
+        protected=envelope["protected"],
+        encrypted_key=members["encrypted_key"],
+        iv=members["iv"],
+        ciphertext=members["ciphertext"],
+        tag=members["tag"],
+    )
+
+
+def _open(parsed: _Parsed, cek: bytes, aad: bytes) -> str:
+    gcm_aad = f"{parsed.protected}.{_b64u_encode(bytes(aad))}".encode("ascii")
+    try:
+        plaintext = AESGCM(cek).decrypt(parsed.iv, parsed.ciphertext + parsed.tag, gcm_aad)
+    except InvalidTag:
+        raise _fail("authentication failed (tampered, another session, or another key)") from None
+    try:
+        return plaintext.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _fail("the plaintext is not UTF-8") from None
+
+
+def encrypt_postgres_url(url: str, public_jwk: Mapping[str, Any], aad: bytes) -> dict[str, str]:
+    """Encrypt ``url`` to the holder of ``public_jwk``, bound to ``aad``.
+
+    Returns a flattened JWE JSON serialization with members ``protected``,
+    ``encrypted_key``, ``iv``, ``ciphertext``, ``tag`` and ``aad``. A public
+    key that is not RSA of at least 2048 bits raises ``InvalidInputError``.
+    """
+    public_key = _public_key_from_jwk(public_jwk)
+    return _seal(url, _RSA_ALG, lambda cek: public_key.encrypt(cek, _OAEP), aad)
+
+
+def decrypt_postgres_url(envelope: Mapping[str, Any], key: DecryptionKey, aad: bytes) -> str:
+    """Open an envelope made by :func:`encrypt_postgres_url` for ``key``'s public half.
+
+    ``aad`` is the identity of the session the answer describes; an envelope
+    made for any other identity fails. Every failure raises
+    ``EnvelopeDecryptionError``.
+    """
+    parsed = _parse(envelope, _RSA_ALG, aad)
+    try:
+        cek = key.private_key.decrypt(parsed.encrypted_key, _OAEP)
+    except ValueError:
+        cek = b""
+    if len(cek) != _CEK_BYTES:
+        # Go on with a random key so this failure is indistinguishable from a bad tag.
+        cek = os.urandom(_CEK_BYTES)
+    return _open(parsed, cek, aad)
+
+
+def _check_unwrap_key(unwrap_key: bytes) -> bytes:
+    if not isinstance(unwrap_key, bytes | bytearray) or len(unwrap_key) != _UNWRAP_KEY_BYTES:
+        raise InvalidInputError(f"the unwrap key must be {_UNWRAP_KEY_BYTES} bytes")
+    return bytes(unwrap_key)
+
+
+def encrypt_with_unwrap_key(url: str, unwrap_key: bytes, aad: bytes) -> dict[str, str]:
+    """Encrypt ``url`` under a 32-byte harness unwrap key (JWE ``A256KW`` + ``A256GCM``)."""
+    kek = _check_unwrap_key(unwrap_key)
+    return _seal(url, _KW_ALG, lambda cek: aes_key_wrap(kek, cek), aad)
+
+
+def decrypt_with_unwrap_key(envelope: Mapping[str, Any], unwrap_key: bytes, aad: bytes) -> str:
+    """Open an envelope made by :func:`encrypt_with_unwrap_key`; failures raise
+    ``EnvelopeDecryptionError``."""
+    try:
+        kek = _check_unwrap_key(unwrap_key)
+    except InvalidInputError:
+        raise _fail("the unwrap key must be 32 bytes") from None
+    parsed = _parse(envelope, _KW_ALG, aad)
+    try:
+        cek = aes_key_unwrap(kek, parsed.encrypted_key)
+    except (InvalidUnwrap, ValueError):
+        raise _fail("authentication failed (tampered, another session, or another key)") from None
+    if len(cek) != _CEK_BYTES:
+        raise _fail("the wrapped content key has the wrong length")
+    return _open(parsed, cek, aad)
