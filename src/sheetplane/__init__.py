@@ -26,6 +26,8 @@ from .errors import StoreUnavailableError as StoreUnavailableError
 from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
 from .errors import WriteConflictError as WriteConflictError
+from .sizes import SizeMeasurement as SizeMeasurement
+from .sizes import json_byte_length_up_to as json_byte_length_up_to
 
 __version__ = "0.1.0"
 
@@ -48,10 +50,12 @@ __all__ = [
     "SessionError",
     "SessionExpiredError",
     "SheetplaneError",
+    "SizeMeasurement",
     "StatementTimeoutError",
     "StoreError",
     "StoreUnavailableError",
     "TransientGatewayError",
     "UnsupportedActionError",
     "WriteConflictError",
+    "json_byte_length_up_to",
 ]
