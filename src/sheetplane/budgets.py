@@ -64,6 +64,11 @@ RESPONSE_ENVELOPE_HEADROOM_BYTES: Final = TRANSPORT_CEILING_BYTES - READ_BATCH_M
 #: Decoded bytes any other gateway action may answer.
 ACTION_MAX_RESPONSE_BYTES: Final = TRANSPORT_CEILING_BYTES
 
+#: The largest input row a write accepts, as compact JSON. A row must fit in
+#: one page read with room to spare: half the batch-read budget is left for
+#: the outputs a map writes beside it and the system fields a read adds.
+MAX_ROW_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES // 2
+
 #: Characters of one string that ``json_byte_length_up_to`` encodes at a time,
 #: so measuring a huge string holds at most this slice's UTF-8 copy (4 bytes a
 #: character at worst) and stops within one slice of the limit.
@@ -162,6 +167,9 @@ def _check() -> None:
         ),
         "0 < READ_BATCH_MAX_RESPONSE_BYTES < TRANSPORT_CEILING_BYTES": (
             0 < READ_BATCH_MAX_RESPONSE_BYTES < TRANSPORT_CEILING_BYTES
+        ),
+        "a row budget leaves room for its outputs in one page read": (
+            0 < 2 * MAX_ROW_BYTES <= READ_BATCH_MAX_RESPONSE_BYTES
         ),
         "envelope headroom >= 1/8 of the transport ceiling": (
             RESPONSE_ENVELOPE_HEADROOM_BYTES >= TRANSPORT_CEILING_BYTES // 8
