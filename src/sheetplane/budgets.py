@@ -127,6 +127,19 @@ POSTGRES_POOL_ACQUIRE_TIMEOUT_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS
 #: Retry-After the gateway sends with pool back-pressure.
 POSTGRES_BACKPRESSURE_RETRY_AFTER_MS: Final = RETRY_DELAYS_MS[1]
 
+#: A cancelled store call re-sends its cancel request this often until the
+#: worker thread returns: a request that lands between two statements of one
+#: transaction cancels nothing, and the next statement must not run its course.
+POSTGRES_CANCEL_RESEND_MS: Final = POSTGRES_CONNECT_RETRY_DELAYS_MS[0]
+
+#: Longest ``initdb`` or a start/stop of the embedded server may take: two whole
+#: store operations, generous for a loaded two-core CI machine.
+EMBEDDED_POSTGRES_START_TIMEOUT_MS: Final = 2 * POSTGRES_OPERATION_BUDGET_MS
+
+#: Connections the embedded server accepts: room for the many pools a test
+#: session or the demo (direct road, gateway, scoped roles) opens at once.
+EMBEDDED_POSTGRES_MAX_CONNECTIONS: Final = 200
+
 # --- DB sessions ---------------------------------------------------------------
 
 #: Lifetime of a scoped database session (and of its Postgres role).
