@@ -25,6 +25,7 @@ from .errors import StoreError as StoreError
 from .errors import StoreUnavailableError as StoreUnavailableError
 from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
+from .errors import WorkReceiptFencedError as WorkReceiptFencedError
 from .errors import WriteConflictError as WriteConflictError
 from .sizes import SizeMeasurement as SizeMeasurement
 from .sizes import json_byte_length_up_to as json_byte_length_up_to
@@ -56,6 +57,7 @@ __all__ = [
     "StoreUnavailableError",
     "TransientGatewayError",
     "UnsupportedActionError",
+    "WorkReceiptFencedError",
     "WriteConflictError",
     "json_byte_length_up_to",
 ]

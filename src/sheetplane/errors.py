@@ -27,6 +27,7 @@ The tree::
     │   └── StatementTimeoutError             a statement ran past its timeout
     ├── AttemptSupersededError                a newer admission fenced this attempt
     ├── WriteConflictError                    same version, different values
+    ├── WorkReceiptFencedError                another holder's live claim owns the receipt
     └── SessionError                          scoped DB sessions
         ├── SessionExpiredError
         └── EnvelopeDecryptionError           the encrypted Postgres URL did not open
@@ -276,6 +277,16 @@ class WriteConflictError(SheetplaneError):
     """A replay at the same write version carried different values than the stored ones."""
 
     code = "write_conflict"
+
+
+class WorkReceiptFencedError(SheetplaneError):
+    """A work receipt's completion was refused: another holder's unexpired claim owns it.
+
+    The caller's claim expired and another attempt took the work over; the
+    caller must drop its result. Nothing was written.
+    """
+
+    code = "work_receipt_fenced"
 
 
 # --- sessions -----------------------------------------------------------------------
