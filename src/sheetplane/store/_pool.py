@@ -1,0 +1,462 @@
+"""A psycopg connection pool driven from trio.
+
+psycopg's async API is asyncio-only, so sheetplane runs the sync driver
+(``psycopg_pool.ConnectionPool``) on trio worker threads. One
+``trio.CapacityLimiter`` per pool, sized like the pool, admits callers: a
+caller holds one token from before it asks for a connection until its worker
+thread has really finished (even if the caller was cancelled and stopped
+waiting), so the pool never has more threads working on it than connections.
+
+Each ``run(fn)`` takes a connection, runs ``fn(conn)`` inside one transaction
+on a worker thread, and gives the connection back. Every connection carries
+``statement_timeout`` and ``TimeZone=UTC``. Connects retry on transient errors
+along a delay ladder. Errors leave as ``StoreError`` subclasses with the cause
+kept and the URL's password (and any other secret of the URL) redacted.
+
+Cancellation reaches Postgres: a cancelled caller sends a cancel request for
+the running statement (``Connection.cancel_safe``), re-sending it until the
+worker thread returns, then waits for that thread; the transaction is rolled
+back, and the connection goes back to the pool only if it is clean (idle),
+else it is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar, cast
+
+import outcome
+import psycopg
+import trio
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from .. import budgets
+from ..errors import (
+    InvalidInputError,
+    StatementTimeoutError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+__all__ = ["PoolSaturatedError", "TrioPool", "is_transient_connect_error", "open_pool"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+
+class PoolSaturatedError(StoreError):
+    """No pooled connection freed within ``acquire_timeout_ms``: back-pressure, retry later."""
+
+    code = "store_pool_saturated"
+
+
+# --- transient errors and redaction ------------------------------------------------------
+
+_TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08001", "08006"})
+_TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ETIMEDOUT, errno.ECONNREFUSED})
+_TRANSIENT_MESSAGE = re.compile(
+    r"ECONNRESET|ETIMEDOUT|ECONNREFUSED|connection refused|connection reset|timed out"
+    r"|timeout expired|connection (?:terminated|timeout|closed|reset)"
+    r"|server closed the connection unexpectedly|the database system is (?:starting|shutting)",
+    re.IGNORECASE,
+)
+
+
+def is_transient_connect_error(exc: BaseException) -> bool:
+    """Whether a connect failure is worth another attempt (refused, reset, timed out, 57P01)."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate in _TRANSIENT_SQLSTATES:
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    if isinstance(exc, pg_errors.ConnectionTimeout):
+        return True
+    return isinstance(exc, psycopg.OperationalError | OSError) and bool(
+        _TRANSIENT_MESSAGE.search(str(exc))
+    )
+
+
+class _Redactor:
+    """Removes a URL's secrets (and any URL-looking credentials) from text."""
+
+    _URL_CREDENTIALS = re.compile(r"(?i)(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
+    _KEYWORD_PASSWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+    def __init__(self, url: str) -> None:
+        secrets: set[str] = set()
+        with contextlib.suppress(Exception):
+            params = conninfo_to_dict(url)
+            for name in ("password", "sslpassword"):
+                value = params.get(name)
+                if value:
+                    secrets.add(str(value))
+        # The raw URL too, in case it failed to parse (and so leaked verbatim).
+        secrets.add(url)
+        self._secrets = sorted((s for s in secrets if s), key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+        text = self._URL_CREDENTIALS.sub(r"\1[redacted]@", text)
+        return self._KEYWORD_PASSWORD.sub(r"\1[redacted]", text)
+
+
+def _describe(exc: BaseException, redact: _Redactor) -> str:
+    text = redact(str(exc).strip()) or type(exc).__name__
+    sqlstate = getattr(exc, "sqlstate", None)
+    return f"{text} (SQLSTATE {sqlstate})" if sqlstate else text
+
+
+def _translate(exc: psycopg.Error, redact: _Redactor) -> StoreError:
+    """The StoreError for a psycopg error raised while running a statement."""
+    text = _describe(exc, redact)
+    if isinstance(exc, pg_errors.QueryCanceled) and "statement timeout" in str(exc):
+        return StatementTimeoutError(f"statement ran past its timeout: {text}")
+    if isinstance(exc, psycopg.OperationalError) and (
+        exc.sqlstate in _TRANSIENT_SQLSTATES or exc.sqlstate is None
+    ):
+        return StoreUnavailableError(f"lost the Postgres connection: {text}")
+    return StoreError(f"Postgres failed the operation: {text}")
+
+
+# --- the pool ----------------------------------------------------------------------------
+
+
+class _Ticket:
+    """A limiter token already held by a caller, handed to ``to_thread.run_sync``.
+
+    trio releases it when the thread really finishes, even if the caller was
+    cancelled and abandoned the thread.
+    """
+
+    def __init__(self, limiter: trio.CapacityLimiter, borrower: object) -> None:
+        self._limiter = limiter
+        self._borrower = borrower
+        self.handed_over = False
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        # trio calls this right before it starts the thread; from here on trio
+        # releases the token when the thread finishes.
+        self.handed_over = True
+
+    def release_if_kept(self) -> None:
+        """Release the token if trio never took it over (cancelled before the thread started)."""
+        if not self.handed_over:
+            self.handed_over = True
+            self._limiter.release_on_behalf_of(self._borrower)
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(self._borrower)
+
+
+class _Call:
+    """One ``run``'s shared state between the trio task and its worker thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.conn: Conn | None = None  # set while fn runs: the connection to cancel
+        self.done: trio.Event | None = None  # set by the worker when it has finished
+        self.token: trio.lowlevel.TrioToken | None = None
+
+
+class _Cancelled(Exception):
+    """Raised on the worker thread when its caller was cancelled (rolls the transaction back)."""
+
+
+class TrioPool:
+    """A psycopg connection pool used from trio. Create with ``open_pool``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int,
+        statement_timeout_ms: int,
+        connect_timeout_ms: int,
+        connect_retry_delays_ms: Sequence[int],
+    ) -> None:
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise InvalidInputError(f"max_connections must be an integer, got {max_connections!r}")
+        if max_connections < 1:
+            raise InvalidInputError(f"max_connections must be >= 1, got {max_connections!r}")
+        if statement_timeout_ms < 1 or connect_timeout_ms < 1:
+            raise InvalidInputError("timeouts must be positive milliseconds")
+        self._redact = _Redactor(url)
+        self._url = url
+        self.max_connections = max_connections
+        self.statement_timeout_ms = statement_timeout_ms
+        self.connect_timeout_ms = connect_timeout_ms
+        self.connect_retry_delays_ms = tuple(connect_retry_delays_ms)
+        self._limiter = trio.CapacityLimiter(max_connections)
+        self._runs = 0
+        self._cancels = 0
+        self._last_connect_error: BaseException | None = None
+        self._connect_errors = 0
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            url,
+            connection_class=self._connection_class(),
+            kwargs={"autocommit": True},
+            min_size=0,
+            max_size=max_connections,
+            open=False,
+            configure=self._configure,
+            reconnect_timeout=self.connect_budget_ms / 1000,
+            name="sheetplane",
+        )
+
+    def __repr__(self) -> str:
+        return f"<TrioPool max_connections={self.max_connections}>"
+
+    @property
+    def connect_budget_ms(self) -> int:
+        """The longest one connect can take: every attempt at its timeout plus every delay."""
+        attempts = len(self.connect_retry_delays_ms) + 1
+        return self.connect_timeout_ms * attempts + sum(self.connect_retry_delays_ms)
+
+    # --- connecting ---------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        # libpq counts connect_timeout in whole seconds (and at least 2).
+        return {"connect_timeout": max(2, -(-self.connect_timeout_ms // 1000))}
+
+    def _connection_class(self) -> type[Conn]:
+        pool = self
+
+        class LadderConnection(psycopg.Connection[Any]):
+            """Connects along the pool's retry ladder (used by psycopg_pool's workers)."""
+
+            @classmethod
+            def connect(cls, conninfo: str = "", **kwargs: Any) -> LadderConnection:
+                kwargs = {**pool._connect_kwargs(), **kwargs}
+                delays = pool.connect_retry_delays_ms
+                for attempt in range(len(delays) + 1):
+                    try:
+                        conn = super().connect(conninfo, **kwargs)
+                    except Exception as exc:
+                        pool._last_connect_error = exc
+                        pool._connect_errors += 1
+                        if attempt == len(delays) or not is_transient_connect_error(exc):
+                            raise
+                        time.sleep(delays[attempt] / 1000)
+                    else:
+                        pool._last_connect_error = None
+                        return conn
+                raise AssertionError("unreachable")
+
+        return LadderConnection
+
+    def _configure(self, conn: Conn) -> None:
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false),"
+            " set_config('TimeZone', 'UTC', false)",
+            (f"{self.statement_timeout_ms}ms",),
+        )
+
+    async def _probe(self) -> None:
+        """Connect once along the ladder (trio sleeps between attempts, so it is cancellable)."""
+        delays = self.connect_retry_delays_ms
+        for attempt in range(len(delays) + 1):
+            try:
+                conn = await trio.to_thread.run_sync(self._connect_once)
+            except Exception as exc:
+                transient = is_transient_connect_error(exc)
+                if attempt == len(delays) or not transient:
+                    tries = attempt + 1
+                    raise StoreUnavailableError(
+                        f"could not connect to Postgres ({tries} attempt(s)): "
+                        f"{_describe(exc, self._redact)}"
+                    ) from exc
+                await trio.sleep(delays[attempt] / 1000)
+            else:
+                conn.close()
+                return
+
+    def _connect_once(self) -> Conn:
+        return psycopg.connect(self._url, autocommit=True, **self._connect_kwargs())
+
+    # --- running --------------------------------------------------------------------------
+
+    async def run(self, fn: Callable[[Conn], T], *, acquire_timeout_ms: int | None = None) -> T:
+        """Run ``fn(conn)`` on a worker thread inside one transaction; return its result.
+
+        The transaction commits when ``fn`` returns and rolls back when it raises.
+        Every statement runs under the pool's statement timeout.
+
+        Raises ``PoolSaturatedError`` if no connection frees within
+        ``acquire_timeout_ms`` (``None``: wait as long as it takes),
+        ``StoreUnavailableError`` if no connection can be made along the connect
+        ladder or the connection is lost, ``StatementTimeoutError`` for a
+        statement past its timeout, ``StoreError`` for any other Postgres error.
+        Exceptions of ``fn`` that are not psycopg errors pass through unchanged.
+
+        If cancelled while waiting for a connection, nothing runs. If cancelled
+        while ``fn`` runs, the running statement is cancelled on the server, the
+        transaction rolls back (unless it was already committing), and ``run``
+        returns (raising ``trio.Cancelled``) once the worker thread has finished;
+        the connection is reused only if it came back clean.
+        """
+        borrower = object()
+        if acquire_timeout_ms is None:
+            await self._limiter.acquire_on_behalf_of(borrower)
+        else:
+            if isinstance(acquire_timeout_ms, bool) or not isinstance(acquire_timeout_ms, int):
+                raise InvalidInputError(
+                    f"acquire_timeout_ms must be an integer or None, got {acquire_timeout_ms!r}"
+                )
+            acquired = False
+            with trio.move_on_after(max(0, acquire_timeout_ms) / 1000):
+                await self._limiter.acquire_on_behalf_of(borrower)
+                acquired = True
+            if not acquired:
+                raise PoolSaturatedError(
+                    f"all {self.max_connections} Postgres connections stayed busy "
+                    f"for {acquire_timeout_ms} ms"
+                )
+        self._runs += 1
+        call = _Call()
+        ticket = _Ticket(self._limiter, borrower)
+        try:
+            # The ticket is CapacityLimiter-like, which to_thread.run_sync documents as accepted.
+            limiter = cast(trio.CapacityLimiter, ticket)
+            result = await trio.to_thread.run_sync(
+                self._work, fn, call, abandon_on_cancel=True, limiter=limiter
+            )
+        except BaseException:
+            ticket.release_if_kept()
+            with trio.CancelScope(shield=True):
+                await self._cancel(call)
+            raise
+        return result.unwrap()
+
+    async def _cancel(self, call: _Call) -> None:
+        """Stop the worker of a cancelled ``run``: cancel its statement until it finishes."""
+        self._cancels += 1
+        done = trio.Event()
+        with call.lock:
+            call.cancelled = True
+            conn = call.conn
+            if conn is None:
+                # Still waiting for a connection (it will hand it straight back)
+                # or already finished: nothing runs on the server for us.
+                return
+            call.done = done
+            call.token = trio.lowlevel.current_trio_token()
+        resend = budgets.POSTGRES_CANCEL_RESEND_MS / 1000
+        while not done.is_set():
+            with contextlib.suppress(Exception):
+                await trio.to_thread.run_sync(
+                    lambda: conn.cancel_safe(timeout=self.connect_timeout_ms / 1000)
+                )
+            with trio.move_on_after(resend):
+                await done.wait()
+
+    def _work(self, fn: Callable[[Conn], T], call: _Call) -> outcome.Outcome[T]:
+        """The worker thread: get a connection, run ``fn`` in a transaction, give it back."""
+        try:
+            conn = self._pool.getconn(timeout=self.connect_budget_ms / 1000)
+        except PoolTimeout:
+            error = self._last_connect_error
+            message = f"no Postgres connection within {self.connect_budget_ms} ms"
+            if error is not None:
+                message = f"{message}: {_describe(error, self._redact)}"
+            return outcome.Error(StoreUnavailableError(message).with_traceback(None))
+        except psycopg.Error as exc:
+            return outcome.Error(_chain(_translate(exc, self._redact), exc))
+        with call.lock:
+            if call.cancelled:
+                self._pool.putconn(conn)
+                return outcome.Error(_Cancelled())
+            call.conn = conn
+        try:
+            result = outcome.capture(self._transaction, fn, conn, call)
+        finally:
+            with call.lock:
+                call.conn = None
+                event, token = call.done, call.token
+            self._give_back(conn)
+            if event is not None and token is not None:
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(event.set)
+        if isinstance(result, outcome.Error) and isinstance(result.error, psycopg.Error):
+            return outcome.Error(_chain(_translate(result.error, self._redact), result.error))
+        return result
+
+    def _transaction(self, fn: Callable[[Conn], T], conn: Conn, call: _Call) -> T:
+        with conn.transaction():
+            value = fn(conn)
+            with call.lock:
+                if call.cancelled:
+                    raise _Cancelled()
+            return value
+
+    def _give_back(self, conn: Conn) -> None:
+        """Return a clean connection to the pool; close any other first (the pool replaces it)."""
+        if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._pool.putconn(conn)
+
+    # --- lifecycle and stats --------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """psycopg_pool's counters plus ``in_use`` (callers holding a connection slot),
+        ``runs``, ``cancels`` and ``connect_errors``."""
+        stats = dict(self._pool.get_stats())
+        stats["in_use"] = self._limiter.borrowed_tokens
+        stats["runs"] = self._runs
+        stats["cancels"] = self._cancels
+        stats["connect_errors"] = self._connect_errors
+        return stats
+
+    async def _open(self) -> None:
+        await self._probe()
+        await trio.to_thread.run_sync(self._pool.open)
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._pool.close)
+
+
+def _chain(error: StoreError, cause: BaseException) -> StoreError:
+    error.__cause__ = cause
+    return error
+
+
+@contextlib.asynccontextmanager
+async def open_pool(
+    url: str,
+    *,
+    max_connections: int,
+    statement_timeout_ms: int = budgets.POSTGRES_STATEMENT_TIMEOUT_MS,
+    connect_timeout_ms: int = budgets.POSTGRES_CONNECT_TIMEOUT_MS,
+    connect_retry_delays_ms: Sequence[int] = budgets.POSTGRES_CONNECT_RETRY_DELAYS_MS,
+) -> AsyncIterator[TrioPool]:
+    """Open a ``TrioPool`` on ``url``; it is closed when the block exits.
+
+    Opening connects once (along the connect ladder) to fail early with
+    ``StoreUnavailableError`` when the server cannot be reached or refuses the
+    credentials. Closing waits for in-flight workers' connections to return
+    (shielded from cancellation).
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidInputError("database URL must be a non-empty string")
+    pool = TrioPool(
+        url,
+        max_connections=max_connections,
+        statement_timeout_ms=statement_timeout_ms,
+        connect_timeout_ms=connect_timeout_ms,
+        connect_retry_delays_ms=connect_retry_delays_ms,
+    )
+    await pool._open()
+    try:
+        yield pool
+    finally:
+        await pool._close()

@@ -1,0 +1,386 @@
+"""The physical layout of a sheet: names, and the idempotent DDL that creates it.
+
+One schema per org (``sp_<org>_<hash>``); in it, per sheet (play + table
+namespace) a sheet table, an event table, a summary table and a column-summary
+table, and per play a work-receipts table. Logical names can be any text (quotes,
+unicode, SQL-looking strings): the physical names are a sanitised ASCII prefix
+plus a SHA-256 suffix of the exact logical name, so they are always valid
+identifiers of at most 63 bytes and two distinct sheets never share a table.
+Every identifier reaches SQL through ``psycopg.sql.Identifier``; the logical
+names are kept as table comments, through ``sql.Literal``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from ..errors import InvalidInputError
+from ._pool import TrioPool
+from ._types import SheetContract, SheetRef
+
+__all__ = [
+    "SYSTEM_COLUMNS",
+    "SheetNames",
+    "ensure_receipts",
+    "ensure_sheet",
+    "receipt_names",
+    "sheet_names",
+]
+
+#: Longest org id, play name or table namespace accepted, in characters.
+MAX_LOGICAL_NAME_CHARS = 512
+
+#: Postgres truncates identifiers longer than this many bytes.
+MAX_IDENTIFIER_BYTES = 63
+
+#: The sheet table's system columns, in table order.
+SYSTEM_COLUMNS: tuple[str, ...] = (
+    "_key",
+    "_status",
+    "_run_id",
+    "_error",
+    "_stage",
+    "_provider",
+    "_input_index",
+    "_created_at",
+    "_updated_at",
+    "_cell_meta",
+    "_write_version",
+)
+
+_HASH_CHARS = 12
+# Table names are <base><suffix>; the longest derived name is the event key
+# index (_events_key, 11 bytes), so a base of 49 bytes keeps every name <= 60.
+_MAX_BASE_BYTES = 49
+_SANITISE = re.compile(r"[^a-z0-9]+")
+
+
+def _check_logical(what: str, value: object, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if not value and not allow_empty:
+        raise InvalidInputError(f"{what} must not be empty")
+    if "\x00" in value:
+        raise InvalidInputError(f"{what} must not contain NUL characters")
+    if len(value) > MAX_LOGICAL_NAME_CHARS:
+        raise InvalidInputError(
+            f"{what} is {len(value)} characters long; at most {MAX_LOGICAL_NAME_CHARS} are allowed"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{what} is not valid unicode (lone surrogate)") from None
+    return value
+
+
+def _digest(*parts: str) -> str:
+    # Length-prefixed so ("a", "bc") and ("ab", "c") never hash alike.
+    text = "".join(f"{len(part)}:{part}" for part in parts)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+
+
+def _slug(value: str, max_chars: int) -> str:
+    slug = _SANITISE.sub("_", value.lower()).strip("_")
+    return slug[:max_chars].rstrip("_")
+
+
+def _base(prefix: str, parts: tuple[str, ...]) -> str:
+    """``<prefix>_<slug>_<slug>..._<hash>``, at most ``_MAX_BASE_BYTES`` bytes."""
+    digest = _digest(prefix, *parts)
+    room = _MAX_BASE_BYTES - len(prefix) - 1 - _HASH_CHARS - 1
+    per_part = max(1, room // len(parts) - 1)
+    slugs = [slug for slug in (_slug(part, per_part) for part in parts) if slug]
+    name = "_".join([prefix, *slugs, digest])
+    assert len(name.encode("ascii")) <= _MAX_BASE_BYTES, name
+    return name
+
+
+@attrs.frozen
+class SheetNames:
+    """The physical names of one sheet's tables (and its play's receipts table)."""
+
+    schema: str
+    """The org's schema."""
+    sheet_table: str
+    """The rows."""
+    event_table: str
+    """One row per write (with its idempotency key)."""
+    summary_table: str
+    """The single row of status counters and the admission counter."""
+    column_summary_table: str
+    """Non-null counts per physical column."""
+    receipts_table: str
+    """The play's work receipts."""
+
+    def ident(self, table_attr: str) -> sql.Identifier:
+        """The schema-qualified identifier of ``getattr(self, table_attr)``."""
+        if table_attr not in _TABLE_ATTRS:
+            raise ValueError(f"not a table of SheetNames: {table_attr!r}")
+        table: str = getattr(self, table_attr)
+        return sql.Identifier(self.schema, table)
+
+    @property
+    def order_index(self) -> str:
+        """The sheet table's read-order index."""
+        return f"{self.sheet_table}_order"
+
+    @property
+    def event_key_index(self) -> str:
+        """The event table's unique ``(kind, idempotency_key)`` index."""
+        return f"{self.event_table}_key"
+
+
+_TABLE_ATTRS = frozenset(
+    {
+        "sheet_table",
+        "event_table",
+        "summary_table",
+        "column_summary_table",
+        "receipts_table",
+    }
+)
+
+
+def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
+    schema = _base("sp", (org_id,))
+    sheet = _base("t", (play_name, table_namespace))
+    return SheetNames(
+        schema=schema,
+        sheet_table=f"{sheet}_rows",
+        event_table=f"{sheet}_events",
+        summary_table=f"{sheet}_summary",
+        column_summary_table=f"{sheet}_colsum",
+        receipts_table=f"{_base('r', (play_name,))}_receipts",
+    )
+
+
+def sheet_names(sheet: SheetRef) -> SheetNames:
+    """The physical names of ``sheet``; raises InvalidInputError for a bad org, play or namespace.
+
+    Any other text is accepted: it is sanitised into the name and hashed into its suffix.
+    """
+    if not isinstance(sheet, SheetRef):
+        raise InvalidInputError(f"sheet must be a SheetRef, got {type(sheet).__name__}")
+    return _names(
+        _check_logical("org_id", sheet.org_id),
+        _check_logical("play_name", sheet.play_name),
+        _check_logical("table_namespace", sheet.table_namespace),
+    )
+
+
+def receipt_names(org_id: str, play_name: str) -> SheetNames:
+    """Names for work receipts, which belong to a play rather than a sheet.
+
+    Only ``schema`` and ``receipts_table`` are meaningful; the sheet tables are
+    named for the empty namespace, which no sheet can have.
+    """
+    return _names(_check_logical("org_id", org_id), _check_logical("play_name", play_name), "")
+
+
+# --- DDL ------------------------------------------------------------------------------
+
+
+def _lock_key(schema: str) -> int:
+    """A signed 64-bit advisory-lock key for one org's DDL."""
+    digest = hashlib.sha256(f"sheetplane-ddl:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _physical_columns(contract: SheetContract) -> dict[str, str]:
+    """sql name -> column id, for the contract's physical columns (the last one wins)."""
+    columns: dict[str, str] = {}
+    for column in contract.columns:
+        if not column.is_physical:
+            continue
+        name = column.sql_name
+        if "\x00" in name or len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+            raise InvalidInputError(
+                f"sheet contract sqlName {name!r} is not a valid column name "
+                f"(at most {MAX_IDENTIFIER_BYTES} bytes, no NUL)"
+            )
+        if name in SYSTEM_COLUMNS:
+            raise InvalidInputError(f"sheet contract sqlName {name!r} is a system column")
+        columns[name] = column.id
+    return columns
+
+
+_CATALOG = sql.SQL(
+    """
+    SELECT c.relname, a.attname, col_description(c.oid, a.attnum)
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attribute a
+      ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      AND c.relname = %(sheet)s
+    WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s) AND c.relkind = 'r'
+    """
+)
+
+
+def _missing_ddl(
+    conn: psycopg.Connection[Any], names: SheetNames, columns: Mapping[str, str]
+) -> bool:
+    """Whether anything of the layout (a table, a column, a column comment) is missing."""
+    tables = [getattr(names, attr) for attr in sorted(_TABLE_ATTRS)]
+    rows = conn.execute(
+        _CATALOG, {"sheet": names.sheet_table, "schema": names.schema, "tables": tables}
+    ).fetchall()
+    found_tables = {row[0] for row in rows}
+    comments = {row[1]: row[2] for row in rows if row[1] is not None}
+    if found_tables != set(tables):
+        return True
+    return any(comments.get(name, "\x00") != column_id for name, column_id in columns.items())
+
+
+def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, str]) -> sql.Composed:
+    sheet = names.ident("sheet_table")
+    statements: list[sql.Composable] = [
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                _key text PRIMARY KEY,
+                _status text NOT NULL DEFAULT 'pending'
+                    CHECK (_status IN ('pending', 'running', 'enriched', 'failed', 'stale')),
+                _run_id text,
+                _error text,
+                _stage text,
+                _provider text,
+                _input_index bigint,
+                _created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                _updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                _cell_meta jsonb NOT NULL DEFAULT '{{}}',
+                _write_version bigint NOT NULL DEFAULT 0
+            )"""
+        ).format(sheet),
+    ]
+    if columns:
+        statements.append(
+            sql.SQL("ALTER TABLE {} {}").format(
+                sheet,
+                sql.SQL(", ").join(
+                    sql.SQL("ADD COLUMN IF NOT EXISTS {} jsonb").format(sql.Identifier(name))
+                    for name in columns
+                ),
+            )
+        )
+        statements.extend(
+            sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
+                sheet, sql.Identifier(name), sql.Literal(column_id)
+            )
+            for name, column_id in columns.items()
+        )
+    statements += [
+        sql.SQL("COMMENT ON TABLE {} IS {}").format(sheet, sql.Literal(json.dumps(logical))),
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_input_index, _created_at, _key)").format(
+            sql.Identifier(names.order_index), sheet
+        ),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                id bigserial PRIMARY KEY,
+                kind text NOT NULL,
+                run_id text,
+                write_version bigint,
+                idempotency_key text,
+                row_count integer NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now()
+            )"""
+        ).format(names.ident("event_table")),
+        sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} (kind, idempotency_key)").format(
+            sql.Identifier(names.event_key_index), names.ident("event_table")
+        ),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                id boolean PRIMARY KEY DEFAULT true CHECK (id),
+                total bigint NOT NULL DEFAULT 0,
+                queued bigint NOT NULL DEFAULT 0,
+                running bigint NOT NULL DEFAULT 0,
+                completed bigint NOT NULL DEFAULT 0,
+                failed bigint NOT NULL DEFAULT 0,
+                write_version bigint NOT NULL DEFAULT 0,
+                updated_at timestamptz
+            )"""
+        ).format(names.ident("summary_table")),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                column_name text PRIMARY KEY,
+                non_null bigint NOT NULL DEFAULT 0,
+                updated_at timestamptz
+            )"""
+        ).format(names.ident("column_summary_table")),
+        _receipts_ddl(names),
+    ]
+    return sql.SQL(";\n").join(statements)
+
+
+def _receipts_ddl(names: SheetNames) -> sql.Composed:
+    return sql.SQL(
+        """CREATE TABLE IF NOT EXISTS {} (
+            key text PRIMARY KEY,
+            result jsonb,
+            run_id text,
+            run_attempt integer,
+            completed_at timestamptz,
+            claim_holder text,
+            claim_expires_at timestamptz
+        )"""
+    ).format(names.ident("receipts_table"))
+
+
+def _summary_row(names: SheetNames) -> sql.Composed:
+    return sql.SQL("INSERT INTO {} (id) VALUES (true) ON CONFLICT (id) DO NOTHING").format(
+        names.ident("summary_table")
+    )
+
+
+async def ensure_sheet(
+    pool: TrioPool, names: SheetNames, sheet: SheetRef, contract: SheetContract
+) -> None:
+    """Create the sheet's tables, and columns for new physical contract columns, if missing.
+
+    Idempotent and safe to race: a catalog check skips the DDL when nothing is
+    missing (so a hot path takes no table lock), and the DDL itself runs under
+    a transaction-scoped advisory lock per org schema. Existing columns and data
+    are never changed. If cancelled, the transaction rolls back.
+    """
+    if not isinstance(contract, SheetContract):
+        raise InvalidInputError(f"contract must be a SheetContract, got {type(contract).__name__}")
+    columns = _physical_columns(contract)
+    logical = {
+        "org_id": sheet.org_id,
+        "play_name": sheet.play_name,
+        "table_namespace": sheet.table_namespace,
+    }
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        if not _missing_ddl(conn, names, columns):
+            return
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(names.schema),))
+        conn.execute(_ddl(names, columns, logical))
+        conn.execute(_summary_row(names))
+
+    await pool.run(run)
+
+
+async def ensure_receipts(pool: TrioPool, names: SheetNames) -> None:
+    """Create the org schema and the play's receipts table if missing (idempotent, race-safe)."""
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL",
+            (sql.Identifier(names.schema, names.receipts_table).as_string(conn),),
+        ).fetchone()
+        if exists and exists[0]:
+            return
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(names.schema),))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
+        conn.execute(_receipts_ddl(names))
+
+    await pool.run(run)
