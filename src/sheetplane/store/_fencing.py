@@ -1,0 +1,476 @@
+"""Terminal writes under write-version fencing.
+
+Every admission stamps the rows it admits with a new write version; a runner's
+terminal writes (``complete_map_rows``, ``fail_map_rows``) carry the version of
+the admission that gave it the rows. A row is written only while it is
+non-terminal (``pending`` or ``running``) at exactly that version. Everything
+else is decided by ``decide_terminal_write``, a pure function of the stored
+state and the writer's version (tested on its own and checked against a plain
+model by the Hypothesis state machine):
+
+=================================  ===========================================
+stored row                          outcome
+=================================  ===========================================
+absent                              stale ``newer_write_version``, stamp None
+pending/running, version == v       written
+pending/running, version > v        stale ``newer_write_version``
+pending/running, version < v        stale ``older_write_version``
+terminal, version > v / < v         stale ``newer_`` / ``older_write_version``
+terminal, version == v, identical   committed (idempotent replay, not updated)
+terminal, version == v, different   ``WriteConflictError``; nothing is written
+``stale`` status, version == v      stale ``already_terminal`` (benign)
+any row, ``write_version=None``     pending/running: written regardless of the
+                                    stamp; otherwise stale ``already_terminal``
+=================================  ===========================================
+
+Decisions where the runtime's contract is silent, and why:
+
+* **A key the sheet does not hold** is reported stale (``newer_write_version``,
+  ``row_version_stamp=None``) and never created: an admitted row only
+  disappears through ``replace_rows``, a later write that owns the sheet now,
+  and a runner holding rows that are gone must stop, not resurrect them.
+* **Same version, different values** raises ``WriteConflictError`` (the whole
+  call rolls back) rather than reporting a stale reason: the row *is* owned by
+  this writer's version, so no other admission is to blame; two different
+  terminal results for one row from one admission means the runner is broken
+  (or two runners share an admission), and silently keeping either value would
+  hide that. "Identical" means: same terminal status, every physical column the
+  write carries equal to the stored value (jsonb equality), the cell-meta patch
+  already contained key-for-key, and for failures the same ``_error``.
+* **``write_version=None``** is a legacy, unfenced writer: it writes any
+  pending or running row whatever its stamp (and leaves the stamp alone), and
+  a terminal row is reported ``already_terminal``, the one benign reason,
+  since nothing was overwritten.
+* **Duplicate keys in one call**: the last occurrence wins.
+* **Data fields that are not physical contract columns** are ignored; a column
+  the write does not carry keeps its stored value; JSON null is stored as SQL
+  NULL.
+
+The whole call runs in one transaction under the sheet's writer lock (see
+``_rowdata.lock_sheet``): rows are read ``FOR UPDATE``, decided, written, and
+the summary counters, column summary and one event row move in the same
+transaction. If the caller is cancelled, the transaction is rolled back by the
+pool and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
+from ..errors import AttemptSupersededError, InvalidInputError, WriteConflictError
+from ._pool import TrioPool
+from ._rowdata import (
+    apply_column_delta,
+    apply_summary_delta,
+    check_json_value,
+    check_key,
+    check_text,
+    check_write_version,
+    chunked,
+    lock_sheet,
+    physical_columns,
+    project_row,
+    record_event,
+    status_of,
+    transition_delta,
+)
+from ._schema import SheetNames
+from ._types import (
+    BENIGN_STALE_REASONS,
+    CompleteRow,
+    FailRow,
+    RowStatus,
+    SheetContract,
+    StaleReason,
+    StaleRow,
+    TerminalWriteResult,
+)
+
+__all__ = [
+    "Decision",
+    "StoredRow",
+    "complete_map_rows",
+    "decide_terminal_write",
+    "fail_map_rows",
+    "raise_if_superseded",
+    "superseded_rows",
+]
+
+TerminalStatus = Literal["enriched", "failed"]
+Disposition = Literal["write", "replay", "stale", "conflict"]
+
+_WRITABLE: frozenset[str] = frozenset({"pending", "running"})
+
+
+# --- the sans-IO core ---------------------------------------------------------------
+
+
+@attrs.frozen
+class StoredRow:
+    """What a terminal write needs to know about one stored row."""
+
+    status: RowStatus
+    """The row's ``_status``."""
+    write_version: int
+    """The row's ``_write_version`` stamp."""
+    same_values: bool
+    """Whether the row already holds exactly what this write would store
+    (target status, carried columns, cell meta, error)."""
+
+
+@attrs.frozen
+class Decision:
+    """What a terminal write does to one key."""
+
+    disposition: Disposition
+    """``write``: store it; ``replay``: already stored, committed idempotently;
+    ``stale``: not written, see ``reason``; ``conflict``: same version, other values."""
+    reason: StaleReason | None = None
+    """Why, when ``stale``."""
+    row_version_stamp: int | None = None
+    """The stored row's version, when stale (None for an absent row)."""
+
+
+def decide_terminal_write(stored: StoredRow | None, writer_version: int | None) -> Decision:
+    """Decide one key's outcome from the stored row and the writer's version.
+
+    See the module docstring for the table this implements.
+    """
+    if stored is None:
+        return Decision("stale", "newer_write_version", None)
+    stamp = stored.write_version
+    if stored.status in _WRITABLE:
+        if writer_version is None or stamp == writer_version:
+            return Decision("write")
+    elif writer_version is None or (stamp == writer_version and stored.status == "stale"):
+        return Decision("stale", "already_terminal", stamp)
+    elif stamp == writer_version:
+        return Decision("replay") if stored.same_values else Decision("conflict")
+    assert writer_version is not None and stamp != writer_version
+    reason: StaleReason = "newer_write_version" if stamp > writer_version else "older_write_version"
+    return Decision("stale", reason, stamp)
+
+
+def superseded_rows(
+    result: TerminalWriteResult, except_keys: Iterable[str] = ()
+) -> tuple[StaleRow, ...]:
+    """The stale rows that prove the writer no longer owns the sheet.
+
+    Every stale row except the benign ``already_terminal`` ones and the keys
+    in ``except_keys`` (which the caller verified as idempotent settlements).
+    A key reported twice counts once.
+    """
+    excluded = set(except_keys)
+    seen: set[str] = set()
+    rows = []
+    for row in result.stale_rows:
+        if row.key in excluded or row.key in seen or row.reason in BENIGN_STALE_REASONS:
+            continue
+        seen.add(row.key)
+        rows.append(row)
+    return tuple(rows)
+
+
+def raise_if_superseded(result: TerminalWriteResult, except_keys: Iterable[str] = ()) -> None:
+    """Raise ``AttemptSupersededError`` when ``superseded_rows`` finds any row."""
+    rows = superseded_rows(result, except_keys)
+    if rows:
+        raise AttemptSupersededError(
+            [
+                {"key": row.key, "reason": row.reason, "row_version_stamp": row.row_version_stamp}
+                for row in rows
+            ]
+        )
+
+
+@attrs.frozen
+class _Incoming:
+    """One key's write, projected onto the contract's physical columns."""
+
+    key: str
+    data: dict[str, Any]
+    """``{sql_name: value}`` for the physical columns the write carries."""
+    cell_meta: dict[str, Any]
+    error: str | None
+
+
+def _collect(
+    rows: Sequence[CompleteRow] | Sequence[FailRow],
+    contract: SheetContract,
+    target: TerminalStatus,
+) -> list[_Incoming]:
+    """Check and project the rows, last occurrence of a key winning, in first-seen order."""
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError("rows must be a sequence of row writes")
+    columns = physical_columns(contract)
+    by_key: dict[str, _Incoming] = {}
+    expected = CompleteRow if target == "enriched" else FailRow
+    for position, row in enumerate(rows):
+        if not isinstance(row, expected):
+            raise InvalidInputError(
+                f"row {position} must be a {expected.__name__}, got {type(row).__name__}"
+            )
+        key = check_key(row.key, f"row {position} key")
+        raw_data: object = row.data
+        raw_meta: object = row.cell_meta_patch if isinstance(row, CompleteRow) else None
+        error = (
+            None if isinstance(row, CompleteRow) else check_text(row.error, f"row {position} error")
+        )
+        checked: list[dict[str, Any]] = []
+        for value, what in ((raw_data, "data"), (raw_meta, "cell meta patch")):
+            value = {} if value is None else value
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                raise InvalidInputError(f"row {position} {what} must be a JSON object")
+            check_json_value(dict(value), f"row {position} {what}")
+            checked.append(dict(value))
+        data, meta = checked
+        by_key.pop(key, None)
+        by_key[key] = _Incoming(key, project_row(data, columns), meta, error)
+    return list(by_key.values())
+
+
+# --- SQL -------------------------------------------------------------------------------
+
+
+def _incoming_cte(names: SheetNames) -> sql.Composable:
+    del names
+    return sql.SQL(
+        "incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
+        "AS i(key text, data jsonb, meta jsonb, error text))"
+    )
+
+
+def _same_values_expr(sql_names: Sequence[str], target: TerminalStatus) -> sql.Composable:
+    parts = [
+        sql.SQL("t._status = {}").format(sql.Literal(target)),
+        sql.SQL("(t._cell_meta || i.meta) = t._cell_meta"),
+    ]
+    if target == "failed":
+        parts.append(sql.SQL("t._error IS NOT DISTINCT FROM i.error"))
+    for name in sql_names:
+        parts.append(
+            sql.SQL(
+                "(NOT (i.data ? {lit}) OR t.{col} IS NOT DISTINCT FROM "
+                "NULLIF(i.data -> {lit}, 'null'::jsonb))"
+            ).format(lit=sql.Literal(name), col=sql.Identifier(name))
+        )
+    return sql.SQL(" AND ").join(parts)
+
+
+def _write_chunk(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    chunk: Sequence[_Incoming],
+    sql_names: Sequence[str],
+    *,
+    target: TerminalStatus,
+    run_id: str,
+    writer_version: int | None,
+) -> tuple[list[str], list[StaleRow], list[str], Counter[str], Counter[str]]:
+    """Decide and write one chunk. Returns committed keys, stale rows, conflict keys,
+    the summary delta and the column non-null delta."""
+    sheet = names.ident("sheet_table")
+    payload = Jsonb(
+        [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in chunk]
+    )
+    cur = conn.execute(
+        sql.SQL(
+            "WITH {incoming} SELECT t._key, t._status, t._write_version, {same} "
+            "FROM {sheet} AS t JOIN incoming AS i ON t._key = i.key FOR UPDATE OF t"
+        ).format(
+            incoming=_incoming_cte(names),
+            same=_same_values_expr(sql_names, target),
+            sheet=sheet,
+        ),
+        {"rows": payload},
+    )
+    stored = {
+        key: StoredRow(status_of(status), int(version), bool(same))
+        for key, status, version, same in cur.fetchall()
+    }
+    committed: list[str] = []
+    stale: list[StaleRow] = []
+    conflicts: list[str] = []
+    to_write: list[_Incoming] = []
+    for row in chunk:
+        decision = decide_terminal_write(stored.get(row.key), writer_version)
+        if decision.disposition == "write":
+            to_write.append(row)
+            committed.append(row.key)
+        elif decision.disposition == "replay":
+            committed.append(row.key)
+        elif decision.disposition == "conflict":
+            conflicts.append(row.key)
+        else:
+            assert decision.reason is not None
+            stale.append(StaleRow(row.key, decision.reason, decision.row_version_stamp))
+    summary: Counter[str] = Counter()
+    non_null: Counter[str] = Counter()
+    if conflicts or not to_write:
+        return committed, stale, conflicts, summary, non_null
+
+    column_sets = [
+        sql.SQL(
+            "{col} = CASE WHEN i.data ? {lit} THEN NULLIF(i.data -> {lit}, 'null'::jsonb) "
+            "ELSE t.{col} END"
+        ).format(col=sql.Identifier(name), lit=sql.Literal(name))
+        for name in sql_names
+    ]
+    sets = sql.SQL(", ").join(
+        [
+            sql.SQL("_status = {}").format(sql.Literal(target)),
+            sql.SQL("_run_id = %(run_id)s"),
+            sql.SQL("_error = i.error"),
+            sql.SQL("_updated_at = clock_timestamp()"),
+            sql.SQL("_cell_meta = t._cell_meta || i.meta"),
+            *column_sets,
+        ]
+    )
+    old_flags = sql.SQL("").join(
+        sql.SQL(", (o.{col} IS NOT NULL)::int").format(col=sql.Identifier(n)) for n in sql_names
+    )
+    new_flags = sql.SQL("").join(
+        sql.SQL(", (t.{col} IS NOT NULL)::int").format(col=sql.Identifier(n)) for n in sql_names
+    )
+    writes = Jsonb(
+        [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in to_write]
+    )
+    cur = conn.execute(
+        sql.SQL(
+            "WITH {incoming}, old AS ("
+            "  SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key"
+            ") "
+            "UPDATE {sheet} AS t SET {sets} FROM incoming AS i, old AS o "
+            "WHERE t._key = i.key AND o._key = i.key "
+            "AND t._status IN ('pending', 'running') "
+            "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint) "
+            "RETURNING o._status{old_flags}{new_flags}"
+        ).format(
+            incoming=_incoming_cte(names),
+            sheet=sheet,
+            sets=sets,
+            old_flags=old_flags,
+            new_flags=new_flags,
+        ),
+        {"rows": writes, "run_id": run_id, "version": writer_version},
+    )
+    returned = cur.fetchall()
+    if len(returned) != len(to_write):
+        raise AssertionError("a fenced row changed under the sheet's writer lock")
+    width = len(sql_names)
+    for record in returned:
+        summary += transition_delta([record[0]], [target])
+        for index, name in enumerate(sql_names):
+            non_null[name] += record[1 + width + index] - record[1 + index]
+    return committed, stale, conflicts, summary, non_null
+
+
+async def _terminal_write(
+    pool: TrioPool,
+    names: SheetNames,
+    contract: SheetContract,
+    rows: Sequence[CompleteRow] | Sequence[FailRow],
+    *,
+    target: TerminalStatus,
+    run_id: str,
+    write_version: int | None,
+) -> TerminalWriteResult:
+    check_text(run_id, "run_id")
+    writer_version = check_write_version(write_version)
+    incoming = _collect(rows, contract, target)
+    if not incoming:
+        return TerminalWriteResult((), (), 0)
+    sql_names = [column.sql_name for column in physical_columns(contract)]
+    kind = "complete_map_rows" if target == "enriched" else "fail_map_rows"
+
+    def run(conn: psycopg.Connection[Any]) -> TerminalWriteResult:
+        lock_sheet(conn, names)
+        committed: list[str] = []
+        stale: list[StaleRow] = []
+        conflicts: list[str] = []
+        summary: Counter[str] = Counter()
+        non_null: Counter[str] = Counter()
+        for chunk in chunked(incoming, POSTGRES_WRITE_CHUNK_ROWS):
+            c, s, x, d, n = _write_chunk(
+                conn,
+                names,
+                chunk,
+                sql_names,
+                target=target,
+                run_id=run_id,
+                writer_version=writer_version,
+            )
+            committed += c
+            stale += s
+            conflicts += x
+            summary += d
+            non_null.update(n)
+            if conflicts:
+                break
+        if conflicts:
+            sample = ", ".join(repr(key) for key in conflicts[:5])
+            raise WriteConflictError(
+                f"{len(conflicts)} row(s) already hold a different terminal result at write "
+                f"version {writer_version}; nothing was written (keys: {sample})"
+            )
+        updated = summary.get("completed" if target == "enriched" else "failed", 0)
+        apply_summary_delta(conn, names, summary)
+        apply_column_delta(conn, names, non_null)
+        if updated:
+            record_event(
+                conn,
+                names,
+                kind=kind,
+                row_count=updated,
+                run_id=run_id,
+                write_version=writer_version,
+            )
+        return TerminalWriteResult(tuple(committed), tuple(stale), updated)
+
+    return await pool.run(run)
+
+
+async def complete_map_rows(
+    pool: TrioPool,
+    names: SheetNames,
+    contract: SheetContract,
+    rows: Sequence[CompleteRow],
+    *,
+    run_id: str,
+    write_version: int | None,
+) -> TerminalWriteResult:
+    """Mark rows ``enriched`` with their outputs, fenced by ``write_version``.
+
+    Returns the committed keys (written now or identical replays), the stale
+    rows with reasons, and how many rows changed. Raises ``WriteConflictError``
+    (nothing written) when a row already holds a different terminal result at
+    this very version, and ``InvalidInputError`` (nothing written) for bad input.
+    Cancellation rolls the whole call back.
+    """
+    return await _terminal_write(
+        pool, names, contract, rows, target="enriched", run_id=run_id, write_version=write_version
+    )
+
+
+async def fail_map_rows(
+    pool: TrioPool,
+    names: SheetNames,
+    contract: SheetContract,
+    rows: Sequence[FailRow],
+    *,
+    run_id: str,
+    write_version: int | None,
+) -> TerminalWriteResult:
+    """Mark rows ``failed`` with their error (and any partial outputs), fenced like
+    ``complete_map_rows``."""
+    return await _terminal_write(
+        pool, names, contract, rows, target="failed", run_id=run_id, write_version=write_version
+    )

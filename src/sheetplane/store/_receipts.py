@@ -1,0 +1,212 @@
+"""Work receipts: a unit of work recorded once, with optional leased claims.
+
+A receipt row per key lives in the play's receipts table. Completion is
+insert-or-return-the-winner: the first completion writes the row and answers
+``persisted``; every later one writes nothing and answers ``existing`` with the
+winner's row, whatever result it carried. Both run in one statement plus, for
+the loser, one read, so two racing completions have exactly one winner.
+
+Claims are optional. ``claim_work_receipt(key, holder)`` takes a lease of
+``WORK_RECEIPT_LEASE_TTL_MS`` on a not-yet-completed key. The holder may
+re-claim (renew) at any time; another holder may take the claim only once the
+lease has expired (``now >= claim_expires_at``). A completion is fenced by the
+claim: it is accepted when no one holds a live claim, when the completer is the
+claim's holder (``holder=``, default none), or when the claim has expired.
+When another holder's live claim owns the key, the completion raises
+``WorkReceiptFencedError`` and writes nothing: the late attempt lost the work
+to its successor, and there is no winner's row to hand back yet. Once the
+successor completes, the late attempt gets ``existing`` with the successor's
+row, like any loser.
+
+``now`` (a timezone-aware ``datetime``) exists for tests and replays; by default
+the database's clock decides (``statement_timestamp()``), so holders on
+different machines agree on expiry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from ..budgets import WORK_RECEIPT_LEASE_TTL_MS
+from ..errors import InvalidInputError, WorkReceiptFencedError
+from ._pool import TrioPool
+from ._rowdata import check_json_value, check_key, check_text
+from ._schema import SheetNames
+from ._types import Receipt, ReceiptCompletion
+
+__all__ = ["ReceiptClaim", "claim_work_receipt", "complete_work_receipt"]
+
+_NOW = sql.SQL("coalesce(%(now)s::timestamptz, statement_timestamp())")
+
+
+@attrs.frozen
+class ReceiptClaim:
+    """The answer to ``claim_work_receipt``."""
+
+    acquired: bool
+    """Whether the caller holds the claim now (newly taken, taken over, or renewed)."""
+    holder: str | None
+    """Who holds the claim now (None once the work is completed)."""
+    expires_at: str | None
+    """When the current claim expires, ISO 8601 (None once completed)."""
+    receipt: Receipt | None
+    """The completed receipt, when the work is already done (then ``acquired`` is False)."""
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _receipt(key: str, result: Any, run_id: str | None, completed_at: dt.datetime) -> Receipt:
+    return Receipt(
+        key=key, result=result, run_id=run_id or "", completed_at=completed_at.isoformat()
+    )
+
+
+def _check_now(now: dt.datetime | None) -> dt.datetime | None:
+    if now is None:
+        return None
+    if not isinstance(now, dt.datetime) or now.tzinfo is None:
+        raise InvalidInputError(f"now must be a timezone-aware datetime, got {now!r}")
+    return now
+
+
+async def claim_work_receipt(
+    pool: TrioPool,
+    names: SheetNames,
+    key: str,
+    holder: str,
+    *,
+    now: dt.datetime | None = None,
+) -> ReceiptClaim:
+    """Claim ``key`` for ``holder`` for ``WORK_RECEIPT_LEASE_TTL_MS``.
+
+    Not acquired when the work is already completed (``receipt`` is set) or
+    another holder's claim has not expired (``holder``/``expires_at`` name it).
+    If cancelled, the statement is cancelled and nothing changes.
+    """
+    check_key(key, "receipt key")
+    check_text(holder, "holder")
+    params = {
+        "key": key,
+        "holder": holder,
+        "now": _check_now(now),
+        "ttl_ms": WORK_RECEIPT_LEASE_TTL_MS,
+    }
+    table = names.ident("receipts_table")
+
+    def run(conn: psycopg.Connection[Any]) -> ReceiptClaim:
+        cur = conn.execute(
+            sql.SQL(
+                "INSERT INTO {tbl} AS r (key, claim_holder, claim_expires_at) "
+                "VALUES (%(key)s, %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond') "
+                "ON CONFLICT (key) DO UPDATE SET claim_holder = EXCLUDED.claim_holder, "
+                "claim_expires_at = EXCLUDED.claim_expires_at "
+                "WHERE r.completed_at IS NULL AND (r.claim_holder IS NULL "
+                "OR r.claim_holder = EXCLUDED.claim_holder OR r.claim_expires_at <= {now}) "
+                "RETURNING claim_holder, claim_expires_at"
+            ).format(tbl=table, now=_NOW),
+            params,
+        )
+        taken = cur.fetchone()
+        if taken is not None:
+            return ReceiptClaim(True, taken[0], _iso(taken[1]), None)
+        cur = conn.execute(
+            sql.SQL(
+                "SELECT result, run_id, completed_at, claim_holder, claim_expires_at "
+                "FROM {} WHERE key = %s"
+            ).format(table),
+            (key,),
+        )
+        row = cur.fetchone()
+        assert row is not None  # the conflicting row exists and rows are never deleted
+        result, run_id, completed_at, claim_holder, expires_at = row
+        if completed_at is not None:
+            return ReceiptClaim(False, None, None, _receipt(key, result, run_id, completed_at))
+        return ReceiptClaim(False, claim_holder, _iso(expires_at), None)
+
+    return await pool.run(run)
+
+
+async def complete_work_receipt(
+    pool: TrioPool,
+    names: SheetNames,
+    key: str,
+    result: Any,
+    run_id: str,
+    *,
+    run_attempt: int | None = None,
+    holder: str | None = None,
+    now: dt.datetime | None = None,
+) -> ReceiptCompletion:
+    """Record ``result`` for ``key`` unless an earlier completion won.
+
+    ``persisted``: this call wrote the receipt. ``existing``: an earlier writer
+    won; its row is returned and ``result`` is dropped. Raises
+    ``WorkReceiptFencedError`` (nothing written) when another holder's live
+    claim owns the key, and ``InvalidInputError`` for a bad argument (a result
+    that is not JSON, or larger than ``MAX_ROW_BYTES``). If cancelled, the
+    statement is cancelled and nothing is written.
+    """
+    check_key(key, "receipt key")
+    check_text(run_id, "run_id")
+    if holder is not None:
+        check_text(holder, "holder")
+    if run_attempt is not None and (
+        isinstance(run_attempt, bool) or not isinstance(run_attempt, int) or run_attempt < 0
+    ):
+        raise InvalidInputError(f"run_attempt must be an integer >= 0, got {run_attempt!r}")
+    check_json_value(result, "receipt result")
+    params = {
+        "key": key,
+        "result": Jsonb(result),
+        "run_id": run_id,
+        "attempt": run_attempt,
+        "holder": holder,
+        "now": _check_now(now),
+    }
+    table = names.ident("receipts_table")
+
+    def run(conn: psycopg.Connection[Any]) -> ReceiptCompletion:
+        cur = conn.execute(
+            sql.SQL(
+                "INSERT INTO {tbl} AS r (key, result, run_id, run_attempt, completed_at) "
+                "VALUES (%(key)s, %(result)s, %(run_id)s, %(attempt)s, {now}) "
+                "ON CONFLICT (key) DO UPDATE SET result = EXCLUDED.result, "
+                "run_id = EXCLUDED.run_id, run_attempt = EXCLUDED.run_attempt, "
+                "completed_at = EXCLUDED.completed_at "
+                "WHERE r.completed_at IS NULL AND (r.claim_holder IS NULL "
+                "OR r.claim_holder = %(holder)s OR r.claim_expires_at <= {now}) "
+                "RETURNING result, run_id, completed_at"
+            ).format(tbl=table, now=_NOW),
+            params,
+        )
+        written = cur.fetchone()
+        if written is not None:
+            return ReceiptCompletion(_receipt(key, *written), "persisted")
+        cur = conn.execute(
+            sql.SQL(
+                "SELECT result, run_id, completed_at, claim_holder, claim_expires_at "
+                "FROM {} WHERE key = %s"
+            ).format(table),
+            (key,),
+        )
+        row = cur.fetchone()
+        assert row is not None
+        stored_result, stored_run, completed_at, _holder, expires_at = row
+        if completed_at is not None:
+            return ReceiptCompletion(
+                _receipt(key, stored_result, stored_run, completed_at), "existing"
+            )
+        raise WorkReceiptFencedError(
+            f"work receipt {key!r} is claimed by another holder until {_iso(expires_at)}; "
+            f"the completion of run {run_id!r} was not recorded"
+        )
+
+    return await pool.run(run)

@@ -1,0 +1,340 @@
+"""What every write path shares: input checks, contract projection, the sheet's
+writer lock, summary deltas and event rows.
+
+The checks and projections are plain functions over plain values. The SQL
+helpers take an open ``psycopg.Connection`` and run inside the caller's
+transaction (the function handed to ``TrioPool.run``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+
+from ..budgets import MAX_ROW_BYTES
+from ..errors import InvalidInputError
+from ..sizes import json_byte_length_up_to
+from ._schema import SYSTEM_COLUMNS, SheetNames
+from ._types import ContractColumn, RowStatus, SheetContract
+
+T = TypeVar("T")
+
+#: Which summary counter a row status counts in (``queued`` holds pending and stale).
+STATUS_COUNTER: Mapping[str, str] = {
+    "pending": "queued",
+    "stale": "queued",
+    "running": "running",
+    "enriched": "completed",
+    "failed": "failed",
+}
+
+SUMMARY_COUNTERS = ("total", "queued", "running", "completed", "failed")
+
+
+# --- input checks -----------------------------------------------------------------
+
+
+def check_row(row: object, position: int) -> Mapping[str, Any]:
+    """Check one input row: a JSON object with string keys, finite numbers, within budget.
+
+    Raises ``InvalidInputError`` naming the row's position. Nothing is written
+    by any caller before every row has passed.
+    """
+    if not isinstance(row, Mapping):
+        raise InvalidInputError(f"row {position} must be a JSON object, got {type(row).__name__}")
+    for name in row:
+        if not isinstance(name, str):
+            raise InvalidInputError(f"row {position} has a non-string field name {name!r}")
+    try:
+        size = json_byte_length_up_to(dict(row), MAX_ROW_BYTES)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
+    if size.exceeded:
+        raise InvalidInputError(
+            f"row {position} is larger than the {MAX_ROW_BYTES} byte row budget "
+            f"(at least {size.bytes} bytes): a row must fit in one page read"
+        )
+    return row
+
+
+def check_json_value(value: object, what: str) -> None:
+    """Check that ``value`` is JSON with finite numbers and fits the row budget."""
+    try:
+        size = json_byte_length_up_to(value, MAX_ROW_BYTES)
+    except (InvalidInputError, TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
+    if size.exceeded:
+        raise InvalidInputError(f"{what} is larger than the {MAX_ROW_BYTES} byte row budget")
+
+
+def check_key(key: object, what: str = "row key") -> str:
+    """A row key must be a non-empty string."""
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"{what} must be a non-empty string, got {key!r}")
+    return key
+
+
+def check_text(value: object, what: str) -> str:
+    """A required non-empty string argument (run id, idempotency key, holder)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_write_version(value: object) -> int | None:
+    """A writer's version: ``None`` (a legacy, unfenced writer) or an integer >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(f"write_version must be a finite integer, got {value!r}")
+        raise InvalidInputError(f"write_version must be an integer or None, got {value!r}")
+    if value < 0:
+        raise InvalidInputError(f"write_version must be >= 0, got {value!r}")
+    return value
+
+
+# --- contract projection -----------------------------------------------------------
+
+
+def physical_columns(contract: SheetContract) -> tuple[ContractColumn, ...]:
+    """The contract's physical columns; for a repeated ``sql_name`` the last declaration
+    wins (as in ``ensure_sheet``), at the position of the first."""
+    columns: dict[str, ContractColumn] = {}
+    for column in contract.columns:
+        if column.is_physical:
+            columns[column.sql_name] = column
+    return tuple(columns.values())
+
+
+def column_lookup_names(column: ContractColumn) -> tuple[str, ...]:
+    """Names a row may carry the column's value under, in order of preference.
+
+    ``field`` (the row field an input column reads), then the column ``id``,
+    then its ``sql_name``.
+    """
+    names = [column.field] if column.field else []
+    names += [column.id, column.sql_name]
+    return tuple(dict.fromkeys(names))
+
+
+def input_field_name(column: ContractColumn) -> str:
+    """The input row field an input column reads."""
+    return column.field or column.id
+
+
+_ABSENT: Any = object()
+
+
+def column_value(row: Mapping[str, Any], column: ContractColumn) -> Any:
+    """The row's value for ``column``, or ``ABSENT`` when the row does not carry it."""
+    for name in column_lookup_names(column):
+        if name in row:
+            return row[name]
+    return _ABSENT
+
+
+ABSENT = _ABSENT
+
+
+def project_row(row: Mapping[str, Any], columns: Sequence[ContractColumn]) -> dict[str, Any]:
+    """``{sql_name: value}`` for the physical columns the row carries (JSON null dropped)."""
+    out: dict[str, Any] = {}
+    for column in columns:
+        value = column_value(row, column)
+        if value is not ABSENT:
+            out[column.sql_name] = value
+    return out
+
+
+def jsonb_text(value: Any) -> str | None:
+    """A column value as jsonb input text; JSON null is stored as SQL NULL."""
+    if value is None:
+        return None
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def chunked(values: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """Consecutive slices of at most ``size`` values."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+# --- summary deltas -------------------------------------------------------------------
+
+
+def transition_delta(old: Sequence[str | None], new: Sequence[str | None]) -> Counter[str]:
+    """Counter changes for rows moving ``old[i] -> new[i]`` (``None`` = absent)."""
+    delta: Counter[str] = Counter()
+    for before, after in zip(old, new, strict=True):
+        if before is not None:
+            delta[STATUS_COUNTER[before]] -= 1
+            delta["total"] -= 1
+        if after is not None:
+            delta[STATUS_COUNTER[after]] += 1
+            delta["total"] += 1
+    return delta
+
+
+# --- SQL helpers (inside the caller's transaction) -----------------------------------
+
+
+def lock_sheet(conn: psycopg.Connection[Any], names: SheetNames) -> int:
+    """Take the sheet's writer lock (its summary row) and return its write version.
+
+    Every write path (admission, append/upsert/replace, terminal writes) takes
+    this lock first, so writers of one sheet run one after another and always
+    lock in the same order (summary row, then sheet rows): no deadlock, no
+    unique violation between two admissions inserting the same key, and a
+    terminal write's read-decide-write sees rows no one else is changing.
+    The lock is released when the transaction ends.
+    """
+    summary = names.ident("summary_table")
+    conn.execute(
+        sql.SQL("INSERT INTO {} (id) VALUES (true) ON CONFLICT (id) DO NOTHING").format(summary)
+    )
+    cur = conn.execute(sql.SQL("SELECT write_version FROM {} WHERE id FOR UPDATE").format(summary))
+    row = cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def next_write_version(conn: psycopg.Connection[Any], names: SheetNames) -> int:
+    """Take the sheet's next write version (the admission counter), under the writer lock."""
+    cur = conn.execute(
+        sql.SQL(
+            "UPDATE {} SET write_version = write_version + 1, updated_at = now() "
+            "WHERE id RETURNING write_version"
+        ).format(names.ident("summary_table"))
+    )
+    row = cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def apply_summary_delta(
+    conn: psycopg.Connection[Any], names: SheetNames, delta: Mapping[str, int]
+) -> None:
+    """Add ``delta`` to the summary counters (a no-op when every change is zero)."""
+    changes = {name: delta.get(name, 0) for name in SUMMARY_COUNTERS}
+    if not any(changes.values()):
+        return
+    assignments = sql.SQL(", ").join(
+        sql.SQL("{col} = {col} + {val}").format(col=sql.Identifier(name), val=sql.Literal(value))
+        for name, value in changes.items()
+    )
+    conn.execute(
+        sql.SQL("UPDATE {} SET {}, updated_at = now() WHERE id").format(
+            names.ident("summary_table"), assignments
+        )
+    )
+
+
+def record_event(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    *,
+    kind: str,
+    row_count: int,
+    run_id: str | None = None,
+    write_version: int | None = None,
+    idempotency_key: str | None = None,
+) -> None:
+    """Append one row to the sheet's event table."""
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (kind, run_id, write_version, idempotency_key, row_count) "
+            "VALUES (%s, %s, %s, %s, %s)"
+        ).format(names.ident("event_table")),
+        (kind, run_id, write_version, idempotency_key, row_count),
+    )
+
+
+def status_of(value: object) -> RowStatus:
+    """A stored ``_status`` value, checked."""
+    if value not in STATUS_COUNTER:
+        raise AssertionError(f"unexpected stored row status {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def table_columns(conn: psycopg.Connection[Any], names: SheetNames) -> tuple[ContractColumn, ...]:
+    """The sheet table's physical columns as the catalog knows them.
+
+    Used by writes that carry no contract (append, upsert, replace): each jsonb
+    column the table has beyond the system columns, its id taken from the
+    column comment ``ensure_sheet`` leaves (else its name). A row carries a
+    column's value under the column id or its sql name.
+    """
+    rows = conn.execute(
+        "SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute AS a "
+        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+        "ORDER BY a.attnum",
+        (names.ident("sheet_table").as_string(conn),),
+    ).fetchall()
+    return tuple(
+        ContractColumn(id=comment or name, sql_name=name, source="input")
+        for name, comment in rows
+        if name not in SYSTEM_COLUMNS
+    )
+
+
+def apply_column_delta(
+    conn: psycopg.Connection[Any], names: SheetNames, delta: Mapping[str, int]
+) -> None:
+    """Add per-column non-null changes to the column summary table."""
+    changes = [(name, n) for name, n in delta.items() if n]
+    if not changes:
+        return
+    with conn.cursor() as cur:
+        cur.executemany(
+            sql.SQL(
+                "INSERT INTO {tbl} AS c (column_name, non_null, updated_at) VALUES (%s, %s, now()) "
+                "ON CONFLICT (column_name) DO UPDATE SET "
+                "non_null = c.non_null + EXCLUDED.non_null, updated_at = now()"
+            ).format(tbl=names.ident("column_summary_table")),
+            changes,
+        )
+
+
+def copy_new_rows(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    rows: Iterable[tuple[str, int, Mapping[str, Any]]],
+    sql_names: Sequence[str],
+    *,
+    run_id: str | None,
+    version: int,
+) -> tuple[int, Counter[str]]:
+    """Insert ``(key, input_index, {sql_name: value})`` rows as ``pending`` with ``COPY``.
+
+    The caller holds the sheet's writer lock and has checked that no key
+    exists yet. Returns the row count and the column non-null delta.
+    """
+    targets = sql.SQL(", ").join(
+        sql.Identifier(name)
+        for name in ["_key", "_status", "_run_id", "_input_index", "_write_version", *sql_names]
+    )
+    non_null: Counter[str] = Counter()
+    count = 0
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            sql.SQL("COPY {} ({}) FROM STDIN").format(names.ident("sheet_table"), targets)
+        ) as copy,
+    ):
+        for key, index, data in rows:
+            texts = [jsonb_text(data.get(name)) for name in sql_names]
+            for name, text in zip(sql_names, texts, strict=True):
+                if text is not None:
+                    non_null[name] += 1
+            copy.write_row((key, "pending", run_id, index, version, *texts))
+            count += 1
+    return count, non_null

@@ -1,0 +1,341 @@
+"""Direct row writes: ``append_rows``, ``upsert_rows`` and ``replace_rows``.
+
+Each write carries an idempotency key. Inside its transaction, under the
+sheet's writer lock, the write first looks for ``(kind, idempotency_key)`` in
+the event table: found, it writes nothing and answers
+``WriteResult(written=0, replayed=True)``; otherwise it writes and records that
+pair (with the row count) in the same transaction, so a retried call, even one
+racing the first, applies exactly once. ``kind`` is ``append``, ``upsert`` or
+``replace``: the same key used for two kinds names two writes.
+
+None of these is an admission: they do not take a write version. New rows are
+``pending`` and stamped ``_write_version = 0`` ("never admitted"), so no
+running attempt can complete them (its fenced write would see
+``older_write_version``) until an admission takes them up. The columns written
+are the sheet table's physical columns (``ensure_sheet`` made them); a row
+carries a column's value under the column id or its sql name, other fields are
+not stored.
+
+* **append** inserts every row as a new row. Its key is the row's derived
+  identity plus ``:append:`` and 12 hex digits of SHA-256 over the idempotency
+  key and the row's position in the call, so appending the same content twice
+  (with two keys) makes two rows, and a replay makes the same keys. New rows
+  follow the sheet's last ``_input_index``.
+* **upsert** merges by key (``key_field``, else the row's ``_key``, else its
+  derived identity; repeated keys in one call merge left to right). A new key
+  is inserted like an appended row. An existing row gets the columns the row
+  carries, and the others keep their values; its status, version, run id and
+  input index stay, except that a ``stale`` row goes back to ``pending``.
+  ``written`` counts inserted rows plus rows whose stored values changed.
+* **replace** deletes every row of the sheet, zeroes the status counters and
+  the column summary (the admission counter ``write_version`` stays: versions
+  only ever grow, so an attempt admitted before the replace stays fenced), then
+  inserts the rows as append does with input indexes from 0. The event table
+  is kept, since it is the ledger of idempotency keys. ``written`` is the
+  number of rows inserted.
+
+Cancellation rolls the transaction back: nothing is written and the key is
+not recorded, so the call can be retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import psycopg
+import trio
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
+from ..errors import InvalidInputError
+from ..identity import derive_row_identity, row_key
+from ._pool import TrioPool
+from ._rowdata import (
+    apply_column_delta,
+    apply_summary_delta,
+    check_row,
+    check_text,
+    chunked,
+    copy_new_rows,
+    lock_sheet,
+    project_row,
+    record_event,
+    status_of,
+    table_columns,
+    transition_delta,
+)
+from ._schema import SheetNames
+from ._types import WriteResult
+
+__all__ = ["append_rows", "appended_row_key", "replace_rows", "upsert_rows"]
+
+#: Hex digits of the per-row suffix of an appended key.
+APPEND_KEY_SUFFIX_CHARS = 12
+
+WriteKind = Literal["append", "upsert", "replace"]
+
+
+def appended_row_key(row: Mapping[str, Any], idempotency_key: str, ordinal: int) -> str:
+    """The key of the ``ordinal``-th row of an append (or replace) with ``idempotency_key``."""
+    text = f"{len(idempotency_key)}:{idempotency_key}:{ordinal}"
+    suffix = hashlib.sha256(text.encode("utf-8")).hexdigest()[:APPEND_KEY_SUFFIX_CHARS]
+    return f"{derive_row_identity(row)}:append:{suffix}"
+
+
+def _check_rows(rows: object) -> list[Mapping[str, Any]]:
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError(f"rows must be a sequence of objects, got {type(rows).__name__}")
+    return [check_row(row, position) for position, row in enumerate(rows)]
+
+
+def _replayed(conn: psycopg.Connection[Any], names: SheetNames, kind: str, key: str) -> bool:
+    cur = conn.execute(
+        sql.SQL("SELECT 1 FROM {} WHERE kind = %s AND idempotency_key = %s").format(
+            names.ident("event_table")
+        ),
+        (kind, key),
+    )
+    return cur.fetchone() is not None
+
+
+def _next_index(conn: psycopg.Connection[Any], names: SheetNames) -> int:
+    cur = conn.execute(
+        sql.SQL("SELECT coalesce(max(_input_index), -1) + 1 FROM {}").format(
+            names.ident("sheet_table")
+        )
+    )
+    row = cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _insert_appended(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    rows: Sequence[Mapping[str, Any]],
+    idempotency_key: str,
+    first_index: int,
+) -> tuple[int, Counter[str], Counter[str]]:
+    columns = table_columns(conn, names)
+    sql_names = [c.sql_name for c in columns]
+    prepared = [
+        (appended_row_key(row, idempotency_key, ordinal), first_index + ordinal, row)
+        for ordinal, row in enumerate(rows)
+    ]
+    inserted, non_null = copy_new_rows(
+        conn,
+        names,
+        ((key, index, project_row(row, columns)) for key, index, row in prepared),
+        sql_names,
+        run_id=None,
+        version=0,
+    )
+    return inserted, transition_delta([None] * inserted, ["pending"] * inserted), non_null
+
+
+async def _write(
+    pool: TrioPool,
+    names: SheetNames,
+    kind: WriteKind,
+    idempotency_key: str,
+    body: Any,
+) -> WriteResult:
+    def run(conn: psycopg.Connection[Any]) -> WriteResult:
+        lock_sheet(conn, names)
+        if _replayed(conn, names, kind, idempotency_key):
+            return WriteResult(written=0, replayed=True)
+        written, summary, non_null = body(conn)
+        apply_summary_delta(conn, names, summary)
+        apply_column_delta(conn, names, non_null)
+        record_event(conn, names, kind=kind, row_count=written, idempotency_key=idempotency_key)
+        return WriteResult(written=written, replayed=False)
+
+    return await pool.run(run)
+
+
+async def append_rows(
+    pool: TrioPool,
+    names: SheetNames,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    idempotency_key: str,
+) -> WriteResult:
+    """Insert ``rows`` as new pending rows, once per ``idempotency_key``.
+
+    Raises ``InvalidInputError`` before anything is written for a bad row or key.
+    """
+    check_text(idempotency_key, "idempotency_key")
+    checked = await trio.to_thread.run_sync(_check_rows, rows)
+
+    def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
+        return _insert_appended(conn, names, checked, idempotency_key, _next_index(conn, names))
+
+    return await _write(pool, names, "append", idempotency_key, body)
+
+
+async def replace_rows(
+    pool: TrioPool,
+    names: SheetNames,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    idempotency_key: str,
+) -> WriteResult:
+    """Replace every row of the sheet with ``rows``, once per ``idempotency_key``.
+
+    Raises ``InvalidInputError`` before anything is written (or deleted).
+    """
+    check_text(idempotency_key, "idempotency_key")
+    checked = await trio.to_thread.run_sync(_check_rows, rows)
+
+    def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
+        conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("sheet_table")))
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET total = 0, queued = 0, running = 0, completed = 0, failed = 0, "
+                "updated_at = now() WHERE id"
+            ).format(names.ident("summary_table"))
+        )
+        conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("column_summary_table")))
+        return _insert_appended(conn, names, checked, idempotency_key, 0)
+
+    return await _write(pool, names, "replace", idempotency_key, body)
+
+
+def _merge_by_key(
+    rows: Sequence[Mapping[str, Any]], key_field: str | None
+) -> list[tuple[str, dict[str, Any]]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for position, row in enumerate(rows):
+        try:
+            key = row_key(row, key_field)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"row {position}: {exc}") from None
+        merged.setdefault(key, {}).update(row)
+    return list(merged.items())
+
+
+async def upsert_rows(
+    pool: TrioPool,
+    names: SheetNames,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    idempotency_key: str,
+    key_field: str | None = None,
+) -> WriteResult:
+    """Insert new keys and merge the carried columns into existing rows, once per
+    ``idempotency_key``.
+
+    Raises ``InvalidInputError`` before anything is written for a bad row, key
+    field or idempotency key.
+    """
+    check_text(idempotency_key, "idempotency_key")
+    if key_field is not None:
+        check_text(key_field, "key_field")
+    checked = await trio.to_thread.run_sync(_check_rows, rows)
+    entries = await trio.to_thread.run_sync(_merge_by_key, checked, key_field)
+
+    def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
+        columns = table_columns(conn, names)
+        sql_names = [c.sql_name for c in columns]
+        sheet = names.ident("sheet_table")
+        summary: Counter[str] = Counter()
+        non_null: Counter[str] = Counter()
+        written = 0
+        next_index = _next_index(conn, names)
+        for chunk in chunked(entries, POSTGRES_WRITE_CHUNK_ROWS):
+            cur = conn.execute(
+                sql.SQL("SELECT _key FROM {} WHERE _key = ANY(%s)").format(sheet),
+                ([key for key, _ in chunk],),
+            )
+            existing = {record[0] for record in cur.fetchall()}
+            new = [(key, row) for key, row in chunk if key not in existing]
+            if new:
+                inserted, column_delta = copy_new_rows(
+                    conn,
+                    names,
+                    (
+                        (key, next_index + n, project_row(row, columns))
+                        for n, (key, row) in enumerate(new)
+                    ),
+                    sql_names,
+                    run_id=None,
+                    version=0,
+                )
+                next_index += inserted
+                written += inserted
+                summary += transition_delta([None] * inserted, ["pending"] * inserted)
+                non_null.update(column_delta)
+            updates = [
+                {"key": key, "data": project_row(row, columns)}
+                for key, row in chunk
+                if key in existing
+            ]
+            if updates:
+                changed, delta, column_delta = _merge_existing(conn, names, updates, sql_names)
+                written += changed
+                summary += delta
+                non_null.update(column_delta)
+        return written, summary, non_null
+
+    return await _write(pool, names, "upsert", idempotency_key, body)
+
+
+def _merge_existing(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    updates: Sequence[Mapping[str, Any]],
+    sql_names: Sequence[str],
+) -> tuple[int, Counter[str], Counter[str]]:
+    """Merge carried columns into existing rows (and reopen stale ones); only rows
+    that change are touched. Returns the changed count and the deltas."""
+    sheet = names.ident("sheet_table")
+
+    def new_value(name: str) -> sql.Composable:
+        return sql.SQL(
+            "CASE WHEN i.data ? {lit} THEN NULLIF(i.data -> {lit}, 'null'::jsonb) ELSE t.{col} END"
+        ).format(lit=sql.Literal(name), col=sql.Identifier(name))
+
+    sets = sql.SQL("").join(
+        sql.SQL(", {col} = {value}").format(col=sql.Identifier(n), value=new_value(n))
+        for n in sql_names
+    )
+    differs = sql.SQL(" OR ").join(
+        [sql.SQL("t._status = 'stale'")]
+        + [
+            sql.SQL("t.{col} IS DISTINCT FROM {value}").format(
+                col=sql.Identifier(n), value=new_value(n)
+            )
+            for n in sql_names
+        ]
+    )
+    flags = sql.SQL("").join(
+        sql.SQL(", (o.{col} IS NOT NULL)::int, (t.{col} IS NOT NULL)::int").format(
+            col=sql.Identifier(n)
+        )
+        for n in sql_names
+    )
+    cur = conn.execute(
+        sql.SQL(
+            "WITH incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
+            "  AS i(key text, data jsonb)), "
+            "old AS (SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key) "
+            "UPDATE {sheet} AS t SET "
+            "_status = CASE WHEN t._status = 'stale' THEN 'pending' ELSE t._status END, "
+            "_updated_at = clock_timestamp(){sets} "
+            "FROM incoming AS i, old AS o WHERE t._key = i.key AND o._key = i.key AND ({differs}) "
+            "RETURNING o._status, t._status{flags}"
+        ).format(sheet=sheet, sets=sets, differs=differs, flags=flags),
+        {"rows": Jsonb(list(updates))},
+    )
+    summary: Counter[str] = Counter()
+    non_null: Counter[str] = Counter()
+    records = cur.fetchall()
+    for record in records:
+        summary += transition_delta([status_of(record[0])], [status_of(record[1])])
+        for position, name in enumerate(sql_names):
+            non_null[name] += record[3 + 2 * position] - record[2 + 2 * position]
+    return len(records), summary, non_null
