@@ -9,13 +9,19 @@ from __future__ import annotations
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
 from ._pool import open_pool as open_pool
+from ._reads import RowCursor as RowCursor
 from ._schema import SheetNames as SheetNames
 from ._schema import sheet_names as sheet_names
+from ._store import SheetStore as SheetStore
+from ._store import open_store as open_store
 
 __all__ = [
     "PoolSaturatedError",
+    "RowCursor",
     "SheetNames",
+    "SheetStore",
     "TrioPool",
     "open_pool",
+    "open_store",
     "sheet_names",
 ]

@@ -1,0 +1,478 @@
+"""Reads of a sheet: pages, batches of pages under one snapshot, keyset pages, keys, counts.
+
+Every read returns rows in the sheet's read order,
+``_input_index ASC NULLS LAST, _created_at ASC, _key ASC`` (the order of the
+sheet table's btree index), optionally limited to one ``_run_id``. A row is a
+dict: row mode ``output`` gives ``_key``, every physical column under its
+contract column id (kept as the column's comment by ``ensure_sheet``), then
+``_status``, ``_error`` and ``_input_index``; row mode ``all`` adds the other
+system columns, timestamps as ISO 8601 strings.
+
+A batch read answers at most ``READ_BATCH_MAX_RESPONSE_BYTES`` of compact JSON
+(``{"pages": [{"rows": [...], "limit": L, "offset": O}, ...]}``). The size is
+measured with ``json_byte_length_up_to`` as rows are decoded, a slice of rows at
+a time, and the read stops with ``ReadBatchTooLargeError`` as soon as the answer
+so far would exceed it, so an oversized batch never holds more than one slice
+of rows past the budget.
+
+A sheet whose tables do not exist yet has no rows: reads answer empty pages,
+``count`` 0 and an all-zero summary.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from .._page import Page, PageRequest
+from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES, READ_PAGE_MAX_ROWS
+from ..errors import InvalidInputError, ReadBatchTooLargeError
+from ..sizes import json_byte_length_up_to
+from ._pool import TrioPool
+from ._schema import SYSTEM_COLUMNS, SheetNames
+from ._types import RowMode, Summary
+
+__all__ = [
+    "RowCursor",
+    "count",
+    "read_row_keys",
+    "read_rows",
+    "read_rows_after",
+    "read_rows_batch",
+    "read_rows_by_keys",
+    "summary",
+]
+
+Conn = psycopg.Connection[Any]
+
+_MAX_BIGINT = 2**63 - 1
+
+#: Rows decoded (and measured) at a time.
+_FETCH_ROWS = 500
+
+#: The read order, written once.
+ORDER_BY = sql.SQL("ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC")
+
+_OUTPUT_TAIL = ("_status", "_error", "_input_index")
+_ALL_TAIL = (
+    "_status",
+    "_error",
+    "_input_index",
+    "_run_id",
+    "_stage",
+    "_provider",
+    "_created_at",
+    "_updated_at",
+    "_cell_meta",
+    "_write_version",
+)
+_TIMESTAMPS = frozenset({"_created_at", "_updated_at"})
+
+
+@attrs.frozen
+class RowCursor:
+    """Where a keyset read stopped: the read-order position of the last row returned."""
+
+    input_index: int | None
+    """The row's ``_input_index`` (None sorts after every number)."""
+    created_at: datetime.datetime
+    """The row's ``_created_at``."""
+    key: str
+    """The row's ``_key``."""
+
+
+# --- input checks ---------------------------------------------------------------------
+
+
+def _check_int(what: str, value: object, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(f"{what} must be a finite integer, got {value!r}")
+        raise InvalidInputError(f"{what} must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise InvalidInputError(f"{what} must be between {minimum} and {maximum}, got {value!r}")
+    return value
+
+
+def _check_limit(limit: object) -> int:
+    return _check_int("limit", limit, 1, READ_PAGE_MAX_ROWS)
+
+
+def _check_request(request: object) -> PageRequest:
+    if not isinstance(request, PageRequest):
+        raise InvalidInputError(f"page request must be a PageRequest, got {request!r}")
+    _check_limit(request.limit)
+    _check_int("offset", request.offset, 0, _MAX_BIGINT)
+    return request
+
+
+def _check_run_id(run_id: object) -> str | None:
+    if run_id is None:
+        return None
+    if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
+        raise InvalidInputError(f"run_id must be a non-empty string without NUL, got {run_id!r}")
+    return run_id
+
+
+def _check_row_mode(row_mode: object) -> RowMode:
+    if row_mode == "output":
+        return "output"
+    if row_mode == "all":
+        return "all"
+    raise InvalidInputError(f"row_mode must be 'output' or 'all', got {row_mode!r}")
+
+
+# --- projection --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Projection:
+    """What one read selects and the dict keys its rows get, in order."""
+
+    select: sql.Composable
+    keys: tuple[str, ...]
+
+
+def _projection(columns: Sequence[tuple[str, str]], row_mode: RowMode) -> _Projection:
+    """``columns``: (sql name, column id) of the physical columns, in table order."""
+    tail = _OUTPUT_TAIL if row_mode == "output" else _ALL_TAIL
+    reserved = {"_key", *tail}
+    physical = [(name, column_id) for name, column_id in columns if column_id not in reserved]
+    parts: list[sql.Composable] = [sql.Identifier("_key")]
+    parts += [sql.Identifier(name) for name, _ in physical]
+    for name in tail:
+        if name in _TIMESTAMPS:
+            # The JSON form of a timestamptz is ISO 8601 (in the session's UTC).
+            # Left unnamed on purpose: ORDER BY _created_at must keep meaning
+            # the timestamp column, not this text.
+            parts.append(sql.SQL("to_json({}) #>> '{{}}'").format(sql.Identifier(name)))
+        else:
+            parts.append(sql.Identifier(name))
+    keys = ("_key", *(column_id for _, column_id in physical), *tail)
+    return _Projection(sql.SQL(", ").join(parts), keys)
+
+
+_COLUMNS = """
+    SELECT a.attname, coalesce(col_description(a.attrelid, a.attnum), a.attname)
+    FROM pg_attribute a
+    WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum
+"""
+
+
+def _physical_columns(conn: Conn, names: SheetNames) -> list[tuple[str, str]] | None:
+    """(sql name, column id) of the sheet table's physical columns; None if it does not exist."""
+    qualified = names.ident("sheet_table").as_string(conn)
+    rows = conn.execute(_COLUMNS, (qualified,)).fetchall()
+    if not rows:
+        return None
+    return [(name, column_id) for name, column_id in rows if name not in SYSTEM_COLUMNS]
+
+
+def _where(run_id: str | None, *more: sql.Composable) -> sql.Composed:
+    conditions: list[sql.Composable] = []
+    if run_id is not None:
+        conditions.append(sql.SQL("_run_id = %(run_id)s"))
+    conditions += more
+    if not conditions:
+        return sql.Composed([])
+    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions)
+
+
+def _snapshot(conn: Conn) -> None:
+    """Make the rest of the transaction read one snapshot, read-only."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
+# --- the byte budget ------------------------------------------------------------------------
+
+# {"pages":[ ... ]}
+_ANSWER_OVERHEAD = len('{"pages":[') + len("]}")
+# {"rows":[ ... ],"limit":L,"offset":O}
+_PAGE_OVERHEAD = len('{"rows":[') + len('],"limit":') + len(',"offset":') + len("}")
+
+
+class _Budget:
+    """Counts the compact-JSON bytes of a batch answer as its rows arrive."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = _ANSWER_OVERHEAD
+        self.pages = 0
+
+    def start_page(self, request: PageRequest) -> None:
+        separator = 1 if self.pages else 0
+        self.pages += 1
+        self._add(separator + _PAGE_OVERHEAD + len(str(request.limit)) + len(str(request.offset)))
+
+    def add_rows(self, rows: list[dict[str, Any]], first: bool) -> None:
+        # json of a list of n rows is "[" + rows joined by "," + "]": drop the
+        # brackets (counted in the page overhead) and keep the separators.
+        measured = json_byte_length_up_to(rows, self.limit - self.used + 2)
+        separator = 0 if first else 1
+        if measured.exceeded:
+            raise ReadBatchTooLargeError(self.used + separator + measured.bytes - 2)
+        self._add(separator + measured.bytes - 2)
+
+    def _add(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            raise ReadBatchTooLargeError(self.used)
+
+
+def _fetch_page(
+    conn: Conn,
+    query: sql.Composed,
+    params: Mapping[str, Any],
+    keys: tuple[str, ...],
+    budget: _Budget | None,
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with conn.cursor() as cursor:
+        cursor.execute(query, params)
+        while chunk := cursor.fetchmany(_FETCH_ROWS):
+            decoded = [dict(zip(keys, row, strict=True)) for row in chunk]
+            if budget is not None and decoded:
+                budget.add_rows(decoded, first=not rows)
+            rows += decoded
+    return rows
+
+
+# --- reads -------------------------------------------------------------------------------------
+
+
+async def read_rows_batch(
+    pool: TrioPool,
+    names: SheetNames,
+    pages: Sequence[PageRequest],
+    *,
+    run_id: str | None = None,
+    row_mode: RowMode = "output",
+) -> list[Page]:
+    """Read 1 to ``READ_BATCH_MAX_PAGES`` pages under one snapshot; one ``Page`` per request.
+
+    Raises ``ReadBatchTooLargeError`` (with the bytes observed so far) as soon as
+    the answer would exceed ``READ_BATCH_MAX_RESPONSE_BYTES``; the caller splits
+    the read. Bad requests raise ``InvalidInputError`` before any query.
+    """
+    if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
+        raise InvalidInputError("pages must be a sequence of PageRequest")
+    requests = [_check_request(request) for request in pages]
+    if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
+        raise InvalidInputError(
+            f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
+        )
+    run_id = _check_run_id(run_id)
+    row_mode = _check_row_mode(row_mode)
+
+    def run(conn: Conn) -> list[Page]:
+        _snapshot(conn)
+        columns = _physical_columns(conn, names)
+        budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
+        if columns is None:
+            results = []
+            for request in requests:
+                budget.start_page(request)
+                results.append(Page((), request.limit, request.offset))
+            return results
+        projection = _projection(columns, row_mode)
+        query = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
+            projection.select, names.ident("sheet_table"), _where(run_id), ORDER_BY
+        )
+        results = []
+        for request in requests:
+            budget.start_page(request)
+            params = {"run_id": run_id, "limit": request.limit, "offset": request.offset}
+            rows = _fetch_page(conn, query, params, projection.keys, budget)
+            results.append(Page(tuple(rows), request.limit, request.offset))
+        return results
+
+    return await pool.run(run)
+
+
+async def read_rows(
+    pool: TrioPool,
+    names: SheetNames,
+    request: PageRequest,
+    *,
+    run_id: str | None = None,
+    row_mode: RowMode = "output",
+) -> Page:
+    """Read one page; the same rules (and byte budget) as a batch of one."""
+    (page,) = await read_rows_batch(pool, names, [request], run_id=run_id, row_mode=row_mode)
+    return page
+
+
+async def read_rows_after(
+    pool: TrioPool,
+    names: SheetNames,
+    cursor: RowCursor | None,
+    limit: int,
+    *,
+    run_id: str | None = None,
+    row_mode: RowMode = "output",
+) -> tuple[list[dict[str, Any]], RowCursor | None]:
+    """Up to ``limit`` rows after ``cursor`` (from the start if None), and the next cursor.
+
+    Keyset pagination: unlike an offset, each page costs the same however deep
+    it is, and rows admitted meanwhile never shift a page. The next cursor is
+    None once a page comes back short (the sheet ended). Not byte-budgeted
+    beyond ``limit <= READ_PAGE_MAX_ROWS``: callers choose the limit.
+    """
+    if cursor is not None and not isinstance(cursor, RowCursor):
+        raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
+    limit = _check_limit(limit)
+    run_id = _check_run_id(run_id)
+    row_mode = _check_row_mode(row_mode)
+
+    def run(conn: Conn) -> tuple[list[dict[str, Any]], RowCursor | None]:
+        _snapshot(conn)
+        columns = _physical_columns(conn, names)
+        if columns is None:
+            return [], None
+        projection = _projection(columns, row_mode)
+        # The position travels as raw values beside the row, then is dropped.
+        select = sql.SQL(
+            "{}, _input_index AS _cursor_index, _created_at AS _cursor_created"
+        ).format(projection.select)
+        keys = (*projection.keys, "\x00index", "\x00created")
+        table = names.ident("sheet_table")
+        params: dict[str, Any] = {"run_id": run_id, "limit": limit}
+        if cursor is None:
+            query = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s").format(
+                select, table, _where(run_id), ORDER_BY
+            )
+        else:
+            params |= {"index": cursor.input_index, "created": cursor.created_at, "key": cursor.key}
+            null_tail = _where(
+                run_id,
+                sql.SQL("_input_index IS NULL AND (_created_at, _key) > (%(created)s, %(key)s)"),
+            )
+            if cursor.input_index is None:
+                query = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s").format(
+                    select, table, null_tail, ORDER_BY
+                )
+            else:
+                # Numbers after the cursor, then every NULL index (NULLS LAST):
+                # two ordered index ranges, merged.
+                numbered = _where(
+                    run_id,
+                    sql.SQL(
+                        "(_input_index, _created_at, _key) > (%(index)s, %(created)s, %(key)s)"
+                    ),
+                )
+                null_all = _where(run_id, sql.SQL("_input_index IS NULL"))
+                query = sql.SQL(
+                    "SELECT * FROM ((SELECT {sel} FROM {t} {a} {o} LIMIT %(limit)s)"
+                    " UNION ALL (SELECT {sel} FROM {t} {b} {o} LIMIT %(limit)s)) AS page"
+                    " ORDER BY _cursor_index ASC NULLS LAST, _cursor_created ASC, _key ASC"
+                    " LIMIT %(limit)s"
+                ).format(sel=select, t=table, a=numbered, b=null_all, o=ORDER_BY)
+        raw = _fetch_page(conn, query, params, keys, None)
+        if len(raw) < limit or not raw:
+            next_cursor = None
+        else:
+            last = raw[-1]
+            next_cursor = RowCursor(last["\x00index"], last["\x00created"], last["_key"])
+        for row in raw:
+            del row["\x00index"], row["\x00created"]
+        return raw, next_cursor
+
+    return await pool.run(run)
+
+
+async def read_row_keys(
+    pool: TrioPool,
+    names: SheetNames,
+    request: PageRequest,
+    *,
+    run_id: str | None = None,
+) -> list[str]:
+    """The keys of the rows ``read_rows(request)`` would return, in read order."""
+    request = _check_request(request)
+    run_id = _check_run_id(run_id)
+
+    def run(conn: Conn) -> list[str]:
+        if _physical_columns(conn, names) is None:
+            return []
+        query = sql.SQL("SELECT _key FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
+            names.ident("sheet_table"), _where(run_id), ORDER_BY
+        )
+        params = {"run_id": run_id, "limit": request.limit, "offset": request.offset}
+        return [row[0] for row in conn.execute(query, params).fetchall()]
+
+    return await pool.run(run)
+
+
+async def count(pool: TrioPool, names: SheetNames, *, run_id: str | None = None) -> int:
+    """How many rows the sheet holds (with ``run_id``: how many that run stamped)."""
+    run_id = _check_run_id(run_id)
+
+    def run(conn: Conn) -> int:
+        if _physical_columns(conn, names) is None:
+            return 0
+        query = sql.SQL("SELECT count(*) FROM {} {}").format(
+            names.ident("sheet_table"), _where(run_id)
+        )
+        row = conn.execute(query, {"run_id": run_id}).fetchone()
+        return int(row[0]) if row else 0
+
+    return await pool.run(run)
+
+
+async def read_rows_by_keys(
+    pool: TrioPool,
+    names: SheetNames,
+    keys: Sequence[str],
+    *,
+    row_mode: RowMode = "output",
+) -> list[dict[str, Any]]:
+    """The stored rows among ``keys`` (missing keys are skipped), in read order."""
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise InvalidInputError("keys must be a sequence of strings")
+    for key in keys:
+        if not isinstance(key, str) or "\x00" in key:
+            raise InvalidInputError(f"row key must be a string without NUL, got {key!r}")
+    row_mode = _check_row_mode(row_mode)
+    wanted = list(dict.fromkeys(keys))
+    if not wanted:
+        return []
+
+    def run(conn: Conn) -> list[dict[str, Any]]:
+        _snapshot(conn)
+        columns = _physical_columns(conn, names)
+        if columns is None:
+            return []
+        projection = _projection(columns, row_mode)
+        query = sql.SQL("SELECT {} FROM {} WHERE _key = ANY(%(keys)s::text[]) {}").format(
+            projection.select, names.ident("sheet_table"), ORDER_BY
+        )
+        return _fetch_page(conn, query, {"keys": wanted}, projection.keys, None)
+
+    return await pool.run(run)
+
+
+async def summary(pool: TrioPool, names: SheetNames) -> Summary:
+    """The sheet's status counters (all zero for a sheet that does not exist yet)."""
+
+    def run(conn: Conn) -> Summary:
+        qualified = names.ident("summary_table").as_string(conn)
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (qualified,)).fetchone()
+        if not exists or not exists[0]:
+            return Summary(0, 0, 0, 0, 0)
+        row = conn.execute(
+            sql.SQL("SELECT total, queued, running, completed, failed FROM {}").format(
+                names.ident("summary_table")
+            )
+        ).fetchone()
+        if row is None:
+            return Summary(0, 0, 0, 0, 0)
+        return Summary(*(int(value) for value in row))
+
+    return await pool.run(run)

@@ -1,0 +1,291 @@
+"""``SheetStore``: the one object every road (direct runner, gateway, demo) uses.
+
+It owns a ``TrioPool`` and turns a ``SheetRef`` into physical names once per
+call; the work itself lives in the private modules (``_schema``, ``_reads``,
+``_admission``, ``_writes``, ``_fencing``, ``_receipts``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from types import ModuleType
+from typing import Any
+
+from .. import budgets
+from .._page import Page, PageRequest
+from . import _reads, _schema
+from ._pool import TrioPool, open_pool
+from ._reads import RowCursor
+from ._schema import SheetNames, sheet_names
+from ._types import (
+    Admission,
+    CompleteRow,
+    FailRow,
+    ReceiptCompletion,
+    RowMode,
+    SheetContract,
+    SheetRef,
+    Summary,
+    TerminalWriteResult,
+    WriteResult,
+)
+
+__all__ = ["SheetStore", "open_store"]
+
+#: Layouts this store has ensured, remembered so writes skip the catalog check.
+_ENSURED_CACHE_ENTRIES = 4096
+
+
+def _module(name: str) -> ModuleType:
+    # The write paths are imported on first use, so reading needs none of them.
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+class SheetStore:
+    """A sheet store on one Postgres database. Create with ``open_store``.
+
+    Every method runs on the store's pool: it may raise ``PoolSaturatedError``
+    only where an acquire timeout is given (never here), ``StoreUnavailableError``,
+    ``StatementTimeoutError`` or ``StoreError``; bad arguments raise
+    ``InvalidInputError`` before anything is read or written. A cancelled call
+    cancels its statement on the server and rolls its transaction back.
+    """
+
+    def __init__(self, pool: TrioPool) -> None:
+        self.pool = pool
+        self._ensured: OrderedDict[tuple[SheetNames, frozenset[tuple[str, str]]], None] = (
+            OrderedDict()
+        )
+        self._receipts_ensured: OrderedDict[SheetNames, None] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"<SheetStore {self.pool!r}>"
+
+    # --- layout -------------------------------------------------------------------------
+
+    async def ensure_sheet(self, sheet: SheetRef, contract: SheetContract) -> None:
+        """Create the sheet's tables and any new contract columns (idempotent)."""
+        names = sheet_names(sheet)
+        await _schema.ensure_sheet(self.pool, names, sheet, contract)
+        self._remember(names, contract)
+
+    async def _ensure_cached(self, sheet: SheetRef, contract: SheetContract) -> SheetNames:
+        names = sheet_names(sheet)
+        key = (names, _column_key(contract))
+        if key in self._ensured:
+            self._ensured.move_to_end(key)
+            return names
+        await _schema.ensure_sheet(self.pool, names, sheet, contract)
+        self._remember(names, contract)
+        return names
+
+    def _remember(self, names: SheetNames, contract: SheetContract) -> None:
+        self._ensured[(names, _column_key(contract))] = None
+        while len(self._ensured) > _ENSURED_CACHE_ENTRIES:
+            self._ensured.popitem(last=False)
+
+    # --- writes -------------------------------------------------------------------------
+
+    async def start_dataset(
+        self,
+        sheet: SheetRef,
+        rows: Sequence[Mapping[str, Any]],
+        run_id: str,
+        contract: SheetContract,
+        *,
+        key_field: str | None = None,
+    ) -> Admission:
+        """Admit ``rows`` for the attempt ``run_id`` under a new write version.
+
+        Ensures the sheet's layout for ``contract`` first.
+        """
+        names = await self._ensure_cached(sheet, contract)
+        admission: Admission = await _module("_admission").start_dataset(
+            self.pool, names, sheet, rows, run_id, contract, key_field=key_field
+        )
+        return admission
+
+    async def append_rows(
+        self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
+    ) -> WriteResult:
+        """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
+        result: WriteResult = await _module("_writes").append_rows(
+            self.pool, sheet_names(sheet), rows, idempotency_key=idempotency_key
+        )
+        return result
+
+    async def upsert_rows(
+        self,
+        sheet: SheetRef,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        key_field: str | None = None,
+    ) -> WriteResult:
+        """Insert or update rows by key; idempotent per ``idempotency_key``."""
+        result: WriteResult = await _module("_writes").upsert_rows(
+            self.pool,
+            sheet_names(sheet),
+            rows,
+            idempotency_key=idempotency_key,
+            key_field=key_field,
+        )
+        return result
+
+    async def replace_rows(
+        self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
+    ) -> WriteResult:
+        """Replace every row of the sheet; idempotent per ``idempotency_key``."""
+        result: WriteResult = await _module("_writes").replace_rows(
+            self.pool, sheet_names(sheet), rows, idempotency_key=idempotency_key
+        )
+        return result
+
+    async def complete_map_rows(
+        self,
+        sheet: SheetRef,
+        contract: SheetContract,
+        rows: Sequence[CompleteRow],
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        """Mark rows enriched with their outputs, fenced by ``write_version``."""
+        names = await self._ensure_cached(sheet, contract)
+        result: TerminalWriteResult = await _module("_fencing").complete_map_rows(
+            self.pool, names, contract, rows, run_id=run_id, write_version=write_version
+        )
+        return result
+
+    async def fail_map_rows(
+        self,
+        sheet: SheetRef,
+        contract: SheetContract,
+        rows: Sequence[FailRow],
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        """Mark rows failed with their errors, fenced by ``write_version``."""
+        names = await self._ensure_cached(sheet, contract)
+        result: TerminalWriteResult = await _module("_fencing").fail_map_rows(
+            self.pool, names, contract, rows, run_id=run_id, write_version=write_version
+        )
+        return result
+
+    async def complete_work_receipt(
+        self,
+        org_id: str,
+        play_name: str,
+        key: str,
+        result: Any,
+        run_id: str,
+        *,
+        run_attempt: int | None = None,
+    ) -> ReceiptCompletion:
+        """Record a work receipt once: ``persisted`` if this call wrote it, else ``existing``."""
+        names = _schema.receipt_names(org_id, play_name)
+        if names not in self._receipts_ensured:
+            await _schema.ensure_receipts(self.pool, names)
+            self._receipts_ensured[names] = None
+            while len(self._receipts_ensured) > _ENSURED_CACHE_ENTRIES:
+                self._receipts_ensured.popitem(last=False)
+        completion: ReceiptCompletion = await _module("_receipts").complete_work_receipt(
+            self.pool, names, key, result, run_id, run_attempt=run_attempt
+        )
+        return completion
+
+    # --- reads --------------------------------------------------------------------------
+
+    async def read_rows(
+        self,
+        sheet: SheetRef,
+        request: PageRequest,
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode = "output",
+    ) -> Page:
+        """One page in read order (raises ``ReadBatchTooLargeError`` past the byte budget)."""
+        return await _reads.read_rows(
+            self.pool, sheet_names(sheet), request, run_id=run_id, row_mode=row_mode
+        )
+
+    async def read_rows_batch(
+        self,
+        sheet: SheetRef,
+        pages: Sequence[PageRequest],
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode = "output",
+    ) -> list[Page]:
+        """1 to 4 pages under one snapshot; ``ReadBatchTooLargeError`` past the byte budget."""
+        return await _reads.read_rows_batch(
+            self.pool, sheet_names(sheet), pages, run_id=run_id, row_mode=row_mode
+        )
+
+    async def read_rows_after(
+        self,
+        sheet: SheetRef,
+        cursor: RowCursor | None,
+        limit: int,
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode = "output",
+    ) -> tuple[list[dict[str, Any]], RowCursor | None]:
+        """Keyset page: up to ``limit`` rows after ``cursor``, and the next cursor (None at end)."""
+        return await _reads.read_rows_after(
+            self.pool, sheet_names(sheet), cursor, limit, run_id=run_id, row_mode=row_mode
+        )
+
+    async def read_row_keys(
+        self, sheet: SheetRef, request: PageRequest, *, run_id: str | None = None
+    ) -> list[str]:
+        """The keys of one page, in read order."""
+        return await _reads.read_row_keys(self.pool, sheet_names(sheet), request, run_id=run_id)
+
+    async def count(self, sheet: SheetRef, *, run_id: str | None = None) -> int:
+        """Rows in the sheet (or stamped with ``run_id``)."""
+        return await _reads.count(self.pool, sheet_names(sheet), run_id=run_id)
+
+    async def read_rows_by_keys(
+        self, sheet: SheetRef, keys: Sequence[str], *, row_mode: RowMode = "output"
+    ) -> list[dict[str, Any]]:
+        """The stored rows among ``keys``, in read order."""
+        return await _reads.read_rows_by_keys(
+            self.pool, sheet_names(sheet), keys, row_mode=row_mode
+        )
+
+    async def summary(self, sheet: SheetRef) -> Summary:
+        """The sheet's status counters."""
+        return await _reads.summary(self.pool, sheet_names(sheet))
+
+
+def _column_key(contract: SheetContract) -> frozenset[tuple[str, str]]:
+    return frozenset((c.sql_name, c.id) for c in contract.columns if c.is_physical)
+
+
+@asynccontextmanager
+async def open_store(
+    database_url: str,
+    *,
+    max_connections: int = 8,
+    statement_timeout_ms: int = budgets.POSTGRES_STATEMENT_TIMEOUT_MS,
+    connect_timeout_ms: int = budgets.POSTGRES_CONNECT_TIMEOUT_MS,
+    connect_retry_delays_ms: Sequence[int] = budgets.POSTGRES_CONNECT_RETRY_DELAYS_MS,
+) -> AsyncIterator[SheetStore]:
+    """Open a ``SheetStore`` on ``database_url`` (a secret: never logged); closed on exit.
+
+    Raises ``StoreUnavailableError`` when the server cannot be reached along the
+    connect ladder or refuses the credentials.
+    """
+    async with open_pool(
+        database_url,
+        max_connections=max_connections,
+        statement_timeout_ms=statement_timeout_ms,
+        connect_timeout_ms=connect_timeout_ms,
+        connect_retry_delays_ms=connect_retry_delays_ms,
+    ) as pool:
+        yield SheetStore(pool)
