@@ -1,0 +1,563 @@
+"""The runtime gateway client: one budgeted ``post_action`` and a typed helper per action.
+
+Every action goes through :meth:`GatewayClient.post_action`:
+``POST {base_url}/api/v2/plays/internal/runtime`` with a JSON body holding
+``action`` and ``playName`` and an ``authorization: Bearer`` header. One call
+makes up to ``MAX_ATTEMPTS`` attempts under ``CALL_BUDGET_MS`` (see
+``gateway/_retry.py`` for the ladder and ``gateway/_body.py`` for the bounded
+body reader). What is retried:
+
+* connect errors, timeouts, resets and bodies cut short (``httpx`` transport
+  errors) and an attempt that outlives ``REQUEST_TIMEOUT_MS``;
+* 502, 503 and 504, and any error whose text matches the transient
+  messages of DESIGN.md;
+* 503 ``runtime_postgres_admission_backpressure``, after its ``retry_after_ms``;
+* a 2xx answer whose body is not JSON (truncated by a proxy or a reset that
+  still ended the message). Every action is safe to send again: writes carry
+  write versions or idempotency keys, receipts are insert-or-return-winner,
+  and an admission that is repeated takes a newer write version, which is
+  what the caller then uses.
+
+What is not retried: 401/403 (``GatewayAuthError``), "Unsupported runtime
+data-plane action" (``UnsupportedActionError``), 413 on a batch read
+(``ReadBatchTooLargeError``), an answer over its byte budget
+(``ResponseTooLargeError``), any other error status (``GatewayError``) and a
+well-formed answer of the wrong shape (``GatewayProtocolError``).
+
+When the retries or the budget run out, the last attempt's error is raised:
+``GatewayTimeoutError`` for a timeout, ``BackpressureError`` for
+back-pressure, ``GatewayProtocolError`` for a body that was not JSON, and
+``TransientGatewayError`` otherwise. No message ever contains the token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+import attrs
+import httpx
+import trio
+
+from .._page import Page, PageRequest
+from ..budgets import (
+    DEFAULT_RETRY_AFTER_MS,
+    READ_BATCH_MAX_PAGES,
+    READ_BATCH_MAX_RESPONSE_BYTES,
+    READ_PAGE_MAX_ROWS,
+    REQUEST_TIMEOUT_MS,
+)
+from ..errors import (
+    BackpressureError,
+    GatewayAuthError,
+    GatewayError,
+    GatewayTimeoutError,
+    InvalidInputError,
+    ReadBatchTooLargeError,
+    TransientGatewayError,
+    UnsupportedActionError,
+)
+from ..sizes import json_byte_length_up_to
+from ..store._types import (
+    Admission,
+    CompleteRow,
+    FailRow,
+    ReceiptCompletion,
+    RowMode,
+    SheetContract,
+    Summary,
+    TerminalWriteResult,
+)
+from . import _answers
+from ._body import (
+    ACCEPT_ENCODING,
+    READ_ROWS_BATCH,
+    CorruptBodyError,
+    TruncatedBodyError,
+    UnsupportedEncodingError,
+    read_bounded,
+    response_byte_limit,
+)
+from ._retry import (
+    TRANSIENT_STATUSES,
+    UNSUPPORTED_ACTION_MESSAGE,
+    CallBudget,
+    is_transient_message,
+    retry_after_from_body,
+    retry_after_from_header,
+)
+
+__all__ = ["RUNTIME_PATH", "GatewayClient"]
+
+#: Where the gateway listens, under its base URL.
+RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
+
+BACKPRESSURE_CODE: Final = "runtime_postgres_admission_backpressure"
+READ_BATCH_TOO_LARGE_CODE: Final = "runtime_sheet_read_batch_too_large"
+_REDACTED: Final = "[redacted]"
+
+
+@attrs.frozen
+class _Retryable:
+    """A failed attempt worth another: the error to raise if none follows."""
+
+    error: GatewayError
+    retry_after_ms: int | None = None
+
+
+@attrs.frozen
+class _Answer:
+    """A successful attempt: the decoded JSON object and its decoded size."""
+
+    body: dict[str, Any]
+    size: int
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The JSON value of ``raw``, or ``_NOT_JSON``."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return _NOT_JSON
+
+
+_NOT_JSON: Final = object()
+
+
+class GatewayClient:
+    """A trio client of one runtime gateway, for one play, under one executor token.
+
+    Use it as ``async with GatewayClient(...) as client:``; it owns its
+    ``httpx.AsyncClient`` and closes it on exit. ``transport`` replaces the
+    network (tests pass an ``httpx.MockTransport``).
+
+    Cancellation: a call cancelled mid-attempt closes that attempt's
+    connection and sends nothing more; whether the gateway applied the
+    request is unknown, as with any cut connection.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        play_name: str,
+        org_id: str | None = None,
+        user_email: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not isinstance(token, str) or not token.strip():
+            raise InvalidInputError("the gateway client needs a non-empty executor token")
+        if not isinstance(base_url, str) or not base_url.strip():
+            raise InvalidInputError("the gateway client needs a base URL")
+        if not isinstance(play_name, str) or not play_name:
+            raise InvalidInputError("the gateway client needs a play name")
+        self._token = token.strip()
+        self.base_url: Final = base_url.strip().rstrip("/")
+        self.url: Final = self.base_url + RUNTIME_PATH
+        self.play_name: Final = play_name
+        self.org_id: Final = org_id
+        self.user_email: Final = (user_email or "").strip() or None
+        #: SHA-256 hex digest of the token: for cache keys and authority scopes.
+        self.token_digest: Final = hashlib.sha256(self._token.encode("utf-8")).hexdigest()
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        return f"<GatewayClient {self.url} play={self.play_name!r}>"
+
+    async def __aenter__(self) -> GatewayClient:
+        if self._http is not None:
+            raise RuntimeError("GatewayClient is already open")
+        self._http = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(REQUEST_TIMEOUT_MS / 1000),
+            follow_redirects=False,
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    # --- the one path ----------------------------------------------------------
+
+    async def post_action(self, action: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Send ``action`` with ``payload`` and return the answer's JSON object.
+
+        ``action`` and ``playName`` are added at the top level. Retries,
+        budget and errors as the module docstring says; the call ends, with
+        an answer or a ``SheetplaneError``, within ``CALL_BUDGET_MS``.
+        """
+        return (await self._call(action, payload)).body
+
+    async def _call(self, action: str, payload: Mapping[str, Any]) -> _Answer:
+        http = self._http
+        if http is None:
+            raise RuntimeError("use GatewayClient inside 'async with'")
+        content = _dumps({**payload, "action": action, "playName": self.play_name})
+        headers = {
+            "authorization": f"Bearer {self._token}",
+            "content-type": "application/json",
+            "accept": "application/json",
+            "accept-encoding": ACCEPT_ENCODING,
+        }
+        budget = CallBudget(trio.current_time())
+        failures = 0
+        while True:
+            outcome = await self._attempt(http, action, content, headers, budget)
+            if isinstance(outcome, _Answer):
+                return outcome
+            failures += 1
+            wake = budget.next_attempt_at(trio.current_time(), failures, outcome.retry_after_ms)
+            if wake is None:
+                raise outcome.error
+            await trio.sleep_until(wake)
+
+    async def _attempt(
+        self,
+        http: httpx.AsyncClient,
+        action: str,
+        content: bytes,
+        headers: Mapping[str, str],
+        budget: CallBudget,
+    ) -> _Answer | _Retryable:
+        now = trio.current_time()
+        deadline = budget.attempt_deadline(now)
+        limit = response_byte_limit(action)
+        try:
+            with trio.fail_at(deadline):
+                async with http.stream("POST", self.url, content=content, headers=headers) as resp:
+                    raw = await read_bounded(resp, action, limit)
+                    status, response_headers = resp.status_code, resp.headers
+        except trio.TooSlowError:
+            ms = round((deadline - now) * 1000)
+            return _Retryable(
+                GatewayTimeoutError(0, None, f"{action} attempt did not finish within {ms} ms")
+            )
+        except httpx.TimeoutException as exc:
+            return _Retryable(self._transport_error(GatewayTimeoutError, action, exc))
+        except (UnsupportedEncodingError, CorruptBodyError) as exc:
+            raise _answers.protocol_error(action, str(exc)) from None
+        except TruncatedBodyError as exc:
+            return _Retryable(_answers.protocol_error(action, str(exc)))
+        except httpx.TransportError as exc:
+            if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+                raise self._transport_error(GatewayError, action, exc) from exc
+            return _Retryable(self._transport_error(TransientGatewayError, action, exc))
+        return self._judge(action, status, response_headers, raw)
+
+    def _transport_error(
+        self, cls: type[GatewayError], action: str, exc: Exception
+    ) -> GatewayError:
+        text = self._redact(f"{action} failed before a complete answer: {type(exc).__name__}")
+        detail = self._redact(str(exc)) or None
+        error = cls(0, None, text, detail)
+        error.__cause__ = exc
+        return error
+
+    def _judge(
+        self, action: str, status: int, headers: httpx.Headers, raw: bytes
+    ) -> _Answer | _Retryable:
+        parsed = _parse_json(raw)
+        if 200 <= status < 300:
+            if parsed is _NOT_JSON:
+                return _Retryable(
+                    _answers.protocol_error(action, "the body is not JSON (truncated?)", status)
+                )
+            if not isinstance(parsed, dict):
+                raise _answers.protocol_error(action, "the body is not a JSON object", status)
+            return _Answer(parsed, len(raw))
+
+        body: Mapping[str, Any] = parsed if isinstance(parsed, dict) else {}
+        error_text = body.get("error")
+        message = self._redact(
+            f"{action}: {error_text}"
+            if isinstance(error_text, str) and error_text
+            else f"{action} failed with HTTP {status}"
+        )
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        raw_details = body.get("details")
+        if raw_details in (None, ""):
+            raw_details = body.get("debug_error")
+        details = self._redact_details(raw_details)
+        searchable = f"{error_text if isinstance(error_text, str) else ''} {details or ''}"
+
+        if status == 413 and action == READ_ROWS_BATCH and code == READ_BATCH_TOO_LARGE_CODE:
+            observed = body.get("observed_bytes")
+            if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
+                observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
+            raise ReadBatchTooLargeError(observed)
+        if status in (401, 403):
+            raise GatewayAuthError(status, code, message, details)
+        if UNSUPPORTED_ACTION_MESSAGE.search(searchable):
+            raise UnsupportedActionError(status, code, message, details)
+        retry_after = retry_after_from_body(body.get("retry_after_ms"))
+        if retry_after is None:
+            retry_after = retry_after_from_header(headers.get("retry-after"))
+        if status == 503 and code == BACKPRESSURE_CODE:
+            if retry_after is None:
+                retry_after = DEFAULT_RETRY_AFTER_MS
+            return _Retryable(
+                BackpressureError(status, code, message, details, retry_after_ms=retry_after),
+                retry_after,
+            )
+        if status in TRANSIENT_STATUSES or is_transient_message(searchable):
+            return _Retryable(TransientGatewayError(status, code, message, details), retry_after)
+        raise GatewayError(status, code, message, details)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._token, _REDACTED) if self._token in text else text
+
+    def _redact_details(self, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        if isinstance(value, str):
+            return self._redact(value)
+        text = json.dumps(value, default=str)
+        return self._redact(text) if self._token in text else value
+
+    # --- typed helpers ---------------------------------------------------------
+
+    def _with_user(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.user_email:
+            payload["userEmail"] = self.user_email
+        return payload
+
+    async def ensure_sheet(self, table_namespace: str, contract: SheetContract) -> None:
+        """Create the sheet's tables if missing (idempotent)."""
+        action = "ensure_sheet"
+        payload = {"tableNamespace": table_namespace, "sheetContract": contract.to_json()}
+        _answers.parse_ok(await self.post_action(action, self._with_user(payload)), action)
+
+    async def start_sheet_dataset(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[Mapping[str, Any]],
+        run_id: str,
+    ) -> Admission:
+        """Admit ``rows`` under a new write version (dedupe, input order, pending vs completed)."""
+        action = "start_sheet_dataset"
+        payload = {
+            "tableNamespace": table_namespace,
+            "sheetContract": contract.to_json(),
+            "rows": [dict(row) for row in rows],
+            "runId": run_id,
+        }
+        answer = await self.post_action(action, self._with_user(payload))
+        return _answers.parse_admission(answer, action)
+
+    async def create_db_session(
+        self,
+        *,
+        table_namespace: str,
+        logical_table: str,
+        operations: Sequence[str],
+        limits: Mapping[str, int] | None = None,
+        contract: SheetContract | None = None,
+        ttl_seconds: int | None = None,
+        encryption: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Ask for a scoped Postgres session; the raw answer (``sheetplane.sessions`` parses it)."""
+        payload: dict[str, Any] = {
+            "target": {"tableNamespace": table_namespace, "logicalTable": logical_table},
+            "operations": list(operations),
+        }
+        if limits:
+            payload["limits"] = dict(limits)
+        if contract is not None:
+            payload["sheetContract"] = contract.to_json()
+        if ttl_seconds is not None:
+            payload["ttlSeconds"] = ttl_seconds
+        if encryption is not None:
+            payload["postgresUrlEncryption"] = dict(encryption)
+        return await self.post_action("create_db_session", self._with_user(payload))
+
+    @staticmethod
+    def _read_input(
+        table_namespace: str, run_id: str | None, row_mode: RowMode | None
+    ) -> dict[str, Any]:
+        read: dict[str, Any] = {"tableNamespace": table_namespace}
+        if run_id is not None:
+            read["runId"] = run_id
+        if row_mode is not None:
+            read["rowMode"] = row_mode
+        return read
+
+    @staticmethod
+    def _check_request(request: PageRequest) -> None:
+        if not isinstance(request, PageRequest):
+            raise InvalidInputError(f"expected a PageRequest, got {request!r}")
+        if request.limit > READ_PAGE_MAX_ROWS:
+            raise InvalidInputError(
+                f"page limit {request.limit} is over READ_PAGE_MAX_ROWS ({READ_PAGE_MAX_ROWS})"
+            )
+
+    async def read_rows(
+        self,
+        table_namespace: str,
+        request: PageRequest,
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode | None = None,
+    ) -> Page:
+        """One page with ``runtime_sheet_read_rows``, checked against its request."""
+        self._check_request(request)
+        action = "runtime_sheet_read_rows"
+        read = self._read_input(table_namespace, run_id, row_mode)
+        read.update(limit=request.limit, offset=request.offset)
+        answer = await self.post_action(action, {"input": read})
+        return _answers.check_page(answer, request, action, "the page")
+
+    async def read_rows_batch(
+        self,
+        table_namespace: str,
+        requests: Sequence[PageRequest],
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode | None = None,
+    ) -> list[Page]:
+        """1 to ``READ_BATCH_MAX_PAGES`` pages in one request, one page per request, in order.
+
+        Each page must echo its request's ``limit`` and ``offset`` and hold at
+        most ``limit`` rows, each an object; otherwise ``GatewayProtocolError``.
+        Raises ``ReadBatchTooLargeError`` on the gateway's 413 and when the
+        decoded pages exceed ``READ_BATCH_MAX_RESPONSE_BYTES``.
+
+        A gateway that predates the batch action is read page by page with
+        ``runtime_sheet_read_rows``. That is a fallback only: an accepted
+        batch answer is never read again, whatever its validation says.
+        """
+        if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
+            raise InvalidInputError(
+                f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
+            )
+        for request in requests:
+            self._check_request(request)
+        read = self._read_input(table_namespace, run_id, row_mode)
+        read["pages"] = [{"limit": r.limit, "offset": r.offset} for r in requests]
+        try:
+            answer = await self._call(READ_ROWS_BATCH, {"input": read})
+        except UnsupportedActionError:
+            return [
+                await self.read_rows(table_namespace, request, run_id=run_id, row_mode=row_mode)
+                for request in requests
+            ]
+        pages = _answers.parse_pages(answer.body, requests, READ_ROWS_BATCH)
+        if answer.size > READ_BATCH_MAX_RESPONSE_BYTES:
+            # The body is large; measure the pages themselves, as the server should have.
+            measured = json_byte_length_up_to(answer.body["pages"], READ_BATCH_MAX_RESPONSE_BYTES)
+            if measured.exceeded:
+                raise ReadBatchTooLargeError(measured.bytes)
+        return pages
+
+    async def read_row_keys(
+        self, table_namespace: str, request: PageRequest, *, run_id: str | None = None
+    ) -> list[str]:
+        """The keys of one page, in read order (``runtime_sheet_read_row_keys``)."""
+        self._check_request(request)
+        action = "runtime_sheet_read_row_keys"
+        read = self._read_input(table_namespace, run_id, None)
+        read.update(limit=request.limit, offset=request.offset)
+        answer = await self.post_action(action, {"input": read})
+        return _answers.parse_row_keys(answer, request, action)
+
+    async def complete_map_rows(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[CompleteRow],
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        """Record map outputs under write-version fencing; stale rows come back with reasons."""
+        wire_rows = []
+        for row in rows:
+            item: dict[str, Any] = {"key": row.key, "data": dict(row.data)}
+            if row.cell_meta_patch is not None:
+                item["cellMetaPatch"] = dict(row.cell_meta_patch)
+            wire_rows.append(item)
+        return await self._terminal_write(
+            "runtime_sheet_complete_map_rows",
+            table_namespace,
+            contract,
+            wire_rows,
+            run_id,
+            write_version,
+        )
+
+    async def fail_map_rows(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[FailRow],
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        """Record map failures under write-version fencing; stale rows come back with reasons."""
+        wire_rows = []
+        for row in rows:
+            item: dict[str, Any] = {"key": row.key, "error": row.error}
+            if row.data is not None:
+                item["data"] = dict(row.data)
+            wire_rows.append(item)
+        return await self._terminal_write(
+            "runtime_sheet_fail_map_rows",
+            table_namespace,
+            contract,
+            wire_rows,
+            run_id,
+            write_version,
+        )
+
+    async def _terminal_write(
+        self,
+        action: str,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: list[dict[str, Any]],
+        run_id: str,
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        payload: dict[str, Any] = {
+            "tableNamespace": table_namespace,
+            "sheetContract": contract.to_json(),
+            "runId": run_id,
+            "rows": rows,
+        }
+        if write_version is not None:
+            payload["writeVersion"] = write_version
+        return _answers.parse_terminal_write(await self.post_action(action, payload), action)
+
+    async def complete_work_receipt(
+        self, key: str, result: Any, run_id: str, *, run_attempt: int | None = None
+    ) -> ReceiptCompletion:
+        """Record a work receipt once; an earlier writer's receipt comes back as ``existing``."""
+        action = "complete_work_receipt"
+        payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
+        if run_attempt is not None:
+            payload["runAttempt"] = run_attempt
+        answer = await self.post_action(action, payload)
+        return _answers.parse_receipt_completion(answer, action, run_id)
+
+    async def summary(self, table_namespace: str) -> Summary:
+        """The sheet's status counters."""
+        action = "runtime_sheet_summary"
+        answer = await self.post_action(action, {"tableNamespace": table_namespace})
+        return _answers.parse_summary(answer, action)
