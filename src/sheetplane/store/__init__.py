@@ -6,6 +6,8 @@ modules behind it are private. See docs/store.md.
 
 from __future__ import annotations
 
+from ._fencing import raise_if_superseded as raise_if_superseded
+from ._fencing import superseded_rows as superseded_rows
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
 from ._pool import open_pool as open_pool
@@ -23,5 +25,7 @@ __all__ = [
     "TrioPool",
     "open_pool",
     "open_store",
+    "raise_if_superseded",
     "sheet_names",
+    "superseded_rows",
 ]

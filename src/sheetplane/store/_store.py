@@ -7,18 +7,17 @@ call; the work itself lives in the private modules (``_schema``, ``_reads``,
 
 from __future__ import annotations
 
-import importlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from types import ModuleType
 from typing import Any
 
 from .. import budgets
 from .._page import Page, PageRequest
-from . import _reads, _schema
+from . import _admission, _fencing, _reads, _receipts, _schema, _writes
 from ._pool import TrioPool, open_pool
 from ._reads import RowCursor
+from ._receipts import ReceiptClaim
 from ._schema import SheetNames, sheet_names
 from ._types import (
     Admission,
@@ -37,11 +36,6 @@ __all__ = ["SheetStore", "open_store"]
 
 #: Layouts this store has ensured, remembered so writes skip the catalog check.
 _ENSURED_CACHE_ENTRIES = 4096
-
-
-def _module(name: str) -> ModuleType:
-    # The write paths are imported on first use, so reading needs none of them.
-    return importlib.import_module(f"{__package__}.{name}")
 
 
 class SheetStore:
@@ -103,19 +97,17 @@ class SheetStore:
         Ensures the sheet's layout for ``contract`` first.
         """
         names = await self._ensure_cached(sheet, contract)
-        admission: Admission = await _module("_admission").start_dataset(
+        return await _admission.start_dataset(
             self.pool, names, sheet, rows, run_id, contract, key_field=key_field
         )
-        return admission
 
     async def append_rows(
         self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
     ) -> WriteResult:
         """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
-        result: WriteResult = await _module("_writes").append_rows(
+        return await _writes.append_rows(
             self.pool, sheet_names(sheet), rows, idempotency_key=idempotency_key
         )
-        return result
 
     async def upsert_rows(
         self,
@@ -126,23 +118,21 @@ class SheetStore:
         key_field: str | None = None,
     ) -> WriteResult:
         """Insert or update rows by key; idempotent per ``idempotency_key``."""
-        result: WriteResult = await _module("_writes").upsert_rows(
+        return await _writes.upsert_rows(
             self.pool,
             sheet_names(sheet),
             rows,
             idempotency_key=idempotency_key,
             key_field=key_field,
         )
-        return result
 
     async def replace_rows(
         self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
     ) -> WriteResult:
         """Replace every row of the sheet; idempotent per ``idempotency_key``."""
-        result: WriteResult = await _module("_writes").replace_rows(
+        return await _writes.replace_rows(
             self.pool, sheet_names(sheet), rows, idempotency_key=idempotency_key
         )
-        return result
 
     async def complete_map_rows(
         self,
@@ -155,10 +145,9 @@ class SheetStore:
     ) -> TerminalWriteResult:
         """Mark rows enriched with their outputs, fenced by ``write_version``."""
         names = await self._ensure_cached(sheet, contract)
-        result: TerminalWriteResult = await _module("_fencing").complete_map_rows(
+        return await _fencing.complete_map_rows(
             self.pool, names, contract, rows, run_id=run_id, write_version=write_version
         )
-        return result
 
     async def fail_map_rows(
         self,
@@ -171,10 +160,25 @@ class SheetStore:
     ) -> TerminalWriteResult:
         """Mark rows failed with their errors, fenced by ``write_version``."""
         names = await self._ensure_cached(sheet, contract)
-        result: TerminalWriteResult = await _module("_fencing").fail_map_rows(
+        return await _fencing.fail_map_rows(
             self.pool, names, contract, rows, run_id=run_id, write_version=write_version
         )
-        return result
+
+    async def _receipt_names(self, org_id: str, play_name: str) -> SheetNames:
+        names = _schema.receipt_names(org_id, play_name)
+        if names not in self._receipts_ensured:
+            await _schema.ensure_receipts(self.pool, names)
+            self._receipts_ensured[names] = None
+            while len(self._receipts_ensured) > _ENSURED_CACHE_ENTRIES:
+                self._receipts_ensured.popitem(last=False)
+        return names
+
+    async def claim_work_receipt(
+        self, org_id: str, play_name: str, key: str, holder: str
+    ) -> ReceiptClaim:
+        """Claim ``key`` for ``holder`` for ``WORK_RECEIPT_LEASE_TTL_MS``."""
+        names = await self._receipt_names(org_id, play_name)
+        return await _receipts.claim_work_receipt(self.pool, names, key, holder)
 
     async def complete_work_receipt(
         self,
@@ -185,18 +189,16 @@ class SheetStore:
         run_id: str,
         *,
         run_attempt: int | None = None,
+        holder: str | None = None,
     ) -> ReceiptCompletion:
-        """Record a work receipt once: ``persisted`` if this call wrote it, else ``existing``."""
-        names = _schema.receipt_names(org_id, play_name)
-        if names not in self._receipts_ensured:
-            await _schema.ensure_receipts(self.pool, names)
-            self._receipts_ensured[names] = None
-            while len(self._receipts_ensured) > _ENSURED_CACHE_ENTRIES:
-                self._receipts_ensured.popitem(last=False)
-        completion: ReceiptCompletion = await _module("_receipts").complete_work_receipt(
-            self.pool, names, key, result, run_id, run_attempt=run_attempt
+        """Record a work receipt once: ``persisted`` if this call wrote it, else ``existing``.
+
+        With ``holder``, the completion is fenced by that holder's claim.
+        """
+        names = await self._receipt_names(org_id, play_name)
+        return await _receipts.complete_work_receipt(
+            self.pool, names, key, result, run_id, run_attempt=run_attempt, holder=holder
         )
-        return completion
 
     # --- reads --------------------------------------------------------------------------
 
