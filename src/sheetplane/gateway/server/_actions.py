@@ -1,0 +1,536 @@
+"""One handler per runtime data-plane action: validate the camelCase request, call
+the store, answer the camelCase shape DESIGN.md's wire facts give.
+
+A handler raises :class:`ActionError` (or ``InvalidInputError``) for a bad
+request; the app turns every error into a JSON body without a stack trace.
+Every action acts on the caller's own org (the token's): the sheet is
+``SheetRef(org_id, playName, tableNamespace)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+
+from ... import crypto
+from ..._page import Page, PageRequest
+from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from ...errors import InvalidInputError
+from ...store import SheetStore
+from ...store._types import (
+    CompleteRow,
+    FailRow,
+    Operation,
+    RowMode,
+    SheetContract,
+    SheetRef,
+    TerminalWriteResult,
+)
+from ..faults import FaultSchedule
+from ._auth import TokenTable
+from ._config import GatewayConfig
+from ._http import ActionError, bad_request
+from ._roles import OPERATIONS, ReaperProgress, create_session_role, scoped_url
+
+__all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
+
+#: The logical tables a session may target; this gateway serves sheet rows.
+LOGICAL_TABLES: Final = ("sheet_rows",)
+
+_LIMIT_NAMES: Final = ("maxRows", "maxBytes", "maxRequests")
+_MS_PER_SECOND: Final = 1_000
+
+
+@attrs.define(eq=False)
+class GatewayState:
+    """What one running gateway holds: its config, store, tokens, faults and reaper."""
+
+    config: GatewayConfig
+    store: SheetStore
+    tokens: TokenTable
+    faults: FaultSchedule
+    reaper: ReaperProgress
+
+
+@attrs.frozen
+class Call:
+    """One authenticated request."""
+
+    state: GatewayState
+    org_id: str
+    """The token's org."""
+    body: Mapping[str, Any]
+    """The parsed JSON body."""
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+
+
+def unsupported(action: str) -> ActionError:
+    """The answer of a gateway that does not know ``action``."""
+    return ActionError(
+        400, "unsupported_action", f"Unsupported runtime data-plane action: {action}"
+    )
+
+
+# --- request parsing ------------------------------------------------------------------
+
+
+def _text(container: Mapping[str, Any], name: str, *, where: str = "") -> str:
+    value = container.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request(f"{where}{name} must be a non-empty string")
+    return value
+
+
+def _optional_text(container: Mapping[str, Any], name: str, *, where: str = "") -> str | None:
+    value = container.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"{where}{name} must be a string or null")
+    return value
+
+
+def _object(container: Mapping[str, Any], name: str, *, where: str = "") -> Mapping[str, Any]:
+    value = container.get(name)
+    if not isinstance(value, Mapping):
+        raise bad_request(f"{where}{name} must be an object")
+    return value
+
+
+def _list(container: Mapping[str, Any], name: str, *, where: str = "") -> list[Any]:
+    value = container.get(name)
+    if not isinstance(value, list):
+        raise bad_request(f"{where}{name} must be an array")
+    return value
+
+
+def _integer(value: object, what: str, minimum: int, maximum: int | None = None) -> int:
+    """An integer (an integral JSON number is accepted), within bounds, else 400."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(f"{what} must be an integer")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise bad_request(f"{what} must be an integer")
+        value = int(value)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise bad_request(f"{what} must be {bound}, got {value}")
+    return value
+
+
+def _sheet(call: Call, container: Mapping[str, Any], *, where: str = "") -> SheetRef:
+    play = _text(call.body, "playName")
+    namespace = _text(container, "tableNamespace", where=where)
+    return SheetRef(org_id=call.org_id, play_name=play, table_namespace=namespace)
+
+
+def _contract(container: Mapping[str, Any], *, required: bool) -> SheetContract:
+    value = container.get("sheetContract")
+    if value is None and required:
+        raise bad_request("sheetContract must be an object")
+    return SheetContract.from_json(value)
+
+
+def _user_email(body: Mapping[str, Any]) -> None:
+    _optional_text(body, "userEmail")
+
+
+def _row_objects(body: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
+    rows = _list(body, name)
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise bad_request(f"{name}[{index}] must be an object")
+    return rows
+
+
+def _read_scope(call: Call) -> tuple[Mapping[str, Any], SheetRef, str | None, RowMode]:
+    spec = _object(call.body, "input")
+    sheet = _sheet(call, spec, where="input.")
+    run_id = _optional_text(spec, "runId", where="input.")
+    mode = spec.get("rowMode", "output")
+    if mode is None:
+        mode = "output"
+    if mode not in ("output", "all"):
+        raise bad_request("input.rowMode must be 'output' or 'all'")
+    return spec, sheet, run_id, mode
+
+
+def _page_request(value: object, where: str) -> PageRequest:
+    if not isinstance(value, Mapping):
+        raise bad_request(f"{where} must be an object with limit and offset")
+    limit = _integer(value.get("limit"), f"{where}.limit", 1, READ_PAGE_MAX_ROWS)
+    offset = _integer(value.get("offset"), f"{where}.offset", 0)
+    return PageRequest(limit=limit, offset=offset)
+
+
+def _page_json(page: Page) -> dict[str, Any]:
+    return {"rows": list(page.rows), "limit": page.limit, "offset": page.offset}
+
+
+def _terminal_json(call: Call, result: TerminalWriteResult) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "committedKeys": list(result.committed_keys),
+        "staleKeys": list(result.stale_keys),
+        "updated": result.updated,
+    }
+    if not call.state.config.legacy:
+        answer["staleRows"] = [
+            {"key": row.key, "reason": row.reason, "rowVersionStamp": row.row_version_stamp}
+            for row in result.stale_rows
+        ]
+    return answer
+
+
+def _write_version(body: Mapping[str, Any]) -> int | None:
+    value = body.get("writeVersion")
+    if value is None:
+        return None
+    return _integer(value, "writeVersion", 0)
+
+
+# --- sheet actions -------------------------------------------------------------------------
+
+
+async def ensure_sheet(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, sheetContract?, userEmail?}`` → ``{ok: true}``."""
+    sheet = _sheet(call, call.body)
+    contract = _contract(call.body, required=False)
+    _user_email(call.body)
+    await call.state.store.ensure_sheet(sheet, contract)
+    return {"ok": True}
+
+
+async def start_sheet_dataset(call: Call) -> dict[str, Any]:
+    """Admission: ``{tableNamespace, sheetContract, rows, runId}`` →
+    ``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
+    sheet = _sheet(call, call.body)
+    contract = _contract(call.body, required=True)
+    rows = _row_objects(call.body, "rows")
+    run_id = _text(call.body, "runId")
+    _user_email(call.body)
+    store = call.state.store
+    await store.ensure_sheet(sheet, contract)
+    admission = await store.start_dataset(sheet, rows, run_id, contract)
+    return {
+        "inserted": admission.inserted,
+        "skipped": admission.skipped,
+        "pendingRows": list(admission.pending_rows),
+        "completedRows": list(admission.completed_rows),
+        "tableNamespace": admission.table_namespace,
+        "writeVersion": admission.write_version,
+    }
+
+
+async def runtime_sheet_complete_map_rows(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, sheetContract, runId, writeVersion?, rows: [{key, data,
+    cellMetaPatch?}]}`` → ``{committedKeys, staleKeys, staleRows, updated}``."""
+    sheet = _sheet(call, call.body)
+    contract = _contract(call.body, required=True)
+    run_id = _text(call.body, "runId")
+    version = _write_version(call.body)
+    rows = []
+    for index, row in enumerate(_row_objects(call.body, "rows")):
+        data = row.get("data", {})
+        patch = row.get("cellMetaPatch")
+        if not isinstance(data, Mapping):
+            raise bad_request(f"rows[{index}].data must be an object")
+        if patch is not None and not isinstance(patch, Mapping):
+            raise bad_request(f"rows[{index}].cellMetaPatch must be an object")
+        rows.append(CompleteRow(_text(row, "key", where=f"rows[{index}]."), data, patch))
+    result = await call.state.store.complete_map_rows(
+        sheet, contract, rows, run_id=run_id, write_version=version
+    )
+    return _terminal_json(call, result)
+
+
+async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, sheetContract, runId, writeVersion?, rows: [{key, error,
+    data?}]}`` → the same shape as complete."""
+    sheet = _sheet(call, call.body)
+    contract = _contract(call.body, required=True)
+    run_id = _text(call.body, "runId")
+    version = _write_version(call.body)
+    rows = []
+    for index, row in enumerate(_row_objects(call.body, "rows")):
+        data = row.get("data")
+        if data is not None and not isinstance(data, Mapping):
+            raise bad_request(f"rows[{index}].data must be an object")
+        error = row.get("error")
+        if not isinstance(error, str):
+            raise bad_request(f"rows[{index}].error must be a string")
+        rows.append(FailRow(_text(row, "key", where=f"rows[{index}]."), error, data))
+    result = await call.state.store.fail_map_rows(
+        sheet, contract, rows, run_id=run_id, write_version=version
+    )
+    return _terminal_json(call, result)
+
+
+async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
+    """``{tableNamespace}`` → ``{total, queued, running, completed, failed}``."""
+    sheet = _sheet(call, call.body)
+    summary = await call.state.store.summary(sheet)
+    return {
+        "total": summary.total,
+        "queued": summary.queued,
+        "running": summary.running,
+        "completed": summary.completed,
+        "failed": summary.failed,
+    }
+
+
+async def complete_work_receipt(call: Call) -> dict[str, Any]:
+    """``{key, result, runId, runAttempt?}`` →
+    ``{receipt: {key, result, runId, completedAt}, completionDisposition}``."""
+    play = _text(call.body, "playName")
+    key = _text(call.body, "key")
+    run_id = _text(call.body, "runId")
+    if "result" not in call.body:
+        raise bad_request("result is required (null is allowed)")
+    attempt_value = call.body.get("runAttempt")
+    attempt = None if attempt_value is None else _integer(attempt_value, "runAttempt", 0)
+    completion = await call.state.store.complete_work_receipt(
+        call.org_id, play, key, call.body["result"], run_id, run_attempt=attempt
+    )
+    receipt = completion.receipt
+    return {
+        "receipt": {
+            "key": receipt.key,
+            "result": receipt.result,
+            "runId": receipt.run_id,
+            "completedAt": receipt.completed_at,
+        },
+        "completionDisposition": completion.completion_disposition,
+    }
+
+
+# --- reads -----------------------------------------------------------------------------
+
+
+async def runtime_sheet_read_rows(call: Call) -> dict[str, Any]:
+    """``{input: {tableNamespace, runId?, rowMode?, limit, offset}}`` →
+    ``{rows, limit, offset}``."""
+    spec, sheet, run_id, mode = _read_scope(call)
+    request = _page_request(spec, "input")
+    page = await call.state.store.read_rows(sheet, request, run_id=run_id, row_mode=mode)
+    return _page_json(page)
+
+
+async def runtime_sheet_read_rows_batch(call: Call) -> dict[str, Any]:
+    """``{input: {tableNamespace, runId?, rowMode?, pages: [{limit, offset}]}}`` →
+    ``{pages: [{rows, limit, offset}]}``, positional; 413 over the response budget."""
+    spec, sheet, run_id, mode = _read_scope(call)
+    raw_pages = _list(spec, "pages", where="input.")
+    if not 1 <= len(raw_pages) <= READ_BATCH_MAX_PAGES:
+        raise bad_request(f"Runtime dataset read batch requires 1-{READ_BATCH_MAX_PAGES} pages.")
+    requests = [_page_request(p, f"input.pages[{i}]") for i, p in enumerate(raw_pages)]
+    pages = await call.state.store.read_rows_batch(sheet, requests, run_id=run_id, row_mode=mode)
+    return {"pages": [_page_json(page) for page in pages]}
+
+
+async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
+    """``{input: {tableNamespace, runId?, limit, offset}}`` → ``{keys, limit, offset}``."""
+    spec, sheet, run_id, _mode = _read_scope(call)
+    request = _page_request(spec, "input")
+    keys = await call.state.store.read_row_keys(sheet, request, run_id=run_id)
+    return {"keys": list(keys), "limit": request.limit, "offset": request.offset}
+
+
+# --- scoped sessions -------------------------------------------------------------------------
+
+
+def _operations(body: Mapping[str, Any]) -> tuple[Operation, ...]:
+    raw = _list(body, "operations")
+    if not raw:
+        raise bad_request("operations must name at least one operation")
+    for op in raw:
+        if op not in OPERATIONS:
+            raise bad_request(f"operations must be drawn from {list(OPERATIONS)}, got {op!r}")
+    wanted = set(raw)
+    return tuple(op for op in OPERATIONS if op in wanted)
+
+
+def _limits(body: Mapping[str, Any]) -> dict[str, int]:
+    value = body.get("limits")
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise bad_request("limits must be an object")
+    unknown = set(value) - set(_LIMIT_NAMES)
+    if unknown:
+        raise bad_request(f"limits may carry only {list(_LIMIT_NAMES)}, got {sorted(unknown)}")
+    return {
+        name: _integer(value[name], f"limits.{name}", 1)
+        for name in _LIMIT_NAMES
+        if value.get(name) is not None
+    }
+
+
+def _ttl_ms(body: Mapping[str, Any], ceiling_ms: int) -> int:
+    value = body.get("ttlSeconds")
+    if value is None:
+        return ceiling_ms
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request("ttlSeconds must be a number")
+    if value < 1:
+        raise bad_request(f"ttlSeconds must be at least 1, got {value}")
+    return min(ceiling_ms, int(value * _MS_PER_SECOND))
+
+
+@attrs.frozen
+class _Minted:
+    answer: dict[str, Any]
+    url: str = attrs.field(repr=False)
+    aad: bytes
+
+
+async def _mint(
+    state: GatewayState,
+    sheet: SheetRef,
+    logical_table: str,
+    operations: Sequence[Operation],
+    limits: Mapping[str, int],
+    contract: SheetContract,
+    ttl_ms: int,
+) -> _Minted:
+    """Ensure the sheet, create its scoped role, and build the answer without a URL."""
+    await state.store.ensure_sheet(sheet, contract)
+    expires = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=ttl_ms)
+    minted = await create_session_role(state.store, sheet, operations, expires)
+    names = minted.names
+    answer: dict[str, Any] = {
+        "expiresAt": minted.expires_at,
+        "playName": sheet.play_name,
+        "target": {
+            "orgId": sheet.org_id,
+            "tableNamespace": sheet.table_namespace,
+            "logicalTable": logical_table,
+        },
+        "operations": list(minted.operations),
+        "limits": dict(limits),
+        "postgres": {
+            "schema": names.schema,
+            "sheetTable": names.sheet_table,
+            "eventTable": names.event_table,
+            "summaryTable": names.summary_table,
+            "columnSummaryTable": names.column_summary_table,
+        },
+    }
+    aad = crypto.session_aad(
+        org_id=sheet.org_id,
+        play_name=sheet.play_name,
+        table_namespace=sheet.table_namespace,
+        logical_table=logical_table,
+        operations=minted.operations,
+        expires_at=minted.expires_at,
+    )
+    url = scoped_url(state.config.database_url, minted.role, minted.password)
+    return _Minted(answer, url, aad)
+
+
+async def create_db_session(call: Call) -> dict[str, Any]:
+    """Mint a scoped Postgres role and answer its URL encrypted to the caller's key.
+
+    ``{target: {tableNamespace, logicalTable}, operations, limits?, sheetContract?,
+    ttlSeconds?, userEmail?, postgresUrlEncryption?: {alg, publicKeyJwk}}``.
+    """
+    body = call.body
+    target = _object(body, "target")
+    sheet = _sheet(call, target, where="target.")
+    logical_table = _text(target, "logicalTable", where="target.")
+    if logical_table not in LOGICAL_TABLES:
+        raise bad_request(f"target.logicalTable must be one of {list(LOGICAL_TABLES)}")
+    operations = _operations(body)
+    limits = _limits(body)
+    contract = _contract(body, required=False)
+    ttl_ms = _ttl_ms(body, call.state.config.session_ttl_ms)
+    _user_email(body)
+    encryption = body.get("postgresUrlEncryption")
+    if encryption is not None:
+        if not isinstance(encryption, Mapping):
+            raise bad_request("postgresUrlEncryption must be an object")
+        if encryption.get("alg") != crypto.ENVELOPE_REQUEST_ALG:
+            raise bad_request(f"postgresUrlEncryption.alg must be {crypto.ENVELOPE_REQUEST_ALG!r}")
+        jwk = encryption.get("publicKeyJwk")
+        if not isinstance(jwk, Mapping):
+            raise bad_request("postgresUrlEncryption.publicKeyJwk must be an object")
+        # Check the key before a role exists for it (InvalidInputError → 400).
+        crypto.encrypt_postgres_url("", jwk, b"")
+    elif not call.state.config.allow_plain_session_urls:
+        raise ActionError(
+            400,
+            "encryption_required",
+            "postgresUrlEncryption is required: "
+            "this gateway never sends a Postgres URL in the clear",
+        )
+    minted = await _mint(call.state, sheet, logical_table, operations, limits, contract, ttl_ms)
+    if encryption is None:
+        return {**minted.answer, "postgresUrl": minted.url}
+    envelope = crypto.encrypt_postgres_url(minted.url, encryption["publicKeyJwk"], minted.aad)
+    return {**minted.answer, "encryptedPostgresUrl": envelope}
+
+
+async def mint_preloaded_session(
+    state: GatewayState,
+    *,
+    org_id: str,
+    play_name: str,
+    table_namespace: str,
+    operations: Sequence[str],
+    logical_table: str = "sheet_rows",
+    limits: Mapping[str, int] | None = None,
+    contract: SheetContract | None = None,
+    ttl_ms: int | None = None,
+) -> dict[str, Any]:
+    """A ``create_db_session`` answer minted ahead of a run (the harness path).
+
+    Its ``encryptedPostgresUrl`` is sealed under the gateway's symmetric
+    ``unwrap_key`` (JWE ``A256KW`` + ``A256GCM``) with the same AAD as a normal
+    session, so a runner holding that key can open it. Raises
+    ``InvalidInputError`` when the gateway has no unwrap key.
+    """
+    key = state.config.unwrap_key
+    if key is None:
+        raise InvalidInputError("this gateway has no unwrap key for preloaded sessions")
+    if logical_table not in LOGICAL_TABLES:
+        raise InvalidInputError(f"logical_table must be one of {list(LOGICAL_TABLES)}")
+    unknown = [op for op in operations if op not in OPERATIONS]
+    if unknown or not operations:
+        raise InvalidInputError(f"operations must be drawn from {list(OPERATIONS)}")
+    ops = tuple(op for op in OPERATIONS if op in set(operations))
+    ceiling = state.config.session_ttl_ms
+    sheet = SheetRef(org_id=org_id, play_name=play_name, table_namespace=table_namespace)
+    minted = await _mint(
+        state,
+        sheet,
+        logical_table,
+        ops,
+        dict(limits or {}),
+        contract or SheetContract(),
+        ceiling if ttl_ms is None else min(ttl_ms, ceiling),
+    )
+    envelope = crypto.encrypt_with_unwrap_key(minted.url, key, minted.aad)
+    return {**minted.answer, "encryptedPostgresUrl": envelope}
+
+
+#: Every action this gateway answers, by name.
+HANDLERS: Final[Mapping[str, Handler]] = {
+    "ensure_sheet": ensure_sheet,
+    "start_sheet_dataset": start_sheet_dataset,
+    "create_db_session": create_db_session,
+    "runtime_sheet_read_rows": runtime_sheet_read_rows,
+    "runtime_sheet_read_rows_batch": runtime_sheet_read_rows_batch,
+    "runtime_sheet_read_row_keys": runtime_sheet_read_row_keys,
+    "runtime_sheet_complete_map_rows": runtime_sheet_complete_map_rows,
+    "runtime_sheet_fail_map_rows": runtime_sheet_fail_map_rows,
+    "complete_work_receipt": complete_work_receipt,
+    "runtime_sheet_summary": runtime_sheet_summary,
+}
+
+#: Actions a legacy gateway (``legacy=True``) does not know.
+LEGACY_UNSUPPORTED: Final = frozenset({"runtime_sheet_read_rows_batch"})

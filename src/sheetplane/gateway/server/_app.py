@@ -1,0 +1,256 @@
+"""The reference gateway as a Starlette app: one route, ``POST /api/v2/plays/internal/runtime``.
+
+Each request goes through the same steps, in this order:
+
+1. the bearer token names the org (401 when missing or unknown);
+2. the body is read with a byte ceiling (413 ``request_too_large`` past
+   ``TRANSPORT_CEILING_BYTES``, refused from ``Content-Length`` before reading
+   when it declares more) and parsed (400 when it is not a JSON object with a
+   string ``action``);
+3. with ``allow_test_faults``, the ``x-sheetplane-test-fault`` header arms
+   faults and an armed fault for this action answers instead;
+4. an ``orgId`` other than the token's is refused 403;
+5. the action's handler runs (400 ``Unsupported runtime data-plane action``
+   for an unknown action, or for the batch read on a ``legacy`` gateway).
+
+Errors become JSON bodies ``{error, code, ...}``: a saturated pool is 503
+``runtime_postgres_admission_backpressure`` with ``retry_after_ms``, a batch
+read over its budget 413 ``runtime_sheet_read_batch_too_large`` with
+``observed_bytes``, anything unexpected 500 ``internal_error``. No body ever
+carries a stack trace, a token or a database URL, and the log line of an
+unexpected error names only the exception type.
+
+The app's lifespan opens the store (its pool) and runs the session-role
+reaper in a nursery; leaving the lifespan cancels the reaper and closes the pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar, cast
+
+import psycopg
+import trio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ...budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, TRANSPORT_CEILING_BYTES
+from ...errors import (
+    InvalidInputError,
+    ReadBatchTooLargeError,
+    StatementTimeoutError,
+    StoreError,
+    StoreUnavailableError,
+    WriteConflictError,
+)
+from ...store import SheetStore, TrioPool, open_store
+from ...store._pool import PoolSaturatedError
+from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
+from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
+from ._auth import TokenTable, check_org
+from ._config import GatewayConfig
+from ._http import ActionError, bad_request, encode_json, json_bytes_response
+from ._roles import ReaperProgress, run_reaper
+
+__all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
+
+#: The one route of the runtime gateway.
+RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
+
+log = logging.getLogger("sheetplane.gateway.server")
+
+T = TypeVar("T")
+
+#: Actions whose answers can be large: their JSON is encoded on a worker thread.
+_LARGE_ANSWERS: Final = frozenset(
+    {"runtime_sheet_read_rows", "runtime_sheet_read_rows_batch", "start_sheet_dataset"}
+)
+
+
+def gateway_state(app: Starlette) -> GatewayState:
+    """The running state of an app built by :func:`create_app` (inside its lifespan)."""
+    state = getattr(app.state, "gateway", None)
+    if not isinstance(state, GatewayState):
+        raise RuntimeError("the gateway is not running (its lifespan has not started)")
+    return state
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if (
+        declared is not None
+        and declared.strip().isdigit()
+        and int(declared) > TRANSPORT_CEILING_BYTES
+    ):
+        raise _too_large_request(int(declared))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > TRANSPORT_CEILING_BYTES:
+            raise _too_large_request(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large_request(observed: int) -> ActionError:
+    return ActionError(
+        413,
+        "request_too_large",
+        f"request body exceeds the {TRANSPORT_CEILING_BYTES} byte transport ceiling",
+        observed_bytes=observed,
+    )
+
+
+def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise bad_request("request body must be JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    action = body.get("action")
+    if not isinstance(action, str) or not action:
+        raise bad_request("action must be a non-empty string")
+    return body, action
+
+
+def _store_error(exc: StoreError, action: str) -> ActionError:
+    """Map a store failure to an answer that names no SQL, value or URL."""
+    if isinstance(exc, PoolSaturatedError):
+        return ActionError(
+            503,
+            "runtime_postgres_admission_backpressure",
+            "Runtime Postgres admission is saturated; retry later",
+            retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
+        )
+    if isinstance(exc, StoreUnavailableError):
+        return ActionError(
+            503,
+            exc.code,
+            "Runtime Postgres is unavailable",
+            retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
+        )
+    if isinstance(exc, StatementTimeoutError):
+        return ActionError(504, exc.code, "Runtime Postgres statement timed out")
+    if isinstance(exc, WriteConflictError):
+        return ActionError(409, exc.code, str(exc))
+    if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+        return ActionError(404, "sheet_not_found", "the sheet does not exist (ensure_sheet first)")
+    log.error("store error answering %s: %s", action, type(exc).__name__)
+    return ActionError(500, exc.code, "Runtime Postgres operation failed")
+
+
+async def _answer(state: GatewayState, request: Request) -> Response:
+    org_id = state.tokens.org_for(request.headers.get("authorization"))
+    body, action = _parse(await _read_body(request))
+    if state.config.allow_test_faults:
+        header = request.headers.get(FAULT_HEADER)
+        if header is not None:
+            try:
+                state.faults.arm(header)
+            except InvalidInputError as exc:
+                raise bad_request(str(exc), "invalid_test_fault") from None
+        fault = state.faults.take(action)
+        if fault is not None:
+            return FaultResponse(fault, action)
+    check_org(body, org_id)
+    handler = HANDLERS.get(action)
+    if handler is None or (state.config.legacy and action in LEGACY_UNSUPPORTED):
+        raise unsupported(action)
+    try:
+        payload = await handler(Call(state, org_id, body))
+    except ReadBatchTooLargeError as exc:
+        raise ActionError(413, exc.code, str(exc), observed_bytes=exc.observed_bytes) from None
+    except InvalidInputError as exc:
+        raise ActionError(400, exc.code, str(exc)) from None
+    except StoreError as exc:
+        raise _store_error(exc, action) from None
+    if action in _LARGE_ANSWERS:
+        encoded = await trio.to_thread.run_sync(encode_json, payload)
+    else:
+        encoded = encode_json(payload)
+    return json_bytes_response(200, encoded)
+
+
+class _AdmissionPool:
+    """The store's pool as the gateway uses it: every ``run`` waits at most
+    ``acquire_timeout_ms`` for a connection, then raises ``PoolSaturatedError``
+    (answered 503 back-pressure) instead of queueing without bound.
+
+    ``SheetStore`` methods take no acquire timeout (the direct road has no one
+    to push back to), so the gateway hands its store this view of the pool;
+    the store only ever calls ``run``.
+    """
+
+    def __init__(self, pool: TrioPool, acquire_timeout_ms: int) -> None:
+        self._pool = pool
+        self.acquire_timeout_ms = acquire_timeout_ms
+        self.max_connections = pool.max_connections
+
+    def __repr__(self) -> str:
+        return f"<gateway admission {self._pool!r} acquire_timeout_ms={self.acquire_timeout_ms}>"
+
+    async def run(
+        self, fn: Callable[[psycopg.Connection[Any]], T], *, acquire_timeout_ms: int | None = None
+    ) -> T:
+        timeout = self.acquire_timeout_ms if acquire_timeout_ms is None else acquire_timeout_ms
+        return await self._pool.run(fn, acquire_timeout_ms=timeout)
+
+    def stats(self) -> dict[str, int]:
+        return self._pool.stats()
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    """The reference gateway for ``config``.
+
+    Serve it with any ASGI server on trio (``sheetplane.gateway.server.serve``
+    uses Hypercorn). Its lifespan opens the store and starts the role reaper;
+    requests are answered only inside the lifespan.
+    """
+    tokens = TokenTable.from_mapping(config.tokens)
+
+    async def runtime(request: Request) -> Response:
+        state = gateway_state(request.app)
+        try:
+            return await _answer(state, request)
+        except ActionError as exc:
+            return json_bytes_response(exc.status, encode_json(exc.body()))
+        except Exception as exc:
+            log.error("internal error: %s", type(exc).__name__)
+            return json_bytes_response(
+                500, encode_json({"error": "internal error", "code": "internal_error"})
+            )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store_kwargs: dict[str, Any] = {}
+        if config.max_connections is not None:
+            store_kwargs["max_connections"] = config.max_connections
+        async with (
+            open_store(config.database_url, **store_kwargs) as opened,
+            trio.open_nursery() as nursery,
+        ):
+            admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
+            store = SheetStore(cast(TrioPool, admission))
+            progress = ReaperProgress()
+            app.state.gateway = GatewayState(
+                config=config,
+                store=store,
+                tokens=tokens,
+                faults=FaultSchedule(),
+                reaper=progress,
+            )
+            await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
+            try:
+                yield
+            finally:
+                nursery.cancel_scope.cancel()
+                app.state.gateway = None
+
+    return Starlette(routes=[Route(RUNTIME_PATH, runtime, methods=["POST"])], lifespan=lifespan)

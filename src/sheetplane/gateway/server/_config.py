@@ -1,0 +1,66 @@
+"""How one reference gateway is configured."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from ...budgets import (
+    DB_SESSION_REAPER_INTERVAL_MS,
+    DB_SESSION_TTL_MS,
+    POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
+)
+from ...errors import InvalidInputError
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _optional_positive(
+    instance: object, attribute: attrs.Attribute[int | None], value: object
+) -> None:
+    if value is not None:
+        _positive(instance, attribute, value)  # type: ignore[arg-type]
+
+
+def _unwrap_key(instance: object, attribute: attrs.Attribute[bytes | None], value: object) -> None:
+    if value is not None and (not isinstance(value, bytes) or len(value) != 32):
+        raise InvalidInputError("unwrap_key must be 32 bytes")
+
+
+@attrs.frozen
+class GatewayConfig:
+    """Everything ``create_app`` needs. Secrets never appear in its ``repr``."""
+
+    database_url: str = attrs.field(repr=False)
+    """The Postgres URL the gateway connects with; its role must be able to
+    create schemas, tables and roles. A secret."""
+    tokens: Mapping[str, str] = attrs.field(repr=False, factory=dict)
+    """``{executor token: org id}``. Secrets."""
+    allow_test_faults: bool = False
+    """Honour the ``x-sheetplane-test-fault`` header (tests only)."""
+    legacy: bool = False
+    """Emulate a gateway that predates ``runtime_sheet_read_rows_batch`` and
+    stale reasons (``staleKeys`` without ``staleRows``)."""
+    max_connections: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Size of the gateway's Postgres pool; None keeps the store's default."""
+    pool_acquire_timeout_ms: int = attrs.field(
+        default=POSTGRES_POOL_ACQUIRE_TIMEOUT_MS, validator=_positive
+    )
+    """How long a request waits for a pooled connection before it is answered
+    503 back-pressure."""
+    session_ttl_ms: int = attrs.field(default=DB_SESSION_TTL_MS, validator=_positive)
+    """Longest lifetime of a scoped session; a requested ``ttlSeconds`` is clamped to it."""
+    reaper_interval_ms: int = attrs.field(
+        default=DB_SESSION_REAPER_INTERVAL_MS, validator=_positive
+    )
+    """How often expired session roles are dropped."""
+    unwrap_key: bytes | None = attrs.field(default=None, repr=False, validator=_unwrap_key)
+    """A 32-byte harness key: preloaded sessions are minted encrypted under it. A secret."""
+    allow_plain_session_urls: bool = False
+    """Answer ``postgresUrl`` in the clear when a ``create_db_session`` carries no
+    ``postgresUrlEncryption``. Off by default: a request without it is refused
+    400. Only for loopback tests of the reference server."""

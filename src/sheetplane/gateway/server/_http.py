@@ -1,0 +1,44 @@
+"""The error answer every handler raises, and compact JSON bodies."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import Response
+
+
+class ActionError(Exception):
+    """An error answer: HTTP ``status`` with body ``{error, code, **extra}``.
+
+    ``message`` is shown to the caller, so it never carries a secret, a
+    stack trace or a database URL.
+    """
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body."""
+        return {"error": self.message, "code": self.code, **self.extra}
+
+
+def bad_request(message: str, code: str = "invalid_request") -> ActionError:
+    """400 for a malformed request."""
+    return ActionError(400, code, message)
+
+
+def encode_json(payload: Any) -> bytes:
+    """The compact wire form (the one ``json_byte_length_up_to`` measures)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
+
+
+def json_bytes_response(status: int, body: bytes) -> Response:
+    """A JSON response around an already encoded body."""
+    return Response(body, status_code=status, media_type="application/json")

@@ -1,0 +1,344 @@
+"""Scoped database sessions: one short-lived Postgres LOGIN role per session.
+
+``create_db_session`` mints a role named ``sp_sess_<random>`` with a random
+password, ``VALID UNTIL`` the session's expiry, granted ``USAGE`` on the org's
+schema and only the privileges the requested operations need, on only that
+sheet's tables:
+
+==================  ==========================================================
+operation           privileges
+==================  ==========================================================
+``rows.read``       sheet: SELECT; summary, column summary: SELECT
+``rows.append``     sheet: SELECT, INSERT
+``rows.upsert``     sheet: SELECT, INSERT, UPDATE
+``rows.replace``    sheet: SELECT, INSERT, UPDATE, DELETE
+==================  ==========================================================
+
+Every write operation also gets what the store's write path touches besides
+the sheet table: INSERT and SELECT on the event table (its idempotency keys)
+with USAGE on the event id sequence, SELECT, INSERT and UPDATE on the summary
+table (its row is the sheet's writer lock, taken with ``SELECT ... FOR UPDATE``),
+SELECT, INSERT and UPDATE on the column summary table. Nothing else: no other
+sheet, no receipts, no DDL. Postgres itself enforces the boundary.
+
+The password never reaches the server in the clear: the role is created with
+a SCRAM-SHA-256 verifier computed here, so neither a statement log nor
+``pg_stat_activity`` shows it. Statements are built with ``psycopg.sql`` only.
+
+``VALID UNTIL`` stops new logins after expiry; the reaper
+(:func:`run_reaper`, a task in the server's nursery) then terminates any
+connection the role still holds and drops it (``REASSIGN OWNED``,
+``DROP OWNED``, ``DROP ROLE``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal
+from urllib.parse import quote, urlencode
+
+import attrs
+import psycopg
+import trio
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from ...store import SheetNames, SheetStore, sheet_names
+from ...store._types import Operation, SheetRef
+
+__all__ = [
+    "OPERATIONS",
+    "ROLE_PREFIX",
+    "MintedRole",
+    "ReaperProgress",
+    "create_role_statements",
+    "create_session_role",
+    "format_expires_at",
+    "reap_expired_roles",
+    "run_reaper",
+    "scoped_url",
+]
+
+log = logging.getLogger("sheetplane.gateway.server")
+
+#: Every session role's name starts with this, so the reaper (and an operator)
+#: can tell them apart from every other role.
+ROLE_PREFIX: Final = "sp_sess_"
+
+#: The operations a session may ask for, in a canonical order.
+OPERATIONS: Final[tuple[Operation, ...]] = (
+    "rows.read",
+    "rows.append",
+    "rows.upsert",
+    "rows.replace",
+)
+
+Privilege = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
+
+_SHEET_PRIVILEGES: Final[dict[str, frozenset[Privilege]]] = {
+    "rows.read": frozenset({"SELECT"}),
+    "rows.append": frozenset({"SELECT", "INSERT"}),
+    "rows.upsert": frozenset({"SELECT", "INSERT", "UPDATE"}),
+    "rows.replace": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
+}
+_PRIVILEGE_ORDER: Final[tuple[Privilege, ...]] = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+#: PBKDF2 iterations of the SCRAM verifier (Postgres' own default).
+_SCRAM_ITERATIONS: Final = 4096
+_SCRAM_SALT_BYTES: Final = 16
+_PASSWORD_BYTES: Final = 32
+_ROLE_SUFFIX_BYTES: Final = 12
+
+
+@attrs.frozen
+class MintedRole:
+    """A session role that exists in Postgres. ``password`` and ``url`` are secrets."""
+
+    role: str
+    """The role name (``sp_sess_...``)."""
+    password: str = attrs.field(repr=False)
+    """Its password (random, URL-safe)."""
+    expires_at: str
+    """``VALID UNTIL``, as the ISO 8601 string the answer carries."""
+    names: SheetNames
+    """The sheet's physical names the role was granted on."""
+    operations: tuple[Operation, ...]
+    """The granted operations, in canonical order."""
+
+
+@attrs.define(eq=False)
+class ReaperProgress:
+    """What the reaper has done; tests wait on it instead of sleeping."""
+
+    passes: int = 0
+    """Completed passes."""
+    dropped: int = 0
+    """Roles dropped so far."""
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    def record(self, dropped: int) -> None:
+        """Count a finished pass and wake everyone waiting for one."""
+        self.passes += 1
+        self.dropped += dropped
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for_pass(self, passes: int) -> None:
+        """Return once at least ``passes`` passes have completed."""
+        while self.passes < passes:
+            await self._changed.wait()
+
+
+def format_expires_at(moment: dt.datetime) -> str:
+    """``YYYY-MM-DDTHH:MM:SS.mmmZ`` in UTC, as JavaScript's ``toISOString`` writes it."""
+    utc = moment.astimezone(dt.UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def _canonical_operations(operations: Iterable[str]) -> tuple[Operation, ...]:
+    wanted = set(operations)
+    return tuple(op for op in OPERATIONS if op in wanted)
+
+
+def _scram_verifier(password: str) -> str:
+    """The SCRAM-SHA-256 verifier Postgres stores for ``password`` (RFC 5802/7677)."""
+    salt = os.urandom(_SCRAM_SALT_BYTES)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, _SCRAM_ITERATIONS)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode("ascii")
+
+    return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, list[Privilege]]]:
+    """``[(table attribute, privileges)]`` for ``operations``, in a stable order."""
+    sheet: set[Privilege] = set()
+    for op in operations:
+        sheet |= _SHEET_PRIVILEGES[op]
+    writes = any(op != "rows.read" for op in operations)
+    tables: dict[str, set[Privilege]] = {
+        "sheet_table": sheet,
+        "summary_table": {"SELECT"},
+        "column_summary_table": {"SELECT"},
+    }
+    if writes:
+        tables["event_table"] = {"SELECT", "INSERT"}
+        # The writer lock is the summary row: INSERT ... ON CONFLICT DO NOTHING,
+        # then SELECT ... FOR UPDATE (which needs UPDATE), then counter updates.
+        tables["summary_table"] |= {"INSERT", "UPDATE"}
+        tables["column_summary_table"] |= {"INSERT", "UPDATE"}
+    return [
+        (attr, [p for p in _PRIVILEGE_ORDER if p in privileges])
+        for attr, privileges in tables.items()
+    ]
+
+
+def create_role_statements(
+    role: str,
+    verifier: str,
+    expires_at: str,
+    names: SheetNames,
+    operations: Sequence[str],
+) -> list[sql.Composed]:
+    """The statements that create and grant one session role (pinned by tests)."""
+    ident = sql.Identifier(role)
+    statements = [
+        sql.SQL(
+            "CREATE ROLE {role} WITH LOGIN NOSUPERUSER NOINHERIT NOCREATEDB NOCREATEROLE"
+            " NOREPLICATION NOBYPASSRLS PASSWORD {verifier} VALID UNTIL {expires}"
+        ).format(role=ident, verifier=sql.Literal(verifier), expires=sql.Literal(expires_at)),
+        sql.SQL("GRANT USAGE ON SCHEMA {schema} TO {role}").format(
+            schema=sql.Identifier(names.schema), role=ident
+        ),
+    ]
+    for attr, privileges in _grants(names, operations):
+        statements.append(
+            sql.SQL("GRANT {privileges} ON TABLE {table} TO {role}").format(
+                privileges=sql.SQL(", ").join(sql.SQL(p) for p in privileges),
+                table=names.ident(attr),
+                role=ident,
+            )
+        )
+    return statements
+
+
+async def create_session_role(
+    store: SheetStore,
+    sheet: SheetRef,
+    operations: Iterable[str],
+    expires: dt.datetime,
+    *,
+    acquire_timeout_ms: int | None = None,
+) -> MintedRole:
+    """Create a LOGIN role for ``sheet`` with only ``operations``, valid until ``expires``.
+
+    The sheet's tables must exist (``store.ensure_sheet`` first). Runs as one
+    transaction on the store's pool: either the role exists with every grant
+    or not at all. If cancelled, the statement is cancelled on the server and
+    the transaction rolls back.
+    """
+    names = sheet_names(sheet)
+    ops = _canonical_operations(operations)
+    role = ROLE_PREFIX + secrets.token_hex(_ROLE_SUFFIX_BYTES)
+    password = secrets.token_urlsafe(_PASSWORD_BYTES)
+    expires_at = format_expires_at(expires)
+    writes = any(op != "rows.read" for op in ops)
+
+    def create(conn: psycopg.Connection[Any]) -> None:
+        verifier = _scram_verifier(password)
+        for statement in create_role_statements(role, verifier, expires_at, names, ops):
+            conn.execute(statement)
+        if writes:
+            # The event table's id is a bigserial; an INSERT needs its sequence.
+            row = conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.oid = pg_get_serial_sequence(%s, 'id')::regclass",
+                (names.ident("event_table").as_string(conn),),
+            ).fetchone()
+            if row is not None:
+                conn.execute(
+                    sql.SQL("GRANT USAGE ON SEQUENCE {seq} TO {role}").format(
+                        seq=sql.Identifier(str(row[0]), str(row[1])),
+                        role=sql.Identifier(role),
+                    )
+                )
+
+    await store.pool.run(create, acquire_timeout_ms=acquire_timeout_ms)
+    return MintedRole(role, password, expires_at, names, ops)
+
+
+def scoped_url(database_url: str, role: str, password: str) -> str:
+    """``database_url`` with its user and password replaced by the session role's.
+
+    Host, port, database and connection options (``sslmode``...) are kept;
+    any password file or service setting of the gateway's own login is dropped.
+    """
+    params = conninfo_to_dict(database_url)
+    host = str(params.pop("host", "127.0.0.1"))
+    port = params.pop("port", None)
+    dbname = str(params.pop("dbname", "postgres"))
+    for private in ("user", "password", "passfile", "service", "servicefile"):
+        params.pop(private, None)
+    netloc_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    netloc = f"{quote(role, safe='')}:{quote(password, safe='')}@{netloc_host}"
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    query = urlencode(sorted((k, str(v)) for k, v in params.items()))
+    url = f"postgresql://{netloc}/{quote(dbname, safe='')}"
+    return f"{url}?{query}" if query else url
+
+
+def _expired_roles(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)"
+        " AND rolvaliduntil IS NOT NULL AND rolvaliduntil <= now() ORDER BY rolname",
+        (ROLE_PREFIX,),
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
+    ident = sql.Identifier(role)
+    # VALID UNTIL only stops new logins: end the connections it still holds.
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE usename = %s AND pid <> pg_backend_pid()",
+        (role,),
+    )
+    conn.execute(sql.SQL("REASSIGN OWNED BY {role} TO CURRENT_USER").format(role=ident))
+    conn.execute(sql.SQL("DROP OWNED BY {role}").format(role=ident))
+    conn.execute(sql.SQL("DROP ROLE IF EXISTS {role}").format(role=ident))
+
+
+async def reap_expired_roles(store: SheetStore) -> int:
+    """Drop every session role whose ``VALID UNTIL`` has passed; return how many.
+
+    Each role is dropped in its own transaction, so one failure leaves the
+    others reaped (and the failed one is tried again next pass). If cancelled,
+    the role being dropped stays for the next pass.
+    """
+    roles = await store.pool.run(_expired_roles)
+    dropped = 0
+    for role in roles:
+        try:
+            await store.pool.run(functools.partial(_drop_role, role=role))
+        except Exception as exc:
+            log.warning("could not drop expired session role %s: %s", role, type(exc).__name__)
+        else:
+            dropped += 1
+    return dropped
+
+
+async def run_reaper(
+    store: SheetStore,
+    interval_ms: int,
+    progress: ReaperProgress,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reap expired roles every ``interval_ms`` until cancelled (the server's shutdown).
+
+    A failing pass is logged by exception type only and the loop goes on.
+    """
+    task_status.started()
+    while True:
+        dropped = 0
+        try:
+            dropped = await reap_expired_roles(store)
+        except Exception as exc:
+            log.warning("session role reaper pass failed: %s", type(exc).__name__)
+        progress.record(dropped)
+        await trio.sleep(interval_ms / 1000)
