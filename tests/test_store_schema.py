@@ -1,0 +1,282 @@
+"""The physical layout: names, idempotent DDL, new columns, hostile names."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from sheetplane.errors import InvalidInputError
+from sheetplane.store import SheetStore, sheet_names
+from sheetplane.store._schema import MAX_LOGICAL_NAME_CHARS, receipt_names
+from sheetplane.store._types import ContractColumn, SheetContract, SheetRef
+
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+TABLES = ("sheet_table", "event_table", "summary_table", "column_summary_table", "receipts_table")
+
+HOSTILE = (
+    '"; drop table x; --',
+    'it\'s "quoted"',
+    "ünïcödé ☃ 名前",
+    "Robert'); DROP TABLE students;--",
+    "   ",
+    "a" * MAX_LOGICAL_NAME_CHARS,
+)
+
+
+def contract(*columns: tuple[str, str]) -> SheetContract:
+    return SheetContract(tuple(ContractColumn(cid, name, "input") for cid, name in columns))
+
+
+def _all_names(ref: SheetRef) -> list[str]:
+    names = sheet_names(ref)
+    return [
+        names.schema,
+        *(getattr(names, attr) for attr in TABLES),
+        names.order_index,
+        names.event_key_index,
+    ]
+
+
+logical = st.text(min_size=1, max_size=80).filter(lambda s: "\x00" not in s)
+
+
+@settings(max_examples=200)
+@given(logical, logical, logical)
+def test_names_are_short_plain_identifiers(org: str, play: str, namespace: str) -> None:
+    try:
+        ref = SheetRef(org, play, namespace)
+        names = _all_names(ref)
+    except InvalidInputError:
+        # Only lone surrogates are refused among these.
+        assert any(0xD800 <= ord(ch) <= 0xDFFF for ch in org + play + namespace)
+        return
+    for name in names:
+        assert IDENTIFIER.match(name), name
+        assert len(name.encode()) <= 63
+    assert sheet_names(SheetRef(org, play, namespace)) == sheet_names(ref)
+
+
+@settings(max_examples=200)
+@given(st.tuples(logical, logical, logical), st.tuples(logical, logical, logical))
+def test_distinct_sheets_never_share_a_table(
+    a: tuple[str, str, str], b: tuple[str, str, str]
+) -> None:
+    if a == b or any(0xD800 <= ord(ch) <= 0xDFFF for ch in "".join(a + b)):
+        return
+    first, second = sheet_names(SheetRef(*a)), sheet_names(SheetRef(*b))
+    assert (first.schema, first.sheet_table) != (second.schema, second.sheet_table)
+    if a[0] != b[0]:
+        assert first.schema != second.schema
+    if a[:2] != b[:2]:
+        assert (first.schema, first.receipts_table) != (second.schema, second.receipts_table)
+
+
+def test_names_that_sanitise_alike_still_differ() -> None:
+    first = sheet_names(SheetRef("org", "play", "a-b"))
+    second = sheet_names(SheetRef("org", "play", "a_b"))
+    assert first.schema == second.schema
+    assert first.sheet_table != second.sheet_table
+    assert first.sheet_table.startswith("t_play_a_b_")
+
+
+@pytest.mark.parametrize(
+    ("org", "play", "namespace"),
+    [
+        ("", "p", "n"),
+        ("o", "", "n"),
+        ("o", "p", ""),
+        ("o\x00", "p", "n"),
+        ("o", "p", "n\x00x"),
+        ("o" * (MAX_LOGICAL_NAME_CHARS + 1), "p", "n"),
+        ("o", "\ud800", "n"),
+        (1, "p", "n"),
+    ],
+)
+def test_bad_logical_names_are_rejected(org: Any, play: Any, namespace: Any) -> None:
+    with pytest.raises(InvalidInputError):
+        sheet_names(SheetRef(org, play, namespace))
+
+
+def test_receipt_names_belong_to_the_play() -> None:
+    names = receipt_names("org", "play")
+    sheet = sheet_names(SheetRef("org", "play", "ns"))
+    assert (names.schema, names.receipts_table) == (sheet.schema, sheet.receipts_table)
+    with pytest.raises(InvalidInputError):
+        receipt_names("org", "")
+
+
+def test_identifiers_render_quoted() -> None:
+    names = sheet_names(SheetRef("o", "p", "n"))
+    rendered = names.ident("sheet_table").as_string(None)
+    assert rendered == f'"{names.schema}"."{names.sheet_table}"'
+    with pytest.raises(ValueError, match="not a table"):
+        names.ident("schema")
+
+
+# --- DDL against Postgres ---------------------------------------------------------------------
+
+
+def _columns(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[str, str | None]:
+    rows = conn.execute(
+        "SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute a"
+        " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+        (sql.Identifier(schema, table).as_string(conn),),
+    ).fetchall()
+    return dict(rows)
+
+
+async def test_ensure_sheet_is_idempotent(store: SheetStore, sheet: SheetRef) -> None:
+    names = sheet_names(sheet)
+    spec = contract(("company", "company"), ("Score", "score"), ("hidden", "_hidden"))
+    for _ in range(3):
+        await store.ensure_sheet(sheet, spec)
+
+    def inspect(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+        tables = conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY relname",
+            (names.schema,),
+        ).fetchall()
+        summary = conn.execute(
+            sql.SQL("SELECT total, write_version FROM {}").format(names.ident("summary_table"))
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s ORDER BY indexname",
+            (names.schema,),
+        ).fetchall()
+        return (
+            sorted(t for (t,) in tables),
+            summary,
+            [i for (i,) in indexes],
+            _columns(conn, names.schema, names.sheet_table),
+        )
+
+    tables, summary, indexes, columns = await store.pool.run(inspect)
+    assert tables == sorted(getattr(names, attr) for attr in TABLES)
+    assert summary == [(0, 0)]
+    assert names.order_index in indexes and names.event_key_index in indexes
+    assert columns["company"] == "company"
+    assert columns["score"] == "Score"
+    assert "_hidden" not in columns
+    assert "_write_version" in columns and "_cell_meta" in columns
+
+
+async def test_new_contract_columns_are_added_and_data_kept(
+    store: SheetStore, sheet: SheetRef
+) -> None:
+    names = sheet_names(sheet)
+    await store.ensure_sheet(sheet, contract(("a", "a")))
+    await store.pool.run(
+        lambda c: c.execute(
+            sql.SQL("INSERT INTO {} (_key, a) VALUES ('k', '1')").format(names.ident("sheet_table"))
+        )
+    )
+    await store.ensure_sheet(sheet, contract(("a", "a"), ("Beta", "b")))
+    # A later contract without "a" drops nothing.
+    await store.ensure_sheet(sheet, contract(("Beta", "b")))
+    columns = await store.pool.run(lambda c: _columns(c, names.schema, names.sheet_table))
+    assert columns["a"] == "a" and columns["b"] == "Beta"
+    row = await store.pool.run(
+        lambda c: c.execute(
+            sql.SQL("SELECT a, b FROM {}").format(names.ident("sheet_table"))
+        ).fetchone()
+    )
+    assert row == (1, None)
+
+
+async def test_concurrent_ensure_sheet_races_safely(store: SheetStore, sheet: SheetRef) -> None:
+    sheets = [sheet, *(SheetRef(sheet.org_id, sheet.play_name, f"ns-{n}") for n in range(3))]
+    async with trio.open_nursery() as nursery:
+        for n in range(8):
+            target = sheets[n % len(sheets)]
+            nursery.start_soon(store.ensure_sheet, target, contract(("c", f"col_{n % 2}")))
+    for target in sheets:
+        assert await store.count(target) == 0
+        assert (await store.summary(target)).total == 0
+
+
+async def test_hostile_names_work_and_stay_isolated(store: SheetStore, database_url: str) -> None:
+    victim = f"x_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE TABLE {} (v int)").format(sql.Identifier(victim)))
+    try:
+        tag = uuid.uuid4().hex[:8]
+        refs = [
+            SheetRef(f"org {tag} {text[:100]}", text, f'"; drop table {victim}; --')
+            for text in HOSTILE
+        ]
+        refs.append(SheetRef(f"org {tag} {HOSTILE[0]}", HOSTILE[0], HOSTILE[1]))
+        spec = contract(('id "quoted"', 'col"; drop table x; --'), ("ü", "ünï ☃"))
+        for ref in refs:
+            await store.ensure_sheet(ref, spec)
+        first = sheet_names(refs[0])
+        await store.pool.run(
+            lambda c: c.execute(
+                sql.SQL("INSERT INTO {} (_key, {}) VALUES (%s, %s)").format(
+                    first.ident("sheet_table"), sql.Identifier('col"; drop table x; --')
+                ),
+                ("k'1", '"v"'),
+            )
+        )
+        counts = [await store.count(ref) for ref in refs]
+        assert counts == [1] + [0] * (len(refs) - 1)
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            assert admin.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(victim).as_string(admin),)
+            ).fetchone() == (True,)
+            comment = admin.execute(
+                "SELECT obj_description(to_regclass(%s), 'pg_class')",
+                (first.ident("sheet_table").as_string(admin),),
+            ).fetchone()
+        assert comment is not None and HOSTILE[0] in comment[0]
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(victim)))
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        ContractColumn("k", "_key_shadow_ok", "input"),  # underscore: never physical, accepted
+    ],
+)
+async def test_underscore_columns_are_not_physical(
+    store: SheetStore, sheet: SheetRef, column: ContractColumn
+) -> None:
+    await store.ensure_sheet(sheet, SheetContract((column,)))
+    names = sheet_names(sheet)
+    columns = await store.pool.run(lambda c: _columns(c, names.schema, names.sheet_table))
+    assert column.sql_name not in columns
+
+
+@pytest.mark.parametrize("sql_name", ["x" * 64, "bad\x00name", "ü" * 32])
+async def test_too_long_or_nul_column_names_are_rejected(
+    store: SheetStore, sheet: SheetRef, sql_name: str
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await store.ensure_sheet(sheet, contract(("c", sql_name)))
+    # Nothing was created.
+    assert await store.count(sheet) == 0
+    names = sheet_names(sheet)
+    exists = await store.pool.run(
+        lambda c: c.execute(
+            "SELECT to_regclass(%s)", (names.ident("sheet_table").as_string(c),)
+        ).fetchone()
+    )
+    assert exists == (None,)
+
+
+async def test_longest_column_name_fits(store: SheetStore, sheet: SheetRef) -> None:
+    longest = "é" * 31 + "x"  # 63 bytes
+    await store.ensure_sheet(sheet, contract(("c", longest)))
+    names = sheet_names(sheet)
+    columns = await store.pool.run(lambda c: _columns(c, names.schema, names.sheet_table))
+    assert longest in columns
