@@ -176,6 +176,15 @@ async def test_post_action_sends_action_play_and_bearer(autojump_clock: Any) -> 
     assert headers["content-type"] == "application/json"
 
 
+async def test_extra_headers_travel_with_every_request(autojump_clock: Any) -> None:
+    script = Script([status(502), ok({})])
+    async with script.client(headers={"X-Sheetplane-Test-Fault": "a=502"}) as client:
+        await client.post_action("ensure_sheet", {})
+    assert [h["x-sheetplane-test-fault"] for _, _, h in script.seen] == ["a=502", "a=502"]
+    with pytest.raises(InvalidInputError):
+        Script().client(headers={"Authorization": "Bearer other"})
+
+
 async def test_url_and_token_digest() -> None:
     client = Script().client()
     assert client.url == URL

@@ -136,7 +136,8 @@ class GatewayClient:
 
     Use it as ``async with GatewayClient(...) as client:``; it owns its
     ``httpx.AsyncClient`` and closes it on exit. ``transport`` replaces the
-    network (tests pass an ``httpx.MockTransport``).
+    network (tests pass an ``httpx.MockTransport``); ``headers`` are sent with
+    every request (tests use them to arm the reference gateway's faults).
 
     Cancellation: a call cancelled mid-attempt closes that attempt's
     connection and sends nothing more; whether the gateway applied the
@@ -152,6 +153,7 @@ class GatewayClient:
         org_id: str | None = None,
         user_email: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(token, str) or not token.strip():
             raise InvalidInputError("the gateway client needs a non-empty executor token")
@@ -168,6 +170,10 @@ class GatewayClient:
         #: SHA-256 hex digest of the token: for cache keys and authority scopes.
         self.token_digest: Final = hashlib.sha256(self._token.encode("utf-8")).hexdigest()
         self._transport = transport
+        extra = {name.lower(): value for name, value in (headers or {}).items()}
+        if "authorization" in extra:
+            raise InvalidInputError("pass the token as token, not as an authorization header")
+        self._extra_headers = extra
         self._http: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
@@ -210,6 +216,7 @@ class GatewayClient:
             raise RuntimeError("use GatewayClient inside 'async with'")
         content = _dumps({**payload, "action": action, "playName": self.play_name})
         headers = {
+            **self._extra_headers,
             "authorization": f"Bearer {self._token}",
             "content-type": "application/json",
             "accept": "application/json",

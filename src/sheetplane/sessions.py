@@ -1,0 +1,564 @@
+"""Scoped database sessions: minting, caching, renewal, preloaded matching, pools.
+
+A runner on the direct road reads and writes a sheet through a short-lived
+Postgres role the gateway mints (``create_db_session``). This module turns
+an *access shape* (namespace, logical table, operations, limits, contract,
+user) into an open session and a pool on it:
+
+* **Cache.** Sessions are cached under a SHA-256 digest of the gateway, the
+  executor token's digest, the play and the whole access shape, so a
+  long-lived worker never hands one org's or one privilege set's URL to
+  another. A cached session is reused only while more than
+  ``DB_SESSION_RENEWAL_WINDOW_MS`` remains before it expires; that window
+  covers ``POSTGRES_OPERATION_BUDGET_MS``, so an operation started on a
+  reused session finishes before the role expires.
+* **Preloaded sessions.** A harness may mint sessions ahead of a run. One
+  matches a request when it still has its renewal window and its org, play,
+  namespace, logical table and operations are the requested ones, and its
+  limits are at least the requested ones; a limit the preloaded session does
+  not set satisfies any request (the role's grants are the real boundary).
+* **Encryption.** A minted session's URL comes back as a JWE addressed to an
+  RSA key this manager generated (one per manager); a preloaded one is sealed
+  under the harness unwrap key. Both are bound to the session's identity
+  (see ``sheetplane.crypto``). The plaintext URL lives only in
+  ``DbSession.postgres_url`` (never in a repr) and in the pool opened on it.
+* **Pools.** ``async with manager.store(shape) as store`` opens a pool on the
+  session's URL once and shares it. A pool closes when its session has been
+  retired (no longer reusable) and no caller is inside it, and at the
+  session's expiry at the latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import attrs
+import trio
+
+from . import crypto
+from ._page import PageRequest
+from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
+from .errors import GatewayProtocolError, InvalidInputError, SessionError
+from .store._types import SheetContract
+
+if TYPE_CHECKING:
+    from .gateway.client import GatewayClient
+    from .store import SheetStore
+
+__all__ = [
+    "AccessShape",
+    "DbSession",
+    "PostgresTables",
+    "PreloadedSession",
+    "SessionLimits",
+    "SessionManager",
+    "batch_read_shape",
+    "session_cache_key",
+]
+
+LogicalTable = Literal["sheet_rows", "dataset_rows", "play_output"]
+LOGICAL_TABLES: Final = ("sheet_rows", "dataset_rows", "play_output")
+OPERATIONS: Final = ("rows.read", "rows.upsert", "rows.append", "rows.replace")
+
+#: Opens a pool (a ``SheetStore``) on a scoped URL; replaceable for tests.
+PoolOpener = Callable[[str], AbstractAsyncContextManager["SheetStore"]]
+
+_MS: Final = 1000
+_LIMIT_NAMES: Final = (
+    ("max_rows", "maxRows"),
+    ("max_bytes", "maxBytes"),
+    ("max_requests", "maxRequests"),
+)
+
+
+def _optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidInputError(
+            f"{attribute.name} must be a positive integer or None, got {value!r}"
+        )
+
+
+@attrs.frozen
+class SessionLimits:
+    """Advisory limits of a session; ``None`` means not limited."""
+
+    max_rows: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Rows one use of the session may touch."""
+    max_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Bytes one use of the session may move."""
+    max_requests: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Requests the session may serve."""
+
+    def to_json(self) -> dict[str, int]:
+        """The wire shape: only the limits that are set."""
+        return {
+            wire: value for name, wire in _LIMIT_NAMES if (value := getattr(self, name)) is not None
+        }
+
+    @classmethod
+    def from_json(cls, value: object) -> SessionLimits:
+        """Parse ``{maxRows?, maxBytes?, maxRequests?}``."""
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise InvalidInputError(f"session limits must be an object, got {value!r}")
+        return cls(**{name: value.get(wire) for name, wire in _LIMIT_NAMES})
+
+    def satisfies(self, requested: SessionLimits) -> bool:
+        """Whether a session with these limits may serve a request for ``requested``.
+
+        A limit this session does not set satisfies any request.
+        """
+        for name, _ in _LIMIT_NAMES:
+            want, have = getattr(requested, name), getattr(self, name)
+            if want is not None and have is not None and have < want:
+                return False
+        return True
+
+
+def _operations(value: Iterable[str]) -> tuple[str, ...]:
+    ops = tuple(sorted(set(value)))
+    unknown = [op for op in ops if op not in OPERATIONS]
+    if not ops or unknown:
+        raise InvalidInputError(f"operations must be a non-empty subset of {OPERATIONS}, got {ops}")
+    return ops
+
+
+def _logical_table(value: str) -> str:
+    if value not in LOGICAL_TABLES:
+        raise InvalidInputError(f"logical table must be one of {LOGICAL_TABLES}, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class AccessShape:
+    """What a session is for: everything that decides its grants, and its cache key."""
+
+    table_namespace: str
+    """The sheet's namespace within the play."""
+    operations: tuple[str, ...] = attrs.field(converter=_operations)
+    """Granted operations, sorted (order does not matter)."""
+    logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
+    """Which table of the namespace."""
+    limits: SessionLimits = SessionLimits()
+    """Advisory limits."""
+    contract: SheetContract | None = None
+    """The sheet contract the session is minted for."""
+    user_email: str | None = None
+    """The user on whose behalf, if any."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A canonical JSON form, for cache keys."""
+        return {
+            "tableNamespace": self.table_namespace,
+            "logicalTable": self.logical_table,
+            "operations": list(self.operations),
+            "limits": self.limits.to_json(),
+            "sheetContract": None if self.contract is None else self.contract.to_json(),
+            "userEmail": self.user_email,
+        }
+
+
+def batch_read_shape(
+    table_namespace: str,
+    pages: Sequence[PageRequest],
+    *,
+    contract: SheetContract | None = None,
+    user_email: str | None = None,
+) -> AccessShape:
+    """The shape of a direct batch read: ``rows.read``, ``max_rows`` = the sum of page limits."""
+    if not pages:
+        raise InvalidInputError("a batch read needs at least one page")
+    return AccessShape(
+        table_namespace=table_namespace,
+        operations=("rows.read",),
+        limits=SessionLimits(max_rows=sum(page.limit for page in pages)),
+        contract=contract,
+        user_email=user_email,
+    )
+
+
+def session_cache_key(base_url: str, token_digest: str, play_name: str, shape: AccessShape) -> str:
+    """SHA-256 hex of the gateway, the token's digest, the play and the whole access shape."""
+    material = json.dumps(
+        [base_url, token_digest, play_name, shape.to_json()],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+@attrs.frozen
+class PostgresTables:
+    """The physical names a session's role is granted on."""
+
+    schema: str
+    sheet_table: str
+    event_table: str
+    summary_table: str
+    column_summary_table: str
+
+
+@attrs.frozen
+class DbSession:
+    """An open scoped session: its identity, its expiry and its (decrypted) URL."""
+
+    org_id: str
+    play_name: str
+    table_namespace: str
+    logical_table: str
+    operations: tuple[str, ...]
+    limits: SessionLimits
+    expires_at: str
+    """``expiresAt`` exactly as the gateway sent it."""
+    expires_at_epoch: float
+    """The same instant in seconds since the epoch."""
+    postgres: PostgresTables
+    postgres_url: str = attrs.field(repr=False)
+    """The scoped URL, with its password. A secret: never logged, never in a repr."""
+
+    def remaining_ms(self, now_epoch: float) -> float:
+        """Milliseconds until expiry at wall time ``now_epoch``."""
+        return (self.expires_at_epoch - now_epoch) * _MS
+
+    def reusable(self, now_epoch: float) -> bool:
+        """Whether more than the renewal window remains."""
+        return self.remaining_ms(now_epoch) > DB_SESSION_RENEWAL_WINDOW_MS
+
+
+@attrs.frozen
+class PreloadedSession:
+    """A session a harness minted ahead of the run, with the shape it was minted for."""
+
+    table_namespace: str
+    operations: tuple[str, ...] = attrs.field(converter=_operations)
+    session: Mapping[str, Any] = attrs.field(repr=False)
+    """The raw ``create_db_session`` answer (its URL sealed under the unwrap key)."""
+    logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
+    limits: SessionLimits = SessionLimits()
+
+
+@attrs.frozen
+class _Answer:
+    """A ``create_db_session`` answer, checked, with its URL still sealed."""
+
+    identity: DbSession
+    envelope: Mapping[str, Any] | None
+    aad: bytes
+
+
+def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
+    """Check a ``create_db_session`` answer's shape; raise ``GatewayProtocolError`` if off."""
+
+    def bad(what: str) -> GatewayProtocolError:
+        return GatewayProtocolError(200, None, f"create_db_session answer is malformed: {what}")
+
+    target = answer.get("target")
+    postgres = answer.get("postgres")
+    if not isinstance(target, Mapping) or not isinstance(postgres, Mapping):
+        raise bad("target and postgres must be objects")
+    texts = {
+        "expiresAt": answer.get("expiresAt"),
+        "playName": answer.get("playName"),
+        "orgId": target.get("orgId"),
+        "tableNamespace": target.get("tableNamespace"),
+        "logicalTable": target.get("logicalTable"),
+    }
+    for name in ("schema", "sheetTable", "eventTable", "summaryTable", "columnSummaryTable"):
+        texts[name] = postgres.get(name)
+    missing = [name for name, value in texts.items() if not isinstance(value, str)]
+    if missing:
+        raise bad(f"{', '.join(missing)} must be strings")
+    operations = answer.get("operations")
+    if not isinstance(operations, list) or not all(isinstance(op, str) for op in operations):
+        raise bad("operations must be a list of strings")
+    try:
+        expires = dt.datetime.fromisoformat(str(texts["expiresAt"]))
+        limits = SessionLimits.from_json(answer.get("limits"))
+        ops = _operations(operations)
+    except (ValueError, InvalidInputError) as exc:
+        raise bad(str(exc)) from None
+    if expires.tzinfo is None:
+        raise bad("expiresAt must carry a time zone")
+    url, envelope = answer.get("postgresUrl"), answer.get("encryptedPostgresUrl")
+    if isinstance(url, str) == isinstance(envelope, Mapping):
+        raise bad("exactly one of postgresUrl and encryptedPostgresUrl must be present")
+    identity = DbSession(
+        org_id=str(texts["orgId"]),
+        play_name=str(texts["playName"]),
+        table_namespace=str(texts["tableNamespace"]),
+        logical_table=str(texts["logicalTable"]),
+        operations=ops,
+        limits=limits,
+        expires_at=str(texts["expiresAt"]),
+        expires_at_epoch=expires.timestamp(),
+        postgres=PostgresTables(
+            schema=str(texts["schema"]),
+            sheet_table=str(texts["sheetTable"]),
+            event_table=str(texts["eventTable"]),
+            summary_table=str(texts["summaryTable"]),
+            column_summary_table=str(texts["columnSummaryTable"]),
+        ),
+        postgres_url=url if isinstance(url, str) else "",
+    )
+    aad = crypto.session_aad(
+        org_id=identity.org_id,
+        play_name=identity.play_name,
+        table_namespace=identity.table_namespace,
+        logical_table=identity.logical_table,
+        operations=identity.operations,
+        expires_at=identity.expires_at,
+    )
+    return _Answer(identity, envelope if isinstance(envelope, Mapping) else None, aad)
+
+
+def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
+    from .store import open_store
+
+    return open_store(url)
+
+
+@attrs.define(eq=False)
+class _Pool:
+    """A pool on one session's URL, run by its own task in the manager's nursery."""
+
+    session: DbSession
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+    store: SheetStore | None = None
+    error: BaseException | None = None
+    users: int = 0
+    retired: bool = False
+    closed: bool = False
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class SessionManager:
+    """Scoped sessions for one gateway client, cached, renewed, and pooled.
+
+    Use it as ``async with SessionManager(client) as manager:``. Leaving the
+    block closes every pool it opened (after their callers leave).
+
+    ``clock`` is the wall clock in seconds since the epoch (sessions expire
+    at wall-clock instants); tests inject one that follows trio's virtual
+    clock. ``open_pool`` opens a pool on a URL (default:
+    ``sheetplane.store.open_store``). ``decryption_key`` is the RSA key
+    minted URLs are sealed to; by default the manager generates one (in a
+    worker thread) on its first mint and keeps it for its lifetime.
+    """
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        *,
+        preloaded: Sequence[PreloadedSession] = (),
+        unwrap_key: bytes | None = None,
+        clock: Callable[[], float] = time.time,
+        open_pool: PoolOpener = _default_pool_opener,
+        decryption_key: crypto.DecryptionKey | None = None,
+    ) -> None:
+        if unwrap_key is not None and len(unwrap_key) != 32:
+            raise InvalidInputError("the unwrap key must be 32 bytes")
+        self._client = client
+        self._preloaded = tuple(preloaded)
+        self._unwrap_key = unwrap_key
+        self._clock = clock
+        self._open_pool = open_pool
+        self._key = decryption_key
+        self._sessions: dict[str, DbSession] = {}
+        self._locks: dict[str, trio.Lock] = {}
+        self._pools: dict[str, _Pool] = {}
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
+        #: How many sessions this manager minted through the gateway (for tests and stats).
+        self.minted = 0
+
+    async def __aenter__(self) -> SessionManager:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        for pool in self._pools.values():
+            pool.retired = True
+            pool.users = 0
+            pool.notify()
+        self._pools.clear()
+        self._sessions.clear()
+        cm, self._nursery_cm, self._nursery = self._nursery_cm, None, None
+        assert cm is not None
+        return await cm.__aexit__(exc_type, exc, tb)
+
+    # --- sessions -------------------------------------------------------------------
+
+    def cache_key(self, shape: AccessShape) -> str:
+        """This manager's cache key for ``shape``."""
+        client = self._client
+        return session_cache_key(client.base_url, client.token_digest, client.play_name, shape)
+
+    async def session(self, shape: AccessShape) -> DbSession:
+        """A session for ``shape``: cached, preloaded, or minted now.
+
+        Concurrent requests for one shape share one mint. Raises
+        ``SessionError`` (or ``EnvelopeDecryptionError``) when the URL cannot
+        be opened, and the gateway's errors when minting fails.
+        """
+        key = self.cache_key(shape)
+        lock = self._locks.setdefault(key, trio.Lock())
+        async with lock:
+            cached = self._sessions.get(key)
+            if cached is not None:
+                if cached.reusable(self._clock()):
+                    return cached
+                self._retire(key)
+            session = self._match_preloaded(shape)
+            if session is None:
+                session = await self._mint(shape)
+            self._sessions[key] = session
+            return session
+
+    def _retire(self, key: str) -> None:
+        self._sessions.pop(key, None)
+        pool = self._pools.pop(key, None)
+        if pool is not None:
+            pool.retired = True
+            pool.notify()
+
+    def _match_preloaded(self, shape: AccessShape) -> DbSession | None:
+        client, now = self._client, self._clock()
+        for preloaded in self._preloaded:
+            try:
+                parsed = _parse_answer(preloaded.session)
+            except GatewayProtocolError:
+                continue
+            session = parsed.identity
+            if not (
+                session.reusable(now)
+                and (client.org_id is None or session.org_id == client.org_id)
+                and session.play_name == client.play_name
+                and preloaded.table_namespace == shape.table_namespace
+                and session.table_namespace == shape.table_namespace
+                and preloaded.logical_table == shape.logical_table
+                and session.logical_table == shape.logical_table
+                and preloaded.operations == shape.operations
+                and session.operations == shape.operations
+                and preloaded.limits.satisfies(shape.limits)
+                and session.limits.satisfies(shape.limits)
+            ):
+                continue
+            if parsed.envelope is None:
+                return session
+            if self._unwrap_key is None:
+                raise SessionError(
+                    "a preloaded DB session is encrypted, but no harness unwrap key was provided"
+                )
+            url = crypto.decrypt_with_unwrap_key(parsed.envelope, self._unwrap_key, parsed.aad)
+            return attrs.evolve(session, postgres_url=url)
+        return None
+
+    async def _mint(self, shape: AccessShape) -> DbSession:
+        if self._key is None:
+            # RSA key generation is CPU work; keep it off the event loop.
+            self._key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+        answer = await self._client.create_db_session(
+            table_namespace=shape.table_namespace,
+            logical_table=shape.logical_table,
+            operations=shape.operations,
+            limits=shape.limits.to_json() or None,
+            contract=shape.contract,
+            ttl_seconds=DB_SESSION_TTL_MS // _MS,
+            encryption=self._key.encryption_request(),
+        )
+        parsed = _parse_answer(answer)
+        session = parsed.identity
+        client = self._client
+        if (
+            session.play_name != client.play_name
+            or (client.org_id is not None and session.org_id != client.org_id)
+            or session.table_namespace != shape.table_namespace
+            or session.logical_table != shape.logical_table
+            or session.operations != shape.operations
+        ):
+            raise GatewayProtocolError(
+                200, None, "create_db_session answered a session for another scope"
+            )
+        self.minted += 1
+        if parsed.envelope is None:
+            return session
+        url = crypto.decrypt_postgres_url(parsed.envelope, self._key, parsed.aad)
+        return attrs.evolve(session, postgres_url=url)
+
+    # --- pools ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def store(self, shape: AccessShape) -> AsyncIterator[SheetStore]:
+        """A pool on ``shape``'s session, shared by every caller of that session.
+
+        The pool opens on first use. If opening fails, the error propagates
+        and the next call tries again. Cancellation while waiting for the pool
+        leaves it opening for the others.
+        """
+        if self._nursery is None:
+            raise RuntimeError("use SessionManager inside 'async with'")
+        session = await self.session(shape)
+        key = self.cache_key(shape)
+        pool = self._pools.get(key)
+        if pool is None or pool.session is not session:
+            if pool is not None:
+                pool.retired = True
+                pool.notify()
+            pool = _Pool(session)
+            self._pools[key] = pool
+            self._nursery.start_soon(self._run_pool, key, pool)
+        await pool.ready.wait()
+        if pool.store is None:
+            if self._pools.get(key) is pool:
+                del self._pools[key]
+            assert pool.error is not None
+            raise pool.error
+        pool.users += 1
+        try:
+            yield pool.store
+        finally:
+            pool.users -= 1
+            pool.notify()
+
+    async def _run_pool(self, key: str, pool: _Pool) -> None:
+        expiry = trio.current_time() + (pool.session.expires_at_epoch - self._clock())
+        opened = self._open_pool(pool.session.postgres_url)
+        try:
+            store = await opened.__aenter__()
+        except Exception as exc:
+            pool.error = exc
+            pool.ready.set()
+            return
+        pool.store = store
+        pool.ready.set()
+        try:
+            with trio.move_on_at(expiry):
+                while not (pool.retired and pool.users == 0):
+                    await pool.changed.wait()
+        finally:
+            pool.closed = True
+            if self._pools.get(key) is pool:
+                del self._pools[key]
+            # Closing a pool whose role has expired may fail; there is nothing left to do.
+            with contextlib.suppress(Exception):
+                await opened.__aexit__(None, None, None)

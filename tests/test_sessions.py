@@ -1,0 +1,445 @@
+"""SessionManager: cache keys, renewal, preloaded matching, decryption, pools, in virtual time.
+
+The gateway is a scripted transport that mints sessions the way the reference
+gateway does (expiry ``DB_SESSION_TTL_MS`` ahead, URL sealed to the caller's
+key with the session identity as AAD). The wall clock follows trio's virtual
+clock from a fixed epoch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from sheetplane import EnvelopeDecryptionError, GatewayProtocolError, SessionError
+from sheetplane.budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
+from sheetplane.crypto import (
+    DecryptionKey,
+    encrypt_postgres_url,
+    encrypt_with_unwrap_key,
+    generate_decryption_key,
+    session_aad,
+)
+from sheetplane.gateway.client import GatewayClient
+from sheetplane.pages import PageRequest
+from sheetplane.sessions import (
+    AccessShape,
+    PreloadedSession,
+    SessionLimits,
+    SessionManager,
+    batch_read_shape,
+    session_cache_key,
+)
+from sheetplane.store._types import ContractColumn, SheetContract
+
+EPOCH = 1_900_000_000.0
+TOKEN = "exec-token-sessions"
+UNWRAP_KEY = bytes(range(32))
+READ = AccessShape("leads", ("rows.read",))
+TTL = DB_SESSION_TTL_MS / 1000
+WINDOW = DB_SESSION_RENEWAL_WINDOW_MS / 1000
+
+
+def wall() -> float:
+    return EPOCH + trio.current_time()
+
+
+def iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def session_answer(
+    n: int,
+    *,
+    org: str = "org-1",
+    play: str = "enrich-leads",
+    namespace: str = "leads",
+    table: str = "sheet_rows",
+    operations: tuple[str, ...] = ("rows.read",),
+    limits: dict[str, int] | None = None,
+    expires: float,
+    seal: Any,
+) -> dict[str, Any]:
+    expires_at = iso(expires)
+    aad = session_aad(
+        org_id=org,
+        play_name=play,
+        table_namespace=namespace,
+        logical_table=table,
+        operations=operations,
+        expires_at=expires_at,
+    )
+    return {
+        "expiresAt": expires_at,
+        "playName": play,
+        "target": {"orgId": org, "tableNamespace": namespace, "logicalTable": table},
+        "operations": list(operations),
+        "limits": limits or {},
+        "postgres": {
+            "schema": "sp_org_1",
+            "sheetTable": "t_sheet",
+            "eventTable": "t_event",
+            "summaryTable": "t_summary",
+            "columnSummaryTable": "t_colsum",
+        },
+        "encryptedPostgresUrl": seal(url_of(n), aad),
+    }
+
+
+def url_of(n: int) -> str:
+    return f"postgresql://sp_role_{n}:secret-{n}@127.0.0.1:5432/sheets"
+
+
+@attrs.define
+class FakeGateway:
+    """Mints sessions; ``tamper`` breaks the next envelope; ``other_scope`` lies about the scope."""
+
+    requests: list[dict[str, Any]] = attrs.field(factory=list)
+    tamper: bool = False
+    other_scope: bool = False
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(await request.aread())
+        assert body["action"] == "create_db_session"
+        self.requests.append(body)
+        jwk = body["postgresUrlEncryption"]["publicKeyJwk"]
+        n = len(self.requests)
+
+        def seal(url: str, aad: bytes) -> dict[str, str]:
+            envelope = encrypt_postgres_url(url, jwk, aad)
+            if self.tamper:
+                envelope["ciphertext"] = "A" + envelope["ciphertext"][1:]
+            return envelope
+
+        answer = session_answer(
+            n,
+            namespace="other" if self.other_scope else body["target"]["tableNamespace"],
+            table=body["target"]["logicalTable"],
+            operations=tuple(body["operations"]),
+            limits=body.get("limits"),
+            expires=wall() + body["ttlSeconds"],
+            seal=seal,
+        )
+        return httpx.Response(200, json=answer)
+
+
+@attrs.define
+class FakePools:
+    """Records when pools open and close, and who is inside."""
+
+    events: list[tuple[float, str, str]] = attrs.field(factory=list)
+    fail_next: bool = False
+
+    @asynccontextmanager
+    async def open(self, url: str) -> AsyncIterator[Any]:
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("connection refused")
+        self.events.append((trio.current_time(), "open", url))
+        try:
+            yield {"url": url}
+        finally:
+            self.events.append((trio.current_time(), "close", url))
+
+
+@pytest.fixture(scope="module")
+def key() -> DecryptionKey:
+    return generate_decryption_key()
+
+
+@asynccontextmanager
+async def manager_for(
+    key: DecryptionKey,
+    gateway: FakeGateway | None = None,
+    pools: FakePools | None = None,
+    *,
+    org_id: str | None = "org-1",
+    **kwargs: Any,
+) -> AsyncIterator[SessionManager]:
+    gateway = gateway or FakeGateway()
+    pools = pools or FakePools()
+    transport = httpx.MockTransport(gateway.handle)
+    client = GatewayClient(
+        "http://gw.test", TOKEN, play_name="enrich-leads", org_id=org_id, transport=transport
+    )
+    async with (
+        client,
+        SessionManager(
+            client, clock=wall, open_pool=pools.open, decryption_key=key, **kwargs
+        ) as manager,
+    ):
+        yield manager
+
+
+# --- cache keys and shapes ------------------------------------------------------------------
+
+
+def test_cache_key_covers_the_token_and_the_whole_shape() -> None:
+    contract = SheetContract((ContractColumn("email", "email", "input"),))
+    base = session_cache_key("http://gw", "digest-a", "play", READ)
+    variants = [
+        session_cache_key("http://gw", "digest-b", "play", READ),
+        session_cache_key("http://other", "digest-a", "play", READ),
+        session_cache_key("http://gw", "digest-a", "play-2", READ),
+        session_cache_key("http://gw", "digest-a", "play", attrs.evolve(READ, table_namespace="x")),
+        session_cache_key(
+            "http://gw", "digest-a", "play", attrs.evolve(READ, logical_table="dataset_rows")
+        ),
+        session_cache_key(
+            "http://gw", "digest-a", "play", AccessShape("leads", ("rows.read", "rows.upsert"))
+        ),
+        session_cache_key(
+            "http://gw", "digest-a", "play", attrs.evolve(READ, limits=SessionLimits(max_rows=5))
+        ),
+        session_cache_key("http://gw", "digest-a", "play", attrs.evolve(READ, contract=contract)),
+        session_cache_key("http://gw", "digest-a", "play", attrs.evolve(READ, user_email="a@b.c")),
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+    assert all(len(k) == 64 and "digest" not in k for k in [base, *variants])
+    # Operation order does not matter.
+    swapped = AccessShape("leads", ("rows.upsert", "rows.read"))
+    assert session_cache_key("g", "d", "p", swapped) == session_cache_key(
+        "g", "d", "p", AccessShape("leads", ("rows.read", "rows.upsert"))
+    )
+
+
+def test_batch_read_asks_for_the_sum_of_page_limits() -> None:
+    shape = batch_read_shape(
+        "leads", [PageRequest(100, 0), PageRequest(50, 100), PageRequest(7, 150)]
+    )
+    assert shape.operations == ("rows.read",)
+    assert shape.limits == SessionLimits(max_rows=157)
+
+
+def test_limits_satisfy() -> None:
+    assert SessionLimits().satisfies(SessionLimits(max_rows=10**9))
+    assert SessionLimits(max_rows=10).satisfies(SessionLimits(max_rows=10))
+    assert not SessionLimits(max_rows=9).satisfies(SessionLimits(max_rows=10))
+    assert SessionLimits(max_rows=9).satisfies(SessionLimits(max_bytes=10))
+
+
+# --- minting, caching, renewal -----------------------------------------------------------------
+
+
+async def test_mint_sends_the_shape_and_a_public_key_and_decrypts(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    gateway = FakeGateway()
+    shape = AccessShape("leads", ("rows.upsert", "rows.read"), limits=SessionLimits(max_rows=10))
+    async with manager_for(key, gateway) as manager:
+        session = await manager.session(shape)
+    assert session.postgres_url == url_of(1)
+    assert url_of(1) not in repr(session) and "secret-1" not in repr(session)
+    assert session.expires_at_epoch == pytest.approx(EPOCH + TTL)
+    (request,) = gateway.requests
+    assert request["target"] == {"tableNamespace": "leads", "logicalTable": "sheet_rows"}
+    assert request["operations"] == ["rows.read", "rows.upsert"]
+    assert request["limits"] == {"maxRows": 10}
+    assert request["ttlSeconds"] == DB_SESSION_TTL_MS // 1000
+    assert request["postgresUrlEncryption"]["alg"] == "RSA-OAEP-256+A256GCM"
+    assert request["postgresUrlEncryption"]["publicKeyJwk"] == key.public_jwk()
+
+
+async def test_reused_only_while_more_than_the_renewal_window_remains(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    gateway = FakeGateway()
+    async with manager_for(key, gateway) as manager:
+        first = await manager.session(READ)
+        await trio.sleep_until(TTL - WINDOW - 0.001)
+        assert await manager.session(READ) is first
+        await trio.sleep_until(TTL - WINDOW)
+        second = await manager.session(READ)
+    assert second is not first and second.postgres_url == url_of(2)
+    assert len(gateway.requests) == 2
+
+
+async def test_other_shapes_get_their_own_sessions(autojump_clock: Any, key: DecryptionKey) -> None:
+    gateway = FakeGateway()
+    async with manager_for(key, gateway) as manager:
+        a = await manager.session(READ)
+        b = await manager.session(attrs.evolve(READ, limits=SessionLimits(max_rows=3)))
+        c = await manager.session(AccessShape("leads", ("rows.read", "rows.append")))
+        assert await manager.session(READ) is a
+    assert len({a.postgres_url, b.postgres_url, c.postgres_url}) == 3
+    assert manager.minted == 3
+
+
+async def test_concurrent_requests_for_one_shape_share_one_mint(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    gateway = FakeGateway()
+    results = []
+    async with manager_for(key, gateway) as manager:
+
+        async def ask() -> None:
+            results.append(await manager.session(READ))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(ask)
+    assert len(gateway.requests) == 1
+    assert all(r is results[0] for r in results)
+
+
+async def test_tampered_envelope_fails_without_leaking(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    async with manager_for(key, FakeGateway(tamper=True)) as manager:
+        with pytest.raises(EnvelopeDecryptionError) as excinfo:
+            await manager.session(READ)
+    assert "secret" not in str(excinfo.value) and "postgresql" not in str(excinfo.value)
+
+
+async def test_answer_for_another_scope_is_refused(autojump_clock: Any, key: DecryptionKey) -> None:
+    async with manager_for(key, FakeGateway(other_scope=True)) as manager:
+        with pytest.raises(GatewayProtocolError, match="another scope"):
+            await manager.session(READ)
+
+
+# --- preloaded sessions ---------------------------------------------------------------------------
+
+
+def preloaded(n: int = 100, **changes: Any) -> PreloadedSession:
+    answer_args: dict[str, Any] = {
+        "expires": EPOCH + TTL,
+        "seal": lambda url, aad: encrypt_with_unwrap_key(url, UNWRAP_KEY, aad),
+    }
+    shape_args: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name in {"org", "play", "namespace", "table", "operations", "limits", "expires"}:
+            answer_args[name] = value
+        else:
+            shape_args[name] = value
+    answer = session_answer(n, **answer_args)
+    return PreloadedSession(
+        table_namespace=shape_args.get("table_namespace", answer["target"]["tableNamespace"]),
+        operations=shape_args.get("operations_declared", tuple(answer["operations"])),
+        session=answer,
+        logical_table=shape_args.get("logical_table", answer["target"]["logicalTable"]),
+        limits=shape_args.get("declared_limits", SessionLimits.from_json(answer["limits"])),
+    )
+
+
+async def test_matching_preloaded_session_is_used_and_cached(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    gateway = FakeGateway()
+    async with manager_for(key, gateway, preloaded=[preloaded()], unwrap_key=UNWRAP_KEY) as manager:
+        session = await manager.session(attrs.evolve(READ, limits=SessionLimits(max_rows=10**6)))
+        assert session.postgres_url == url_of(100)
+    assert gateway.requests == []
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        preloaded(org="org-2"),
+        preloaded(play="other-play"),
+        preloaded(namespace="other"),
+        preloaded(table_namespace="other"),
+        preloaded(table="dataset_rows"),
+        preloaded(operations=("rows.read", "rows.upsert")),
+        preloaded(limits={"maxRows": 5}),
+        preloaded(declared_limits=SessionLimits(max_rows=5)),
+        preloaded(expires=EPOCH + WINDOW),
+    ],
+)
+async def test_preloaded_session_that_does_not_match_is_not_used(
+    autojump_clock: Any, key: DecryptionKey, candidate: PreloadedSession
+) -> None:
+    gateway = FakeGateway()
+    shape = attrs.evolve(READ, limits=SessionLimits(max_rows=10))
+    async with manager_for(key, gateway, preloaded=[candidate], unwrap_key=UNWRAP_KEY) as manager:
+        session = await manager.session(shape)
+    assert session.postgres_url == url_of(1)
+    assert len(gateway.requests) == 1
+
+
+async def test_preloaded_without_unwrap_key_is_a_session_error(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    async with manager_for(key, preloaded=[preloaded()]) as manager:
+        with pytest.raises(SessionError, match="no harness unwrap key"):
+            await manager.session(READ)
+
+
+async def test_preloaded_with_wrong_unwrap_key_fails(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    wrong = bytes(reversed(UNWRAP_KEY))
+    async with manager_for(key, preloaded=[preloaded()], unwrap_key=wrong) as manager:
+        with pytest.raises(EnvelopeDecryptionError):
+            await manager.session(READ)
+
+
+# --- pools ---------------------------------------------------------------------------
+
+
+async def test_pool_is_shared_and_closes_at_expiry(autojump_clock: Any, key: DecryptionKey) -> None:
+    pools = FakePools()
+    async with manager_for(key, pools=pools) as manager:
+        async with manager.store(READ) as first, manager.store(READ) as second:
+            assert first is second and first["url"] == url_of(1)
+        await trio.sleep(TTL + 1)
+        assert pools.events == [(0.0, "open", url_of(1)), (TTL, "close", url_of(1))]
+
+
+async def test_retired_session_closes_its_pool_when_its_users_leave(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    pools = FakePools()
+    renewal = TTL - WINDOW
+    async with manager_for(key, pools=pools) as manager:
+        async with manager.store(READ):
+            await trio.sleep_until(renewal)
+            async with manager.store(READ) as fresh:
+                assert fresh["url"] == url_of(2)
+                await trio.sleep(1)
+            # The old pool still has this caller inside.
+            assert (renewal, "close", url_of(1)) not in pools.events
+        await trio.sleep(1)
+    assert pools.events == [
+        (0.0, "open", url_of(1)),
+        (renewal, "open", url_of(2)),
+        (renewal + 1, "close", url_of(1)),  # retired, and its last user left
+        (renewal + 2, "close", url_of(2)),  # still current: closed with the manager
+    ]
+
+
+async def test_pool_that_fails_to_open_is_tried_again(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    pools = FakePools(fail_next=True)
+    async with manager_for(key, pools=pools) as manager:
+        with pytest.raises(OSError):
+            async with manager.store(READ):
+                pass
+        async with manager.store(READ) as store:
+            assert store["url"] == url_of(1)
+
+
+async def test_leaving_the_manager_closes_every_pool(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    pools = FakePools()
+    async with manager_for(key, pools=pools) as manager:
+        async with manager.store(READ):
+            pass
+        async with manager.store(AccessShape("leads", ("rows.upsert",))):
+            pass
+        await trio.sleep(5)
+    assert [(t, kind) for t, kind, _ in pools.events] == [
+        (0.0, "open"),
+        (0.0, "open"),
+        (5.0, "close"),
+        (5.0, "close"),
+    ]
