@@ -203,8 +203,9 @@ class _Budget:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.used = _ANSWER_OVERHEAD
+        self.used = 0
         self.pages = 0
+        self._add(_ANSWER_OVERHEAD)
 
     def start_page(self, request: PageRequest) -> None:
         separator = 1 if self.pages else 0
