@@ -46,6 +46,11 @@ IDENTITY_PREFIX = "r"
 IDENTITY_HEX_CHARS = 32
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value``: sorted keys, compact, UTF-8 characters kept.
 
@@ -53,9 +58,7 @@ def canonical_json(value: Any) -> str:
     an unserialisable object, mixed-type mapping keys).
     """
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        return _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"value has no canonical JSON form: {exc}") from None
 
@@ -90,7 +93,9 @@ def derive_row_identity(row: Mapping[str, Any]) -> str:
     from the sheet with its ``_status`` and ``_key`` derives the same identity
     as the row that was first admitted.
     """
-    content = {name: value for name, value in row.items() if not name.startswith("_")}
+    content = row
+    if any(name.startswith("_") for name in row):
+        content = {name: value for name, value in row.items() if not name.startswith("_")}
     digest = hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
     return IDENTITY_PREFIX + digest[:IDENTITY_HEX_CHARS]
 

@@ -53,6 +53,8 @@ from ._rowdata import (
     check_row,
     check_text,
     chunked,
+    column_lookups,
+    column_texts,
     copy_new_rows,
     input_field_name,
     lock_sheet,
@@ -78,8 +80,8 @@ class _Entry:
     key: str
     row: Mapping[str, Any]
     index: int
-    data: dict[str, Any]
-    """``{sql_name: value}`` for every physical column the row carries."""
+    texts: tuple[str | None, ...]
+    """The row's jsonb text per physical column."""
 
 
 def _prepare(
@@ -88,6 +90,7 @@ def _prepare(
     """Check and key every row, dropping repeated keys; returns kept rows and repeat count."""
     entries: list[_Entry] = []
     seen: set[str] = set()
+    lookups = column_lookups(columns)
     for position, raw in enumerate(rows):
         row = check_row(raw, position)
         try:
@@ -97,7 +100,7 @@ def _prepare(
         if key in seen:
             continue
         seen.add(key)
-        entries.append(_Entry(key, row, len(entries), project_row(row, columns)))
+        entries.append(_Entry(key, row, len(entries), column_texts(row, lookups)))
     return entries, len(rows) - len(entries)
 
 
@@ -130,22 +133,16 @@ def _readmit(
     conn: psycopg.Connection[Any],
     names: SheetNames,
     entries: Sequence[_Entry],
-    input_names: Sequence[str],
+    input_columns: Sequence[ContractColumn],
     *,
     run_id: str,
     version: int,
 ) -> tuple[Counter[str], Counter[str]]:
     """Re-admit existing non-enriched rows; returns the summary and column deltas."""
     sheet = names.ident("sheet_table")
+    input_names = [c.sql_name for c in input_columns]
     payload = Jsonb(
-        [
-            {
-                "key": e.key,
-                "idx": e.index,
-                "data": {n: e.data[n] for n in input_names if n in e.data},
-            }
-            for e in entries
-        ]
+        [{"key": e.key, "idx": e.index, "data": project_row(e.row, input_columns)} for e in entries]
     )
     column_sets = [
         sql.SQL(
@@ -206,7 +203,7 @@ async def start_dataset(
         raise InvalidInputError(f"rows must be a sequence of objects, got {type(rows).__name__}")
     columns = physical_columns(contract)
     sql_names = [c.sql_name for c in columns]
-    input_names = [c.sql_name for c in columns if c.source in ("input", "mapField")]
+    input_columns = [c for c in columns if c.source in ("input", "mapField")]
     entries, duplicates = await trio.to_thread.run_sync(_prepare, rows, columns, key_field)
 
     def run(conn: psycopg.Connection[Any]) -> Admission:
@@ -218,14 +215,20 @@ async def start_dataset(
         inserted = 0
         readmitted = 0
         enriched_keys: set[str] = set()
+        # A sheet with no rows (the first admission) has no keys to look up.
+        empty = conn.execute(
+            sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(sheet_table)
+        ).fetchone() == (True,)
         for chunk in chunked(entries, POSTGRES_WRITE_CHUNK_ROWS):
-            cur = conn.execute(
-                sql.SQL("SELECT _key, _status, _input_index FROM {} WHERE _key = ANY(%s)").format(
-                    sheet_table
-                ),
-                ([e.key for e in chunk],),
-            )
-            existing = {key: (status_of(status), idx) for key, status, idx in cur.fetchall()}
+            existing: dict[str, tuple[str, int | None]] = {}
+            if not empty:
+                cur = conn.execute(
+                    sql.SQL(
+                        "SELECT _key, _status, _input_index FROM {} WHERE _key = ANY(%s)"
+                    ).format(sheet_table),
+                    ([e.key for e in chunk],),
+                )
+                existing = {key: (status_of(status), idx) for key, status, idx in cur.fetchall()}
             new = [e for e in chunk if e.key not in existing]
             again = [e for e in chunk if e.key in existing and existing[e.key][0] in _READMITTED]
             kept = [e for e in chunk if e.key in existing and existing[e.key][0] == "enriched"]
@@ -233,7 +236,7 @@ async def start_dataset(
                 _, column_delta = copy_new_rows(
                     conn,
                     names,
-                    ((e.key, e.index, e.data) for e in new),
+                    ((e.key, e.index, e.texts) for e in new),
                     sql_names,
                     run_id=run_id,
                     version=version,
@@ -243,7 +246,7 @@ async def start_dataset(
                 inserted += len(new)
             if again:
                 delta, column_delta = _readmit(
-                    conn, names, again, input_names, run_id=run_id, version=version
+                    conn, names, again, input_columns, run_id=run_id, version=version
                 )
                 summary += delta
                 non_null.update(column_delta)

@@ -12,6 +12,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from json.encoder import encode_basestring
 from typing import Any, TypeVar
 
 import psycopg
@@ -40,11 +41,59 @@ SUMMARY_COUNTERS = ("total", "queued", "running", "completed", "failed")
 # --- input checks -----------------------------------------------------------------
 
 
+def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
+    """An upper bound on a flat row's compact-JSON bytes, or None to measure it exactly.
+
+    Checks what ``json_byte_length_up_to`` would refuse (non-finite floats,
+    strings with a lone surrogate) on the way. Every character of a JSON
+    string costs at most 6 bytes (``\\u00XX``; UTF-8 needs at most 4), an int
+    at most ``bit_length() // 3 + 2`` characters, a float at most 24. A value
+    that is not a plain scalar, or a bound past ``MAX_ROW_BYTES``, answers None,
+    and the row is measured with ``json_byte_length_up_to`` (which stops early).
+    """
+    total = 2
+    for name, value in row.items():
+        total += 6 * len(name) + 4  # quotes, colon, comma
+        if not name.isascii():
+            _encodable(name)
+        kind = type(value)
+        if kind is str:
+            total += 6 * len(value) + 2
+            if total > MAX_ROW_BYTES:
+                return None
+            if not value.isascii():
+                _encodable(value)
+        elif kind is int:
+            total += value.bit_length() // 3 + 2
+        elif kind is float:
+            if not math.isfinite(value):
+                raise InvalidInputError(f"{value!r} has no JSON form (JSON numbers are finite)")
+            total += 24
+        elif value is None or kind is bool:
+            total += 5
+        else:
+            return None
+    return total if total <= MAX_ROW_BYTES else None
+
+
+def _encodable(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"string holds a lone surrogate {text[exc.start : exc.end]!r}; it has no UTF-8 form"
+        ) from None
+
+
 def check_row(row: object, position: int) -> Mapping[str, Any]:
     """Check one input row: a JSON object with string keys, finite numbers, within budget.
 
-    Raises ``InvalidInputError`` naming the row's position. Nothing is written
-    by any caller before every row has passed.
+    A flat row (plain scalar values) whose size bound is under ``MAX_ROW_BYTES``
+    passes on the bound; any other row is measured with
+    ``json_byte_length_up_to``, which stops counting past the budget, so an
+    oversized row is refused without being serialised. Raises
+    ``InvalidInputError`` naming the row's position. Nothing is written by any
+    caller before every row has passed.
     """
     if not isinstance(row, Mapping):
         raise InvalidInputError(f"row {position} must be a JSON object, got {type(row).__name__}")
@@ -52,10 +101,10 @@ def check_row(row: object, position: int) -> Mapping[str, Any]:
         if not isinstance(name, str):
             raise InvalidInputError(f"row {position} has a non-string field name {name!r}")
     try:
+        if _flat_row_bound(row) is not None:
+            return row
         size = json_byte_length_up_to(dict(row), MAX_ROW_BYTES)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
-    except (TypeError, ValueError) as exc:
+    except (InvalidInputError, TypeError, ValueError) as exc:
         raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
     if size.exceeded:
         raise InvalidInputError(
@@ -155,11 +204,48 @@ def project_row(row: Mapping[str, Any], columns: Sequence[ContractColumn]) -> di
     return out
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def column_lookups(columns: Sequence[ContractColumn]) -> tuple[tuple[str, ...], ...]:
+    """``column_lookup_names`` of each column, computed once per write."""
+    return tuple(column_lookup_names(column) for column in columns)
+
+
+def column_texts(
+    row: Mapping[str, Any], lookups: Sequence[Sequence[str]]
+) -> tuple[str | None, ...]:
+    """The row's jsonb text per column (None where it carries no value, or null)."""
+    texts: list[str | None] = []
+    append = texts.append
+    for names in lookups:
+        for name in names:
+            if name in row:
+                append(jsonb_text(row[name]))
+                break
+        else:
+            append(None)
+    return tuple(texts)
+
+
 def jsonb_text(value: Any) -> str | None:
-    """A column value as jsonb input text; JSON null is stored as SQL NULL."""
+    """A column value as jsonb input text (compact JSON); JSON null is stored as SQL NULL.
+
+    Scalars take a direct path (this runs once per cell of every admitted row);
+    the text is what ``json.dumps`` would write.
+    """
+    kind = type(value)
+    if kind is str:
+        return encode_basestring(value)
+    if kind is int:
+        return int.__repr__(value)
     if value is None:
         return None
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is float and math.isfinite(value):
+        return float.__repr__(value)
+    return _COMPACT.encode(value)
 
 
 def chunked(values: Sequence[T], size: int) -> Iterator[Sequence[T]]:
@@ -307,13 +393,13 @@ def apply_column_delta(
 def copy_new_rows(
     conn: psycopg.Connection[Any],
     names: SheetNames,
-    rows: Iterable[tuple[str, int, Mapping[str, Any]]],
+    rows: Iterable[tuple[str, int, Sequence[str | None]]],
     sql_names: Sequence[str],
     *,
     run_id: str | None,
     version: int,
 ) -> tuple[int, Counter[str]]:
-    """Insert ``(key, input_index, {sql_name: value})`` rows as ``pending`` with ``COPY``.
+    """Insert ``(key, input_index, jsonb texts per column)`` rows as ``pending`` with ``COPY``.
 
     The caller holds the sheet's writer lock and has checked that no key
     exists yet. Returns the row count and the column non-null delta.
@@ -322,7 +408,7 @@ def copy_new_rows(
         sql.Identifier(name)
         for name in ["_key", "_status", "_run_id", "_input_index", "_write_version", *sql_names]
     )
-    non_null: Counter[str] = Counter()
+    counts = [0] * len(sql_names)
     count = 0
     with (
         conn.cursor() as cur,
@@ -330,11 +416,11 @@ def copy_new_rows(
             sql.SQL("COPY {} ({}) FROM STDIN").format(names.ident("sheet_table"), targets)
         ) as copy,
     ):
-        for key, index, data in rows:
-            texts = [jsonb_text(data.get(name)) for name in sql_names]
-            for name, text in zip(sql_names, texts, strict=True):
+        write_row = copy.write_row
+        for key, index, texts in rows:
+            for position, text in enumerate(texts):
                 if text is not None:
-                    non_null[name] += 1
-            copy.write_row((key, "pending", run_id, index, version, *texts))
+                    counts[position] += 1
+            write_row((key, "pending", run_id, index, version, *texts))
             count += 1
-    return count, non_null
+    return count, Counter(dict(zip(sql_names, counts, strict=True)))

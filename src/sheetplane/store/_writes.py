@@ -60,6 +60,8 @@ from ._rowdata import (
     check_row,
     check_text,
     chunked,
+    column_lookups,
+    column_texts,
     copy_new_rows,
     lock_sheet,
     project_row,
@@ -122,6 +124,7 @@ def _insert_appended(
 ) -> tuple[int, Counter[str], Counter[str]]:
     columns = table_columns(conn, names)
     sql_names = [c.sql_name for c in columns]
+    lookups = column_lookups(columns)
     prepared = [
         (appended_row_key(row, idempotency_key, ordinal), first_index + ordinal, row)
         for ordinal, row in enumerate(rows)
@@ -129,7 +132,7 @@ def _insert_appended(
     inserted, non_null = copy_new_rows(
         conn,
         names,
-        ((key, index, project_row(row, columns)) for key, index, row in prepared),
+        ((key, index, column_texts(row, lookups)) for key, index, row in prepared),
         sql_names,
         run_id=None,
         version=0,
@@ -241,6 +244,7 @@ async def upsert_rows(
     def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
         columns = table_columns(conn, names)
         sql_names = [c.sql_name for c in columns]
+        lookups = column_lookups(columns)
         sheet = names.ident("sheet_table")
         summary: Counter[str] = Counter()
         non_null: Counter[str] = Counter()
@@ -258,7 +262,7 @@ async def upsert_rows(
                     conn,
                     names,
                     (
-                        (key, next_index + n, project_row(row, columns))
+                        (key, next_index + n, column_texts(row, lookups))
                         for n, (key, row) in enumerate(new)
                     ),
                     sql_names,
