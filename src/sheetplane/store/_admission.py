@@ -173,7 +173,7 @@ def _readmit(
     summary: Counter[str] = Counter()
     non_null: Counter[str] = Counter()
     for record in cur.fetchall():
-        summary += transition_delta([status_of(record[0])], ["pending"])
+        summary.update(transition_delta([status_of(record[0])], ["pending"]))
         for position, name in enumerate(input_names):
             non_null[name] += record[2 + 2 * position] - record[1 + 2 * position]
     return summary, non_null
@@ -242,13 +242,13 @@ async def start_dataset(
                     version=version,
                 )
                 non_null.update(column_delta)
-                summary += transition_delta([None] * len(new), ["pending"] * len(new))
+                summary.update(transition_delta([None] * len(new), ["pending"] * len(new)))
                 inserted += len(new)
             if again:
                 delta, column_delta = _readmit(
                     conn, names, again, input_columns, run_id=run_id, version=version
                 )
-                summary += delta
+                summary.update(delta)
                 non_null.update(column_delta)
                 readmitted += len(again)
             moved = [e for e in kept if existing[e.key][1] != e.index]

@@ -367,7 +367,7 @@ def _write_chunk(
         raise AssertionError("a fenced row changed under the sheet's writer lock")
     width = len(sql_names)
     for record in returned:
-        summary += transition_delta([record[0]], [target])
+        summary.update(transition_delta([record[0]], [target]))
         for index, name in enumerate(sql_names):
             non_null[name] += record[1 + width + index] - record[1 + index]
     return committed, stale, conflicts, summary, non_null
@@ -411,7 +411,7 @@ async def _terminal_write(
             committed += c
             stale += s
             conflicts += x
-            summary += d
+            summary.update(d)
             non_null.update(n)
             if conflicts:
                 break

@@ -258,7 +258,11 @@ def chunked(values: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 
 def transition_delta(old: Sequence[str | None], new: Sequence[str | None]) -> Counter[str]:
-    """Counter changes for rows moving ``old[i] -> new[i]`` (``None`` = absent)."""
+    """Counter changes for rows moving ``old[i] -> new[i]`` (``None`` = absent).
+
+    The changes can be negative: combine them with ``Counter.update`` (``+``
+    and ``+=`` on a ``Counter`` drop everything that is not positive).
+    """
     delta: Counter[str] = Counter()
     for before, after in zip(old, new, strict=True):
         if before is not None:

@@ -271,7 +271,7 @@ async def upsert_rows(
                 )
                 next_index += inserted
                 written += inserted
-                summary += transition_delta([None] * inserted, ["pending"] * inserted)
+                summary.update(transition_delta([None] * inserted, ["pending"] * inserted))
                 non_null.update(column_delta)
             updates = [
                 {"key": key, "data": project_row(row, columns)}
@@ -281,7 +281,7 @@ async def upsert_rows(
             if updates:
                 changed, delta, column_delta = _merge_existing(conn, names, updates, sql_names)
                 written += changed
-                summary += delta
+                summary.update(delta)
                 non_null.update(column_delta)
         return written, summary, non_null
 
@@ -339,7 +339,7 @@ def _merge_existing(
     non_null: Counter[str] = Counter()
     records = cur.fetchall()
     for record in records:
-        summary += transition_delta([status_of(record[0])], [status_of(record[1])])
+        summary.update(transition_delta([status_of(record[0])], [status_of(record[1])]))
         for position, name in enumerate(sql_names):
             non_null[name] += record[3 + 2 * position] - record[2 + 2 * position]
     return len(records), summary, non_null

@@ -1,0 +1,131 @@
+"""Helpers for the store write tests: raw snapshots of a sheet's tables, read
+straight from Postgres so a test sees what is really stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sheetplane.store import SheetStore, sheet_names
+from sheetplane.store._rowdata import STATUS_COUNTER
+from sheetplane.store._types import SheetRef
+
+
+async def snapshot(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
+    """Every row (all columns), the summary row, the events and the column summary."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        def rows(table: str, order: str) -> list[tuple[Any, ...]]:
+            return conn.execute(
+                sql.SQL("SELECT * FROM {} ORDER BY {}").format(names.ident(table), sql.SQL(order))
+            ).fetchall()
+
+        return {
+            "rows": rows("sheet_table", "_key"),
+            "summary": rows("summary_table", "id"),
+            "events": rows("event_table", "id"),
+            "columns": rows("column_summary_table", "column_name"),
+        }
+
+    return await store.pool.run(run)
+
+
+async def stored_rows(store: SheetStore, sheet: SheetRef) -> dict[str, dict[str, Any]]:
+    """Rows by key, each a dict of every column."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+        cur = conn.execute(sql.SQL("SELECT * FROM {}").format(names.ident("sheet_table")))
+        assert cur.description is not None
+        fields = [column.name for column in cur.description]
+        return {record[0]: dict(zip(fields, record, strict=True)) for record in cur.fetchall()}
+
+    return await store.pool.run(run)
+
+
+async def counters_match_rows(
+    store: SheetStore, sheet: SheetRef
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The summary counters, and the same counters recomputed with ``GROUP BY _status``."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], dict[str, int]]:
+        summary = conn.execute(
+            sql.SQL("SELECT total, queued, running, completed, failed FROM {}").format(
+                names.ident("summary_table")
+            )
+        ).fetchone()
+        assert summary is not None
+        grouped = conn.execute(
+            sql.SQL("SELECT _status, count(*) FROM {} GROUP BY _status").format(
+                names.ident("sheet_table")
+            )
+        ).fetchall()
+        recount = {"total": 0, "queued": 0, "running": 0, "completed": 0, "failed": 0}
+        for status, count in grouped:
+            recount[STATUS_COUNTER[status]] += count
+            recount["total"] += count
+        stored = dict(
+            zip(("total", "queued", "running", "completed", "failed"), summary, strict=True)
+        )
+        return stored, recount
+
+    return await store.pool.run(run)
+
+
+async def column_counts_match(
+    store: SheetStore, sheet: SheetRef, columns: list[str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The column summary's non-null counts, and the same counts recomputed."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], dict[str, int]]:
+        stored = dict(
+            conn.execute(
+                sql.SQL("SELECT column_name, non_null FROM {}").format(
+                    names.ident("column_summary_table")
+                )
+            ).fetchall()
+        )
+        recount = {}
+        for column in columns:
+            row = conn.execute(
+                sql.SQL("SELECT count({}) FROM {}").format(
+                    sql.Identifier(column), names.ident("sheet_table")
+                )
+            ).fetchone()
+            assert row is not None
+            recount[column] = row[0]
+        return {c: stored.get(c, 0) for c in columns}, recount
+
+    return await store.pool.run(run)
+
+
+async def set_status(store: SheetStore, sheet: SheetRef, key: str, status: str) -> None:
+    """Force a row's status (for states no store call produces, like ``stale``),
+    keeping the summary counters consistent."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        old = conn.execute(
+            sql.SQL("SELECT _status FROM {} WHERE _key = %s").format(names.ident("sheet_table")),
+            (key,),
+        ).fetchone()
+        assert old is not None
+        conn.execute(
+            sql.SQL("UPDATE {} SET _status = %s WHERE _key = %s").format(
+                names.ident("sheet_table")
+            ),
+            (status, key),
+        )
+        before, after = STATUS_COUNTER[old[0]], STATUS_COUNTER[status]
+        conn.execute(
+            sql.SQL("UPDATE {tbl} SET {b} = {b} - 1, {a} = {a} + 1").format(
+                tbl=names.ident("summary_table"), b=sql.Identifier(before), a=sql.Identifier(after)
+            )
+        )
+
+    await store.pool.run(run)
