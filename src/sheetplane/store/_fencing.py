@@ -232,7 +232,6 @@ def _collect(
             check_json_value(dict(value), f"row {position} {what}")
             checked.append(dict(value))
         data, meta = checked
-        by_key.pop(key, None)
         by_key[key] = _Incoming(key, project_row(data, columns), meta, error)
     return list(by_key.values())
 
