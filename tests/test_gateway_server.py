@@ -221,10 +221,6 @@ async def test_terminal_writes_fence_and_summary_counts(
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store bug: summary deltas are summed with Counter +=, which drops negative counts",
-)
 async def test_summary_counts_follow_terminal_writes_and_readmission(
     gateway: RunningGateway, namespace: str
 ) -> None:
