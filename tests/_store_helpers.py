@@ -122,6 +122,8 @@ async def set_status(store: SheetStore, sheet: SheetRef, key: str, status: str) 
             (status, key),
         )
         before, after = STATUS_COUNTER[old[0]], STATUS_COUNTER[status]
+        if before == after:
+            return
         conn.execute(
             sql.SQL("UPDATE {tbl} SET {b} = {b} - 1, {a} = {a} + 1").format(
                 tbl=names.ident("summary_table"), b=sql.Identifier(before), a=sql.Identifier(after)
