@@ -35,7 +35,7 @@ from typing import Any, Final, TypeVar, cast
 import psycopg
 import trio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -221,6 +221,9 @@ def create_app(config: GatewayConfig) -> Starlette:
             return await _answer(state, request)
         except ActionError as exc:
             return json_bytes_response(exc.status, encode_json(exc.body()))
+        except ClientDisconnect:
+            # The caller left while sending its body: nobody reads an answer.
+            return Response(status_code=400)
         except Exception as exc:
             log.error("internal error: %s", type(exc).__name__)
             return json_bytes_response(
