@@ -286,41 +286,76 @@ async def test_batch_over_budget_raises_with_observed_bytes(
     assert await store.count(ready) == 4
 
 
-rows_strategy = st.lists(
-    st.dictionaries(
-        st.text(max_size=5),
-        st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.booleans())),
-        max_size=4,
-    ),
-    max_size=12,
-)
+values = st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.booleans()))
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple[list[str], list[tuple[int, int, list[tuple[Any, ...]]]]]:
+    keys = draw(st.lists(st.text(max_size=5), unique=True, min_size=1, max_size=4))
+    row = st.tuples(*(values for _ in keys))
+    pages = draw(
+        st.lists(
+            st.tuples(st.integers(1, 5000), st.integers(0, 10**9), st.lists(row, max_size=12)),
+            max_size=4,
+        )
+    )
+    return keys, pages
 
 
 @settings(max_examples=150)
-@given(
-    st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 10**9), rows_strategy), max_size=4),
-    st.integers(1, 4),
-)
+@given(answers(), st.integers(1, 4))
 def test_budget_counts_the_exact_answer(
-    pages: list[tuple[int, int, list[dict[str, Any]]]], slice_rows: int
+    answer: tuple[list[str], list[tuple[int, int, list[tuple[Any, ...]]]]], slice_rows: int
 ) -> None:
-    answer = {
-        "pages": [{"rows": rows, "limit": limit, "offset": offset} for limit, offset, rows in pages]
+    keys, pages = answer
+    key_bytes = sum(len(json.dumps(k, ensure_ascii=False).encode()) + 1 for k in keys)
+    whole = {
+        "pages": [
+            {
+                "rows": [dict(zip(keys, row, strict=True)) for row in rows],
+                "limit": lim,
+                "offset": off,
+            }
+            for lim, off, rows in pages
+        ]
     }
-    exact = len(json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode())
+    exact = len(json.dumps(whole, separators=(",", ":"), ensure_ascii=False).encode())
     for limit in (exact, exact - 1):
         try:
             budget = _Budget(limit)
             for page_limit, offset, rows in pages:
                 budget.start_page(PageRequest(page_limit, offset))
                 for start in range(0, len(rows), slice_rows):
-                    budget.add_rows(rows[start : start + slice_rows], first=start == 0)
+                    budget.add_rows(rows[start : start + slice_rows], key_bytes)
         except ReadBatchTooLargeError as exc:
             assert limit == exact - 1
             assert limit < exc.observed_bytes <= exact
         else:
             assert limit == exact
             assert budget.used == exact
+
+
+async def test_contiguous_pages_read_by_keyset_equal_offset_pages(
+    store: SheetStore, ready: SheetRef
+) -> None:
+    rows = mixed_rows(3, 80)
+    rows += [{"key": f"tie-{n}", "index": 2, "created": 1} for n in range(6)]
+    rows += [{"key": f"null-{n}", "index": None, "created": 1} for n in range(6)]
+    await insert(store, ready, rows)
+    order = model_order(rows)
+    for run_id in (None, "run-b"):
+        expected = model_order([r for r in rows if run_id is None or r.get("run") == run_id])
+        for limit in (1, 4, 9, 40):
+            requests = [PageRequest(limit, n * limit) for n in range(4)]
+            batch = await store.read_rows_batch(ready, requests, run_id=run_id)
+            got = [row["_key"] for page in batch for row in page.rows]
+            assert got == expected[: 4 * limit]
+            for page in batch:
+                single = await store.read_rows(
+                    ready, PageRequest(page.limit, page.offset), run_id=run_id
+                )
+                assert page == single
+    assert len(order) == 92
 
 
 # --- bad input, rejected before any query ------------------------------------------------------
@@ -371,3 +406,20 @@ async def test_bad_arguments_are_rejected_before_any_query(
 def test_page_requests_reject_bad_numbers(limit: Any, offset: Any) -> None:
     with pytest.raises(InvalidInputError):
         PageRequest(limit, offset)
+
+
+def test_budget_encoding_path_counts_utf8_and_escapes_exactly() -> None:
+    keys = ["_key", "naïve", "q"]
+    key_bytes = sum(len(json.dumps(k, ensure_ascii=False).encode()) + 1 for k in keys)
+    rows = [(f"k{n}", 'ü☃\n\t"\\' * (n % 3), [n, None, {"é": True}]) for n in range(200)]
+    whole = {
+        "pages": [
+            {"rows": [dict(zip(keys, r, strict=True)) for r in rows], "limit": 200, "offset": 0}
+        ]
+    }
+    exact = len(json.dumps(whole, separators=(",", ":"), ensure_ascii=False).encode())
+    budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)  # far from the limit: slices get encoded
+    budget.start_page(PageRequest(200, 0))
+    for start in range(0, 200, 10):
+        budget.add_rows(rows[start : start + 10], key_bytes)
+    assert budget.used == exact

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import re
 import threading
 import time
@@ -36,6 +37,7 @@ import trio
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import budgets
@@ -254,6 +256,7 @@ class TrioPool:
         return LadderConnection
 
     def _configure(self, conn: Conn) -> None:
+        set_json_loads(_json_loads, conn)
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
             " set_config('TimeZone', 'UTC', false)",
@@ -423,6 +426,12 @@ class TrioPool:
     async def _close(self) -> None:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self._pool.close)
+
+
+def _json_loads(data: bytes | str) -> Any:
+    """json.loads of a str: given bytes it first sniffs their encoding, which costs
+    a fifth of decoding a small jsonb value; Postgres sends UTF-8."""
+    return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
 
 
 def _chain(error: StoreError, cause: BaseException) -> StoreError:

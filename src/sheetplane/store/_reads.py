@@ -22,6 +22,7 @@ A sheet whose tables do not exist yet has no rows: reads answer empty pages,
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -136,16 +137,35 @@ class _Projection:
     """What one read selects and the dict keys its rows get, in order."""
 
     select: sql.Composable
+    """The select list: one column per key, then any hidden position columns."""
     keys: tuple[str, ...]
+    """The row dicts' keys (unique), one per selected column before the hidden ones."""
+    key_bytes: int
+    """What the keys add to one row's compact JSON over the same values as a list:
+    each key as a JSON string plus its colon."""
 
 
-def _projection(columns: Sequence[tuple[str, str]], row_mode: RowMode) -> _Projection:
-    """``columns``: (sql name, column id) of the physical columns, in table order."""
+def _json_len(value: str) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+
+
+_POSITION = sql.SQL("_input_index AS _pos_index, _created_at AS _pos_created")
+
+
+def _projection(
+    columns: Sequence[tuple[str, str]], row_mode: RowMode, *, position: bool = False
+) -> _Projection:
+    """``columns``: (sql name, column id) of the physical columns, in table order.
+
+    A column id that repeats keeps its last column; an id that names a system
+    column is left out (the system column wins). With ``position``, the raw
+    ``_input_index`` and ``_created_at`` follow as two hidden columns.
+    """
     tail = _OUTPUT_TAIL if row_mode == "output" else _ALL_TAIL
     reserved = {"_key", *tail}
-    physical = [(name, column_id) for name, column_id in columns if column_id not in reserved]
+    by_id = {column_id: name for name, column_id in columns if column_id not in reserved}
     parts: list[sql.Composable] = [sql.Identifier("_key")]
-    parts += [sql.Identifier(name) for name, _ in physical]
+    parts += [sql.Identifier(name) for name in by_id.values()]
     for name in tail:
         if name in _TIMESTAMPS:
             # The JSON form of a timestamptz is ISO 8601 (in the session's UTC).
@@ -154,8 +174,11 @@ def _projection(columns: Sequence[tuple[str, str]], row_mode: RowMode) -> _Proje
             parts.append(sql.SQL("to_json({}) #>> '{{}}'").format(sql.Identifier(name)))
         else:
             parts.append(sql.Identifier(name))
-    keys = ("_key", *(column_id for _, column_id in physical), *tail)
-    return _Projection(sql.SQL(", ").join(parts), keys)
+    if position:
+        parts.append(_POSITION)
+    keys = ("_key", *by_id, *tail)
+    key_bytes = sum(_json_len(key) + 1 for key in keys)
+    return _Projection(sql.SQL(", ").join(parts), keys, key_bytes)
 
 
 _COLUMNS = """
@@ -198,28 +221,74 @@ _ANSWER_OVERHEAD = len('{"pages":[') + len("]}")
 _PAGE_OVERHEAD = len('{"rows":[') + len('],"limit":') + len(',"offset":') + len("}")
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+#: A slice is encoded whole only while its expected size, this many times over,
+#: still fits what remains of the budget.
+_ENCODE_HEADROOM = 4
+
+
 class _Budget:
-    """Counts the compact-JSON bytes of a batch answer as its rows arrive."""
+    """Counts the compact-JSON bytes of a batch answer as its rows arrive.
+
+    Rows are measured as they come off the wire, a slice at a time, as value
+    tuples (a tuple's JSON is its dict's JSON without the keys; the keys' bytes
+    are added per row). The count is exact while within the budget.
+
+    A slice that may come near the budget is measured with
+    ``json_byte_length_up_to`` against what remains, which stops as soon as it
+    passes. A slice that, at the batch's average row size so far, would fill
+    only a fraction (``1 / _ENCODE_HEADROOM``) of what remains is measured by
+    encoding it (the same compact JSON, at C speed): the string built is then
+    bounded by the budget, and the read of a typical sheet does not spend most
+    of its time counting bytes. The first slice of a batch always takes the
+    counting path, which sets the average.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
         self.pages = 0
+        self.page_rows = 0
+        self._rows_measured = 0
+        self._row_bytes_measured = 0
         self._add(_ANSWER_OVERHEAD)
 
     def start_page(self, request: PageRequest) -> None:
         separator = 1 if self.pages else 0
         self.pages += 1
+        self.page_rows = 0
         self._add(separator + _PAGE_OVERHEAD + len(str(request.limit)) + len(str(request.offset)))
 
-    def add_rows(self, rows: list[dict[str, Any]], first: bool) -> None:
-        # json of a list of n rows is "[" + rows joined by "," + "]": drop the
-        # brackets (counted in the page overhead) and keep the separators.
-        measured = json_byte_length_up_to(rows, self.limit - self.used + 2)
-        separator = 0 if first else 1
-        if measured.exceeded:
-            raise ReadBatchTooLargeError(self.used + separator + measured.bytes - 2)
-        self._add(separator + measured.bytes - 2)
+    def add_rows(self, rows: Sequence[Sequence[Any]], key_bytes: int) -> None:
+        """Count rows of the current page, given as value tuples."""
+        if not rows:
+            return
+        # The JSON of a list of n rows is "[" + rows joined by "," + "]": the
+        # brackets are in the page overhead, the separators are counted here.
+        separator = 1 if self.page_rows else 0
+        keys = key_bytes * len(rows)
+        room = max(0, self.limit - self.used - separator - keys + 2)
+        if self._small_enough(len(rows), room):
+            text = _ENCODE(rows)
+            measured = len(text) if text.isascii() else len(text.encode("utf-8"))
+            exceeded = measured > room
+        else:
+            measurement = json_byte_length_up_to(rows, room)
+            measured, exceeded = measurement.bytes, measurement.exceeded
+        size = separator + keys + measured - 2
+        if exceeded:
+            raise ReadBatchTooLargeError(self.used + size)
+        self.page_rows += len(rows)
+        self._rows_measured += len(rows)
+        self._row_bytes_measured += measured
+        self._add(size)
+
+    def _small_enough(self, rows: int, room: int) -> bool:
+        if not self._rows_measured:
+            return False
+        expected = self._row_bytes_measured * rows // self._rows_measured + 2
+        return expected * _ENCODE_HEADROOM <= room
 
     def _add(self, size: int) -> None:
         self.used += size
@@ -227,22 +296,76 @@ class _Budget:
             raise ReadBatchTooLargeError(self.used)
 
 
-def _fetch_page(
+def _fetch(
     conn: Conn,
     query: sql.Composed,
     params: Mapping[str, Any],
-    keys: tuple[str, ...],
+    projection: _Projection,
     budget: _Budget | None,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], Sequence[Any] | None]:
+    """Run a page query; its rows as dicts (measured into ``budget``) and the last raw row."""
     rows: list[dict[str, Any]] = []
+    keys = projection.keys
+    last: Sequence[Any] | None = None
     with conn.cursor() as cursor:
         cursor.execute(query, params)
         while chunk := cursor.fetchmany(_FETCH_ROWS):
-            decoded = [dict(zip(keys, row, strict=True)) for row in chunk]
-            if budget is not None and decoded:
-                budget.add_rows(decoded, first=not rows)
-            rows += decoded
-    return rows
+            if budget is not None:
+                budget.add_rows(chunk, projection.key_bytes)
+            # zip stops at the keys: hidden position columns are left out.
+            rows += [dict(zip(keys, row)) for row in chunk]  # noqa: B905
+            last = chunk[-1]
+    return rows, last
+
+
+_Position = tuple["int | None", datetime.datetime, str]
+
+
+def _rows_after(
+    conn: Conn,
+    names: SheetNames,
+    projection: _Projection,
+    run_id: str | None,
+    after: _Position | None,
+    limit: int,
+    budget: _Budget | None,
+) -> tuple[list[dict[str, Any]], Sequence[Any] | None]:
+    """Up to ``limit`` rows after ``after`` in read order (keyset), and the last raw row.
+
+    Numbered rows come first (an index range scan from the position), then the
+    NULL-index rows (NULLS LAST), each part a plain ordered range of the read-
+    order index.
+    """
+    table = names.ident("sheet_table")
+    page = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s")
+    params: dict[str, Any] = {"run_id": run_id, "limit": limit}
+    rows: list[dict[str, Any]] = []
+    last: Sequence[Any] | None = None
+    null_part: sql.Composable = sql.SQL("_input_index IS NULL")
+    if after is not None:
+        index, created, key = after
+        params |= {"index": index, "created": created, "key": key}
+        if index is None:
+            null_part = sql.SQL(
+                "_input_index IS NULL AND (_created_at, _key) > (%(created)s, %(key)s)"
+            )
+    if after is None or after[0] is not None:
+        numbered: sql.Composable = sql.SQL("_input_index IS NOT NULL")
+        if after is not None:
+            numbered = sql.SQL(
+                "(_input_index, _created_at, _key) > (%(index)s, %(created)s, %(key)s)"
+            )
+        query = page.format(projection.select, table, _where(run_id, numbered), ORDER_BY)
+        rows, last = _fetch(conn, query, params, projection, budget)
+        if len(rows) >= limit:
+            return rows, last
+        params["limit"] = limit - len(rows)
+    query = page.format(projection.select, table, _where(run_id, null_part), ORDER_BY)
+    more, more_last = _fetch(conn, query, params, projection, budget)
+    return rows + more, more_last if more else last
+
+
+_POSITION_OF = "SELECT _input_index, _created_at FROM {} WHERE _key = %s"
 
 
 # --- reads -------------------------------------------------------------------------------------
@@ -257,6 +380,10 @@ async def read_rows_batch(
     row_mode: RowMode = "output",
 ) -> list[Page]:
     """Read 1 to ``READ_BATCH_MAX_PAGES`` pages under one snapshot; one ``Page`` per request.
+
+    A page that starts right where the previous full page of the batch ended
+    is read by keyset from that page's last row (the same rows as its offset
+    would give, in one snapshot, without scanning the offset again).
 
     Raises ``ReadBatchTooLargeError`` (with the bytes observed so far) as soon as
     the answer would exceed ``READ_BATCH_MAX_RESPONSE_BYTES``; the caller splits
@@ -276,21 +403,34 @@ async def read_rows_batch(
         _snapshot(conn)
         columns = _physical_columns(conn, names)
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
+        results: list[Page] = []
         if columns is None:
-            results = []
             for request in requests:
                 budget.start_page(request)
                 results.append(Page((), request.limit, request.offset))
             return results
         projection = _projection(columns, row_mode)
-        query = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
-            projection.select, names.ident("sheet_table"), _where(run_id), ORDER_BY
+        table = names.ident("sheet_table")
+        by_offset = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
+            projection.select, table, _where(run_id), ORDER_BY
         )
-        results = []
+        position_of = sql.SQL(_POSITION_OF).format(table)
+        # Where the previous page ended, when it came back full: (offset, last key).
+        ended: tuple[int, str] | None = None
         for request in requests:
             budget.start_page(request)
-            params = {"run_id": run_id, "limit": request.limit, "offset": request.offset}
-            rows = _fetch_page(conn, query, params, projection.keys, budget)
+            after: _Position | None = None
+            if ended is not None and ended[0] == request.offset:
+                found = conn.execute(position_of, (ended[1],)).fetchone()
+                if found is not None:
+                    after = (found[0], found[1], ended[1])
+            if after is not None:
+                rows, _ = _rows_after(conn, names, projection, run_id, after, request.limit, budget)
+            else:
+                params = {"run_id": run_id, "limit": request.limit, "offset": request.offset}
+                rows, _ = _fetch(conn, by_offset, params, projection, budget)
+            full = len(rows) == request.limit
+            ended = (request.offset + request.limit, rows[-1]["_key"]) if full else None
             results.append(Page(tuple(rows), request.limit, request.offset))
         return results
 
@@ -331,59 +471,19 @@ async def read_rows_after(
     limit = _check_limit(limit)
     run_id = _check_run_id(run_id)
     row_mode = _check_row_mode(row_mode)
+    after = None if cursor is None else (cursor.input_index, cursor.created_at, cursor.key)
 
     def run(conn: Conn) -> tuple[list[dict[str, Any]], RowCursor | None]:
         _snapshot(conn)
         columns = _physical_columns(conn, names)
         if columns is None:
             return [], None
-        projection = _projection(columns, row_mode)
-        # The position travels as raw values beside the row, then is dropped.
-        select = sql.SQL(
-            "{}, _input_index AS _cursor_index, _created_at AS _cursor_created"
-        ).format(projection.select)
-        keys = (*projection.keys, "\x00index", "\x00created")
-        table = names.ident("sheet_table")
-        params: dict[str, Any] = {"run_id": run_id, "limit": limit}
-        if cursor is None:
-            query = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s").format(
-                select, table, _where(run_id), ORDER_BY
-            )
-        else:
-            params |= {"index": cursor.input_index, "created": cursor.created_at, "key": cursor.key}
-            null_tail = _where(
-                run_id,
-                sql.SQL("_input_index IS NULL AND (_created_at, _key) > (%(created)s, %(key)s)"),
-            )
-            if cursor.input_index is None:
-                query = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s").format(
-                    select, table, null_tail, ORDER_BY
-                )
-            else:
-                # Numbers after the cursor, then every NULL index (NULLS LAST):
-                # two ordered index ranges, merged.
-                numbered = _where(
-                    run_id,
-                    sql.SQL(
-                        "(_input_index, _created_at, _key) > (%(index)s, %(created)s, %(key)s)"
-                    ),
-                )
-                null_all = _where(run_id, sql.SQL("_input_index IS NULL"))
-                query = sql.SQL(
-                    "SELECT * FROM ((SELECT {sel} FROM {t} {a} {o} LIMIT %(limit)s)"
-                    " UNION ALL (SELECT {sel} FROM {t} {b} {o} LIMIT %(limit)s)) AS page"
-                    " ORDER BY _cursor_index ASC NULLS LAST, _cursor_created ASC, _key ASC"
-                    " LIMIT %(limit)s"
-                ).format(sel=select, t=table, a=numbered, b=null_all, o=ORDER_BY)
-        raw = _fetch_page(conn, query, params, keys, None)
-        if len(raw) < limit or not raw:
-            next_cursor = None
-        else:
-            last = raw[-1]
-            next_cursor = RowCursor(last["\x00index"], last["\x00created"], last["_key"])
-        for row in raw:
-            del row["\x00index"], row["\x00created"]
-        return raw, next_cursor
+        projection = _projection(columns, row_mode, position=True)
+        rows, last = _rows_after(conn, names, projection, run_id, after, limit, None)
+        if len(rows) < limit or last is None:
+            return rows, None
+        # The hidden position columns close the raw row.
+        return rows, RowCursor(last[-2], last[-1], rows[-1]["_key"])
 
     return await pool.run(run)
 
@@ -454,7 +554,8 @@ async def read_rows_by_keys(
         query = sql.SQL("SELECT {} FROM {} WHERE _key = ANY(%(keys)s::text[]) {}").format(
             projection.select, names.ident("sheet_table"), ORDER_BY
         )
-        return _fetch_page(conn, query, {"keys": wanted}, projection.keys, None)
+        rows, _ = _fetch(conn, query, {"keys": wanted}, projection, None)
+        return rows
 
     return await pool.run(run)
 
