@@ -90,14 +90,30 @@ from ._retry import (
     retry_after_from_header,
 )
 
-__all__ = ["RUNTIME_PATH", "GatewayClient"]
+__all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
 #: Where the gateway listens, under its base URL.
 RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
 
 BACKPRESSURE_CODE: Final = "runtime_postgres_admission_backpressure"
 READ_BATCH_TOO_LARGE_CODE: Final = "runtime_sheet_read_batch_too_large"
+READ_ROWS: Final = "runtime_sheet_read_rows"
+#: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
+_PAGE_READS: Final = frozenset({READ_ROWS_BATCH, READ_ROWS})
 _REDACTED: Final = "[redacted]"
+
+
+@attrs.frozen
+class KeysetPage:
+    """One keyset read's answer (``GatewayClient.read_rows_after``)."""
+
+    rows: tuple[dict[str, Any], ...]
+    """The rows, in read order, at most the limit asked for."""
+    next_after: dict[str, Any] | None
+    """The cursor to send as ``after`` next; None once the sheet has no more rows."""
+    keyset: bool
+    """False when the gateway ignored ``after`` (it predates keyset reads): the
+    rows are then the page at the offset sent, and ``next_after`` is None."""
 
 
 @attrs.frozen
@@ -303,7 +319,7 @@ class GatewayClient:
         details = self._redact_details(raw_details)
         searchable = f"{error_text if isinstance(error_text, str) else ''} {details or ''}"
 
-        if status == 413 and action == READ_ROWS_BATCH and code == READ_BATCH_TOO_LARGE_CODE:
+        if status == 413 and action in _PAGE_READS and code == READ_BATCH_TOO_LARGE_CODE:
             observed = body.get("observed_bytes")
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
                 observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
@@ -471,6 +487,40 @@ class GatewayClient:
             if measured.exceeded:
                 raise ReadBatchTooLargeError(measured.bytes)
         return pages
+
+    async def read_rows_after(
+        self,
+        table_namespace: str,
+        after: Mapping[str, Any] | None,
+        limit: int,
+        offset: int,
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode | None = None,
+    ) -> KeysetPage:
+        """Up to ``limit`` rows after the cursor ``after`` (None: from the start), by keyset.
+
+        ``after`` is the ``next_after`` of the previous answer, sent back as
+        is. ``offset`` is how many rows came before: a gateway that predates
+        keyset reads ignores ``after`` and answers the page at ``offset``
+        (``keyset`` is then False), so the caller can go on by offsets
+        without a wasted request. Raises ``ReadBatchTooLargeError`` on the
+        gateway's 413.
+        """
+        request = PageRequest(limit=limit, offset=offset)
+        self._check_request(request)
+        if after is not None and not isinstance(after, Mapping):
+            raise InvalidInputError(f"after must be a cursor object or None, got {after!r}")
+        read = self._read_input(table_namespace, run_id, row_mode)
+        read.update(limit=limit, offset=offset, after=None if after is None else dict(after))
+        answer = await self.post_action(READ_ROWS, {"input": read})
+        page = _answers.check_page(answer, request, READ_ROWS, "the page")
+        if "nextAfter" not in answer:
+            return KeysetPage(page.rows, None, keyset=False)
+        next_after = answer["nextAfter"]
+        if next_after is not None and not isinstance(next_after, dict):
+            raise _answers.protocol_error(READ_ROWS, "nextAfter must be null or an object")
+        return KeysetPage(page.rows, next_after, keyset=True)
 
     async def read_row_keys(
         self, table_namespace: str, request: PageRequest, *, run_id: str | None = None

@@ -18,9 +18,10 @@ import attrs
 
 from ... import crypto
 from ..._page import Page, PageRequest
-from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
-from ...errors import InvalidInputError
-from ...store import SheetStore
+from ...budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES, READ_PAGE_MAX_ROWS
+from ...errors import InvalidInputError, ReadBatchTooLargeError
+from ...sizes import json_byte_length_up_to
+from ...store import RowCursor, SheetStore
 from ...store._types import (
     CompleteRow,
     FailRow,
@@ -312,13 +313,62 @@ async def complete_work_receipt(call: Call) -> dict[str, Any]:
 # --- reads -----------------------------------------------------------------------------
 
 
+def _row_cursor(value: object) -> RowCursor | None:
+    """``input.after``: null (from the start) or ``{inputIndex, createdAt, key}``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise bad_request("input.after must be null or an object")
+    index = value.get("inputIndex")
+    if index is not None:
+        index = _integer(index, "input.after.inputIndex", -(2**63), 2**63 - 1)
+    created_text = _text(value, "createdAt", where="input.after.")
+    try:
+        created = dt.datetime.fromisoformat(created_text)
+    except ValueError:
+        raise bad_request("input.after.createdAt must be an ISO 8601 timestamp") from None
+    if created.tzinfo is None:
+        raise bad_request("input.after.createdAt must carry a time zone")
+    return RowCursor(index, created, _text(value, "key", where="input.after."))
+
+
+def _cursor_json(cursor: RowCursor | None) -> dict[str, Any] | None:
+    if cursor is None:
+        return None
+    return {
+        "inputIndex": cursor.input_index,
+        "createdAt": cursor.created_at.isoformat(),
+        "key": cursor.key,
+    }
+
+
 async def runtime_sheet_read_rows(call: Call) -> dict[str, Any]:
-    """``{input: {tableNamespace, runId?, rowMode?, limit, offset}}`` →
-    ``{rows, limit, offset}``."""
+    """``{input: {tableNamespace, runId?, rowMode?, limit, offset, after?}}`` →
+    ``{rows, limit, offset}``.
+
+    With ``after`` (null, or the ``nextAfter`` of the previous answer) the page
+    is read by keyset instead of offset and the answer adds ``nextAfter``
+    (null once the sheet has no more rows); a legacy gateway ignores ``after``.
+    """
     spec, sheet, run_id, mode = _read_scope(call)
     request = _page_request(spec, "input")
-    page = await call.state.store.read_rows(sheet, request, run_id=run_id, row_mode=mode)
-    return _page_json(page)
+    store = call.state.store
+    if "after" not in spec or call.state.config.legacy:
+        page = await store.read_rows(sheet, request, run_id=run_id, row_mode=mode)
+        return _page_json(page)
+    cursor = _row_cursor(spec["after"])
+    rows, next_cursor = await store.read_rows_after(
+        sheet, cursor, request.limit, run_id=run_id, row_mode=mode
+    )
+    measured = json_byte_length_up_to(rows, READ_BATCH_MAX_RESPONSE_BYTES)
+    if measured.exceeded:
+        raise ReadBatchTooLargeError(measured.bytes)
+    return {
+        "rows": rows,
+        "limit": request.limit,
+        "offset": request.offset,
+        "nextAfter": _cursor_json(next_cursor),
+    }
 
 
 async def runtime_sheet_read_rows_batch(call: Call) -> dict[str, Any]:
