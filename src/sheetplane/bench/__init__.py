@@ -1,0 +1,1 @@
+"""Benchmarks, in the package so ``sheetplane bench NAME`` runs them anywhere."""

@@ -1,0 +1,280 @@
+"""``sheetplane bench store``: the store against Postgres' own fast paths.
+
+Two measurements, each against a peer measured in the same run on the same
+server (``SHEETPLANE_DATABASE_URL``, else a throwaway embedded server):
+
+* **Admission**: ``SheetStore.start_dataset`` of N rows (default 200,000) into a
+  fresh sheet, against ``COPY`` of the same rows (same keys, indexes and jsonb
+  column texts) into a fresh sheet table of the same shape: the physical limit
+  of getting those rows into that table. Target: >= 0.5x COPY.
+* **Full read**: every row through ``read_rows_batch`` (4 pages of 5,000 rows a
+  batch, one batch after another, as the page reader issues them), against one
+  server-side-cursor ``SELECT`` of the same projection in the same order,
+  fetched 5,000 rows at a time and decoded into the same dicts. Target: >= 0.7x.
+
+Each figure is the median of several runs (``--repeats``); rows/s and the
+ratio to the peer are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+import psycopg
+import trio
+from psycopg import sql
+
+from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from ..store import SheetStore, open_store, sheet_names
+from ..store._reads import ORDER_BY, _physical_columns, _projection
+from ..store._types import ContractColumn, SheetContract, SheetRef
+from ..store.embedded import EmbeddedPostgres, database_url_from_env
+
+__all__ = ["main"]
+
+CONTRACT = SheetContract(
+    (
+        ContractColumn("id", "id", "input"),
+        ContractColumn("name", "name", "input"),
+        ContractColumn("domain", "domain", "input"),
+        ContractColumn("employees", "employees", "input"),
+        ContractColumn("score", "score", "output"),
+    )
+)
+INPUT_COLUMNS = ("id", "name", "domain", "employees")
+
+
+def make_rows(n: int) -> list[dict[str, Any]]:
+    """N distinct company rows, keyed by ``id``."""
+    return [
+        {
+            "id": f"c{i:07d}",
+            "name": f"Company {i}",
+            "domain": f"company-{i}.example",
+            "employees": (i * 7919) % 10_000,
+        }
+        for i in range(n)
+    ]
+
+
+@attrs.frozen
+class Figure:
+    """One measured pair: ours against the peer."""
+
+    name: str
+    rows: int
+    ours_s: list[float]
+    peer_s: list[float]
+
+    @property
+    def ours_rate(self) -> float:
+        return self.rows / statistics.median(self.ours_s)
+
+    @property
+    def peer_rate(self) -> float:
+        return self.rows / statistics.median(self.peer_s)
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_rate / self.peer_rate
+
+
+async def _timed(fn: Callable[[], Awaitable[Any]]) -> float:
+    started = time.perf_counter()
+    await fn()
+    return time.perf_counter() - started
+
+
+def _fresh_sheet(tag: str) -> SheetRef:
+    return SheetRef("bench-org", f"bench-{tag}", f"ns-{uuid.uuid4().hex[:12]}")
+
+
+async def _drop(store: SheetStore, sheet: SheetRef) -> None:
+    names = sheet_names(sheet)
+    tables = ("sheet_table", "event_table", "summary_table", "column_summary_table")
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        for attr in tables:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(names.ident(attr)))
+
+    await store.pool.run(run)
+
+
+async def _copy_rows(store: SheetStore, sheet: SheetRef, rows: Sequence[dict[str, Any]]) -> None:
+    """COPY the rows as admission stores them: key, pending, run, index, version, jsonb texts."""
+    names = sheet_names(sheet)
+    columns = ["_key", "_status", "_run_id", "_input_index", "_write_version", *INPUT_COLUMNS]
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        names.ident("sheet_table"), sql.SQL(", ").join(map(sql.Identifier, columns))
+    )
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            for index, row in enumerate(rows):
+                copy.write_row(
+                    [
+                        row["id"],
+                        "pending",
+                        "bench-run",
+                        index,
+                        1,
+                        *(dumps(row[name]) for name in INPUT_COLUMNS),
+                    ]
+                )
+
+    await store.pool.run(run)
+
+
+async def bench_admission(store: SheetStore, rows: list[dict[str, Any]], repeats: int) -> Figure:
+    ours: list[float] = []
+    peer: list[float] = []
+    for _ in range(repeats):
+        sheet = _fresh_sheet("admit")
+        await store.ensure_sheet(sheet, CONTRACT)
+
+        async def admit(sheet: SheetRef = sheet) -> None:
+            admission = await store.start_dataset(
+                sheet, rows, "bench-run", CONTRACT, key_field="id"
+            )
+            assert admission.inserted == len(rows)
+
+        ours.append(await _timed(admit))
+        await _drop(store, sheet)
+
+        sheet = _fresh_sheet("copy")
+        await store.ensure_sheet(sheet, CONTRACT)
+
+        async def copy(sheet: SheetRef = sheet) -> None:
+            await _copy_rows(store, sheet, rows)
+
+        peer.append(await _timed(copy))
+        await _drop(store, sheet)
+    return Figure("admission (start_dataset vs COPY)", len(rows), ours, peer)
+
+
+async def read_all_batched(store: SheetStore, sheet: SheetRef) -> int:
+    """Every row through read_rows_batch, 4 pages of 5,000 a batch; returns the row count."""
+    from .._page import PageRequest
+
+    total = 0
+    offset = 0
+    per_batch = READ_PAGE_MAX_ROWS * READ_BATCH_MAX_PAGES
+    while True:
+        requests = [
+            PageRequest(READ_PAGE_MAX_ROWS, offset + n * READ_PAGE_MAX_ROWS)
+            for n in range(READ_BATCH_MAX_PAGES)
+        ]
+        pages = await store.read_rows_batch(sheet, requests)
+        got = sum(len(page.rows) for page in pages)
+        total += got
+        offset += per_batch
+        if got < per_batch:
+            return total
+
+
+async def read_all_cursor(store: SheetStore, sheet: SheetRef) -> int:
+    """Every row through one server-side cursor, decoded into the same dicts."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> int:
+        columns = _physical_columns(conn, names)
+        assert columns is not None
+        projection = _projection(columns, "output")
+        query = sql.SQL("SELECT {} FROM {} {}").format(
+            projection.select, names.ident("sheet_table"), ORDER_BY
+        )
+        keys = projection.keys
+        total = 0
+        with conn.cursor(name="bench_full_read") as cursor:
+            cursor.itersize = READ_PAGE_MAX_ROWS
+            cursor.execute(query)
+            while chunk := cursor.fetchmany(READ_PAGE_MAX_ROWS):
+                decoded = [dict(zip(keys, row, strict=True)) for row in chunk]
+                total += len(decoded)
+        return total
+
+    return await store.pool.run(run)
+
+
+async def bench_reads(store: SheetStore, rows: list[dict[str, Any]], repeats: int) -> Figure:
+    sheet = _fresh_sheet("read")
+    await store.start_dataset(sheet, rows, "bench-run", CONTRACT, key_field="id")
+    table = sheet_names(sheet).ident("sheet_table")
+    await store.pool.run(lambda conn: conn.execute(sql.SQL("ANALYZE {}").format(table)))
+    ours: list[float] = []
+    peer: list[float] = []
+
+    async def batched() -> None:
+        assert await read_all_batched(store, sheet) == len(rows)
+
+    async def cursor() -> None:
+        assert await read_all_cursor(store, sheet) == len(rows)
+
+    await batched()  # warm the cache for both
+    for _ in range(repeats):
+        ours.append(await _timed(batched))
+        peer.append(await _timed(cursor))
+    await _drop(store, sheet)
+    return Figure("full read (read_rows_batch vs server cursor)", len(rows), ours, peer)
+
+
+def report(figures: Sequence[Figure], repeats: int) -> str:
+    lines = [
+        f"store benchmark, median of {repeats} runs",
+        f"{'measure':<46} {'rows':>8} {'ours rows/s':>12} {'peer rows/s':>12} {'ratio':>6}",
+    ]
+    for f in figures:
+        lines.append(
+            f"{f.name:<46} {f.rows:>8} {f.ours_rate:>12,.0f} {f.peer_rate:>12,.0f} {f.ratio:>6.2f}"
+        )
+    return "\n".join(lines)
+
+
+async def run_bench(url: str, rows: int, repeats: int, parts: Sequence[str]) -> list[Figure]:
+    data = make_rows(rows)
+    figures = []
+    async with open_store(url, max_connections=4) as store:
+        if "reads" in parts:
+            figures.append(await bench_reads(store, data, repeats))
+        if "admission" in parts:
+            figures.append(await bench_admission(store, data, repeats))
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the store benchmark and print rows/s and ratios."""
+    parser = argparse.ArgumentParser(prog="sheetplane bench store", description=__doc__)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--only", choices=("reads", "admission"), default=None, help="run one half only"
+    )
+    parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
+    args = parser.parse_args(argv)
+    parts = (args.only,) if args.only else ("reads", "admission")
+    url = args.database_url or database_url_from_env()
+    if url is not None:
+        figures = trio.run(run_bench, url, args.rows, args.repeats, parts)
+    else:
+        with EmbeddedPostgres() as server:
+            figures = trio.run(run_bench, server.url, args.rows, args.repeats, parts)
+    print(report(figures, args.repeats))
+    for f in figures:
+        print(
+            f"  {f.name}: ours {[round(s, 3) for s in f.ours_s]} s, peer "
+            f"{[round(s, 3) for s in f.peer_s]} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
