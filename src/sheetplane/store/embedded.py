@@ -165,6 +165,9 @@ class EmbeddedPostgres:
                 self._start_server(root)
             except BaseException:
                 self._port = 0
+                self._data_root = None
+                self._password = ""
+                atexit.unregister(self.stop)
                 self._cleanup(root)
                 raise
 
