@@ -14,30 +14,11 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from hypothesis import strategies as st
 
-#: Slow answers take a whole number of seconds plus this odd fraction, so an
-#: answer never lands exactly on an attempt or call deadline (which are sums
-#: of whole milliseconds): who wins a tie would be a property of the clock.
-ODD_FRACTION = 0.000123
+from sheetplane.testing.strategies import transport_faults
 
-faults = st.one_of(
-    st.just(("ok",)),
-    st.tuples(st.just("status"), st.sampled_from([502, 503, 504])),
-    st.tuples(
-        st.just("backpressure"),
-        st.none() | st.integers(0, 10_000) | st.integers(10_000, 10**12),
-    ),
-    st.just(("connect",)),
-    st.just(("reset",)),
-    st.just(("hang",)),
-    st.just(("drip",)),
-    st.just(("truncated",)),
-    st.just(("malformed",)),
-    st.tuples(st.just("slow"), st.integers(0, 40).map(lambda s: s + ODD_FRACTION)),
-    st.just(("413",)),
-    st.just(("unsupported",)),
-)
+#: The per-request faults, shared with ``sheetplane.testing`` (one copy).
+faults = transport_faults()
 
 
 def ok_body(body: dict[str, Any]) -> dict[str, Any]:

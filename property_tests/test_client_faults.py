@@ -1,7 +1,8 @@
 """The gateway client under arbitrary fault schedules, in virtual time.
 
-A plain model of one call (the ladder, the clamped Retry-After, the attempt
-timeout cut at the call deadline) predicts when each request is sent, when
+A plain model of one call (``sheetplane.testing.models.predict_call``: the
+ladder, the clamped Retry-After, the attempt timeout cut at the call
+deadline) predicts when each request is sent, when
 the call ends and how; the real ``GatewayClient`` runs the same schedule
 against a fake transport under ``trio.testing.MockClock``. Invariants:
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import httpx
 import pytest
 import trio
@@ -26,76 +26,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sheetplane import (
-    BackpressureError,
-    GatewayProtocolError,
-    GatewayTimeoutError,
     ReadBatchTooLargeError,
     SheetplaneError,
-    TransientGatewayError,
-    UnsupportedActionError,
 )
 from sheetplane.budgets import (
     CALL_BUDGET_MS,
-    DEFAULT_RETRY_AFTER_MS,
     MAX_ATTEMPTS,
-    MAX_RETRY_AFTER_MS,
     REQUEST_TIMEOUT_MS,
-    RETRY_DELAYS_MS,
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import PageRequest
+from sheetplane.testing.models import predict_call
 
 from ._fault_transport import FaultTransport, faults
 
 BATCH = "runtime_sheet_read_rows_batch"
 BUDGET = CALL_BUDGET_MS / 1000
 TIMEOUT = REQUEST_TIMEOUT_MS / 1000
-
-
-@attrs.frozen
-class Predicted:
-    request_times: list[float]
-    end: float
-    outcome: type[BaseException] | None  # None: success
-
-
-def predict(schedule: list[tuple[Any, ...]], start: float, action: str) -> Predicted:
-    """The model: what one ``post_action`` call does under ``schedule``."""
-    deadline = start + BUDGET
-    t, failures, times = start, 0, []
-    faults_iter = iter(schedule)
-    while True:
-        fault = next(faults_iter, ("ok",))
-        times.append(t)
-        attempt_deadline = min(t + TIMEOUT, deadline)
-        kind = fault[0]
-        retry_after = None
-        if kind == "ok":
-            return Predicted(times, t, None)
-        if kind == "413":
-            return Predicted(times, t, ReadBatchTooLargeError if action == BATCH else Exception)
-        if kind == "unsupported":
-            return Predicted(times, t, UnsupportedActionError)
-        if kind in ("hang", "drip") or (kind == "slow" and t + fault[1] >= attempt_deadline):
-            end, error = attempt_deadline, GatewayTimeoutError
-        elif kind == "slow":
-            end, error = t + fault[1], TransientGatewayError
-        elif kind == "backpressure":
-            end, error = t, BackpressureError
-            ra = fault[1]
-            retry_after = DEFAULT_RETRY_AFTER_MS if ra is None else min(ra, MAX_RETRY_AFTER_MS)
-        elif kind == "malformed":
-            end, error = t, GatewayProtocolError
-        else:  # status, connect, reset, truncated
-            end, error = t, TransientGatewayError
-        failures += 1
-        if failures >= MAX_ATTEMPTS:
-            return Predicted(times, end, error)
-        delay = RETRY_DELAYS_MS[failures - 1] if retry_after is None else retry_after
-        wake = end + delay / 1000
-        if wake >= deadline:
-            return Predicted(times, end, error)
-        t = wake
 
 
 def run_virtual(fn: Any) -> Any:
@@ -121,7 +68,7 @@ def test_every_call_ends_within_its_budget_as_the_model_says(
     schedule: list[tuple[Any, ...]], action: str, start: float
 ) -> None:
     transport = FaultTransport(schedule)
-    predicted = predict(schedule, start, action)
+    predicted = predict_call(schedule, start, action)
 
     async def main() -> tuple[float, BaseException | None]:
         await trio.sleep_until(start)
@@ -138,10 +85,10 @@ def test_every_call_ends_within_its_budget_as_the_model_says(
     assert end == pytest.approx(predicted.end, abs=1e-6)
     assert end <= start + BUDGET + 1e-9
     assert all(t < start + BUDGET for t in times)
-    if predicted.outcome is None:
+    if predicted.outcome == "ok":
         assert error is None
     else:
-        assert type(error) is predicted.outcome
+        assert type(error).__name__ == predicted.outcome
 
 
 @settings(max_examples=150, deadline=None)

@@ -19,7 +19,6 @@ each request, and the calls it took are held to bounds:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +30,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from sheetplane import ReadBatchTooLargeError
 from sheetplane.pages import Page, PageRequest, read_pages_adaptive
+from sheetplane.testing.models import fewest_chunks
+from sheetplane.testing.models import halving_depth as depth
 
 MAX_ROWS = 80
 
@@ -56,20 +57,6 @@ class FakeRoad:
             raise ReadBatchTooLargeError(observed)
         self.succeeded.append(tuple(pages))
         return pages
-
-
-def fewest_chunks(sizes: Sequence[int], budget: int) -> int:
-    """OPT: the fewest contiguous chunks that each fit (greedy is optimal here)."""
-    chunks, used = 0, budget + 1
-    for size in sizes:
-        if used + size > budget:
-            chunks, used = chunks + 1, 0
-        used += size
-    return chunks
-
-
-def depth(limit: int) -> int:
-    return math.ceil(math.log2(limit)) if limit > 1 else 0
 
 
 def run(road: FakeRoad, requests: list[PageRequest]) -> list[Page]:

@@ -1,27 +1,22 @@
 """Shared fixtures. Postgres is real: ``SHEETPLANE_DATABASE_URL`` if set, else one
-embedded server per test session."""
+embedded server per test session (the sheetplane pytest plugin's)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from sheetplane.store import SheetStore, open_store
 from sheetplane.store._types import SheetRef
-from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 
 
 @pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """A superuser URL of a real Postgres (a secret: never print it)."""
-    url = database_url_from_env()
-    if url is not None:
-        yield url
-        return
-    with EmbeddedPostgres() as server:
-        yield server.url
+def database_url(sheetplane_database_url: str) -> str:
+    """A superuser URL of a real Postgres (a secret: never print it): the one the
+    sheetplane pytest plugin started, so the session runs one server."""
+    return sheetplane_database_url
 
 
 @pytest.fixture
