@@ -18,7 +18,8 @@ Every write operation also gets what the store's write path touches besides
 the sheet table: INSERT and SELECT on the event table (its idempotency keys)
 with USAGE on the event id sequence, SELECT, INSERT and UPDATE on the summary
 table (its row is the sheet's writer lock, taken with ``SELECT ... FOR UPDATE``),
-SELECT, INSERT and UPDATE on the column summary table. Nothing else: no other
+SELECT, INSERT and UPDATE on the column summary table (and DELETE for
+``rows.replace``, which empties it with the sheet). Nothing else: no other
 sheet, no receipts, no DDL. Postgres itself enforces the boundary.
 
 The password never reaches the server in the clear: the role is created with
@@ -179,6 +180,9 @@ def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, lis
         # then SELECT ... FOR UPDATE (which needs UPDATE), then counter updates.
         tables["summary_table"] |= {"INSERT", "UPDATE"}
         tables["column_summary_table"] |= {"INSERT", "UPDATE"}
+    if "rows.replace" in operations:
+        # A replace empties the column summary along with the sheet.
+        tables["column_summary_table"].add("DELETE")
     return [
         (attr, [p for p in _PRIVILEGE_ORDER if p in privileges])
         for attr, privileges in tables.items()
