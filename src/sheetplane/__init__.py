@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .batching import BatcherStatistics as BatcherStatistics
+from .batching import BoundedBatchFunction as BoundedBatchFunction
 from .errors import AttemptSupersededError as AttemptSupersededError
 from .errors import BackpressureError as BackpressureError
 from .errors import BatchContractError as BatchContractError
@@ -37,7 +39,9 @@ __all__ = [
     "BackpressureError",
     "BatchContractError",
     "BatcherClosedError",
+    "BatcherStatistics",
     "BatchingError",
+    "BoundedBatchFunction",
     "EnvelopeDecryptionError",
     "GatewayAuthError",
     "GatewayError",

@@ -1,0 +1,513 @@
+"""``BoundedBatchFunction``: the trio shell around the scheduling core.
+
+The shell only waits, wakes and cancels; every decision is the core's.
+
+- Callers park with ``trio.lowlevel.wait_task_rescheduled`` and are woken with
+  ``reschedule``: one park and one wake per value, no ``Event`` per value.
+- Batches run in the batcher's nursery on *batch runner* tasks. A runner takes
+  a batch from the core, awaits ``execute`` inside a cancel scope that belongs
+  to that batch for as long as it runs, settles the callers, and takes the
+  next ready batch in the same step. Before a runner starts a batch it makes
+  sure another runner is summoned if more batches are ready, so a slow
+  ``execute`` never holds up the others (up to ``max_in_flight_batches``).
+  When every caller of a batch has gone, that batch's scope is cancelled;
+  the runner then retires with it, so a cancelled scope never touches
+  another batch. (A fresh task and cancel scope per batch would cost about
+  twice the whole per-value budget of the batching benchmark; the runner
+  gives each batch the same isolation without it. See docs/benchmarks.md.)
+- One scheduler task sleeps until the core's ``next_wakeup`` (a flush or
+  value deadline) or until poked by a cancelled caller; it expires wedged
+  values, cancels abandoned batches and summons runners.
+
+Exceptions: everything a batch raises is caught and handed to its callers, so
+the internal nursery never fails on its own; if it somehow does, the error is
+unwrapped before it reaches the caller of ``__aexit__``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from functools import partial
+from types import TracebackType
+from typing import Any, Final, Generic, TypeVar
+
+import outcome
+import trio
+
+from ..errors import (
+    BatchContractError,
+    BatcherClosedError,
+    InvalidInputError,
+    LaneWedgedError,
+    OversizedValueError,
+)
+from ._core import ADMITTING, DONE, QUEUED, RUNNING, Batch, Entry, SchedulingCore
+from ._stats import BatcherStatistics
+
+K = TypeVar("K")
+V = TypeVar("V")
+R = TypeVar("R")
+
+_NEW: Final = 0
+_OPEN: Final = 1
+_DRAINING: Final = 2
+_CLOSED: Final = 3
+
+_SUCCEEDED: Final = trio.lowlevel.Abort.SUCCEEDED
+_reschedule: Final = trio.lowlevel.reschedule
+_current_task: Final = trio.lowlevel.current_task
+_park: Final = trio.lowlevel.wait_task_rescheduled
+_current_time: Final = trio.current_time
+_Value: Final = outcome.Value
+_TEXT: Final = (str, bytes, bytearray)
+"""Sequences that are not a sequence of results."""
+
+
+class _SharedFailure:
+    """One exception settled on every caller of a batch.
+
+    Every caller raises the same exception object, with the traceback
+    ``execute`` produced reset before each raise so tracebacks do not pile up
+    across callers.
+    """
+
+    __slots__ = ("error", "traceback")
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.traceback = error.__traceback__
+
+
+def _checked_max_wait(max_wait: object) -> float:
+    if isinstance(max_wait, bool) or not isinstance(max_wait, int | float):
+        raise InvalidInputError(f"max_wait must be seconds or None, got {max_wait!r}")
+    if not 0 <= max_wait < math.inf:
+        raise InvalidInputError(f"max_wait must be finite and not negative, got {max_wait!r}")
+    return float(max_wait)
+
+
+def _single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error inside a nest of groups, or the group itself."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+class BoundedBatchFunction(Generic[K, V, R]):
+    """Batch concurrent ``submit`` calls into bounded ``execute`` calls.
+
+    ``execute(batch)`` receives a ``Batch`` (``batch.key``: the first value's
+    key; ``batch.values``: a tuple in submission order) and returns one result
+    per value, positionally. Values whose ``key_id(key)`` differ never share a
+    batch. Every bound is enforced at once: batch items and estimated bytes,
+    retained items and bytes over all lanes (queued plus in flight), concurrent
+    ``execute`` calls, the linger of a non-full lane (``flush_seconds``) and
+    each value's ``max_wait``.
+
+    Use it as ``async with batcher:``; the block owns the nursery every batch
+    runs in. Leaving the block normally drains: no new ``submit`` is accepted,
+    every queued value dispatches at once (without waiting for its lane's
+    flush timer) and running batches finish. Leaving it by an exception
+    (including cancellation) cancels running batches, and every caller still
+    waiting gets ``BatcherClosedError``. A batcher is used for one block only.
+
+    Raises ``ValueError`` for a limit below 1 or a negative or non-finite
+    ``flush_seconds``, and ``TypeError`` when ``execute``, ``key_id`` or
+    ``estimate_bytes`` is not callable.
+    """
+
+    def __init__(
+        self,
+        execute: Callable[[Batch[K, V]], Awaitable[Sequence[R]]],
+        *,
+        key_id: Callable[[K], Hashable] | None = None,
+        estimate_bytes: Callable[[V], int] | None = None,
+        max_batch_items: int,
+        max_batch_bytes: int,
+        max_retained_items: int,
+        max_retained_bytes: int,
+        max_in_flight_batches: int,
+        flush_seconds: float,
+    ) -> None:
+        if not callable(execute):
+            raise TypeError(f"execute must be an async callable, got {execute!r}")
+        if key_id is not None and not callable(key_id):
+            raise TypeError(f"key_id must be callable or None, got {key_id!r}")
+        if estimate_bytes is not None and not callable(estimate_bytes):
+            raise TypeError(f"estimate_bytes must be callable or None, got {estimate_bytes!r}")
+        self._core: SchedulingCore[K, V] = SchedulingCore(
+            max_batch_items=max_batch_items,
+            max_batch_bytes=max_batch_bytes,
+            max_retained_items=max_retained_items,
+            max_retained_bytes=max_retained_bytes,
+            max_in_flight_batches=max_in_flight_batches,
+            flush_seconds=flush_seconds,
+        )
+        self._execute = execute
+        self._key_id = key_id
+        self._estimate_bytes = estimate_bytes
+        self._max_retained_bytes = max_retained_bytes
+        self._state = _NEW
+        self._nursery_manager: Any = None
+        self._nursery: trio.Nursery | None = None
+        # Batch runners: parked idle ones, how many are summoned but have not run yet.
+        self._idle: list[trio.lowlevel.Task] = []
+        self._summoned = 0
+        # The scheduler: its timer scope while parked, and pokes from abort functions.
+        self._scheduler_task: trio.lowlevel.Task | None = None
+        self._timer: trio.CancelScope | None = None
+        self._timer_at = -math.inf
+        self._poked = False
+        self._to_cancel: list[Batch[K, V]] = []
+        self._drained: trio.Event | None = None
+        self._now: Callable[[], float] = _current_time
+
+    def __repr__(self) -> str:
+        stats = self._core.statistics()
+        return (
+            f"<BoundedBatchFunction queued={stats.queued} in_flight={stats.in_flight} "
+            f"waiting_for_admission={stats.waiting_for_admission}>"
+        )
+
+    def stats(self) -> BatcherStatistics:
+        """A snapshot of the batcher's counters and current occupancy."""
+        return self._core.statistics()
+
+    # --- the block -------------------------------------------------------------
+
+    async def __aenter__(self) -> BoundedBatchFunction[K, V, R]:
+        if self._state != _NEW:
+            raise RuntimeError("a BoundedBatchFunction can be entered only once")
+        # The run's clock, read directly: trio.current_time() goes through two more calls.
+        self._now = trio.lowlevel.current_clock().current_time
+        manager = trio.open_nursery()
+        self._nursery = await manager.__aenter__()
+        self._nursery_manager = manager
+        self._state = _OPEN
+        self._nursery.start_soon(self._schedule)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Drain (normal exit) or tear down (exit by an exception); never swallows it."""
+        if exc is None:
+            self._state = _DRAINING
+            self._core.drain()
+            try:
+                if not self._core.idle:
+                    self._drained = trio.Event()
+                    self._summon_if_ready(_current_time())
+                    self._poke()
+                    await self._drained.wait()
+            except BaseException:
+                await self._tear_down()
+                raise
+            self._state = _CLOSED
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            await self._exit_nursery()
+        else:
+            await self._tear_down()
+        return False
+
+    async def _tear_down(self) -> None:
+        """Leave by an exception: cancel everything; waiting callers get BatcherClosedError."""
+        self._state = _CLOSED
+        for entry in self._core.close():
+            self._settle_closed(entry)
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        await self._exit_nursery()
+
+    async def _exit_nursery(self) -> None:
+        try:
+            # The body's own exception is not passed in: it propagates from the
+            # `async with` unchanged instead of inside a group made here.
+            await self._nursery_manager.__aexit__(None, None, None)
+        except BaseExceptionGroup as group:
+            raise _single_error(group) from None
+
+    # --- submit ----------------------------------------------------------------
+
+    async def submit(self, key: K, value: V, max_wait: float | None = None) -> R:
+        """Queue ``value`` in the lane of ``key`` and return its result.
+
+        ``max_wait`` (seconds, or None for no limit) counts from this call
+        until the value's batch starts executing, admission wait included.
+        When it passes first, this raises ``LaneWedgedError`` at that moment
+        and the value is never handed to ``execute``. A ``max_wait`` of 0
+        therefore always raises.
+
+        Raises ``OversizedValueError`` at once when the value's estimate alone
+        exceeds ``max_retained_bytes``; ``InvalidInputError`` when
+        ``estimate_bytes`` returns something other than a non-negative int, or
+        ``max_wait`` is negative or not finite; ``BatcherClosedError`` outside
+        the ``async with`` block (or once it is being left). If ``execute``
+        raises, this raises the same exception object (every caller of the
+        batch gets that object); if ``execute`` returns something other than
+        one result per value, ``BatchContractError``.
+
+        Cancellation: if cancelled while waiting for admission or while queued,
+        the value is withdrawn and never executed. If cancelled while its batch
+        runs, this stops waiting and the batch goes on for its other callers;
+        when every caller of a batch has gone, the batch's cancel scope is
+        cancelled.
+        """
+        if self._state != _OPEN:
+            raise BatcherClosedError(
+                "submit outside the batcher's `async with` block"
+                if self._state != _DRAINING
+                else "submit while the batcher drains on leaving its `async with` block"
+            )
+        lane_id = key if self._key_id is None else self._key_id(key)
+        if self._estimate_bytes is None:
+            nbytes = 1
+        else:
+            nbytes = self._estimate_bytes(value)
+            if type(nbytes) is not int:
+                if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+                    raise InvalidInputError(
+                        f"estimate_bytes must return an int, got {type(nbytes).__name__}"
+                    )
+                nbytes = int(nbytes)
+            if nbytes < 0:
+                raise InvalidInputError(f"estimate_bytes returned a negative size: {nbytes}")
+            if nbytes > self._max_retained_bytes:
+                raise OversizedValueError(
+                    f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
+                    f"{self._max_retained_bytes}"
+                )
+        core = self._core
+        now = self._now()
+        if max_wait is None:
+            deadline = math.inf
+        elif type(max_wait) is float and 0.0 <= max_wait < math.inf:
+            deadline = now + max_wait
+        else:
+            deadline = now + _checked_max_wait(max_wait)
+        entry = core.submit(lane_id, key, value, nbytes, now, deadline)
+        if core.wakeup_hint < self._timer_at:
+            self._sync_timer()
+        if self._summoned == 0 and core.in_flight < core.max_in_flight_batches:
+            # Only this value's lane can have become ready, by closing (or by a
+            # zero linger); the scheduler's timer covers every other way.
+            lane = entry.lane
+            if lane is not None and (lane.closed or now >= entry.flush_at):
+                self._summon()
+        entry.waiter = _current_task()
+        result = await _park(partial(self._abort, entry))
+        if type(result) is _SharedFailure:
+            raise result.error.with_traceback(result.traceback)
+        return result  # type: ignore[no-any-return]
+
+    def _abort(self, entry: Entry[K, V], raise_cancel: Any) -> trio.lowlevel.Abort:
+        """A parked caller is cancelled: withdraw its value or leave its batch.
+
+        Runs inside trio's cancellation delivery, so it only updates the core
+        and pokes the scheduler, which cancels scopes and summons runners.
+        """
+        state = entry.state
+        if state in (ADMITTING, QUEUED):
+            self._core.withdraw(entry)
+            self._poke()
+        elif state == RUNNING and self._core.abandon(entry):
+            assert entry.batch is not None
+            self._to_cancel.append(entry.batch)
+            self._poke()
+        return _SUCCEEDED
+
+    # --- settling callers --------------------------------------------------
+
+    def _settle_closed(self, entry: Entry[K, V]) -> None:
+        if entry.waiter is not None:
+            _reschedule(
+                entry.waiter,
+                outcome.Error(
+                    BatcherClosedError("the batcher was torn down while this value waited")
+                ),
+            )
+
+    def _settle_wedged(self, expired: list[Entry[K, V]]) -> None:
+        core = self._core
+        for entry in expired:
+            _reschedule(
+                entry.waiter,
+                outcome.Error(
+                    LaneWedgedError(
+                        f"max_wait passed before the value's batch started "
+                        f"({core.queued} values queued, {core.in_flight} batches in flight, "
+                        f"{core.max_in_flight_batches} allowed)"
+                    )
+                ),
+            )
+
+    def _settle_batch(self, batch: Batch[K, V], results: Any) -> None:
+        """Hand each live caller of a finished batch its result (or the shared failure)."""
+        entries = batch._entries
+        if type(results) is _SharedFailure:
+            for entry in entries:
+                if entry.state == RUNNING:
+                    entry.state = DONE
+                    _reschedule(entry.waiter, _Value(results))
+            return
+        for entry, result in zip(entries, results, strict=True):
+            if entry.state == RUNNING:
+                entry.state = DONE
+                _reschedule(entry.waiter, _Value(result))
+
+    # --- batch runners -----------------------------------------------------
+
+    def _summon(self) -> None:
+        """Wake an idle batch runner, or start one."""
+        self._summoned += 1
+        if self._idle:
+            _reschedule(self._idle.pop())
+        else:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_batches)
+
+    def _summon_if_ready(self, now: float) -> None:
+        if self._summoned == 0 and self._core.has_ready(now):
+            self._summon()
+
+    async def _run_batches(self) -> None:
+        """A batch runner: take ready batches and run them until none is left, then idle.
+
+        Its cancel scope belongs to the batch it runs. When that batch's every
+        caller has gone the scope is cancelled, and the runner retires with it.
+        """
+        core = self._core
+        task = _current_task()
+        idle = self._idle
+
+        def abort_idle(raise_cancel: Any) -> trio.lowlevel.Abort:
+            idle.remove(task)
+            return _SUCCEEDED
+
+        with trio.CancelScope() as scope:
+            while True:
+                self._summoned -= 1
+                while True:
+                    now = self._now()
+                    expired = core.expire(now)
+                    if expired:
+                        self._settle_wedged(expired)
+                    batch = core.dispatch(now)
+                    if batch is None:
+                        break
+                    self._sync_timer()
+                    if self._summoned == 0 and core.has_ready(now):
+                        self._summon()
+                    batch._scope = scope
+                    await self._run_one(batch)
+                    if scope.cancel_called:
+                        break
+                if scope.cancel_called or self._state == _CLOSED:
+                    break
+                self._check_drained()
+                idle.append(task)
+                await _park(abort_idle)
+        # Retired with an abandoned batch: make sure the ready work has a runner.
+        if self._state != _CLOSED:
+            self._summon_if_ready(_current_time())
+
+    async def _run_one(self, batch: Batch[K, V]) -> None:
+        core = self._core
+        try:
+            results: Any = await self._execute(batch)
+        except Exception as error:
+            results = _SharedFailure(error)
+        except BaseException:
+            # Cancelled (every caller left, or the batcher is being torn down)
+            # or KeyboardInterrupt: nobody gets a result from this batch.
+            core.finish(batch)
+            for entry in core.close_running(batch):
+                self._settle_closed(entry)
+            self._check_drained()
+            raise
+        else:
+            count = len(batch.values)
+            if (
+                type(results) is not list
+                and type(results) is not tuple
+                and (not isinstance(results, Sequence) or isinstance(results, _TEXT))
+            ) or len(results) != count:
+                results = _SharedFailure(self._contract_error(results, count))
+        core.finish(batch)
+        self._sync_timer()
+        self._settle_batch(batch, results)
+        self._check_drained()
+
+    @staticmethod
+    def _contract_error(results: Any, count: int) -> BatchContractError:
+        if isinstance(results, Sequence) and not isinstance(results, _TEXT):
+            return BatchContractError(
+                f"execute returned {len(results)} results for a batch of {count} values"
+            )
+        return BatchContractError(
+            f"execute must return a sequence of {count} results, got {type(results).__name__}"
+        )
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and self._core.idle:
+            self._drained.set()
+
+    # --- the scheduler -----------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        """Move the scheduler's timer earlier."""
+        self._timer_at = when
+        if self._timer is not None:
+            self._timer.deadline = when
+
+    def _sync_timer(self) -> None:
+        hint = self._core.take_wakeup_hint()
+        if hint < self._timer_at:
+            self._arm(hint)
+
+    def _poke(self) -> None:
+        """Have the scheduler look again (safe inside an abort function)."""
+        self._poked = True
+        task = self._scheduler_task
+        if task is not None and self._timer is not None:
+            self._timer = None
+            _reschedule(task)
+
+    async def _schedule(self) -> None:
+        core = self._core
+        task = _current_task()
+
+        def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+            self._timer = None
+            return _SUCCEEDED
+
+        while True:
+            self._poked = False
+            now = _current_time()
+            if self._to_cancel:
+                for batch in self._to_cancel:
+                    if not batch._done:
+                        batch._scope.cancel()
+                self._to_cancel.clear()
+            expired = core.expire(now)
+            if expired:
+                self._settle_wedged(expired)
+            self._summon_if_ready(now)
+            self._check_drained()
+            if self._poked:
+                continue
+            core.take_wakeup_hint()
+            wakeup = core.next_wakeup(now)
+            with trio.CancelScope(deadline=wakeup) as timer:
+                self._timer_at = wakeup
+                self._timer = timer
+                self._scheduler_task = task
+                await _park(abort)
+            self._timer = None
+            self._timer_at = -math.inf
