@@ -4,7 +4,22 @@ from __future__ import annotations
 
 from .._page import Page as Page
 from .._page import PageRequest as PageRequest
+from ._reader import PageReader as PageReader
+from ._reader import ReadScope as ReadScope
+from ._reader import SheetRoad as SheetRoad
+from ._reader import normalize_page_request as normalize_page_request
+from ._reader import token_digest as token_digest
 from ._splitter import ReadBatch as ReadBatch
 from ._splitter import read_pages_adaptive as read_pages_adaptive
 
-__all__ = ["Page", "PageRequest", "ReadBatch", "read_pages_adaptive"]
+__all__ = [
+    "Page",
+    "PageReader",
+    "PageRequest",
+    "ReadBatch",
+    "ReadScope",
+    "SheetRoad",
+    "normalize_page_request",
+    "read_pages_adaptive",
+    "token_digest",
+]
