@@ -251,3 +251,29 @@ async def test_an_empty_input_still_takes_a_version(store: SheetStore, sheet: Sh
     second = await store.start_dataset(sheet, [], "run-2", CONTRACT)
     assert (first.inserted, first.skipped, first.pending_rows) == (0, 0, ())
     assert (first.write_version, second.write_version) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "message"),
+    [
+        ("a string", "must be a JSON object"),
+        ({"id": 0, "score": math.nan}, "finite"),
+        ({"id": 0, "company": "\ud800"}, "surrogate"),
+        ({"id": 0, "company": "x" * (MAX_ROW_BYTES + 1)}, "row budget"),
+        ({"company": "no id"}, "has no key field 'id'"),
+    ],
+)
+async def test_a_bad_row_in_a_first_admission_commits_nothing(
+    store: SheetStore, sheet: SheetRef, bad_row: Any, message: str
+) -> None:
+    # A first admission streams rows into one COPY as they are checked: the bad
+    # row comes after more than a chunk of rows already sent to the server.
+    await store.ensure_sheet(sheet, CONTRACT)
+    before = await snapshot(store, sheet)
+    rows = [{"id": i, "company": "new"} for i in range(1, POSTGRES_WRITE_CHUNK_ROWS + 2)]
+    with pytest.raises(InvalidInputError, match=message):
+        await store.start_dataset(sheet, [*rows, bad_row], "run-1", CONTRACT, key_field="id")
+    assert await snapshot(store, sheet) == before
+    # The version the failed admission took was rolled back with its rows.
+    admission = await store.start_dataset(sheet, rows, "run-2", CONTRACT, key_field="id")
+    assert (admission.inserted, admission.write_version) == (len(rows), 1)

@@ -2,17 +2,22 @@
 
 What happens, in order:
 
-1. Every row is checked before anything is written (a JSON object with string
-   field names, JSON values with finite numbers, at most ``MAX_ROW_BYTES`` as
-   compact JSON, measured with ``json_byte_length_up_to`` so an oversized row is
-   not serialised whole) and keyed (``sheetplane.identity.row_key``). Any bad
-   row raises ``InvalidInputError`` and the database is not touched. This CPU
-   work runs on a worker thread, so a large input does not stall trio.
+1. Every row is checked (a JSON object with string field names, JSON values
+   with finite numbers, at most ``MAX_ROW_BYTES`` as compact JSON, measured
+   with ``json_byte_length_up_to`` so an oversized row is not serialised whole)
+   and keyed (``sheetplane.identity.row_key``). Rows are checked as they are
+   written, inside the transaction of step 3: a bad row raises
+   ``InvalidInputError`` and the transaction rolls back, so nothing is
+   committed. This CPU work runs on the pool's worker thread, so a large input
+   does not stall trio.
 2. Duplicate keys are dropped, the first occurrence kept; ``_input_index`` is
    the row's position among the kept rows (0, 1, 2, ...).
 3. In one transaction, under the sheet's writer lock: take a new write version
-   (``write_version = write_version + 1``), then per chunk of
-   ``POSTGRES_WRITE_CHUNK_ROWS`` keys look the keys up, and
+   (``write_version = write_version + 1``). On a sheet with no rows (the first
+   admission) every kept row is new, and one ``COPY`` takes the rows as they
+   are checked, so Postgres stores rows while the next ones are prepared.
+   Otherwise, per chunk of ``POSTGRES_WRITE_CHUNK_ROWS`` kept rows, look the
+   keys up, and
 
    * insert new keys as ``pending`` rows stamped with the version, the run id
      and the input index (``COPY`` straight into the sheet table: the writer
@@ -34,12 +39,12 @@ What happens, in order:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 import attrs
 import psycopg
-import trio
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -80,28 +85,45 @@ class _Entry:
     key: str
     row: Mapping[str, Any]
     index: int
-    texts: tuple[str | None, ...]
-    """The row's jsonb text per physical column."""
+    """The row's position among the kept rows: its ``_input_index``."""
 
 
-def _prepare(
-    rows: Sequence[Any], columns: Sequence[ContractColumn], key_field: str | None
-) -> tuple[list[_Entry], int]:
-    """Check and key every row, dropping repeated keys; returns kept rows and repeat count."""
-    entries: list[_Entry] = []
-    seen: set[str] = set()
-    lookups = column_lookups(columns)
-    for position, raw in enumerate(rows):
-        row = check_row(raw, position)
-        try:
-            key = row_key(row, key_field)
-        except InvalidInputError as exc:
-            raise InvalidInputError(f"row {position}: {exc}") from None
-        if key in seen:
-            continue
-        seen.add(key)
-        entries.append(_Entry(key, row, len(entries), column_texts(row, lookups)))
-    return entries, len(rows) - len(entries)
+@attrs.define(eq=False)
+class _KeptRows:
+    """The input rows, checked, keyed and deduplicated as they are consumed.
+
+    Iterating checks and keys each row in input order and yields the first
+    occurrence of every key, recording it in ``kept``. Admission iterates inside
+    its transaction, so a bad row raises ``InvalidInputError`` part-way through
+    and the transaction rolls back with nothing written.
+    """
+
+    rows: Sequence[Any]
+    key_field: str | None
+    kept: list[_Entry] = attrs.Factory(list)
+    """The rows yielded so far, in input order."""
+
+    def __iter__(self) -> Iterator[_Entry]:
+        seen: set[str] = set()
+        kept = self.kept
+        for position, raw in enumerate(self.rows):
+            row = check_row(raw, position)
+            try:
+                key = row_key(row, self.key_field)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"row {position}: {exc}") from None
+            if key not in seen:
+                seen.add(key)
+                entry = _Entry(key, row, len(kept))
+                kept.append(entry)
+                yield entry
+
+
+def _batches(entries: Iterable[_Entry], size: int) -> Iterator[list[_Entry]]:
+    """Consecutive lists of at most ``size`` entries."""
+    iterator = iter(entries)
+    while batch := list(islice(iterator, size)):
+        yield batch
 
 
 def merge_completed_row(
@@ -129,54 +151,129 @@ def merge_completed_row(
     return merged
 
 
-def _readmit(
-    conn: psycopg.Connection[Any],
-    names: SheetNames,
-    entries: Sequence[_Entry],
-    input_columns: Sequence[ContractColumn],
-    *,
-    run_id: str,
-    version: int,
-) -> tuple[Counter[str], Counter[str]]:
-    """Re-admit existing non-enriched rows; returns the summary and column deltas."""
-    sheet = names.ident("sheet_table")
-    input_names = [c.sql_name for c in input_columns]
-    payload = Jsonb(
-        [{"key": e.key, "idx": e.index, "data": project_row(e.row, input_columns)} for e in entries]
-    )
-    column_sets = [
-        sql.SQL(
-            ", {col} = CASE WHEN i.data ? {lit} THEN NULLIF(i.data -> {lit}, 'null'::jsonb) "
-            "ELSE t.{col} END"
-        ).format(col=sql.Identifier(n), lit=sql.Literal(n))
-        for n in input_names
-    ]
-    flags = [
-        sql.SQL(", (o.{col} IS NOT NULL)::int, (t.{col} IS NOT NULL)::int").format(
-            col=sql.Identifier(n)
+@attrs.define(eq=False)
+class _Writer:
+    """One admission's writes inside its transaction, and what they changed."""
+
+    conn: psycopg.Connection[Any]
+    names: SheetNames
+    columns: Sequence[ContractColumn]
+    run_id: str
+    version: int
+    summary: Counter[str] = attrs.Factory(Counter)
+    """Summary counter changes (negative changes kept: combine with ``update``)."""
+    non_null: Counter[str] = attrs.Factory(Counter)
+    """Column summary changes, by sql name."""
+    inserted: int = 0
+    readmitted: int = 0
+    enriched_keys: set[str] = attrs.Factory(set)
+    """Keys of ``enriched`` rows the input names: they are answered as completed rows."""
+
+    def insert(self, new: Iterable[_Entry]) -> None:
+        """``COPY`` new keys in as ``pending`` rows, taking each as ``new`` yields it."""
+        lookups = column_lookups(self.columns)
+        count, column_delta = copy_new_rows(
+            self.conn,
+            self.names,
+            ((e.key, e.index, column_texts(e.row, lookups)) for e in new),
+            [c.sql_name for c in self.columns],
+            run_id=self.run_id,
+            version=self.version,
         )
-        for n in input_names
-    ]
-    cur = conn.execute(
-        sql.SQL(
-            "WITH incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
-            "  AS i(key text, idx bigint, data jsonb)), "
-            "old AS (SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key) "
-            "UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s, "
-            "_run_id = %(run_id)s, _error = NULL, _input_index = i.idx, "
-            "_updated_at = clock_timestamp(){sets} "
-            "FROM incoming AS i, old AS o WHERE t._key = i.key AND o._key = i.key "
-            "RETURNING o._status{flags}"
-        ).format(sheet=sheet, sets=sql.SQL("").join(column_sets), flags=sql.SQL("").join(flags)),
-        {"rows": payload, "version": version, "run_id": run_id},
-    )
-    summary: Counter[str] = Counter()
-    non_null: Counter[str] = Counter()
-    for record in cur.fetchall():
-        summary.update(transition_delta([status_of(record[0])], ["pending"]))
-        for position, name in enumerate(input_names):
-            non_null[name] += record[2 + 2 * position] - record[1 + 2 * position]
-    return summary, non_null
+        self.non_null.update(column_delta)
+        for name, change in transition_delta([None], ["pending"]).items():
+            self.summary[name] += change * count
+        self.inserted += count
+
+    def admit(self, chunk: Sequence[_Entry]) -> None:
+        """Look the chunk's keys up; insert new keys, re-admit open rows, re-order enriched ones."""
+        sheet_table = self.names.ident("sheet_table")
+        cur = self.conn.execute(
+            sql.SQL("SELECT _key, _status, _input_index FROM {} WHERE _key = ANY(%s)").format(
+                sheet_table
+            ),
+            ([e.key for e in chunk],),
+        )
+        existing = {key: (status_of(status), idx) for key, status, idx in cur.fetchall()}
+        new = [e for e in chunk if e.key not in existing]
+        again = [e for e in chunk if e.key in existing and existing[e.key][0] in _READMITTED]
+        kept = [e for e in chunk if e.key in existing and existing[e.key][0] == "enriched"]
+        if new:
+            self.insert(new)
+        if again:
+            self.readmit(again)
+        moved = [e for e in kept if existing[e.key][1] != e.index]
+        if moved:
+            self.conn.execute(
+                sql.SQL(
+                    "UPDATE {} AS t SET _input_index = u.idx, _updated_at = clock_timestamp() "
+                    "FROM unnest(%s::text[], %s::bigint[]) AS u(key, idx) WHERE t._key = u.key"
+                ).format(sheet_table),
+                ([e.key for e in moved], [e.index for e in moved]),
+            )
+        self.enriched_keys.update(e.key for e in kept)
+
+    def readmit(self, entries: Sequence[_Entry]) -> None:
+        """Re-admit existing non-enriched rows (outputs kept, input columns refreshed)."""
+        input_columns = [c for c in self.columns if c.source in ("input", "mapField")]
+        input_names = [c.sql_name for c in input_columns]
+        payload = Jsonb(
+            [
+                {"key": e.key, "idx": e.index, "data": project_row(e.row, input_columns)}
+                for e in entries
+            ]
+        )
+        column_sets = [
+            sql.SQL(
+                ", {col} = CASE WHEN i.data ? {lit} THEN NULLIF(i.data -> {lit}, 'null'::jsonb) "
+                "ELSE t.{col} END"
+            ).format(col=sql.Identifier(n), lit=sql.Literal(n))
+            for n in input_names
+        ]
+        flags = [
+            sql.SQL(", (o.{col} IS NOT NULL)::int, (t.{col} IS NOT NULL)::int").format(
+                col=sql.Identifier(n)
+            )
+            for n in input_names
+        ]
+        cur = self.conn.execute(
+            sql.SQL(
+                "WITH incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
+                "  AS i(key text, idx bigint, data jsonb)), "
+                "old AS (SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key) "
+                "UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s, "
+                "_run_id = %(run_id)s, _error = NULL, _input_index = i.idx, "
+                "_updated_at = clock_timestamp(){sets} "
+                "FROM incoming AS i, old AS o WHERE t._key = i.key AND o._key = i.key "
+                "RETURNING o._status{flags}"
+            ).format(
+                sheet=self.names.ident("sheet_table"),
+                sets=sql.SQL("").join(column_sets),
+                flags=sql.SQL("").join(flags),
+            ),
+            {"rows": payload, "version": self.version, "run_id": self.run_id},
+        )
+        for record in cur.fetchall():
+            self.summary.update(transition_delta([status_of(record[0])], ["pending"]))
+            for position, name in enumerate(input_names):
+                self.non_null[name] += record[2 + 2 * position] - record[1 + 2 * position]
+        self.readmitted += len(entries)
+
+    def stored_values(self) -> dict[str, dict[str, Any]]:
+        """The stored column values of the enriched rows, by key, then by sql name."""
+        sql_names = [c.sql_name for c in self.columns]
+        columns_sql = sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(n)) for n in sql_names)
+        stored: dict[str, dict[str, Any]] = {}
+        for key_chunk in chunked(sorted(self.enriched_keys), POSTGRES_WRITE_CHUNK_ROWS):
+            cur = self.conn.execute(
+                sql.SQL("SELECT _key{} FROM {} WHERE _key = ANY(%s)").format(
+                    columns_sql, self.names.ident("sheet_table")
+                ),
+                (list(key_chunk),),
+            )
+            for record in cur.fetchall():
+                stored[record[0]] = dict(zip(sql_names, record[1:], strict=True))
+        return stored
 
 
 async def start_dataset(
@@ -191,10 +288,11 @@ async def start_dataset(
 ) -> Admission:
     """Admit ``rows`` for the attempt ``run_id``; see the module docstring.
 
-    Raises ``InvalidInputError`` before anything is written when a row or an
-    argument is bad. The sheet's tables (and the contract's columns) must
-    exist: ``ensure_sheet`` first. If cancelled, the transaction rolls back and
-    no row, counter or version changes.
+    A bad row or argument raises ``InvalidInputError`` and nothing is committed
+    (rows are checked as they are written, inside the transaction, which then
+    rolls back). The sheet's tables (and the contract's columns) must exist:
+    ``ensure_sheet`` first. If cancelled, the transaction rolls back and no
+    row, counter or version changes.
     """
     check_text(run_id, "run_id")
     if key_field is not None:
@@ -202,104 +300,48 @@ async def start_dataset(
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
         raise InvalidInputError(f"rows must be a sequence of objects, got {type(rows).__name__}")
     columns = physical_columns(contract)
-    sql_names = [c.sql_name for c in columns]
-    input_columns = [c for c in columns if c.source in ("input", "mapField")]
-    entries, duplicates = await trio.to_thread.run_sync(_prepare, rows, columns, key_field)
 
     def run(conn: psycopg.Connection[Any]) -> Admission:
         lock_sheet(conn, names)
-        version = next_write_version(conn, names)
-        sheet_table = names.ident("sheet_table")
-        summary: Counter[str] = Counter()
-        non_null: Counter[str] = Counter()
-        inserted = 0
-        readmitted = 0
-        enriched_keys: set[str] = set()
-        # A sheet with no rows (the first admission) has no keys to look up.
+        writer = _Writer(conn, names, columns, run_id, next_write_version(conn, names))
+        entries = _KeptRows(rows, key_field)
         empty = conn.execute(
-            sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(sheet_table)
+            sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(names.ident("sheet_table"))
         ).fetchone() == (True,)
-        for chunk in chunked(entries, POSTGRES_WRITE_CHUNK_ROWS):
-            existing: dict[str, tuple[str, int | None]] = {}
-            if not empty:
-                cur = conn.execute(
-                    sql.SQL(
-                        "SELECT _key, _status, _input_index FROM {} WHERE _key = ANY(%s)"
-                    ).format(sheet_table),
-                    ([e.key for e in chunk],),
-                )
-                existing = {key: (status_of(status), idx) for key, status, idx in cur.fetchall()}
-            new = [e for e in chunk if e.key not in existing]
-            again = [e for e in chunk if e.key in existing and existing[e.key][0] in _READMITTED]
-            kept = [e for e in chunk if e.key in existing and existing[e.key][0] == "enriched"]
-            if new:
-                _, column_delta = copy_new_rows(
-                    conn,
-                    names,
-                    ((e.key, e.index, e.texts) for e in new),
-                    sql_names,
-                    run_id=run_id,
-                    version=version,
-                )
-                non_null.update(column_delta)
-                summary.update(transition_delta([None] * len(new), ["pending"] * len(new)))
-                inserted += len(new)
-            if again:
-                delta, column_delta = _readmit(
-                    conn, names, again, input_columns, run_id=run_id, version=version
-                )
-                summary.update(delta)
-                non_null.update(column_delta)
-                readmitted += len(again)
-            moved = [e for e in kept if existing[e.key][1] != e.index]
-            if moved:
-                conn.execute(
-                    sql.SQL(
-                        "UPDATE {} AS t SET _input_index = u.idx, _updated_at = clock_timestamp() "
-                        "FROM unnest(%s::text[], %s::bigint[]) AS u(key, idx) WHERE t._key = u.key"
-                    ).format(sheet_table),
-                    ([e.key for e in moved], [e.index for e in moved]),
-                )
-            enriched_keys.update(e.key for e in kept)
-        stored: dict[str, dict[str, Any]] = {}
-        if enriched_keys:
-            columns_sql = sql.SQL("").join(
-                sql.SQL(", {}").format(sql.Identifier(n)) for n in sql_names
-            )
-            for key_chunk in chunked(sorted(enriched_keys), POSTGRES_WRITE_CHUNK_ROWS):
-                cur = conn.execute(
-                    sql.SQL("SELECT _key{} FROM {} WHERE _key = ANY(%s)").format(
-                        columns_sql, sheet_table
-                    ),
-                    (list(key_chunk),),
-                )
-                for record in cur.fetchall():
-                    stored[record[0]] = dict(zip(sql_names, record[1:], strict=True))
-        apply_summary_delta(conn, names, summary)
-        apply_column_delta(conn, names, non_null)
+        if empty:
+            # The first admission: there are no keys to look up and every kept row
+            # is new. One COPY takes the rows as they are checked and keyed, so
+            # Postgres stores rows while this thread prepares the next ones.
+            writer.insert(entries)
+        else:
+            for chunk in _batches(entries, POSTGRES_WRITE_CHUNK_ROWS):
+                writer.admit(chunk)
+        stored = writer.stored_values() if writer.enriched_keys else {}
+        apply_summary_delta(conn, names, writer.summary)
+        apply_column_delta(conn, names, writer.non_null)
         record_event(
             conn,
             names,
             kind="admission",
-            row_count=inserted + readmitted,
+            row_count=writer.inserted + writer.readmitted,
             run_id=run_id,
-            write_version=version,
+            write_version=writer.version,
         )
         pending_rows = []
         completed_rows = []
-        for entry in entries:
-            if entry.key in enriched_keys:
+        for entry in entries.kept:
+            if entry.key in writer.enriched_keys:
                 merged = merge_completed_row(entry.row, stored.get(entry.key, {}), columns)
                 merged["_key"] = entry.key
                 completed_rows.append(merged)
             else:
                 pending_rows.append({**entry.row, "_key": entry.key})
         return Admission(
-            inserted=inserted,
-            skipped=duplicates + len(completed_rows),
+            inserted=writer.inserted,
+            skipped=len(rows) - len(entries.kept) + len(completed_rows),
             pending_rows=tuple(pending_rows),
             completed_rows=tuple(completed_rows),
-            write_version=version,
+            write_version=writer.version,
             table_namespace=sheet.table_namespace,
         )
 
