@@ -211,6 +211,30 @@ async def test_write_role_runs_the_stores_terminal_write(
     assert rows[0]["score"] == 7
 
 
+async def test_write_roles_run_the_stores_append_and_replace(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """Each write operation's grants cover exactly what the store's write path needs."""
+    await admit(gateway, namespace)
+    sheet = SheetRef(ORG, PLAY, namespace)
+    append = await open_session(gateway, namespace, ["rows.append"])
+    async with open_store(append.url, max_connections=1) as store:
+        result = await store.append_rows(
+            sheet, [{"_key": "k9", "email": "u9@example.com"}], idempotency_key="a-1"
+        )
+        assert result.written == 1
+    replace = await open_session(gateway, namespace, ["rows.replace"])
+    async with open_store(replace.url, max_connections=1) as store:
+        await store.replace_rows(
+            sheet, [{"_key": "only", "email": "o@example.com"}], idempotency_key="r-1"
+        )
+        assert await store.count(sheet) == 1
+        assert await store.read_rows_by_keys(sheet, ["k0"]) == []
+    # The append role could not have done the replace.
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        await run_sql(append.url, sql.SQL("DELETE FROM {}").format(append.table()))
+
+
 def test_role_statements_grant_only_what_the_operations_need() -> None:
     names = sheet_names(SheetRef("o", "p", "n"))
     rendered = [
