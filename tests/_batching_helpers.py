@@ -1,0 +1,99 @@
+"""Helpers for the BoundedBatchFunction tests: a recording execute and a caller."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import trio
+
+from sheetplane import BoundedBatchFunction
+from sheetplane.batching import Batch
+
+DEFAULTS: dict[str, Any] = {
+    "max_batch_items": 4,
+    "max_batch_bytes": 1_000,
+    "max_retained_items": 100,
+    "max_retained_bytes": 10_000,
+    "max_in_flight_batches": 4,
+    "flush_seconds": 0.25,
+}
+
+
+class Recorder:
+    """An execute that records each batch (start time, key, values), can be held
+    at a gate, and answers ``("r", value)`` per value."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, Any, tuple[Any, ...]]] = []
+        self.finished: list[tuple[float, tuple[Any, ...]]] = []
+        self.cancelled: list[tuple[float, tuple[Any, ...]]] = []
+        self.gates: dict[Any, trio.Event] = {}
+        self.hold_all: trio.Event | None = None
+
+    def hold(self, first_value: Any) -> trio.Event:
+        """Hold the batch whose first value is ``first_value`` until the event is set."""
+        gate = self.gates[first_value] = trio.Event()
+        return gate
+
+    async def __call__(self, batch: Batch[Any, Any]) -> list[Any]:
+        self.batches.append((trio.current_time(), batch.key, batch.values))
+        try:
+            gate = self.gates.get(batch.values[0])
+            if gate is not None:
+                await gate.wait()
+            if self.hold_all is not None:
+                await self.hold_all.wait()
+        except trio.Cancelled:
+            self.cancelled.append((trio.current_time(), batch.values))
+            raise
+        self.finished.append((trio.current_time(), batch.values))
+        return [("r", value) for value in batch.values]
+
+    @property
+    def executed(self) -> list[tuple[Any, ...]]:
+        return [values for _, _, values in self.batches]
+
+
+def make(execute: Any, **overrides: Any) -> BoundedBatchFunction[Any, Any, Any]:
+    return BoundedBatchFunction(execute, **{**DEFAULTS, **overrides})
+
+
+class Outcomes:
+    """What each caller got and when: ``(kind, result or exception, time)``."""
+
+    def __init__(self) -> None:
+        self.by_value: dict[Any, tuple[str, Any, float]] = {}
+
+    async def call(
+        self,
+        batcher: BoundedBatchFunction[Any, Any, Any],
+        key: Hashable,
+        value: Any,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            result = await batcher.submit(key, value, **kwargs)
+        except trio.Cancelled:
+            self.by_value[value] = ("cancelled", None, trio.current_time())
+            raise
+        except Exception as exc:
+            self.by_value[value] = ("error", exc, trio.current_time())
+        else:
+            self.by_value[value] = ("ok", result, trio.current_time())
+
+    def __getitem__(self, value: Any) -> tuple[str, Any, float]:
+        return self.by_value[value]
+
+
+async def start_in_order(
+    nursery: trio.Nursery,
+    outcomes: Outcomes,
+    batcher: BoundedBatchFunction[Any, Any, Any],
+    calls: list[tuple[Hashable, Any]],
+    **kwargs: Any,
+) -> None:
+    """Start one caller per ``(key, value)``, each parked before the next starts."""
+    for key, value in calls:
+        nursery.start_soon(lambda k=key, v=value: outcomes.call(batcher, k, v, **kwargs))
+        await trio.testing.wait_all_tasks_blocked()
