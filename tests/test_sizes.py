@@ -78,6 +78,52 @@ def test_one_byte_short_reports_exceeded_within_bounds(value: Any) -> None:
         assert limit < measured.bytes <= exact
 
 
+def mixed_rows(n: int) -> list[Any]:
+    rows: list[Any] = []
+    for i in range(n):
+        row: dict[str, Any] = {"_key": f"k{i}", "i": i, "x": i / 7, "ok": i % 2 == 0, "none": None}
+        row["_cell_meta"] = {"city": {"source": "csv", "confidence": 0.5, "tags": ["a", "é\n"]}}
+        if i % 97 == 0:
+            row["deep"] = [[[[[i]]]]]  # deeper than a flat run goes
+        if i % 89 == 0:
+            row["sub"] = IntSubclass(i)  # a type json writes but a flat run does not take
+        if i % 83 == 0:
+            row["keys"] = {1: "int key", None: "none key"}
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        mixed_rows(500),
+        [f"s{i}\t" for i in range(50_000)],  # runs longer than one slice
+        list(range(30_000)),
+        [10**4000, -(10**4000), 1],
+        ({"a": [1, 2, (3, 4)]}, [], {}, "", [[]]),
+    ],
+    ids=["mixed rows", "many strings", "many ints", "long ints", "small containers"],
+)
+def test_long_values_are_exact_and_stop_close_to_any_limit(value: Any) -> None:
+    exact = wire_length(value)
+    assert json_byte_length_up_to(value, exact) == SizeMeasurement(exact, False)
+    largest_member = max(wire_length(member) for member in value)
+    for limit in (0, 1, exact // 3, exact // 2, exact - 2, exact - 1):
+        measured = json_byte_length_up_to(value, limit)
+        assert measured.exceeded
+        # Runs are cut by an estimate of what is left under the limit, which
+        # escapes and quotes can exceed by a fraction.
+        assert limit < measured.bytes <= min(exact, 2 * limit + largest_member + 2)
+
+
+def test_an_int_too_long_to_write_is_refused_like_json() -> None:
+    value = [1, 10**5000]
+    with pytest.raises(ValueError):
+        json.dumps(value)
+    with pytest.raises(ValueError):
+        json_byte_length_up_to(value, 10**9)
+
+
 def test_every_control_character_is_sized_like_json_dumps() -> None:
     for code in range(0x80):
         text = chr(code) * 3

@@ -24,8 +24,8 @@ reported.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -99,6 +99,77 @@ def _key_size(key: object) -> int:
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
+_NUMBER_TYPES = (float, bool, type(None))
+# How deep a flat value may nest: a row, its cell metadata, and two levels inside.
+_FLAT_DEPTH = 4
+_FLAT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _flat_weight(value: Any, depth: int = _FLAT_DEPTH) -> int | None:
+    """About how many characters ``value`` writes, if it is flat enough; else None.
+
+    Flat means a plain scalar, or a list, tuple or ``str``-keyed dict nested at
+    most ``depth`` deep whose leaves are plain scalars (a row with its cell
+    metadata). The weight counts a string's characters, an int's digits (from
+    its bit length, without writing it) and one per member; what ``json``
+    writes for a value is at most about six times its weight (a control
+    character's ``\\u00XX``) plus 24 per float. None as soon as the weight passes
+    ``JSON_SIZE_SLICE_CHARS``, so a flat value's text stays a few slices long.
+    """
+    kind = type(value)
+    if kind is str:
+        return len(value) + 1
+    if kind is int:
+        digits: int = value.bit_length() // 3 + 1  # at least the decimal digits
+        return digits + 1
+    if kind in _NUMBER_TYPES:
+        return 1
+    if depth == 0:
+        return None
+    weight = 1
+    if kind is dict:
+        members = value.values()
+        for key in value:
+            if type(key) is not str:
+                return None
+            weight += len(key) + 1
+            if weight > JSON_SIZE_SLICE_CHARS:
+                return None
+    elif kind is list or kind is tuple:
+        members = value
+    else:
+        return None
+    for member in members:
+        member_kind = type(member)
+        if member_kind is str:
+            weight += len(member) + 1
+        elif member_kind in _NUMBER_TYPES:
+            weight += 1
+        else:
+            member_weight = _flat_weight(member, depth - 1)
+            if member_weight is None:
+                return None
+            weight += member_weight
+        if weight > JSON_SIZE_SLICE_CHARS:
+            return None
+    return weight
+
+
+def _encoded_size(value: object) -> int:
+    """The exact compact-JSON size of a flat ``value``, written by ``json`` in C."""
+    try:
+        text = _FLAT_ENCODER.encode(value)
+    except ValueError as exc:
+        # allow_nan=False: a non-finite float (or an int too long to write).
+        raise InvalidInputError(f"no JSON form (JSON numbers are finite): {exc}") from None
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInputError("string holds a lone surrogate; it has no UTF-8 form") from None
+
+
 def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
     """Measure the compact-JSON UTF-8 length of ``value``, stopping past ``limit``.
 
@@ -106,7 +177,12 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
     ``limit``; otherwise ``SizeMeasurement(n, True)`` with
     ``limit < n <= exact``, having visited only as much of ``value`` as it
     took to pass ``limit``. Nothing proportional to the value's size is
-    built: memory is bounded by the nesting depth and one string slice.
+    built: memory is bounded by the nesting depth and a few string slices.
+
+    Runs of flat members (scalars, rows of scalars) whose strings add up to
+    at most ``JSON_SIZE_SLICE_CHARS`` characters are written by ``json``'s C
+    encoder and measured whole, so a list of ordinary rows costs little more
+    than ``json.dumps``; anything else is walked member by member.
 
     Raises ``TypeError`` for a value or key ``json.dumps`` cannot serialise
     (with its message), and ``InvalidInputError`` for a non-finite float, a
@@ -119,13 +195,15 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
         raise InvalidInputError(f"limit must be >= 0, got {limit!r}")
 
     total = 0
-    # One frame per open container: [items iterator, is a dict, wrote an item, id].
+    # One frame per open container: [container, is a dict, next index or items
+    # iterator, wrote a member, id]. Lists are walked by index so that runs of
+    # flat members can be measured together.
     stack: list[list[Any]] = []
     open_ids: set[int] = set()
     item: object = value
     while True:
         # Measure `item`: a scalar adds its bytes, a container adds its two
-        # brackets and opens a frame whose items are measured next.
+        # brackets and opens a frame whose members are measured next.
         if isinstance(item, str):
             if 2 + len(item) <= JSON_SIZE_SLICE_CHARS:
                 total += 2 + _utf8_escaped_size(item)
@@ -151,14 +229,19 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
                 raise InvalidInputError(f"{item!r} has no JSON form (JSON numbers are finite)")
             total += len(float.__repr__(item))
         elif isinstance(item, list | tuple | dict):
-            marker = id(item)
-            if marker in open_ids:
-                raise InvalidInputError("Circular reference detected")
-            open_ids.add(marker)
-            is_dict = isinstance(item, dict)
-            members: Iterator[Any] = iter(item.items()) if isinstance(item, dict) else iter(item)
-            stack.append([members, is_dict, False, marker])
-            total += 2
+            weight = _flat_weight(item)
+            if weight is not None and weight <= limit - total + 1:
+                total += _encoded_size(item)
+            else:
+                marker = id(item)
+                if marker in open_ids:
+                    raise InvalidInputError("Circular reference detected")
+                open_ids.add(marker)
+                if isinstance(item, dict):
+                    stack.append([item, True, iter(item.items()), False, marker])
+                else:
+                    stack.append([item, False, 0, False, marker])
+                total += 2
         else:
             raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
         if total > limit:
@@ -167,21 +250,47 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
         # Find the next item: the next member of the innermost open container.
         while stack:
             frame = stack[-1]
-            entry: Any = next(frame[0], _DONE)
-            if entry is _DONE:
-                stack.pop()
-                open_ids.discard(frame[3])
-                continue
-            if frame[2]:
-                total += 1  # the comma
-            frame[2] = True
-            if frame[1]:
+            container, is_dict, position, wrote, marker = frame
+            if is_dict:
+                entry: Any = next(position, _DONE)
+                if entry is _DONE:
+                    stack.pop()
+                    open_ids.discard(marker)
+                    continue
+                if wrote:
+                    total += 1  # the comma
+                frame[3] = True
                 key, item = entry
                 total += _key_size(key) + 1  # the key and its colon
                 if total > limit:
                     return SizeMeasurement(total, True)
-            else:
-                item = entry
+                break
+            if position >= len(container):
+                stack.pop()
+                open_ids.discard(marker)
+                continue
+            # Gather the run of flat members from here, up to a slice's weight and
+            # about what is left under the limit, so a run overshoots it by little.
+            stop, weight = position, 0
+            cap = min(JSON_SIZE_SLICE_CHARS, limit - total + 1)
+            while stop < len(container):
+                member_weight = _flat_weight(container[stop])
+                if member_weight is None or weight + member_weight > cap:
+                    break
+                weight += member_weight
+                stop += 1
+            if stop - position >= 2:
+                run = container[position:stop]
+                # The run written as a list, less its brackets, plus the comma before it.
+                total += _encoded_size(run) - 2 + (1 if wrote else 0)
+                frame[2], frame[3] = stop, True
+                if total > limit:
+                    return SizeMeasurement(total, True)
+                continue
+            if wrote:
+                total += 1  # the comma
+            item = container[position]
+            frame[2], frame[3] = position + 1, True
             break
         else:
             return SizeMeasurement(total, False)
