@@ -8,6 +8,9 @@ limit), each scalar adds the bytes ``json.dumps`` would write for it, and the
 walk stops as soon as the running count passes the limit. Strings are encoded
 a slice of ``JSON_SIZE_SLICE_CHARS`` characters at a time, so a huge string
 costs at most one slice of memory and one slice of work past the limit.
+Runs of small flat members (rows of scalars, shallow cell metadata) are
+written by ``json``'s C encoder a run at a time, each run's text bounded by
+a few slices, which keeps measuring rows within about 1.5x of ``json.dumps``.
 
 Two inputs that ``json.dumps`` accepts are refused, because what it would
 produce is not valid JSON on the wire: a non-finite float (``NaN``,
