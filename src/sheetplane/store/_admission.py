@@ -88,35 +88,25 @@ class _Entry:
     """The row's position among the kept rows: its ``_input_index``."""
 
 
-@attrs.define(eq=False)
-class _KeptRows:
-    """The input rows, checked, keyed and deduplicated as they are consumed.
+def _kept_rows(
+    rows: Sequence[Any], key_field: str | None
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Check and key each row in input order; yield ``(key, row)`` for the first
+    occurrence of every key.
 
-    Iterating checks and keys each row in input order and yields the first
-    occurrence of every key, recording it in ``kept``. Admission iterates inside
-    its transaction, so a bad row raises ``InvalidInputError`` part-way through
-    and the transaction rolls back with nothing written.
+    Lazy: admission consumes it inside its transaction, so a bad row raises
+    ``InvalidInputError`` part-way through and the transaction rolls back.
     """
-
-    rows: Sequence[Any]
-    key_field: str | None
-    kept: list[_Entry] = attrs.Factory(list)
-    """The rows yielded so far, in input order."""
-
-    def __iter__(self) -> Iterator[_Entry]:
-        seen: set[str] = set()
-        kept = self.kept
-        for position, raw in enumerate(self.rows):
-            row = check_row(raw, position)
-            try:
-                key = row_key(row, self.key_field)
-            except InvalidInputError as exc:
-                raise InvalidInputError(f"row {position}: {exc}") from None
-            if key not in seen:
-                seen.add(key)
-                entry = _Entry(key, row, len(kept))
-                kept.append(entry)
-                yield entry
+    seen: set[str] = set()
+    for position, raw in enumerate(rows):
+        row = check_row(raw, position)
+        try:
+            key = row_key(row, key_field)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"row {position}: {exc}") from None
+        if key not in seen:
+            seen.add(key)
+            yield key, row
 
 
 def _batches(entries: Iterable[_Entry], size: int) -> Iterator[list[_Entry]]:
@@ -166,27 +156,52 @@ class _Writer:
     """Column summary changes, by sql name."""
     inserted: int = 0
     readmitted: int = 0
-    enriched_keys: set[str] = attrs.Factory(set)
-    """Keys of ``enriched`` rows the input names: they are answered as completed rows."""
 
-    def insert(self, new: Iterable[_Entry]) -> None:
-        """``COPY`` new keys in as ``pending`` rows, taking each as ``new`` yields it."""
-        lookups = column_lookups(self.columns)
-        count, column_delta = copy_new_rows(
-            self.conn,
-            self.names,
-            ((e.key, e.index, column_texts(e.row, lookups)) for e in new),
-            [c.sql_name for c in self.columns],
-            run_id=self.run_id,
-            version=self.version,
-        )
-        self.non_null.update(column_delta)
-        for name, change in transition_delta([None], ["pending"]).items():
-            self.summary[name] += change * count
-        self.inserted += count
+    def admit_into_empty(
+        self, kept: Iterable[tuple[str, Mapping[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Admit into a sheet with no rows (a first admission); returns the pending rows.
 
-    def admit(self, chunk: Sequence[_Entry]) -> None:
-        """Look the chunk's keys up; insert new keys, re-admit open rows, re-order enriched ones."""
+        There are no keys to look up and every kept row is new, so one ``COPY``
+        takes the rows as ``kept`` checks and keys them: Postgres stores rows
+        while this thread prepares the next ones.
+        """
+        pending_rows: list[dict[str, Any]] = []
+
+        def new_rows() -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+            for index, (key, row) in enumerate(kept):
+                pending_rows.append({**row, "_key": key})
+                yield key, index, row
+
+        self.insert(new_rows())
+        return pending_rows
+
+    def admit_into_sheet(
+        self, kept: Iterable[tuple[str, Mapping[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Admit into a sheet that has rows, a chunk of keys at a time; returns the
+        pending rows and the completed (already enriched) rows."""
+        entries: list[_Entry] = []
+        enriched_keys: set[str] = set()
+        numbered = (_Entry(key, row, index) for index, (key, row) in enumerate(kept))
+        for chunk in _batches(numbered, POSTGRES_WRITE_CHUNK_ROWS):
+            entries.extend(chunk)
+            enriched_keys.update(self.admit_chunk(chunk))
+        stored = self.stored_values(enriched_keys)
+        pending_rows = []
+        completed_rows = []
+        for entry in entries:
+            if entry.key in enriched_keys:
+                merged = merge_completed_row(entry.row, stored.get(entry.key, {}), self.columns)
+                merged["_key"] = entry.key
+                completed_rows.append(merged)
+            else:
+                pending_rows.append({**entry.row, "_key": entry.key})
+        return pending_rows, completed_rows
+
+    def admit_chunk(self, chunk: Sequence[_Entry]) -> list[str]:
+        """Look the chunk's keys up; insert new keys, re-admit open rows, re-order
+        enriched ones. Returns the enriched rows' keys."""
         sheet_table = self.names.ident("sheet_table")
         cur = self.conn.execute(
             sql.SQL("SELECT _key, _status, _input_index FROM {} WHERE _key = ANY(%s)").format(
@@ -199,7 +214,7 @@ class _Writer:
         again = [e for e in chunk if e.key in existing and existing[e.key][0] in _READMITTED]
         kept = [e for e in chunk if e.key in existing and existing[e.key][0] == "enriched"]
         if new:
-            self.insert(new)
+            self.insert((e.key, e.index, e.row) for e in new)
         if again:
             self.readmit(again)
         moved = [e for e in kept if existing[e.key][1] != e.index]
@@ -211,7 +226,23 @@ class _Writer:
                 ).format(sheet_table),
                 ([e.key for e in moved], [e.index for e in moved]),
             )
-        self.enriched_keys.update(e.key for e in kept)
+        return [e.key for e in kept]
+
+    def insert(self, new: Iterable[tuple[str, int, Mapping[str, Any]]]) -> None:
+        """``COPY`` ``(key, input index, row)`` in as ``pending`` rows as ``new`` yields them."""
+        lookups = column_lookups(self.columns)
+        count, column_delta = copy_new_rows(
+            self.conn,
+            self.names,
+            ((key, index, column_texts(row, lookups)) for key, index, row in new),
+            [c.sql_name for c in self.columns],
+            run_id=self.run_id,
+            version=self.version,
+        )
+        self.non_null.update(column_delta)
+        for name, change in transition_delta([None], ["pending"]).items():
+            self.summary[name] += change * count
+        self.inserted += count
 
     def readmit(self, entries: Sequence[_Entry]) -> None:
         """Re-admit existing non-enriched rows (outputs kept, input columns refreshed)."""
@@ -259,12 +290,12 @@ class _Writer:
                 self.non_null[name] += record[2 + 2 * position] - record[1 + 2 * position]
         self.readmitted += len(entries)
 
-    def stored_values(self) -> dict[str, dict[str, Any]]:
-        """The stored column values of the enriched rows, by key, then by sql name."""
+    def stored_values(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The stored column values of ``keys``' rows, by key, then by sql name."""
         sql_names = [c.sql_name for c in self.columns]
         columns_sql = sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(n)) for n in sql_names)
         stored: dict[str, dict[str, Any]] = {}
-        for key_chunk in chunked(sorted(self.enriched_keys), POSTGRES_WRITE_CHUNK_ROWS):
+        for key_chunk in chunked(sorted(keys), POSTGRES_WRITE_CHUNK_ROWS):
             cur = self.conn.execute(
                 sql.SQL("SELECT _key{} FROM {} WHERE _key = ANY(%s)").format(
                     columns_sql, self.names.ident("sheet_table")
@@ -304,19 +335,15 @@ async def start_dataset(
     def run(conn: psycopg.Connection[Any]) -> Admission:
         lock_sheet(conn, names)
         writer = _Writer(conn, names, columns, run_id, next_write_version(conn, names))
-        entries = _KeptRows(rows, key_field)
+        kept = _kept_rows(rows, key_field)
         empty = conn.execute(
             sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(names.ident("sheet_table"))
         ).fetchone() == (True,)
+        completed_rows: list[dict[str, Any]] = []
         if empty:
-            # The first admission: there are no keys to look up and every kept row
-            # is new. One COPY takes the rows as they are checked and keyed, so
-            # Postgres stores rows while this thread prepares the next ones.
-            writer.insert(entries)
+            pending_rows = writer.admit_into_empty(kept)
         else:
-            for chunk in _batches(entries, POSTGRES_WRITE_CHUNK_ROWS):
-                writer.admit(chunk)
-        stored = writer.stored_values() if writer.enriched_keys else {}
+            pending_rows, completed_rows = writer.admit_into_sheet(kept)
         apply_summary_delta(conn, names, writer.summary)
         apply_column_delta(conn, names, writer.non_null)
         record_event(
@@ -327,18 +354,10 @@ async def start_dataset(
             run_id=run_id,
             write_version=writer.version,
         )
-        pending_rows = []
-        completed_rows = []
-        for entry in entries.kept:
-            if entry.key in writer.enriched_keys:
-                merged = merge_completed_row(entry.row, stored.get(entry.key, {}), columns)
-                merged["_key"] = entry.key
-                completed_rows.append(merged)
-            else:
-                pending_rows.append({**entry.row, "_key": entry.key})
         return Admission(
             inserted=writer.inserted,
-            skipped=len(rows) - len(entries.kept) + len(completed_rows),
+            # Duplicates and enriched rows: every input row that is not pending.
+            skipped=len(rows) - len(pending_rows),
             pending_rows=tuple(pending_rows),
             completed_rows=tuple(completed_rows),
             write_version=writer.version,
