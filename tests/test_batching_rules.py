@@ -514,3 +514,29 @@ async def test_stats_count_batches_values_and_peaks(autojump_clock: Any) -> None
         0,
         0,
     )
+
+
+async def test_a_lane_that_lingered_behind_the_in_flight_cap_flushes_on_time(
+    autojump_clock: Any,
+) -> None:
+    # The scheduler's last look (at 0.35, when d wedged) found the in-flight cap
+    # reached and so armed no flush timer; finishing z must re-arm it for c.
+    execute = Recorder()
+    gate = execute.hold("z1")
+    batcher = make(execute, max_batch_items=2, max_in_flight_batches=1)
+    outcomes = Outcomes()
+    with trio.fail_after(10):
+        async with batcher, trio.open_nursery() as nursery:
+            await start_in_order(nursery, outcomes, batcher, [("z", "z1"), ("z", "z2")])
+            await start_in_order(nursery, outcomes, batcher, [("b", "b1")])
+            await start_in_order(nursery, outcomes, batcher, [("d", "d1")], max_wait=0.375)
+            await trio.sleep(0.3125)
+            await start_in_order(nursery, outcomes, batcher, [("c", "c1")])
+            await trio.sleep(0.125)
+            assert isinstance(outcomes["d1"][1], LaneWedgedError)
+            gate.set()
+    assert execute.batches == [
+        (0.0, "z", ("z1", "z2")),
+        (0.4375, "b", ("b1",)),
+        (0.5625, "c", ("c1",)),
+    ]
