@@ -1,0 +1,212 @@
+"""Batching benchmark: ``BoundedBatchFunction`` (trio) against aiodataloader (asyncio).
+
+One workload, both in this process, run after run: ``callers`` concurrent
+callers each submit ``values`` values one after another (each waits for its
+result before the next), batches of ``batch`` values, and an ``execute`` that
+returns its inputs. aiodataloader runs with its cache off, so it batches
+every value as ``BoundedBatchFunction`` does (which has no cache).
+
+``BoundedBatchFunction`` runs with every bound enforced and none throttling:
+batch items and bytes, retained items (``callers``: one value per caller can
+be outstanding) and bytes, an in-flight cap, the page reader's flush linger
+(``READ_BATCH_FLUSH_MS``) and a per-value ``max_wait`` (``MAX_QUEUE_WAIT_MS``).
+Each value is its own estimate of 1 byte (the default).
+
+The figure is values per second, timed inside each event loop from the first
+caller's start to the last result (loop start-up excluded on both sides).
+The report gives every run, the medians and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from ..batching import Batch, BoundedBatchFunction
+from ..budgets import (
+    MAX_QUEUE_WAIT_MS,
+    READ_BATCH_FLUSH_MS,
+    READ_BATCH_MAX_REQUEST_BYTES,
+    READ_BATCH_MAX_RETAINED_REQUEST_BYTES,
+)
+
+CALLERS = 2_000
+VALUES_PER_CALLER = 25
+BATCH_ITEMS = 4
+RUNS = 5
+#: ``execute`` calls allowed at once; a trivial execute never holds more than a few.
+IN_FLIGHT = 64
+
+
+@attrs.frozen
+class Workload:
+    """The benchmark's shape."""
+
+    callers: int
+    """Concurrent callers."""
+    values: int
+    """Values each caller submits, one after another."""
+    batch: int
+    """Values per batch."""
+
+    @property
+    def total(self) -> int:
+        """Values submitted in one run."""
+        return self.callers * self.values
+
+
+@attrs.frozen
+class Result:
+    """Values per second of every run, for both sides."""
+
+    ours: tuple[float, ...]
+    """``BoundedBatchFunction`` values/s, run by run."""
+    peer: tuple[float, ...]
+    """aiodataloader values/s, run by run."""
+
+    @property
+    def ratio(self) -> float:
+        """Median ours / median peer."""
+        return statistics.median(self.ours) / statistics.median(self.peer)
+
+
+def run_bounded(workload: Workload) -> float:
+    """One run of ``BoundedBatchFunction``; returns values/s."""
+
+    async def execute(batch: Batch[int, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+        return batch.values
+
+    async def main() -> float:
+        batcher: BoundedBatchFunction[int, tuple[int, int], tuple[int, int]]
+        batcher = BoundedBatchFunction(
+            execute,
+            max_batch_items=workload.batch,
+            max_batch_bytes=READ_BATCH_MAX_REQUEST_BYTES,
+            max_retained_items=workload.callers,
+            max_retained_bytes=READ_BATCH_MAX_RETAINED_REQUEST_BYTES,
+            max_in_flight_batches=IN_FLIGHT,
+            flush_seconds=READ_BATCH_FLUSH_MS / 1000,
+        )
+        max_wait = MAX_QUEUE_WAIT_MS / 1000
+        wrong = 0
+
+        async def caller(index: int) -> None:
+            nonlocal wrong
+            for step in range(workload.values):
+                value = (index, step)
+                if await batcher.submit(0, value, max_wait=max_wait) != value:
+                    wrong += 1
+
+        started = time.perf_counter()
+        async with batcher, trio.open_nursery() as nursery:
+            for index in range(workload.callers):
+                nursery.start_soon(caller, index)
+        elapsed = time.perf_counter() - started
+        stats = batcher.stats()
+        if wrong or stats.values != workload.total:
+            raise AssertionError(f"BoundedBatchFunction answered wrongly: {wrong}, {stats}")
+        return workload.total / elapsed
+
+    return trio.run(main)
+
+
+def run_aiodataloader(workload: Workload) -> float:
+    """One run of aiodataloader's DataLoader (cache off); returns values/s."""
+    from aiodataloader import DataLoader
+
+    async def load(keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return list(keys)
+
+    async def main() -> float:
+        loader = DataLoader(load, max_batch_size=workload.batch, cache=False)
+        wrong = 0
+
+        async def caller(index: int) -> None:
+            nonlocal wrong
+            for step in range(workload.values):
+                value = (index, step)
+                if await loader.load(value) != value:
+                    wrong += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(index) for index in range(workload.callers)))
+        elapsed = time.perf_counter() - started
+        if wrong:
+            raise AssertionError(f"aiodataloader answered wrongly: {wrong}")
+        return workload.total / elapsed
+
+    return asyncio.run(main())
+
+
+def run_bench(workload: Workload, runs: int) -> Result:
+    """``runs`` rounds; each round runs both sides, alternating which goes first."""
+    ours: list[float] = []
+    peer: list[float] = []
+    for round_ in range(runs):
+        if round_ % 2 == 0:
+            ours.append(run_bounded(workload))
+            peer.append(run_aiodataloader(workload))
+        else:
+            peer.append(run_aiodataloader(workload))
+            ours.append(run_bounded(workload))
+    return Result(tuple(ours), tuple(peer))
+
+
+def report(workload: Workload, result: Result) -> Any:
+    """A rich table of every run, the medians and the ratio."""
+    from rich.table import Table
+
+    table = Table(
+        title=(
+            f"batching: {workload.callers:,} callers x {workload.values} values, "
+            f"batches of {workload.batch}"
+        )
+    )
+    table.add_column("run", justify="right")
+    table.add_column("BoundedBatchFunction (trio) values/s", justify="right")
+    table.add_column("aiodataloader (asyncio) values/s", justify="right")
+    table.add_column("ratio", justify="right")
+    for index, (ours, peer) in enumerate(zip(result.ours, result.peer, strict=True), 1):
+        table.add_row(str(index), f"{ours:,.0f}", f"{peer:,.0f}", f"{ours / peer:.2f}x")
+    ours_median = statistics.median(result.ours)
+    peer_median = statistics.median(result.peer)
+    table.add_row(
+        "median", f"{ours_median:,.0f}", f"{peer_median:,.0f}", f"{result.ratio:.2f}x", style="bold"
+    )
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the batching benchmark and print values/s per run, the medians and the ratio."""
+    parser = argparse.ArgumentParser(prog="sheetplane bench batching", description=__doc__)
+    parser.add_argument("--callers", type=int, default=CALLERS)
+    parser.add_argument("--values", type=int, default=VALUES_PER_CALLER)
+    parser.add_argument("--batch", type=int, default=BATCH_ITEMS)
+    parser.add_argument("--runs", type=int, default=RUNS)
+    args = parser.parse_args(argv)
+    for name in ("callers", "values", "batch", "runs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    workload = Workload(callers=args.callers, values=args.values, batch=args.batch)
+    result = run_bench(workload, args.runs)
+
+    from rich.console import Console
+
+    console = Console()
+    console.print(report(workload, result))
+    console.print(
+        f"median ratio BoundedBatchFunction / aiodataloader: {result.ratio:.2f}x (target >= 1.00x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The ``sheetplane`` command line.
+
+``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``.
+Each subcommand is one parser plus one function that takes the parsed
+arguments and returns the exit status; add a subcommand by adding both in
+``build_parser``. Nothing in the package imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+
+def bench_names() -> list[str]:
+    """The benchmarks ``sheetplane bench`` can run: the public modules of ``sheetplane.bench``."""
+    from . import bench
+
+    return sorted(
+        module.name
+        for module in pkgutil.iter_modules(bench.__path__)
+        if not module.name.startswith("_")
+    )
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"sheetplane.bench.{args.name}")
+    status = module.main(args.args)
+    return int(status or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one subparser per subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="sheetplane",
+        description="sheetplane: a trio-native sheet data plane under explicit budgets.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark (sheetplane bench NAME --help for its options)",
+        description="Run one benchmark of sheetplane.bench; the arguments after NAME go to it.",
+    )
+    bench.add_argument("name", choices=bench_names(), metavar="NAME", help=", ".join(bench_names()))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    bench.set_defaults(run=_run_bench)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the subcommand; return its status."""
+    args = build_parser().parse_args(argv)
+    status: int = args.run(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
