@@ -377,6 +377,7 @@ class SessionManager:
         self._clock = clock
         self._open_pool = open_pool
         self._key = decryption_key
+        self._key_lock = trio.Lock()
         self._sessions: dict[str, DbSession] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._pools: dict[str, _Pool] = {}
@@ -474,9 +475,14 @@ class SessionManager:
         return None
 
     async def _mint(self, shape: AccessShape) -> DbSession:
-        if self._key is None:
-            # RSA key generation is CPU work; keep it off the event loop.
-            self._key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+        # One key for the manager's lifetime: concurrent first mints (of two
+        # shapes) wait for one generation instead of each replacing the key
+        # another's request was sealed to.
+        async with self._key_lock:
+            if self._key is None:
+                # RSA key generation is CPU work; keep it off the event loop.
+                self._key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+        key = self._key
         answer = await self._client.create_db_session(
             table_namespace=shape.table_namespace,
             logical_table=shape.logical_table,
@@ -484,7 +490,7 @@ class SessionManager:
             limits=shape.limits.to_json() or None,
             contract=shape.contract,
             ttl_seconds=DB_SESSION_TTL_MS // _MS,
-            encryption=self._key.encryption_request(),
+            encryption=key.encryption_request(),
         )
         parsed = _parse_answer(answer)
         session = parsed.identity
@@ -502,7 +508,7 @@ class SessionManager:
         self.minted += 1
         if parsed.envelope is None:
             return session
-        url = crypto.decrypt_postgres_url(parsed.envelope, self._key, parsed.aad)
+        url = crypto.decrypt_postgres_url(parsed.envelope, key, parsed.aad)
         return attrs.evolve(session, postgres_url=url)
 
     # --- pools ------------------------------------------------------------------------
