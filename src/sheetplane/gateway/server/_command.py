@@ -66,7 +66,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         action="store_true",
         help="emulate a gateway without the batch read action and stale reasons",
     )
-    parser.set_defaults(handler=run_serve)
+    parser.set_defaults(run=run_serve)
 
 
 def _tokens(cli_pairs: list[str]) -> dict[str, str]:
