@@ -1,6 +1,7 @@
 """The ``sheetplane`` command line.
 
-``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``.
+``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``;
+``sheetplane serve`` runs the reference gateway (``sheetplane.gateway.server._command``).
 Each subcommand is one parser plus one function that takes the parsed
 arguments and returns the exit status; add a subcommand by adding both in
 ``build_parser``. Nothing in the package imports this module.
@@ -13,6 +14,8 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+
+from .gateway.server._command import add_serve_parser
 
 
 def bench_names() -> list[str]:
@@ -48,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=bench_names(), metavar="NAME", help=", ".join(bench_names()))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_run_bench)
+
+    add_serve_parser(commands)
 
     return parser
 
