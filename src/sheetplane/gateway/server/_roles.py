@@ -218,6 +218,12 @@ def create_role_statements(
     return statements
 
 
+def _grant_lock_key(schema: str) -> int:
+    """A signed 64-bit advisory-lock key for the grants on one org's schema."""
+    digest = hashlib.sha256(f"sheetplane-grants:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 async def create_session_role(
     store: SheetStore,
     sheet: SheetRef,
@@ -242,6 +248,10 @@ async def create_session_role(
 
     def create(conn: psycopg.Connection[Any]) -> None:
         verifier = _scram_verifier(password)
+        # GRANTs rewrite the schema's and the tables' ACLs in the catalog; two
+        # sessions minted at once for one org would fail with "tuple
+        # concurrently updated", so grants on one schema take turns.
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(names.schema),))
         for statement in create_role_statements(role, verifier, expires_at, names, ops):
             conn.execute(statement)
         if writes:
