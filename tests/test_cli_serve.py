@@ -90,7 +90,11 @@ async def test_serve_honours_test_faults_only_with_the_flag(database_url: str) -
             async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
                 response = await http.post(
                     RUNTIME_PATH,
-                    json={"action": "runtime_sheet_summary", "playName": "p", "tableNamespace": "n"},
+                    json={
+                        "action": "runtime_sheet_summary",
+                        "playName": "p",
+                        "tableNamespace": "n",
+                    },
                     headers={
                         "authorization": f"Bearer {TOKEN}",
                         "x-sheetplane-test-fault": "runtime_sheet_summary=503",
