@@ -69,6 +69,19 @@ ACTION_MAX_RESPONSE_BYTES: Final = TRANSPORT_CEILING_BYTES
 #: the outputs a map writes beside it and the system fields a read adds.
 MAX_ROW_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES // 2
 
+#: Longest row key (and idempotency key), in UTF-8 bytes. Chosen under
+#: Postgres's B-tree entry limit (2,704 bytes with 8 KiB pages): keys are
+#: indexed, and a key past that limit would fail inside the write as a store
+#: error instead of being refused as bad input.
+MAX_ROW_KEY_BYTES: Final = 2 * KiB
+
+#: Deepest nesting of a value a write stores (arrays and objects inside a row,
+#: a map output, a cell-meta patch or a receipt result). Chosen: Python's json
+#: encoder and decoder recurse once per level and fail at the interpreter's
+#: recursion limit (1,000 by default), and a stored value travels back inside
+#: a row, a page and an answer, so values stay far below that on every road.
+MAX_JSON_DEPTH: Final = 256
+
 #: Characters of one string that ``json_byte_length_up_to`` encodes at a time,
 #: so measuring a huge string holds at most this slice's UTF-8 copy (4 bytes a
 #: character at worst) and stops within one slice of the limit.

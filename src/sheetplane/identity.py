@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .budgets import MAX_ROW_KEY_BYTES
 from .errors import InvalidInputError
 
 __all__ = [
@@ -101,14 +102,29 @@ def derive_row_identity(row: Mapping[str, Any]) -> str:
 
 
 def row_key(row: Mapping[str, Any], key_field: str | None = None) -> str:
-    """The key of ``row``: its ``key_field`` value, else its ``_key``, else its derived identity."""
+    """The key of ``row``: its ``key_field`` value, else its ``_key``, else its derived identity.
+
+    An explicit key longer than ``MAX_ROW_KEY_BYTES`` (UTF-8) is refused: keys are indexed.
+    """
     if key_field is not None:
         if key_field not in row:
             raise InvalidInputError(f"row has no key field {key_field!r}")
-        return canonical_key_text(row[key_field])
+        return _bounded(canonical_key_text(row[key_field]))
     carried = row.get("_key")
     if carried is not None:
         if not isinstance(carried, str) or not carried:
             raise InvalidInputError(f"a row's _key must be a non-empty string, got {carried!r}")
-        return carried
+        return _bounded(carried)
     return derive_row_identity(row)
+
+
+def _bounded(key: str) -> str:
+    # 4 bytes a character at most: only a long key needs encoding to be measured.
+    if len(key) * 4 > MAX_ROW_KEY_BYTES and len(key.encode("utf-8", "surrogatepass")) > (
+        MAX_ROW_KEY_BYTES
+    ):
+        raise InvalidInputError(
+            f"a row key is longer than {MAX_ROW_KEY_BYTES} bytes (MAX_ROW_KEY_BYTES): "
+            f"{key[:40]!r}..."
+        )
+    return key

@@ -59,6 +59,10 @@ class ReceiptClaim:
     """The completed receipt, when the work is already done (then ``acquired`` is False)."""
 
 
+#: The receipts table keeps ``run_attempt`` as a Postgres ``integer``.
+_MAX_RUN_ATTEMPT = 2**31 - 1
+
+
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
@@ -159,9 +163,13 @@ async def complete_work_receipt(
     if holder is not None:
         check_text(holder, "holder")
     if run_attempt is not None and (
-        isinstance(run_attempt, bool) or not isinstance(run_attempt, int) or run_attempt < 0
+        isinstance(run_attempt, bool)
+        or not isinstance(run_attempt, int)
+        or not 0 <= run_attempt <= _MAX_RUN_ATTEMPT
     ):
-        raise InvalidInputError(f"run_attempt must be an integer >= 0, got {run_attempt!r}")
+        raise InvalidInputError(
+            f"run_attempt must be an integer from 0 to {_MAX_RUN_ATTEMPT}, got {run_attempt!r}"
+        )
     check_json_value(result, "receipt result")
     params = {
         "key": key,

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from ..budgets import MAX_ROW_BYTES
+from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
 from ._schema import SYSTEM_COLUMNS, SheetNames
@@ -56,6 +56,8 @@ def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
         total += 6 * len(name) + 4  # quotes, colon, comma
         if not name.isascii():
             _encodable(name)
+        if "\x00" in name:
+            raise InvalidInputError(_NUL_MESSAGE)
         kind = type(value)
         if kind is str:
             total += 6 * len(value) + 2
@@ -63,6 +65,8 @@ def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
                 return None
             if not value.isascii():
                 _encodable(value)
+            if "\x00" in value:
+                raise InvalidInputError(_NUL_MESSAGE)
         elif kind is int:
             total += value.bit_length() // 3 + 2
         elif kind is float:
@@ -74,6 +78,39 @@ def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
         else:
             return None
     return total if total <= MAX_ROW_BYTES else None
+
+
+#: Write versions are stored as Postgres ``bigint``.
+MAX_BIGINT = 2**63 - 1
+
+_NUL_MESSAGE = "a string holds a NUL character, which Postgres cannot store in text or jsonb"
+
+
+def _check_nested(value: object) -> None:
+    """Raise ``InvalidInputError`` when any string in ``value`` (a key or a value, at any
+    depth) holds NUL, or when it nests deeper than ``MAX_JSON_DEPTH``.
+
+    Postgres refuses NUL in ``text`` and ``jsonb``, and Python's json encoder
+    fails past the recursion limit: either way a write that got that far
+    would fail as a store error, not as the bad input it is. Walks with an
+    explicit stack, so depth costs memory, not recursion.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidInputError(_NUL_MESSAGE)
+        elif isinstance(item, Mapping | list | tuple):
+            if depth >= MAX_JSON_DEPTH:
+                raise InvalidInputError(
+                    f"a value nests deeper than {MAX_JSON_DEPTH} levels (MAX_JSON_DEPTH)"
+                )
+            if isinstance(item, Mapping):
+                stack.extend((name, depth) for name in item)
+                stack.extend((child, depth + 1) for child in item.values())
+            else:
+                stack.extend((child, depth + 1) for child in item)
 
 
 def _encodable(text: str) -> None:
@@ -111,6 +148,10 @@ def check_row(row: object, position: int) -> Mapping[str, Any]:
             f"row {position} is larger than the {MAX_ROW_BYTES} byte row budget "
             f"(at least {size.bytes} bytes): a row must fit in one page read"
         )
+    try:
+        _check_nested(row)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"row {position}: {exc}") from None
     return row
 
 
@@ -122,20 +163,49 @@ def check_json_value(value: object, what: str) -> None:
         raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
     if size.exceeded:
         raise InvalidInputError(f"{what} is larger than the {MAX_ROW_BYTES} byte row budget")
+    try:
+        _check_nested(value)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{what}: {exc}") from None
 
 
 def check_key(key: object, what: str = "row key") -> str:
     """A row key must be a non-empty string."""
-    if not isinstance(key, str) or not key:
-        raise InvalidInputError(f"{what} must be a non-empty string, got {key!r}")
+    if not isinstance(key, str) or not key or "\x00" in key or not _utf8(key):
+        raise InvalidInputError(
+            f"{what} must be a non-empty string without NUL or lone surrogates, got {key!r}"
+        )
+    return check_key_size(key, what)
+
+
+def check_key_size(key: str, what: str) -> str:
+    """Refuse a key longer than ``MAX_ROW_KEY_BYTES`` (UTF-8): keys are indexed, and
+    Postgres refuses B-tree entries past about 2.7 KB inside the write."""
+    if len(key) * 4 > MAX_ROW_KEY_BYTES and len(key.encode("utf-8")) > MAX_ROW_KEY_BYTES:
+        raise InvalidInputError(
+            f"{what} is longer than {MAX_ROW_KEY_BYTES} bytes (MAX_ROW_KEY_BYTES): {key[:40]!r}..."
+        )
     return key
 
 
 def check_text(value: object, what: str) -> str:
     """A required non-empty string argument (run id, idempotency key, holder)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"{what} must be a non-empty string, got {value!r}")
+    if not isinstance(value, str) or not value or "\x00" in value or not _utf8(value):
+        raise InvalidInputError(
+            f"{what} must be a non-empty string without NUL or lone surrogates, got {value!r}"
+        )
     return value
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate), as Postgres text needs."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_write_version(value: object) -> int | None:
@@ -146,8 +216,10 @@ def check_write_version(value: object) -> int | None:
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidInputError(f"write_version must be a finite integer, got {value!r}")
         raise InvalidInputError(f"write_version must be an integer or None, got {value!r}")
-    if value < 0:
-        raise InvalidInputError(f"write_version must be >= 0, got {value!r}")
+    if not 0 <= value <= MAX_BIGINT:
+        raise InvalidInputError(
+            f"write_version must be between 0 and {MAX_BIGINT} (a bigint), got {value!r}"
+        )
     return value
 
 

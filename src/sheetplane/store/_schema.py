@@ -194,6 +194,17 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def _storable(text: str) -> bool:
+    """Whether Postgres can store ``text``: no NUL, and valid UTF-8 (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _physical_columns(contract: SheetContract) -> dict[str, str]:
     """sql name -> column id, for the contract's physical columns (the last one wins)."""
     columns: dict[str, str] = {}
@@ -201,11 +212,18 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
         if not column.is_physical:
             continue
         name = column.sql_name
-        if "\x00" in name or len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+        if "\x00" in name or len(name.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
             raise InvalidInputError(
                 f"sheet contract sqlName {name!r} is not a valid column name "
                 f"(at most {MAX_IDENTIFIER_BYTES} bytes, no NUL)"
             )
+        # The id and field are stored too (the id in the column's comment): they must be
+        # text Postgres can hold.
+        for what, text in (("sqlName", name), ("id", column.id), ("field", column.field)):
+            if text is not None and not _storable(text):
+                raise InvalidInputError(
+                    f"sheet contract column {what} {text!r} holds NUL or a lone surrogate"
+                )
         if name in SYSTEM_COLUMNS:
             raise InvalidInputError(f"sheet contract sqlName {name!r} is a system column")
         columns[name] = column.id

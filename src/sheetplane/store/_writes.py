@@ -57,6 +57,7 @@ from ._pool import TrioPool
 from ._rowdata import (
     apply_column_delta,
     apply_summary_delta,
+    check_key_size,
     check_row,
     check_text,
     chunked,
@@ -171,7 +172,7 @@ async def append_rows(
 
     Raises ``InvalidInputError`` before anything is written for a bad row or key.
     """
-    check_text(idempotency_key, "idempotency_key")
+    check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     checked = await trio.to_thread.run_sync(_check_rows, rows)
 
     def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
@@ -191,7 +192,7 @@ async def replace_rows(
 
     Raises ``InvalidInputError`` before anything is written (or deleted).
     """
-    check_text(idempotency_key, "idempotency_key")
+    check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     checked = await trio.to_thread.run_sync(_check_rows, rows)
 
     def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
@@ -235,7 +236,7 @@ async def upsert_rows(
     Raises ``InvalidInputError`` before anything is written for a bad row, key
     field or idempotency key.
     """
-    check_text(idempotency_key, "idempotency_key")
+    check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     if key_field is not None:
         check_text(key_field, "key_field")
     checked = await trio.to_thread.run_sync(_check_rows, rows)
