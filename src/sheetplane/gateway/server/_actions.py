@@ -44,6 +44,8 @@ LOGICAL_TABLES: Final = ("sheet_rows",)
 
 _LIMIT_NAMES: Final = ("maxRows", "maxBytes", "maxRequests")
 _MS_PER_SECOND: Final = 1_000
+#: The largest advisory session limit: a Postgres ``bigint``, past anything a session can use.
+_MAX_LIMIT: Final = 2**63 - 1
 
 
 @attrs.define(eq=False)
@@ -415,7 +417,7 @@ def _limits(body: Mapping[str, Any]) -> dict[str, int]:
     if unknown:
         raise bad_request(f"limits may carry only {list(_LIMIT_NAMES)}, got {sorted(unknown)}")
     return {
-        name: _integer(value[name], f"limits.{name}", 1)
+        name: _integer(value[name], f"limits.{name}", 1, _MAX_LIMIT)
         for name in _LIMIT_NAMES
         if value.get(name) is not None
     }

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar, cast
@@ -107,13 +108,40 @@ def _too_large_request(observed: int) -> ActionError:
     )
 
 
+#: A ``\uD800``-``\uDFFF`` escape: the only way a lone surrogate gets into parsed JSON
+#: (raw UTF-8 cannot carry one). Valid pairs match too; the walk tells them apart.
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _holds_lone_surrogate(value: object) -> bool:
+    """Whether any string in ``value`` (keys included) has no UTF-8 form."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         raise bad_request("request body must be JSON") from None
+    except RecursionError:
+        raise bad_request("request body nests too deeply to parse") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and _holds_lone_surrogate(body):
+        raise bad_request("request body holds a lone surrogate, which has no UTF-8 form")
     action = body.get("action")
     if not isinstance(action, str) or not action:
         raise bad_request("action must be a non-empty string")

@@ -33,10 +33,19 @@ def bad_request(message: str, code: str = "invalid_request") -> ActionError:
 
 
 def encode_json(payload: Any) -> bytes:
-    """The compact wire form (the one ``json_byte_length_up_to`` measures)."""
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
+    """The compact wire form (the one ``json_byte_length_up_to`` measures).
+
+    A string with a lone surrogate has no UTF-8 form; such a payload (an error
+    that echoes a request's bad text) is sent with ASCII escapes instead,
+    which JSON can carry.
+    """
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(
+            payload, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        ).encode("ascii")
 
 
 def json_bytes_response(status: int, body: bytes) -> Response:
