@@ -345,6 +345,8 @@ def bad_json_bodies() -> st.SearchStrategy[bytes]:
                 b'{"action": ""}',
                 b'{"action": null}',
                 b'{"action": ["runtime_sheet_summary"]}',
+                # An integer past Python's 4,300-digit parsing limit.
+                b'{"action": "runtime_sheet_read_rows", "n": ' + b"9" * 5_000 + b"}",
             ]
         ),
     )

@@ -1,0 +1,119 @@
+"""A reference gateway in its own thread and trio run, for suites that call it synchronously.
+
+Hypothesis drives synchronous tests, and pytest-trio's async fixtures live for
+one test; a gateway that serves a whole module of Hypothesis examples runs
+in a thread instead. Callers talk to it over real HTTP (``base_url``) and read
+the database directly with :func:`snapshot`, which counts what a request may
+have written.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import Any
+
+import psycopg
+import trio
+from psycopg import sql
+
+from sheetplane.gateway.server import ROLE_PREFIX, RunningGateway, running_gateway
+
+#: How long the thread may take to start the server or to stop it (seconds of
+#: real time; the embedded Postgres and Hypercorn start in well under this).
+START_STOP_SECONDS = 60
+
+
+class ThreadedGateway:
+    """``with ThreadedGateway(url, tokens=...) as gw:``; ``gw.base_url`` serves meanwhile."""
+
+    def __init__(self, database_url: str, *, tokens: dict[str, str], **options: Any) -> None:
+        self._url = database_url
+        self._tokens = tokens
+        self._options = options
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="threaded-gateway", daemon=True)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._error: BaseException | None = None
+        self.base_url = ""
+        self.running: RunningGateway | None = None
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            async with running_gateway(self._url, tokens=self._tokens, **self._options) as gw:
+                self.running = gw
+                self.base_url = gw.base_url
+                self._ready.set()
+                await self._stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> ThreadedGateway:
+        self._thread.start()
+        if not self._ready.wait(START_STOP_SECONDS) or self._error is not None:
+            raise RuntimeError("the threaded gateway did not start") from self._error
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None and self._stop is not None:
+            stop = self._stop
+            trio.from_thread.run_sync(stop.set, trio_token=self._token)
+        self._thread.join(START_STOP_SECONDS)
+        if self._thread.is_alive():
+            raise RuntimeError("the threaded gateway did not stop")
+        if self._error is not None:
+            raise RuntimeError("the threaded gateway failed") from self._error
+
+    def alive(self) -> bool:
+        """Whether the server thread still runs."""
+        return self._thread.is_alive() and self._error is None
+
+
+def snapshot(database_url: str) -> dict[str, Any]:
+    """What exists and what it holds: schemas, relations and session roles, and the row
+    count and a digest of the contents of every table in a sheetplane schema (``sp_...``)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        schemas = [r[0] for r in conn.execute("SELECT nspname FROM pg_namespace ORDER BY 1")]
+        relations = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')"
+        ).fetchone()
+        roles = [
+            r[0]
+            for r in conn.execute(
+                "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s) ORDER BY 1",
+                (ROLE_PREFIX,),
+            )
+        ]
+        tables = conn.execute(
+            "SELECT schemaname, tablename FROM pg_tables WHERE starts_with(schemaname, 'sp_') "
+            "ORDER BY 1, 2"
+        ).fetchall()
+        counts = {}
+        for schema, table in tables:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT count(*), md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) "
+                    "FROM {} AS t"
+                ).format(sql.Identifier(schema, table))
+            ).fetchone()
+            counts[f"{schema}.{table}"] = tuple(row) if row else None
+        return {
+            "schemas": schemas,
+            "relations": relations[0] if relations else 0,
+            "roles": roles,
+            "rows": counts,
+        }

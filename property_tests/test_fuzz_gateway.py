@@ -1,0 +1,521 @@
+"""Every gateway action with Hypothesis-generated bad input, through the real server and Postgres.
+
+Each example takes a valid request of one action and breaks exactly one part
+of it (a wrong type, an out-of-range or non-finite number, a huge value, an
+empty or NUL-bearing string, an unknown enum, a missing field, nesting past
+``MAX_JSON_DEPTH``), or sends a body that is not a JSON object at all
+(malformed, truncated, invalid UTF-8, NaN literals, nesting that would blow
+the decoder's stack). Invariants, for every example:
+
+* the answer is a 4xx with a JSON body ``{error, code}``: never a 5xx, never a
+  stack trace, the token or a database secret;
+* nothing was written: the schemas, relations, session roles and every
+  sheetplane table's rows (count and a digest of their contents) are what
+  they were before the request;
+* the server is still up: it answers the next valid request.
+
+A last group sends hostile but *valid* strings (SQL-looking, quotes, unicode,
+huge) where the gateway takes free text: they may write, but never answer 5xx.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import attrs
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sheetplane.budgets import MAX_JSON_DEPTH, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from sheetplane.crypto import generate_decryption_key
+from sheetplane.gateway.server import RUNTIME_PATH
+from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
+
+from ._threaded_gateway import ThreadedGateway, snapshot
+
+TOKEN = "tok-fuzz-6b1d0e9a42c7"
+OTHER_TOKEN = "tok-fuzz-other-0c55a1"
+ORG = "fuzz-org"
+OTHER_ORG = "fuzz-other-org"
+PLAY = "fuzz-play"
+NS = "fuzz-sheet"
+CONTRACT = {
+    "columns": [
+        {"id": "email", "sqlName": "email", "source": "input"},
+        {"id": "score", "sqlName": "score", "source": "output"},
+    ]
+}
+EXAMPLES = int(os.environ.get("SHEETPLANE_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+#: Bad inputs tried, by test, for docs/reliability.md.
+TRIED: Counter[str] = Counter()
+
+
+@attrs.define
+class Fuzzed:
+    gateway: ThreadedGateway
+    http: httpx.Client
+    database_url: str
+    write_version: int
+    valid: dict[str, dict[str, Any]]
+    secrets: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def fuzzed(sheetplane_database_url: str) -> Iterator[Fuzzed]:
+    database_url = sheetplane_database_url
+    parts = urlsplit(database_url)
+    secrets = tuple(s for s in (TOKEN, OTHER_TOKEN, database_url, parts.password) if s)
+    with (
+        ThreadedGateway(database_url, tokens={TOKEN: ORG, OTHER_TOKEN: OTHER_ORG}) as gw,
+        httpx.Client(base_url=gw.base_url, timeout=120) as http,
+    ):
+        fuzz = Fuzzed(gw, http, database_url, 0, {}, secrets)
+        seed = [{"_key": f"k{i}", "email": f"user{i}@example.com"} for i in range(10)]
+        admitted = _ok(
+            fuzz,
+            "start_sheet_dataset",
+            {"tableNamespace": NS, "sheetContract": CONTRACT, "rows": seed, "runId": "run-1"},
+        )
+        fuzz.write_version = admitted["writeVersion"]
+        fuzz.valid = _valid_bodies(fuzz.write_version)
+        yield fuzz
+        report = os.environ.get("SHEETPLANE_RELIABILITY_LOG")
+        if report:
+            with open(report, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"suite": "fuzz_gateway", "tried": dict(TRIED)}) + "\n")
+
+
+def _valid_bodies(version: int) -> dict[str, dict[str, Any]]:
+    jwk = generate_decryption_key().encryption_request()
+    return {
+        "ensure_sheet": {"tableNamespace": NS, "sheetContract": CONTRACT, "userEmail": "a@b.c"},
+        "start_sheet_dataset": {
+            "tableNamespace": NS,
+            "sheetContract": CONTRACT,
+            "rows": [{"_key": "k1", "email": "user1@example.com"}],
+            "runId": "run-1",
+        },
+        "create_db_session": {
+            "target": {"tableNamespace": NS, "logicalTable": "sheet_rows"},
+            "operations": ["rows.read"],
+            "limits": {"maxRows": 10},
+            "ttlSeconds": 60,
+            "postgresUrlEncryption": jwk,
+        },
+        "runtime_sheet_read_rows": {"input": {"tableNamespace": NS, "limit": 5, "offset": 0}},
+        "runtime_sheet_read_rows_batch": {
+            "input": {"tableNamespace": NS, "rowMode": "all", "pages": [{"limit": 5, "offset": 0}]}
+        },
+        "runtime_sheet_read_row_keys": {"input": {"tableNamespace": NS, "limit": 5, "offset": 0}},
+        "runtime_sheet_complete_map_rows": {
+            "tableNamespace": NS,
+            "sheetContract": CONTRACT,
+            "runId": "run-1",
+            "writeVersion": version,
+            "rows": [{"key": "k1", "data": {"score": 1}, "cellMetaPatch": {"score": {"v": 1}}}],
+        },
+        "runtime_sheet_fail_map_rows": {
+            "tableNamespace": NS,
+            "sheetContract": CONTRACT,
+            "runId": "run-1",
+            "writeVersion": version,
+            "rows": [{"key": "k2", "error": "boom", "data": {"score": 0}}],
+        },
+        "complete_work_receipt": {"key": "receipt-1", "result": {"ok": True}, "runId": "run-1"},
+        "runtime_sheet_summary": {"tableNamespace": NS},
+    }
+
+
+def _post(
+    fuzz: Fuzzed,
+    content: bytes,
+    *,
+    token: str | None = TOKEN,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    sent = {"content-type": "application/json", **(headers or {})}
+    if token is not None:
+        sent["authorization"] = f"Bearer {token}"
+    return fuzz.http.post(RUNTIME_PATH, content=content, headers=sent)
+
+
+def _encode(body: Any) -> bytes:
+    """JSON with NaN and Infinity literals allowed (exactly the bad input to send); a body
+    with a lone surrogate goes out with ASCII escapes, the one way JSON carries it."""
+    text = json.dumps(body, allow_nan=True, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(body, allow_nan=True, ensure_ascii=True).encode("ascii")
+
+
+def _ok(fuzz: Fuzzed, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = _post(fuzz, _encode({"action": action, "playName": PLAY, **body}))
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _check_refused(fuzz: Fuzzed, response: httpx.Response, before: dict[str, Any]) -> None:
+    text = response.text
+    assert 400 <= response.status_code < 500, (response.status_code, text[:500])
+    body = response.json()
+    assert isinstance(body, dict)
+    assert isinstance(body.get("error"), str) and isinstance(body.get("code"), str)
+    assert "Traceback" not in text and 'File "' not in text
+    for secret in fuzz.secrets:
+        assert secret not in text
+    assert snapshot(fuzz.database_url) == before, "a refused request wrote something"
+
+
+def _check_alive(fuzz: Fuzzed) -> None:
+    assert fuzz.gateway.alive()
+    summary = _ok(fuzz, "runtime_sheet_summary", {"tableNamespace": NS})
+    assert summary["total"] == 10
+
+
+# --- what is wrong with a field -----------------------------------------------------------
+
+_NON_STRINGS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+_NUL_TEXT = st.one_of(
+    st.tuples(st.text(max_size=8), st.text(max_size=8)).map(lambda p: f"{p[0]}\x00{p[1]}"),
+    st.sampled_from(["\ud800", "a\udfffb", "\udc00\ud800"]),  # lone surrogates
+)
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"d": value}
+    return value
+
+
+def _bad_number(minimum: int, maximum: int | None) -> st.SearchStrategy[Any]:
+    out = [
+        st.integers(max_value=minimum - 1, min_value=minimum - 10**20),
+        st.sampled_from([float("nan"), float("inf"), float("-inf"), 0.5, minimum + 0.25]),
+        st.sampled_from(["1", "", True, False, None, [1], {"n": 1}]),
+        st.integers(min_value=10**300, max_value=10**4000),
+    ]
+    if maximum is not None:
+        out.append(st.integers(min_value=maximum + 1, max_value=maximum + 10**30))
+    return st.one_of(*out)
+
+
+def _bad(kind: str) -> st.SearchStrategy[Any]:
+    """A value that is wrong for a field of ``kind``."""
+    name, _, arg = kind.partition(":")
+    if name == "text":  # required, non-empty, no NUL
+        return st.one_of(_NON_STRINGS, st.sampled_from(["", "   ", "\t"]), _NUL_TEXT)
+    if name == "str":  # required, non-empty (whitespace allowed), no NUL
+        return st.one_of(_NON_STRINGS, st.just(""), _NUL_TEXT)
+    if name == "opt_type":  # optional string the gateway does not store: only its type matters
+        return _NON_STRINGS.filter(lambda v: v is not None)
+    if name == "opt_text":  # optional string
+        return st.one_of(_NON_STRINGS.filter(lambda v: v is not None), _NUL_TEXT)
+    if name == "object":
+        return st.one_of(_NON_STRINGS.filter(lambda v: not isinstance(v, dict)), hostile_text())
+    if name == "opt_object":
+        return st.one_of(
+            _NON_STRINGS.filter(lambda v: v is not None and not isinstance(v, dict)),
+            hostile_text(),
+        )
+    if name == "array":
+        return st.one_of(_NON_STRINGS.filter(lambda v: not isinstance(v, list)), hostile_text())
+    if name == "int":
+        low, _, high = arg.partition("..")
+        return _bad_number(int(low), int(high) if high else None)
+    if name == "enum":
+        allowed = set(arg.split("|"))
+        return st.one_of(
+            _NON_STRINGS.filter(lambda v: v is not None),
+            hostile_text(max_size=12).filter(lambda v: v not in allowed),
+        )
+    if name == "sqlname":
+        return st.one_of(
+            _NON_STRINGS, st.sampled_from(["", "a" * 64, "é" * 32, "_key\x00", "x\x00y"])
+        )
+    if name == "json":  # a value no store may keep
+        return st.one_of(
+            _NUL_TEXT,
+            st.dictionaries(_NUL_TEXT, st.integers(), min_size=1, max_size=1),
+            st.sampled_from([float("nan"), float("inf"), [float("-inf")]]),
+            st.integers(min_value=MAX_JSON_DEPTH + 1, max_value=MAX_JSON_DEPTH + 400).map(_deep),
+        )
+    raise AssertionError(kind)
+
+
+#: Per action: ``(path, kind, required)``; a path is keys and list indexes into the body.
+FIELDS: dict[str, list[tuple[tuple[Any, ...], str, bool]]] = {
+    "ensure_sheet": [
+        (("tableNamespace",), "text", True),
+        (("sheetContract",), "opt_object", False),
+        (("sheetContract", "columns"), "array", False),
+        (("sheetContract", "columns", 0), "object", True),
+        (("sheetContract", "columns", 0, "id"), "str", True),
+        (("sheetContract", "columns", 1, "sqlName"), "sqlname", True),
+        (("sheetContract", "columns", 1, "source"), "enum:input|mapField|output", True),
+        (("userEmail",), "opt_type", False),
+    ],
+    "start_sheet_dataset": [
+        (("tableNamespace",), "text", True),
+        (("sheetContract",), "object", True),
+        (("sheetContract", "columns", 0, "source"), "enum:input|mapField|output", True),
+        (("rows",), "array", True),
+        (("rows", 0), "object", True),
+        (("rows", 0, "email"), "json", True),
+        (("rows", 0, "_key"), "json", True),
+        (("runId",), "text", True),
+    ],
+    "create_db_session": [
+        (("target",), "object", True),
+        (("target", "tableNamespace"), "text", True),
+        (("target", "logicalTable"), "enum:sheet_rows", True),
+        (("operations",), "array", True),
+        (("operations", 0), "enum:rows.read|rows.upsert|rows.append|rows.replace", True),
+        (("limits",), "opt_object", False),
+        (("limits", "maxRows"), "int:1..9223372036854775807", False),
+        (("ttlSeconds",), "int:1", False),
+        (("postgresUrlEncryption",), "opt_object", False),
+        (("postgresUrlEncryption", "alg"), "enum:RSA-OAEP-256+A256GCM", True),
+        (("postgresUrlEncryption", "publicKeyJwk"), "object", True),
+        (("postgresUrlEncryption", "publicKeyJwk", "n"), "text", True),
+        (("postgresUrlEncryption", "publicKeyJwk", "kty"), "enum:RSA", True),
+    ],
+    "runtime_sheet_read_rows": [
+        (("input",), "object", True),
+        (("input", "tableNamespace"), "text", True),
+        (("input", "limit"), f"int:1..{READ_PAGE_MAX_ROWS}", True),
+        (("input", "offset"), "int:0..9223372036854775807", True),
+        (("input", "runId"), "opt_text", False),
+        (("input", "rowMode"), "enum:output|all", False),
+    ],
+    "runtime_sheet_read_rows_batch": [
+        (("input",), "object", True),
+        (("input", "pages"), "array", True),
+        (("input", "pages", 0), "object", True),
+        (("input", "pages", 0, "limit"), f"int:1..{READ_PAGE_MAX_ROWS}", True),
+        (("input", "pages", 0, "offset"), "int:0..9223372036854775807", True),
+        (("input", "rowMode"), "enum:output|all", False),
+    ],
+    "runtime_sheet_read_row_keys": [
+        (("input", "tableNamespace"), "text", True),
+        (("input", "limit"), f"int:1..{READ_PAGE_MAX_ROWS}", True),
+        (("input", "offset"), "int:0..9223372036854775807", True),
+    ],
+    "runtime_sheet_complete_map_rows": [
+        (("tableNamespace",), "text", True),
+        (("sheetContract",), "object", True),
+        (("runId",), "text", True),
+        (("writeVersion",), "int:0..9223372036854775807", False),
+        (("rows",), "array", True),
+        (("rows", 0), "object", True),
+        (("rows", 0, "key"), "text", True),
+        (("rows", 0, "data"), "opt_object", False),
+        (("rows", 0, "data", "score"), "json", True),
+        (("rows", 0, "cellMetaPatch"), "opt_object", False),
+        (("rows", 0, "cellMetaPatch", "score"), "json", True),
+    ],
+    "runtime_sheet_fail_map_rows": [
+        (("runId",), "text", True),
+        (("writeVersion",), "int:0..9223372036854775807", False),
+        (("rows", 0), "object", True),
+        (("rows", 0, "key"), "text", True),
+        (("rows", 0, "error"), "str", True),
+        (("rows", 0, "data"), "opt_object", False),
+        (("rows", 0, "data", "score"), "json", True),
+    ],
+    "complete_work_receipt": [
+        (("key",), "text", True),
+        (("runId",), "text", True),
+        (("result",), "json", True),
+        (("runAttempt",), "int:0..2147483647", False),
+    ],
+    "runtime_sheet_summary": [
+        (("tableNamespace",), "text", True),
+    ],
+}
+#: Every action also carries ``playName``.
+for _fields in FIELDS.values():
+    _fields.append((("playName",), "text", True))
+
+
+def _set(body: Any, path: tuple[Any, ...], value: Any, *, delete: bool = False) -> None:
+    for part in path[:-1]:
+        body = body[part]
+    if delete:
+        del body[path[-1]]
+    else:
+        body[path[-1]] = value
+
+
+@st.composite
+def broken_requests(draw: st.DrawFn, fuzz_valid: dict[str, dict[str, Any]]) -> tuple[str, Any]:
+    action = draw(st.sampled_from(ACTIONS))
+    body = copy.deepcopy({"action": action, "playName": PLAY, **fuzz_valid[action]})
+    path, kind, required = draw(st.sampled_from(FIELDS[action]))
+    if required and isinstance(path[-1], str) and kind != "json" and draw(st.booleans()):
+        _set(body, path, None, delete=True)
+        return f"{action}:{'.'.join(map(str, path))}:missing", body
+    _set(body, path, draw(_bad(kind)))
+    return f"{action}:{'.'.join(map(str, path))}:{kind}", body
+
+
+def _header_safe(text: str) -> bool:
+    """Whether a header value can carry ``text`` at all (no control characters)."""
+    return all(ch == "\t" or 0x20 <= ord(ch) != 0x7F for ch in text)
+
+
+# --- the properties -------------------------------------------------------------------------
+
+
+def test_the_valid_request_of_every_action_is_answered(fuzzed: Fuzzed) -> None:
+    # The fuzz starts from these: each must be a request the gateway accepts.
+    for action in ACTIONS:
+        _ok(fuzzed, action, copy.deepcopy(fuzzed.valid[action]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_broken_field_is_refused_4xx_and_writes_nothing(
+    fuzzed: Fuzzed, data: st.DataObject
+) -> None:
+    label, body = data.draw(broken_requests(fuzzed.valid), label="request")
+    TRIED[label.split(":")[0]] += 1
+    before = snapshot(fuzzed.database_url)
+    response = _post(fuzzed, _encode(body))
+    _check_refused(fuzzed, response, before)
+    _check_alive(fuzzed)
+
+
+@FUZZ
+@given(content=bad_json_bodies())
+def test_a_body_that_is_not_a_request_is_refused(fuzzed: Fuzzed, content: bytes) -> None:
+    TRIED["not_json"] += 1
+    before = snapshot(fuzzed.database_url)
+    _check_refused(fuzzed, _post(fuzzed, content), before)
+    _check_alive(fuzzed)
+
+
+@FUZZ
+@given(
+    action=st.one_of(st.sampled_from(ACTIONS), hostile_text(max_size=30)),
+    extra=st.dictionaries(hostile_text(max_size=12), json_values(max_leaves=4), max_size=4),
+)
+def test_a_random_object_is_never_a_5xx(fuzzed: Fuzzed, action: str, extra: dict[str, Any]) -> None:
+    TRIED["random_object"] += 1
+    body = {**extra, "action": action}
+    response = _post(fuzzed, _encode(body))
+    assert response.status_code < 500, response.text[:500]
+    assert "Traceback" not in response.text
+    for secret in fuzzed.secrets:
+        assert secret not in response.text
+    _check_alive(fuzzed)
+
+
+@FUZZ
+@given(
+    token=st.one_of(
+        st.none(),
+        hostile_text(max_size=30).filter(lambda t: len(t) < 1_000 and _header_safe(t)),
+        st.just(OTHER_TOKEN),
+        st.just(TOKEN + "x"),
+    ),
+    scheme=st.sampled_from(["Bearer", "bearer", "Basic", "", "Bearer  "]),
+    action=st.sampled_from(ACTIONS),
+)
+def test_a_wrong_token_or_org_is_refused_and_writes_nothing(
+    fuzzed: Fuzzed, token: str | None, scheme: str, action: str
+) -> None:
+    TRIED["auth"] += 1
+    body = {"action": action, "playName": PLAY, **copy.deepcopy(fuzzed.valid[action])}
+    headers: dict[str, Any] = {}
+    if token is not None:
+        # Sent as UTF-8 bytes: a header carries any octets but control characters.
+        headers["authorization"] = f"{scheme} {token}".strip().encode()
+    if token == OTHER_TOKEN:
+        body["orgId"] = ORG  # another org's token naming this org: 403
+    before = snapshot(fuzzed.database_url)
+    response = _post(fuzzed, _encode(body), token=None, headers=headers)
+    _check_refused(fuzzed, response, before)
+    assert response.status_code in (401, 403)
+
+
+def test_a_header_past_the_server_limit_is_refused_before_the_app(fuzzed: Fuzzed) -> None:
+    TRIED["auth"] += 1
+    before = snapshot(fuzzed.database_url)
+    body = {
+        "action": "ensure_sheet",
+        "playName": PLAY,
+        **copy.deepcopy(fuzzed.valid["ensure_sheet"]),
+    }
+    huge = {"authorization": ("Bearer " + "é" * 40_000).encode()}
+    response = _post(fuzzed, _encode(body), token=None, headers=huge)
+    # Hypercorn (h11) refuses a head past its size limit itself, in plain text.
+    assert 400 <= response.status_code < 500
+    assert snapshot(fuzzed.database_url) == before
+    _check_alive(fuzzed)
+
+
+def test_a_body_past_the_transport_ceiling_is_refused_413(fuzzed: Fuzzed) -> None:
+    TRIED["too_large"] += 1
+    before = snapshot(fuzzed.database_url)
+    huge = b'{"action": "runtime_sheet_summary", "pad": "' + b"x" * TRANSPORT_CEILING_BYTES + b'"}'
+    response = _post(fuzzed, huge)
+    _check_refused(fuzzed, response, before)
+    assert response.status_code == 413
+    _check_alive(fuzzed)
+
+
+@FUZZ
+@given(
+    namespace=hostile_text(min_size=1, max_size=40).filter(lambda s: s.strip()),
+    run_id=hostile_text(min_size=1, max_size=40).filter(lambda s: s.strip()),
+    email=json_values(max_leaves=6),
+)
+def test_hostile_but_valid_strings_never_cause_a_5xx(
+    fuzzed: Fuzzed, namespace: str, run_id: str, email: Any
+) -> None:
+    TRIED["hostile_valid"] += 1
+    body = {
+        "action": "start_sheet_dataset",
+        "playName": PLAY,
+        "tableNamespace": namespace,
+        "sheetContract": CONTRACT,
+        "rows": [{"_key": run_id, "email": email}],
+        "runId": run_id,
+    }
+    response = _post(fuzzed, _encode(body))
+    assert response.status_code < 500, response.text[:500]
+    if response.status_code == 200:
+        answer = response.json()
+        admitted = answer["pendingRows"] + answer["completedRows"]
+        assert [row["_key"] for row in admitted] == [run_id]
+        keys = _ok(
+            fuzzed,
+            "runtime_sheet_read_row_keys",
+            {"input": {"tableNamespace": namespace, "limit": 10, "offset": 0}},
+        )
+        assert run_id in keys["keys"]
+    _check_alive(fuzzed)
