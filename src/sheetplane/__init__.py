@@ -29,6 +29,9 @@ from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
 from .errors import WorkReceiptFencedError as WorkReceiptFencedError
 from .errors import WriteConflictError as WriteConflictError
+from .runtime import Runtime as Runtime
+from .runtime import RuntimeContext as RuntimeContext
+from .runtime import open_runtime as open_runtime
 from .sizes import SizeMeasurement as SizeMeasurement
 from .sizes import json_byte_length_up_to as json_byte_length_up_to
 
@@ -52,6 +55,8 @@ __all__ = [
     "OversizedValueError",
     "ReadBatchTooLargeError",
     "ResponseTooLargeError",
+    "Runtime",
+    "RuntimeContext",
     "SessionError",
     "SessionExpiredError",
     "SheetplaneError",
@@ -64,4 +69,5 @@ __all__ = [
     "WorkReceiptFencedError",
     "WriteConflictError",
     "json_byte_length_up_to",
+    "open_runtime",
 ]

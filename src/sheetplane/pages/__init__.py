@@ -1,4 +1,4 @@
-"""Pages: request and result values, the adaptive splitter, the page reader."""
+"""Pages: request and result values, the adaptive splitter, the page reader, the two roads."""
 
 from __future__ import annotations
 
@@ -9,15 +9,23 @@ from ._reader import ReadScope as ReadScope
 from ._reader import SheetRoad as SheetRoad
 from ._reader import normalize_page_request as normalize_page_request
 from ._reader import token_digest as token_digest
+from ._roads import DirectRoad as DirectRoad
+from ._roads import GatewayCursor as GatewayCursor
+from ._roads import GatewayRoad as GatewayRoad
+from ._roads import RoadStats as RoadStats
 from ._splitter import ReadBatch as ReadBatch
 from ._splitter import read_pages_adaptive as read_pages_adaptive
 
 __all__ = [
+    "DirectRoad",
+    "GatewayCursor",
+    "GatewayRoad",
     "Page",
     "PageReader",
     "PageRequest",
     "ReadBatch",
     "ReadScope",
+    "RoadStats",
     "SheetRoad",
     "normalize_page_request",
     "read_pages_adaptive",

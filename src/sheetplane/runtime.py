@@ -1,0 +1,660 @@
+"""The runner-facing entry point: one block that holds a run's context and its parts.
+
+::
+
+    async with sheetplane.open_runtime(
+        base_url=..., token=..., org_id=..., play_name=..., run_id=...,
+        strategy="direct",            # or "gateway_only"
+    ) as rt:
+        writer = rt.writer("leads", contract)
+        admission = await writer.start(rows)            # always through the gateway
+        await writer.complete([CompleteRow(key, outputs), ...])
+        async for row in rt.dataset("leads"):
+            ...
+        await rt.receipts().complete("send-42", {"ok": True})
+
+``open_runtime`` opens, inside its block, a ``GatewayClient`` (HTTP), a
+``SessionManager`` (scoped Postgres sessions, their pools and the tasks that
+close them) and a ``PageReader`` (the batcher whose nursery runs every batch
+read). Nothing it starts outlives the block.
+
+Which road each operation takes:
+
+=====================================  ==========================  =====================
+operation                              ``direct``                  ``gateway_only``
+=====================================  ==========================  =====================
+dataset reads                          scoped session (rows.read)  gateway
+``start`` (admission)                  gateway                     gateway
+``complete`` / ``fail``                scoped session              gateway
+                                       (rows.read + rows.upsert)
+``append`` / ``upsert`` / ``replace``  scoped session              scoped session
+receipts                               gateway                     gateway
+=====================================  ==========================  =====================
+
+Admission stays with the gateway on both strategies: deciding what an attempt
+owns is the gateway's job. The gateway has no action for ``append``,
+``upsert`` and ``replace``, so they always write through a session the
+gateway mints for exactly that operation, as the runtime this library
+re-creates does. Receipts live outside every sheet, where no session role is
+granted, so they go through the gateway too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Final, Literal
+
+import attrs
+import trio
+
+from .budgets import READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from .dataset import Dataset
+from .errors import AttemptSupersededError, InvalidInputError
+from .gateway.client import GatewayClient
+from .pages._reader import PageReader, ReadScope, SheetRoad
+from .pages._roads import DirectRoad, GatewayRoad, RoadStats
+from .sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
+from .sizes import json_byte_length_up_to
+from .store import SheetStore, superseded_rows
+from .store._types import (
+    Admission,
+    CompleteRow,
+    ContractColumn,
+    FailRow,
+    ReceiptCompletion,
+    RowMode,
+    SheetContract,
+    SheetRef,
+    TerminalWriteResult,
+    WriteResult,
+)
+
+__all__ = [
+    "Admission",
+    "CompleteRow",
+    "ContractColumn",
+    "FailRow",
+    "ReceiptCompletion",
+    "ReceiptRecorder",
+    "RowWriter",
+    "Runtime",
+    "RuntimeContext",
+    "RuntimeStats",
+    "SheetContract",
+    "Strategy",
+    "TerminalWriteResult",
+    "WriteResult",
+    "open_runtime",
+]
+
+Strategy = Literal["direct", "gateway_only"]
+STRATEGIES: Final = ("direct", "gateway_only")
+
+
+# --- argument checks ----------------------------------------------------------------------
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise InvalidInputError(f"{name} must be a non-empty string without NUL, got {value!r}")
+    return value
+
+
+def _optional_text(name: str, value: object) -> str | None:
+    return None if value is None else _text(name, value)
+
+
+def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError(f"{name} must be a sequence of row objects, got {rows!r}")
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise InvalidInputError(f"{name}[{index}] must be a mapping, got {row!r}")
+    return list(rows)
+
+
+def _json_value(name: str, value: object) -> None:
+    try:
+        measured = json_byte_length_up_to(value, TRANSPORT_CEILING_BYTES)
+    except TypeError as exc:
+        raise InvalidInputError(f"{name} must be JSON-serialisable: {exc}") from None
+    if measured.exceeded:
+        raise InvalidInputError(f"{name} is larger than {TRANSPORT_CEILING_BYTES} bytes as JSON")
+
+
+def _complete_rows(rows: object) -> list[CompleteRow]:
+    checked = []
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError(f"rows must be a sequence of CompleteRow, got {rows!r}")
+    for index, row in enumerate(rows):
+        if not isinstance(row, CompleteRow):
+            raise InvalidInputError(f"rows[{index}] must be a CompleteRow, got {row!r}")
+        _text(f"rows[{index}].key", row.key)
+        if not isinstance(row.data, Mapping):
+            raise InvalidInputError(f"rows[{index}].data must be a mapping, got {row.data!r}")
+        if row.cell_meta_patch is not None and not isinstance(row.cell_meta_patch, Mapping):
+            raise InvalidInputError(f"rows[{index}].cell_meta_patch must be a mapping or None")
+        checked.append(row)
+    return checked
+
+
+def _fail_rows(rows: object) -> list[FailRow]:
+    checked = []
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError(f"rows must be a sequence of FailRow, got {rows!r}")
+    for index, row in enumerate(rows):
+        if not isinstance(row, FailRow):
+            raise InvalidInputError(f"rows[{index}] must be a FailRow, got {row!r}")
+        _text(f"rows[{index}].key", row.key)
+        if not isinstance(row.error, str):
+            raise InvalidInputError(f"rows[{index}].error must be a string, got {row.error!r}")
+        if row.data is not None and not isinstance(row.data, Mapping):
+            raise InvalidInputError(f"rows[{index}].data must be a mapping or None")
+        checked.append(row)
+    return checked
+
+
+# --- the context ------------------------------------------------------------------------------
+
+
+def _base_url(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    text = _text(attribute.name, value)
+    if not text.strip().lower().startswith(("http://", "https://")):
+        raise InvalidInputError(f"base_url must be an http(s) URL, got {value!r}")
+
+
+def _nonempty(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    _text(attribute.name, value)
+
+
+def _token(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError("token must be a non-empty string")
+
+
+def _strategy(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in STRATEGIES:
+        raise InvalidInputError(f"strategy must be one of {STRATEGIES}, got {value!r}")
+
+
+def _preloaded(value: object) -> tuple[PreloadedSession, ...]:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise InvalidInputError(f"preloaded_sessions must be a sequence, got {value!r}")
+    for index, item in enumerate(value):
+        if not isinstance(item, PreloadedSession):
+            raise InvalidInputError(
+                f"preloaded_sessions[{index}] must be a PreloadedSession, got {item!r}"
+            )
+    return tuple(value)
+
+
+def _unwrap_key(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, bytes) or len(value) != 32):
+        raise InvalidInputError("unwrap_key must be 32 bytes or None")
+
+
+def _optional_email(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    _optional_text(attribute.name, value)
+
+
+@attrs.frozen
+class RuntimeContext:
+    """Everything a run's data plane is authorised by. The token is never in its repr."""
+
+    base_url: str = attrs.field(validator=_base_url)
+    """The runtime gateway's base URL."""
+    token: str = attrs.field(repr=False, validator=_token)
+    """The executor token (a secret)."""
+    org_id: str = attrs.field(validator=_nonempty)
+    """The organisation the run belongs to."""
+    play_name: str = attrs.field(validator=_nonempty)
+    """The play being run."""
+    run_id: str = attrs.field(validator=_nonempty)
+    """The run: stamped on admitted rows, and carried by terminal writes and receipts."""
+    strategy: Strategy = attrs.field(default="direct", validator=_strategy)
+    """``direct`` (reads and terminal writes on scoped sessions) or ``gateway_only``."""
+    preloaded_sessions: tuple[PreloadedSession, ...] = attrs.field(
+        default=(), converter=_preloaded, repr=False
+    )
+    """Sessions a harness minted ahead of the run (used before minting new ones)."""
+    unwrap_key: bytes | None = attrs.field(default=None, repr=False, validator=_unwrap_key)
+    """The harness key that opens preloaded sessions' URLs (a secret)."""
+    user_email: str | None = attrs.field(default=None, validator=_optional_email)
+    """The user on whose behalf the run acts, if any."""
+
+
+@attrs.frozen
+class RuntimeStats:
+    """A snapshot of what a runtime has done, for reports and tests."""
+
+    page_reads: int
+    """Random-access page reads (``peek``/``at``) the page reader has executed."""
+    reader_batches: int
+    """Batches the page reader formed from them."""
+    peak_retained_request_bytes: int
+    """The most request bytes the page reader ever held (its cap is 64 KiB)."""
+    batch_requests: int
+    """Batch read requests sent on the road (the splitter's retries included)."""
+    keyset_reads: int
+    """Sequential keyset reads sent."""
+    offset_reads: int
+    """Sequential reads sent by offset (a gateway without keyset reads)."""
+    splits: int
+    """Reads answered too large, each followed by smaller reads."""
+    fenced_rows: int
+    """Rows terminal writes found superseded (``AttemptSupersededError``)."""
+    sessions_minted: int
+    """Scoped DB sessions minted through the gateway."""
+
+
+# --- writers and receipts ---------------------------------------------------------------------
+
+
+class RowWriter:
+    """Writes one sheet's rows for one attempt of the run. Get one with ``Runtime.writer``.
+
+    ``start`` admits rows and takes the admission's write version; ``complete``
+    and ``fail`` carry that version and are fenced by it. When a terminal
+    write finds a row superseded (any stale reason but ``already_terminal``)
+    it raises ``AttemptSupersededError`` (after the rows that were still this
+    attempt's have been written), and every later ``complete``/``fail`` of
+    this writer raises it again without writing: the attempt must stop. A new
+    ``start`` begins a new attempt.
+
+    Cancellation: a call cancelled mid-write either wrote everything or
+    nothing on the direct road (one transaction, rolled back); on the gateway
+    road the outcome is unknown, as with any cut request, and a retry is safe
+    (a replay at the same version is idempotent).
+    """
+
+    def __init__(
+        self, runtime: Runtime, table_namespace: str, contract: SheetContract, version: int | None
+    ) -> None:
+        self._runtime = runtime
+        self.table_namespace: Final = table_namespace
+        self.contract: Final = contract
+        self._write_version = version
+        self._superseded: AttemptSupersededError | None = None
+
+    def __repr__(self) -> str:
+        return f"<RowWriter {self.table_namespace!r} write_version={self._write_version}>"
+
+    @property
+    def write_version(self) -> int | None:
+        """The attempt's write version: from ``start``, or given to ``Runtime.writer``."""
+        return self._write_version
+
+    async def start(self, rows: Sequence[Mapping[str, Any]]) -> Admission:
+        """Admit ``rows`` through the gateway under a new write version (a new attempt).
+
+        Rows are deduplicated by key and keep their input order; already
+        enriched rows come back in ``completed_rows`` and need no mapping.
+        """
+        checked = _rows("rows", rows)
+        rt = self._runtime
+        admission = await rt.client.start_sheet_dataset(
+            self.table_namespace, self.contract, checked, rt.context.run_id
+        )
+        self._write_version = admission.write_version
+        self._superseded = None
+        return admission
+
+    def _version(self) -> int:
+        if self._superseded is not None:
+            raise self._superseded
+        if self._write_version is None:
+            raise InvalidInputError(
+                "this writer has no attempt: call start() first, or pass write_version"
+            )
+        return self._write_version
+
+    async def complete(self, rows: Sequence[CompleteRow]) -> TerminalWriteResult:
+        """Record map outputs, fenced by the attempt's write version.
+
+        Raises ``AttemptSupersededError`` when any row is superseded.
+        """
+        checked = _complete_rows(rows)
+        version = self._version()
+        if not checked:
+            await trio.lowlevel.checkpoint()
+            return TerminalWriteResult((), (), 0)
+        rt, ns = self._runtime, self.table_namespace
+        if rt.context.strategy == "direct":
+            async with rt._terminal_store(ns, self.contract, len(checked)) as store:
+                result = await store.complete_map_rows(
+                    rt._sheet(ns),
+                    self.contract,
+                    checked,
+                    run_id=rt.context.run_id,
+                    write_version=version,
+                )
+        else:
+            result = await rt.client.complete_map_rows(
+                ns, self.contract, checked, run_id=rt.context.run_id, write_version=version
+            )
+        return self._fence(result)
+
+    async def fail(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
+        """Record map failures, fenced by the attempt's write version.
+
+        Raises ``AttemptSupersededError`` when any row is superseded.
+        """
+        checked = _fail_rows(rows)
+        version = self._version()
+        if not checked:
+            await trio.lowlevel.checkpoint()
+            return TerminalWriteResult((), (), 0)
+        rt, ns = self._runtime, self.table_namespace
+        if rt.context.strategy == "direct":
+            async with rt._terminal_store(ns, self.contract, len(checked)) as store:
+                result = await store.fail_map_rows(
+                    rt._sheet(ns),
+                    self.contract,
+                    checked,
+                    run_id=rt.context.run_id,
+                    write_version=version,
+                )
+        else:
+            result = await rt.client.fail_map_rows(
+                ns, self.contract, checked, run_id=rt.context.run_id, write_version=version
+            )
+        return self._fence(result)
+
+    def _fence(self, result: TerminalWriteResult) -> TerminalWriteResult:
+        stale = superseded_rows(result)
+        if stale:
+            self._runtime._fenced_rows += len(stale)
+            self._superseded = AttemptSupersededError([attrs.asdict(row) for row in stale])
+            raise self._superseded
+        return result
+
+    async def append(
+        self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
+    ) -> WriteResult:
+        """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
+        checked = _rows("rows", rows)
+        key = _text("idempotency_key", idempotency_key)
+        async with self._runtime._write_store(self, "rows.append", len(checked)) as store:
+            return await store.append_rows(
+                self._runtime._sheet(self.table_namespace), checked, idempotency_key=key
+            )
+
+    async def upsert(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        key_field: str | None = None,
+    ) -> WriteResult:
+        """Insert or update rows by key; idempotent per ``idempotency_key``."""
+        checked = _rows("rows", rows)
+        key = _text("idempotency_key", idempotency_key)
+        field = _optional_text("key_field", key_field)
+        async with self._runtime._write_store(self, "rows.upsert", len(checked)) as store:
+            return await store.upsert_rows(
+                self._runtime._sheet(self.table_namespace),
+                checked,
+                idempotency_key=key,
+                key_field=field,
+            )
+
+    async def replace(
+        self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
+    ) -> WriteResult:
+        """Replace every row of the sheet; idempotent per ``idempotency_key``."""
+        checked = _rows("rows", rows)
+        key = _text("idempotency_key", idempotency_key)
+        async with self._runtime._write_store(self, "rows.replace", len(checked)) as store:
+            return await store.replace_rows(
+                self._runtime._sheet(self.table_namespace), checked, idempotency_key=key
+            )
+
+
+class ReceiptRecorder:
+    """Records work receipts for the run, through the gateway. Get one with ``Runtime.receipts``.
+
+    Cancellation: a cancelled ``complete`` may or may not have been recorded;
+    calling it again is safe (the first writer's receipt wins).
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    async def complete(
+        self, key: str, result: Any, *, run_attempt: int | None = None
+    ) -> ReceiptCompletion:
+        """Record ``key`` once: ``persisted`` if this call wrote it, else ``existing``
+        with the first writer's receipt."""
+        key = _text("key", key)
+        _json_value("result", result)
+        if run_attempt is not None and (
+            isinstance(run_attempt, bool) or not isinstance(run_attempt, int) or run_attempt < 0
+        ):
+            raise InvalidInputError(f"run_attempt must be an integer >= 0, got {run_attempt!r}")
+        rt = self._runtime
+        return await rt.client.complete_work_receipt(
+            key, result, rt.context.run_id, run_attempt=run_attempt
+        )
+
+
+# --- the runtime ------------------------------------------------------------------------------
+
+
+class Runtime:
+    """A run's data plane, live inside ``open_runtime``'s block."""
+
+    def __init__(
+        self,
+        context: RuntimeContext,
+        client: GatewayClient,
+        sessions: SessionManager,
+        reader: PageReader,
+    ) -> None:
+        self.context: Final = context
+        self.client: Final = client
+        self.sessions: Final = sessions
+        self.reader: Final = reader
+        self.road_stats: Final = RoadStats()
+        self._fenced_rows = 0
+
+    def __repr__(self) -> str:
+        c = self.context
+        return f"<Runtime play={c.play_name!r} run={c.run_id!r} strategy={c.strategy}>"
+
+    def _sheet(self, table_namespace: str) -> SheetRef:
+        return SheetRef(self.context.org_id, self.context.play_name, table_namespace)
+
+    def road(
+        self, table_namespace: str, *, row_mode: RowMode = "output", run_id: str | None = None
+    ) -> SheetRoad:
+        """The road this runtime's strategy reads ``table_namespace`` through."""
+        _text("table_namespace", table_namespace)
+        if row_mode not in ("output", "all"):
+            raise InvalidInputError(f"row_mode must be 'output' or 'all', got {row_mode!r}")
+        run_id = _optional_text("run_id", run_id)
+        c = self.context
+        scope = ReadScope.for_token(
+            base_url=c.base_url,
+            token=c.token,
+            org_id=c.org_id,
+            play_name=c.play_name,
+            run_id=run_id,
+            table_namespace=table_namespace,
+            row_mode=row_mode,
+        )
+        if c.strategy == "direct":
+            return DirectRoad(self.sessions, scope, user_email=c.user_email, stats=self.road_stats)
+        return GatewayRoad(self.client, scope, stats=self.road_stats)
+
+    def dataset(
+        self,
+        table_namespace: str,
+        row_mode: RowMode = "output",
+        *,
+        run_id: str | None = None,
+        page_rows: int = READ_PAGE_MAX_ROWS,
+    ) -> Dataset:
+        """A lazy dataset over the sheet ``table_namespace``, read through this strategy's road.
+
+        ``run_id`` limits it to the rows one run stamped (None: every row).
+        Random access (``at``, ``peek``) is batched by the runtime's page
+        reader; ``async for`` and ``materialize`` read by keyset, one page of
+        up to ``page_rows`` rows held at a time.
+        """
+        road = self.road(table_namespace, row_mode=row_mode, run_id=run_id)
+        return Dataset(self.reader, road, page_rows=page_rows)
+
+    def writer(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        *,
+        write_version: int | None = None,
+    ) -> RowWriter:
+        """A writer for ``table_namespace`` under ``contract``.
+
+        ``write_version`` resumes an attempt admitted elsewhere (another
+        process, or another runtime of this run); otherwise ``start`` begins one.
+        """
+        _text("table_namespace", table_namespace)
+        if not isinstance(contract, SheetContract):
+            raise InvalidInputError(f"contract must be a SheetContract, got {contract!r}")
+        if write_version is not None and (
+            isinstance(write_version, bool)
+            or not isinstance(write_version, int)
+            or write_version < 0
+        ):
+            raise InvalidInputError(
+                f"write_version must be an integer >= 0 or None, got {write_version!r}"
+            )
+        return RowWriter(self, table_namespace, contract, write_version)
+
+    def receipts(self) -> ReceiptRecorder:
+        """A recorder of work receipts for this run."""
+        return ReceiptRecorder(self)
+
+    def stats(self) -> RuntimeStats:
+        """A snapshot of the runtime's counters."""
+        reader = self.reader.stats()
+        road = self.road_stats
+        return RuntimeStats(
+            page_reads=reader.values,
+            reader_batches=reader.batches,
+            peak_retained_request_bytes=reader.peak_retained_bytes,
+            batch_requests=road.batch_reads,
+            keyset_reads=road.keyset_reads,
+            offset_reads=road.offset_reads,
+            splits=road.too_large,
+            fenced_rows=self._fenced_rows,
+            sessions_minted=self.sessions.minted,
+        )
+
+    # --- scoped sessions for writes ---------------------------------------------------------
+
+    def _terminal_store(
+        self, table_namespace: str, contract: SheetContract, rows: int
+    ) -> AbstractAsyncContextManager[SheetStore]:
+        shape = AccessShape(
+            table_namespace=table_namespace,
+            operations=("rows.read", "rows.upsert"),
+            limits=SessionLimits(max_rows=max(rows, 1)),
+            contract=contract,
+            user_email=self.context.user_email,
+        )
+        return self.sessions.store(shape)
+
+    def _write_store(
+        self, writer: RowWriter, operation: str, rows: int
+    ) -> AbstractAsyncContextManager[SheetStore]:
+        shape = AccessShape(
+            table_namespace=writer.table_namespace,
+            operations=(operation,),
+            limits=SessionLimits(max_rows=max(rows, 1)),
+            contract=writer.contract,
+            user_email=self.context.user_email,
+        )
+        return self.sessions.store(shape)
+
+
+def _single_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one leaf of ``group`` if it holds exactly one (at any depth), else None."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+        if len(leaves) > 1:
+            return None
+    return leaves[0] if leaves else None
+
+
+@asynccontextmanager
+async def open_runtime(
+    *,
+    base_url: str,
+    token: str,
+    org_id: str,
+    play_name: str,
+    run_id: str,
+    strategy: Strategy = "direct",
+    preloaded_sessions: Sequence[PreloadedSession] = (),
+    unwrap_key: bytes | None = None,
+    user_email: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> AsyncIterator[Runtime]:
+    """Open a run's data plane: ``async with open_runtime(...) as rt:``.
+
+    Every argument is checked before anything connects (``InvalidInputError``
+    names the bad one). ``headers`` go with every gateway request (tests arm
+    the reference gateway's faults with them). The block owns the gateway
+    client, the session manager (its pools and their tasks) and the page
+    reader (its nursery runs every batch read).
+
+    Leaving the block normally lets queued reads finish, then closes every
+    pool and the HTTP client. Leaving it by an exception, or by cancellation,
+    cancels queued and running reads (their statements are cancelled on the
+    server), closes every pool and the client, and re-raises; an error raised
+    in the block comes out as itself, not wrapped in an exception group.
+    """
+    context = RuntimeContext(
+        base_url=base_url,
+        token=token,
+        org_id=org_id,
+        play_name=play_name,
+        run_id=run_id,
+        strategy=strategy,
+        preloaded_sessions=preloaded_sessions,
+        unwrap_key=unwrap_key,
+        user_email=user_email,
+    )
+    if headers is not None and not (
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise InvalidInputError("headers must be a mapping of strings to strings")
+    client = GatewayClient(
+        context.base_url,
+        context.token,
+        play_name=context.play_name,
+        org_id=context.org_id,
+        user_email=context.user_email,
+        headers=headers,
+    )
+    try:
+        async with (
+            client,
+            SessionManager(
+                client, preloaded=context.preloaded_sessions, unwrap_key=context.unwrap_key
+            ) as sessions,
+            PageReader() as reader,
+        ):
+            yield Runtime(context, client, sessions, reader)
+    except BaseExceptionGroup as group:
+        single = _single_error(group)
+        if single is None:
+            raise
+        raise single from single.__cause__
