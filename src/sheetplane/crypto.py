@@ -344,6 +344,8 @@ def decrypt_postgres_url(envelope: Mapping[str, Any], key: DecryptionKey, aad: b
     made for any other identity fails. Every failure raises
     ``EnvelopeDecryptionError``.
     """
+    if not isinstance(key, DecryptionKey):
+        raise InvalidInputError(f"key must be a DecryptionKey, got {type(key).__name__}")
     parsed = _parse(envelope, _RSA_ALG, aad)
     try:
         cek = key.private_key.decrypt(parsed.encrypted_key, _OAEP)

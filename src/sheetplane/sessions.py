@@ -132,6 +132,19 @@ def _operations(value: Iterable[str]) -> tuple[str, ...]:
     return ops
 
 
+def _namespace(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+def _raw_session(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(
+            f"a preloaded session must be a create_db_session answer (an object), "
+            f"got {type(value).__name__}"
+        )
+
+
 def _logical_table(value: str) -> str:
     if value not in LOGICAL_TABLES:
         raise InvalidInputError(f"logical table must be one of {LOGICAL_TABLES}, got {value!r}")
@@ -142,7 +155,7 @@ def _logical_table(value: str) -> str:
 class AccessShape:
     """What a session is for: everything that decides its grants, and its cache key."""
 
-    table_namespace: str
+    table_namespace: str = attrs.field(validator=_namespace)
     """The sheet's namespace within the play."""
     operations: tuple[str, ...] = attrs.field(converter=_operations)
     """Granted operations, sorted (order does not matter)."""
@@ -239,9 +252,9 @@ class DbSession:
 class PreloadedSession:
     """A session a harness minted ahead of the run, with the shape it was minted for."""
 
-    table_namespace: str
+    table_namespace: str = attrs.field(validator=_namespace)
     operations: tuple[str, ...] = attrs.field(converter=_operations)
-    session: Mapping[str, Any] = attrs.field(repr=False)
+    session: Mapping[str, Any] = attrs.field(repr=False, validator=_raw_session)
     """The raw ``create_db_session`` answer (its URL sealed under the unwrap key)."""
     logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
     limits: SessionLimits = SessionLimits()
@@ -319,6 +332,19 @@ def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
         expires_at=identity.expires_at,
     )
     return _Answer(identity, envelope if isinstance(envelope, Mapping) else None, aad)
+
+
+def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception in ``group`` (at any depth), or None if it holds several."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack and len(leaves) <= 1:
+        item = stack.pop()
+        if isinstance(item, BaseExceptionGroup):
+            stack.extend(item.exceptions)
+        else:
+            leaves.append(item)
+    return leaves[0] if len(leaves) == 1 and not stack else None
 
 
 def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
@@ -405,7 +431,17 @@ class SessionManager:
         self._sessions.clear()
         cm, self._nursery_cm, self._nursery = self._nursery_cm, None, None
         assert cm is not None
-        return await cm.__aexit__(exc_type, exc, tb)
+        try:
+            return await cm.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The nursery is this manager's own: a caller who did not open it gets the
+            # one error itself, not wrapped in a group (the block's own error unchanged).
+            single = _single_leaf(group)
+            if single is None:
+                raise
+            if single is exc:
+                return False
+            raise single from single.__cause__
 
     # --- sessions -------------------------------------------------------------------
 
@@ -421,6 +457,8 @@ class SessionManager:
         ``SessionError`` (or ``EnvelopeDecryptionError``) when the URL cannot
         be opened, and the gateway's errors when minting fails.
         """
+        if not isinstance(shape, AccessShape):
+            raise InvalidInputError(f"shape must be an AccessShape, got {type(shape).__name__}")
         key = self.cache_key(shape)
         lock = self._locks.setdefault(key, trio.Lock())
         async with lock:

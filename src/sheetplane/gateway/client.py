@@ -186,6 +186,11 @@ class GatewayClient:
         #: SHA-256 hex digest of the token: for cache keys and authority scopes.
         self.token_digest: Final = hashlib.sha256(self._token.encode("utf-8")).hexdigest()
         self._transport = transport
+        if headers is not None and not (
+            isinstance(headers, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise InvalidInputError("headers must be a mapping of strings to strings")
         extra = {name.lower(): value for name, value in (headers or {}).items()}
         if "authorization" in extra:
             raise InvalidInputError("pass the token as token, not as an authorization header")
@@ -355,6 +360,27 @@ class GatewayClient:
 
     # --- typed helpers ---------------------------------------------------------
 
+    @staticmethod
+    def _check_sheet_args(table_namespace: object, contract: object) -> None:
+        if not isinstance(table_namespace, str) or not table_namespace:
+            raise InvalidInputError(
+                f"table_namespace must be a non-empty string, got {table_namespace!r}"
+            )
+        if not isinstance(contract, SheetContract):
+            raise InvalidInputError(
+                f"contract must be a SheetContract, got {type(contract).__name__}"
+            )
+
+    @staticmethod
+    def _check_row_writes(rows: object, kind: type[CompleteRow] | type[FailRow]) -> None:
+        if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+            raise InvalidInputError(f"rows must be a sequence of {kind.__name__}")
+        for position, row in enumerate(rows):
+            if not isinstance(row, kind):
+                raise InvalidInputError(
+                    f"row {position} must be a {kind.__name__}, got {type(row).__name__}"
+                )
+
     def _with_user(self, payload: dict[str, Any]) -> dict[str, Any]:
         if self.user_email:
             payload["userEmail"] = self.user_email
@@ -362,6 +388,7 @@ class GatewayClient:
 
     async def ensure_sheet(self, table_namespace: str, contract: SheetContract) -> None:
         """Create the sheet's tables if missing (idempotent)."""
+        self._check_sheet_args(table_namespace, contract)
         action = "ensure_sheet"
         payload = {"tableNamespace": table_namespace, "sheetContract": contract.to_json()}
         _answers.parse_ok(await self.post_action(action, self._with_user(payload)), action)
@@ -374,6 +401,7 @@ class GatewayClient:
         run_id: str,
     ) -> Admission:
         """Admit ``rows`` under a new write version (dedupe, input order, pending vs completed)."""
+        self._check_sheet_args(table_namespace, contract)
         action = "start_sheet_dataset"
         payload = {
             "tableNamespace": table_namespace,
@@ -396,6 +424,10 @@ class GatewayClient:
         encryption: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Ask for a scoped Postgres session; the raw answer (``sheetplane.sessions`` parses it)."""
+        if contract is not None and not isinstance(contract, SheetContract):
+            raise InvalidInputError(
+                f"contract must be a SheetContract or None, got {type(contract).__name__}"
+            )
         payload: dict[str, Any] = {
             "target": {"tableNamespace": table_namespace, "logicalTable": logical_table},
             "operations": list(operations),
@@ -543,6 +575,8 @@ class GatewayClient:
         write_version: int | None,
     ) -> TerminalWriteResult:
         """Record map outputs under write-version fencing; stale rows come back with reasons."""
+        self._check_sheet_args(table_namespace, contract)
+        self._check_row_writes(rows, CompleteRow)
         wire_rows = []
         for row in rows:
             item: dict[str, Any] = {"key": row.key, "data": dict(row.data)}
@@ -568,6 +602,8 @@ class GatewayClient:
         write_version: int | None,
     ) -> TerminalWriteResult:
         """Record map failures under write-version fencing; stale rows come back with reasons."""
+        self._check_sheet_args(table_namespace, contract)
+        self._check_row_writes(rows, FailRow)
         wire_rows = []
         for row in rows:
             item: dict[str, Any] = {"key": row.key, "error": row.error}
