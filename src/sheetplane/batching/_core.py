@@ -166,7 +166,8 @@ class SchedulingCore(Generic[K, V]):
     """Lanes, admission, readiness, dispatch choice and retention of one batcher.
 
     Every method is synchronous and takes the current time where time matters.
-    ``now`` must never go backwards between calls.
+    ``now`` must never go backwards between calls. ``entry_type`` lets a shell
+    keep its own per-value fields on the entries (a subclass of ``Entry``).
     """
 
     def __init__(
@@ -178,7 +179,9 @@ class SchedulingCore(Generic[K, V]):
         max_retained_bytes: int,
         max_in_flight_batches: int,
         flush_seconds: float,
+        entry_type: type[Entry[K, V]] = Entry,
     ) -> None:
+        self._entry_type = entry_type
         self.max_batch_items = _check_limit("max_batch_items", max_batch_items)
         self.max_batch_bytes = _check_limit("max_batch_bytes", max_batch_bytes)
         self.max_retained_items = _check_limit("max_retained_items", max_retained_items)
@@ -239,7 +242,7 @@ class SchedulingCore(Generic[K, V]):
             )
         lane = self._lanes.get(lane_id)  # an unhashable lane id fails here, changing nothing
         self._seq = seq = self._seq + 1
-        entry: Entry[K, V] = Entry(
+        entry = self._entry_type(
             seq, lane_id, key, value, nbytes, now + self.flush_seconds, deadline
         )
         if deadline != math.inf:
@@ -251,13 +254,26 @@ class SchedulingCore(Generic[K, V]):
             if deadline < self.wakeup_hint:
                 self.wakeup_hint = deadline
         if (
-            not self._admission
-            and self.retained_items < self.max_retained_items
-            and self.retained_bytes + nbytes <= self.max_retained_bytes
+            self._admission
+            or self.retained_items >= self.max_retained_items
+            or self.retained_bytes + nbytes > self.max_retained_bytes
         ):
-            self._enqueue(entry, lane)
-        else:
             self._admission.append(entry)
+        elif lane is not None and lane.closed:
+            # The common case under load, inlined: a closed lane only grows at its tail.
+            entry.state = QUEUED
+            entry.lane = lane
+            lane.entries.append(entry)
+            lane.nbytes += nbytes
+            self.queued += 1
+            self.retained_items += 1
+            self.retained_bytes += nbytes
+            if self.retained_items > self._peak_items:
+                self._peak_items = self.retained_items
+            if self.retained_bytes > self._peak_bytes:
+                self._peak_bytes = self.retained_bytes
+        else:
+            self._enqueue(entry, lane)
         return entry
 
     def _enqueue(self, entry: Entry[K, V], lane: _Lane | None) -> None:
@@ -416,21 +432,30 @@ class SchedulingCore(Generic[K, V]):
         self._compact()
         return batch
 
-    def finish(self, batch: Batch[K, V]) -> None:
+    def finish(self, batch: Batch[K, V]) -> list[Entry[K, V]]:
         """Release a batch's retention once ``execute`` returned, raised or was
-        cancelled, and admit waiting values into the room it frees."""
+        cancelled, and admit waiting values into the room it frees.
+
+        Returns the batch's entries (the shell settles those still ``RUNNING``)
+        and detaches them from the batch: an entry points at its batch, so
+        keeping the list would make every finished batch a reference cycle
+        that only the garbage collector could free.
+        """
+        entries = batch._entries
         if batch._done:
-            return
+            return entries
         batch._done = True
+        batch._entries = []
         del self._running[batch]
         self.in_flight -= 1
-        self.retained_items -= len(batch._entries)
+        self.retained_items -= len(entries)
         self.retained_bytes -= batch._nbytes
         self._admit()
         lane = self._oldest_head()
         if lane is not None and lane.entries[0].flush_at < self.wakeup_hint:
             # With the in-flight cap reached, flush deadlines were not armed.
             self.wakeup_hint = lane.entries[0].flush_at
+        return entries
 
     # --- leaving early ---------------------------------------------------------
 
@@ -600,8 +625,11 @@ class SchedulingCore(Generic[K, V]):
                 if lane.closed:
                     self._closed.append((lane.head_seq, lane))
             heapq.heapify(self._closed)
+        timeline = self._timeline
+        while timeline and timeline[0].state not in (ADMITTING, QUEUED):
+            timeline.popleft()  # lanes mostly dispatch in submission order
         waiting = self.queued + len(self._admission)
-        if len(self._timeline) + len(self._deadlines) > 2 * waiting + _STALE_SLACK:
+        if len(timeline) + len(self._deadlines) > 2 * waiting + _STALE_SLACK:
             waiting_states = (ADMITTING, QUEUED)
             self._timeline = deque(e for e in self._timeline if e.state in waiting_states)
             self._deadlines = [row for row in self._deadlines if row[2].state in waiting_states]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from functools import partial
 from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
 
@@ -77,6 +76,17 @@ class _SharedFailure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
         self.traceback = error.__traceback__
+
+
+class _Waiter(Entry[K, V]):
+    """An entry that is also its caller's abort function, so parking allocates nothing more."""
+
+    __slots__ = ("batcher",)
+
+    batcher: BoundedBatchFunction[K, V, Any]
+
+    def __call__(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        return self.batcher._abort(self)
 
 
 def _checked_max_wait(max_wait: object) -> float:
@@ -144,6 +154,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             max_retained_bytes=max_retained_bytes,
             max_in_flight_batches=max_in_flight_batches,
             flush_seconds=flush_seconds,
+            entry_type=_Waiter,
         )
         self._execute = execute
         self._key_id = key_id
@@ -291,7 +302,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             deadline = now + max_wait
         else:
             deadline = now + _checked_max_wait(max_wait)
-        entry = core.submit(lane_id, key, value, nbytes, now, deadline)
+        entry: _Waiter[K, V] = core.submit(lane_id, key, value, nbytes, now, deadline)  # type: ignore[assignment]
         if core.wakeup_hint < self._timer_at:
             self._sync_timer()
         if self._summoned == 0 and core.in_flight < core.max_in_flight_batches:
@@ -301,12 +312,13 @@ class BoundedBatchFunction(Generic[K, V, R]):
             if lane is not None and (lane.closed or now >= entry.flush_at):
                 self._summon()
         entry.waiter = _current_task()
-        result = await _park(partial(self._abort, entry))
+        entry.batcher = self
+        result = await _park(entry)
         if type(result) is _SharedFailure:
             raise result.error.with_traceback(result.traceback)
         return result  # type: ignore[no-any-return]
 
-    def _abort(self, entry: Entry[K, V], raise_cancel: Any) -> trio.lowlevel.Abort:
+    def _abort(self, entry: Entry[K, V]) -> trio.lowlevel.Abort:
         """A parked caller is cancelled: withdraw its value or leave its batch.
 
         Runs inside trio's cancellation delivery, so it only updates the core
@@ -347,19 +359,19 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 ),
             )
 
-    def _settle_batch(self, batch: Batch[K, V], results: Any) -> None:
+    def _settle_batch(self, entries: list[Entry[K, V]], results: Any) -> None:
         """Hand each live caller of a finished batch its result (or the shared failure)."""
-        entries = batch._entries
         if type(results) is _SharedFailure:
             for entry in entries:
                 if entry.state == RUNNING:
                     entry.state = DONE
                     _reschedule(entry.waiter, _Value(results))
             return
+        reschedule, value_of, running, done = _reschedule, _Value, RUNNING, DONE
         for entry, result in zip(entries, results, strict=True):
-            if entry.state == RUNNING:
-                entry.state = DONE
-                _reschedule(entry.waiter, _Value(result))
+            if entry.state == running:
+                entry.state = done
+                reschedule(entry.waiter, value_of(result))
 
     # --- batch runners -----------------------------------------------------
 
@@ -390,6 +402,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             idle.remove(task)
             return _SUCCEEDED
 
+        execute = self._execute
         with trio.CancelScope() as scope:
             while True:
                 self._summoned -= 1
@@ -401,11 +414,37 @@ class BoundedBatchFunction(Generic[K, V, R]):
                     batch = core.dispatch(now)
                     if batch is None:
                         break
-                    self._sync_timer()
+                    if core.wakeup_hint < self._timer_at:
+                        self._sync_timer()
                     if self._summoned == 0 and core.has_ready(now):
-                        self._summon()
+                        self._summon()  # someone else takes the rest if this one blocks
                     batch._scope = scope
-                    await self._run_one(batch)
+                    try:
+                        results: Any = await execute(batch)
+                    except Exception as error:
+                        results = _SharedFailure(error)
+                    except BaseException:
+                        # Cancelled (every caller left, or the batcher is being torn
+                        # down) or KeyboardInterrupt: nobody gets a result from it.
+                        closed = core.close_running(batch)
+                        core.finish(batch)
+                        for entry in closed:
+                            self._settle_closed(entry)
+                        self._check_drained()
+                        raise
+                    else:
+                        if (
+                            type(results) is not list
+                            and type(results) is not tuple
+                            and (not isinstance(results, Sequence) or isinstance(results, _TEXT))
+                        ) or len(results) != len(batch.values):
+                            results = _SharedFailure(self._contract_error(results, batch))
+                    entries = core.finish(batch)
+                    if core.wakeup_hint < self._timer_at:
+                        self._sync_timer()
+                    self._settle_batch(entries, results)
+                    if self._drained is not None:
+                        self._check_drained()
                     if scope.cancel_called:
                         break
                 if scope.cancel_called or self._state == _CLOSED:
@@ -417,35 +456,9 @@ class BoundedBatchFunction(Generic[K, V, R]):
         if self._state != _CLOSED:
             self._summon_if_ready(_current_time())
 
-    async def _run_one(self, batch: Batch[K, V]) -> None:
-        core = self._core
-        try:
-            results: Any = await self._execute(batch)
-        except Exception as error:
-            results = _SharedFailure(error)
-        except BaseException:
-            # Cancelled (every caller left, or the batcher is being torn down)
-            # or KeyboardInterrupt: nobody gets a result from this batch.
-            core.finish(batch)
-            for entry in core.close_running(batch):
-                self._settle_closed(entry)
-            self._check_drained()
-            raise
-        else:
-            count = len(batch.values)
-            if (
-                type(results) is not list
-                and type(results) is not tuple
-                and (not isinstance(results, Sequence) or isinstance(results, _TEXT))
-            ) or len(results) != count:
-                results = _SharedFailure(self._contract_error(results, count))
-        core.finish(batch)
-        self._sync_timer()
-        self._settle_batch(batch, results)
-        self._check_drained()
-
     @staticmethod
-    def _contract_error(results: Any, count: int) -> BatchContractError:
+    def _contract_error(results: Any, batch: Batch[K, V]) -> BatchContractError:
+        count = len(batch.values)
         if isinstance(results, Sequence) and not isinstance(results, _TEXT):
             return BatchContractError(
                 f"execute returned {len(results)} results for a batch of {count} values"
