@@ -1,5 +1,6 @@
 """The ``sheetplane`` command line.
 
+``sheetplane demo`` runs the data plane end to end (``sheetplane.demo``);
 ``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``;
 ``sheetplane serve`` runs the reference gateway (``sheetplane.gateway.server._command``).
 Each subcommand is one parser plus one function that takes the parsed
@@ -15,6 +16,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
+from .demo import add_demo_parser
 from .gateway.server._command import add_serve_parser
 
 
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_run_bench)
 
+    add_demo_parser(commands)
     add_serve_parser(commands)
 
     return parser

@@ -1,0 +1,54 @@
+"""``sheetplane demo`` as a user runs it: a subprocess on the embedded default, and its
+failures (bad arguments, an unreachable database) as one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import trio
+
+#: ``sheetplane ...`` through the console script's entry point, with this interpreter.
+SHEETPLANE = [sys.executable, "-c", "import sys; from sheetplane.cli import main; sys.exit(main())"]
+
+
+async def sheetplane(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    return await trio.run_process(
+        [*SHEETPLANE, *args], capture_stdout=True, capture_stderr=True, env=env, check=False
+    )
+
+
+def without_database_url() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "SHEETPLANE_DATABASE_URL"}
+
+
+async def test_the_demo_runs_to_exit_0_on_an_embedded_postgres() -> None:
+    done = await sheetplane("demo", "--rows", "500", env=without_database_url())
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    assert "starting a throwaway embedded Postgres" in out
+    assert "attempt 1 fenced on the direct road" in out
+    assert "attempt 1 fenced on the gateway road" in out
+    assert "newer_write_version -> AttemptSupersededError" in out
+    for line in ("rows admitted", "rows read back", "requests saved by batching", "splits"):
+        assert line in out
+    assert "500/500" in out  # the progress bars finished
+    assert "demo finished" in out
+
+
+async def test_bad_row_counts_are_refused_by_the_parser() -> None:
+    for rows in ("0", "-3", "many"):
+        done = await sheetplane("demo", "--rows", rows, env=without_database_url())
+        assert done.returncode == 2
+        assert b"--rows must be" in done.stderr
+
+
+async def test_an_unreachable_database_fails_with_one_line_and_no_password() -> None:
+    url = "postgresql://demo:sekret-pw@127.0.0.1:1/nowhere"
+    done = await sheetplane("demo", "--rows", "10", "--database-url", url, env=dict(os.environ))
+    out = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 1, out
+    assert "demo failed: StoreUnavailableError" in out
+    assert "sekret-pw" not in out
+    assert "Traceback" not in out
