@@ -82,6 +82,7 @@ class Entry(Generic[K, V]):
         "batch",
         "deadline",
         "flush_at",
+        "index",
         "key",
         "lane",
         "lane_id",
@@ -114,6 +115,7 @@ class Entry(Generic[K, V]):
         self.state: int = ADMITTING
         self.lane: _Lane | None = None
         self.batch: Batch[K, V] | None = None
+        self.index = -1  # position in its batch, once dispatched
         self.waiter: Any = None
 
     def __repr__(self) -> str:
@@ -415,9 +417,10 @@ class SchedulingCore(Generic[K, V]):
                 nbytes += size
         count = len(entries)
         batch: Batch[K, V] = Batch(lane.lane_id, entries, nbytes)
-        for entry in entries:
+        for index, entry in enumerate(entries):
             entry.state = RUNNING
             entry.batch = batch
+            entry.index = index
             entry.key = None
             entry.value = None
         lane.nbytes -= nbytes

@@ -63,6 +63,29 @@ _TEXT: Final = (str, bytes, bytearray)
 """Sequences that are not a sequence of results."""
 
 
+class _Delivery(outcome.Outcome[Any]):
+    """A finished batch's results (or its ``_SharedFailure``), sent to every caller.
+
+    Each caller reads its own slot (``entry.index``). An ``outcome.Value`` can be
+    unwrapped only once, so waking each caller with its own would allocate one
+    object per value; this one outcome is shared by the whole batch.
+    """
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: Any) -> None:
+        self.results = results
+
+    def unwrap(self) -> Any:
+        return self.results
+
+    def send(self, gen: Any) -> Any:
+        return gen.send(self.results)
+
+    async def asend(self, agen: Any) -> Any:
+        return await agen.asend(self.results)
+
+
 class _SharedFailure:
     """One exception settled on every caller of a batch.
 
@@ -313,10 +336,10 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 self._summon()
         entry.waiter = _current_task()
         entry.batcher = self
-        result = await _park(entry)
-        if type(result) is _SharedFailure:
-            raise result.error.with_traceback(result.traceback)
-        return result  # type: ignore[no-any-return]
+        results = await _park(entry)
+        if type(results) is _SharedFailure:
+            raise results.error.with_traceback(results.traceback)
+        return results[entry.index]  # type: ignore[no-any-return]
 
     def _abort(self, entry: Entry[K, V]) -> trio.lowlevel.Abort:
         """A parked caller is cancelled: withdraw its value or leave its batch.
@@ -360,18 +383,13 @@ class BoundedBatchFunction(Generic[K, V, R]):
             )
 
     def _settle_batch(self, entries: list[Entry[K, V]], results: Any) -> None:
-        """Hand each live caller of a finished batch its result (or the shared failure)."""
-        if type(results) is _SharedFailure:
-            for entry in entries:
-                if entry.state == RUNNING:
-                    entry.state = DONE
-                    _reschedule(entry.waiter, _Value(results))
-            return
-        reschedule, value_of, running, done = _reschedule, _Value, RUNNING, DONE
-        for entry, result in zip(entries, results, strict=True):
+        """Wake each live caller of a finished batch with the batch's one delivery."""
+        delivery = _Delivery(results)
+        reschedule, running, done = _reschedule, RUNNING, DONE
+        for entry in entries:
             if entry.state == running:
                 entry.state = done
-                reschedule(entry.waiter, value_of(result))
+                reschedule(entry.waiter, delivery)
 
     # --- batch runners -----------------------------------------------------
 
