@@ -129,8 +129,9 @@ def check_row(row: object, position: int) -> Mapping[str, Any]:
     passes on the bound; any other row is measured with
     ``json_byte_length_up_to``, which stops counting past the budget, so an
     oversized row is refused without being serialised. Raises
-    ``InvalidInputError`` naming the row's position. Nothing is written by any
-    caller before every row has passed.
+    ``InvalidInputError`` naming the row's position. A caller commits nothing
+    before every row has passed: it checks them all first, or (admission)
+    checks each as it writes it, inside a transaction the error rolls back.
     """
     if not isinstance(row, Mapping):
         raise InvalidInputError(f"row {position} must be a JSON object, got {type(row).__name__}")
