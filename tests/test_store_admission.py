@@ -271,9 +271,12 @@ async def test_a_bad_row_in_a_first_admission_commits_nothing(
     await store.ensure_sheet(sheet, CONTRACT)
     before = await snapshot(store, sheet)
     rows = [{"id": i, "company": "new"} for i in range(1, POSTGRES_WRITE_CHUNK_ROWS + 2)]
+    connections = store.pool.stats()["connections_num"]
     with pytest.raises(InvalidInputError, match=message):
         await store.start_dataset(sheet, [*rows, bad_row], "run-1", CONTRACT, key_field="id")
     assert await snapshot(store, sheet) == before
+    # The aborted COPY left its connection clean: the pool kept it.
+    assert store.pool.stats()["connections_num"] == connections
     # The version the failed admission took was rolled back with its rows.
     admission = await store.start_dataset(sheet, rows, "run-2", CONTRACT, key_field="id")
     assert (admission.inserted, admission.write_version) == (len(rows), 1)
