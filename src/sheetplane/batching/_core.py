@@ -118,6 +118,10 @@ class Entry(Generic[K, V]):
         self.index = -1  # position in its batch, once dispatched
         self.waiter: Any = None
 
+    def __lt__(self, other: Entry[Any, Any]) -> bool:
+        """Submission order: how lane heads are ranked."""
+        return self.seq < other.seq
+
     def __repr__(self) -> str:
         return f"<Entry seq={self.seq} state={self.state} nbytes={self.nbytes}>"
 
@@ -199,8 +203,10 @@ class SchedulingCore(Generic[K, V]):
 
         self._lanes: dict[Hashable, _Lane] = {}
         self._admission: deque[Entry[K, V]] = deque()
-        self._heads: list[tuple[int, _Lane]] = []  # (head seq, lane), lazy
-        self._closed: list[tuple[int, _Lane]] = []  # (head seq, closed lane), lazy
+        # Lane heads by submission order (entries compare by seq), lazy: a row is
+        # live while its entry still heads its lane (and, in _closed, the lane is closed).
+        self._heads: list[Entry[K, V]] = []
+        self._closed: list[Entry[K, V]] = []
         # Value deadlines, lazy (settled entries are skipped when they surface).
         # Most callers pass the same max_wait, so deadlines mostly arrive in
         # order: those go on a deque (no allocation per value), the rest on a heap.
@@ -299,7 +305,7 @@ class SchedulingCore(Generic[K, V]):
             entries.append(entry)
             lane.nbytes = nbytes
             lane.head_seq = entry.seq
-            heapq.heappush(self._heads, (entry.seq, lane))
+            heapq.heappush(self._heads, entry)
             if flush_at < self.wakeup_hint:
                 self.wakeup_hint = flush_at
             lane.closed = self.max_batch_items == 1 or nbytes > self.max_batch_bytes
@@ -314,7 +320,7 @@ class SchedulingCore(Generic[K, V]):
             lane.nbytes += nbytes
         if lane.closed and lane.closed_pushed != lane.head_seq:
             lane.closed_pushed = lane.head_seq
-            heapq.heappush(self._closed, (lane.head_seq, lane))
+            heapq.heappush(self._closed, entries[0])
 
     def _admit(self) -> None:
         """Admit waiting entries, first come first served, while room allows."""
@@ -355,19 +361,20 @@ class SchedulingCore(Generic[K, V]):
         head = lane.entries[0]
         if head.seq != lane.head_seq:
             lane.head_seq = head.seq
-            heapq.heappush(self._heads, (head.seq, lane))
+            heapq.heappush(self._heads, head)
             if head.flush_at < self.wakeup_hint:
                 self.wakeup_hint = head.flush_at
         lane.closed = self._prefix(lane)[2]
         if lane.closed and lane.closed_pushed != lane.head_seq:
             lane.closed_pushed = lane.head_seq
-            heapq.heappush(self._closed, (lane.head_seq, lane))
+            heapq.heappush(self._closed, head)
 
     def _oldest_head(self) -> _Lane | None:
         heads = self._heads
         while heads:
-            seq, lane = heads[0]
-            if lane.head_seq == seq:
+            head = heads[0]
+            lane = head.lane
+            if lane is not None and lane.head_seq == head.seq:
                 return lane
             heapq.heappop(heads)
         return None
@@ -376,17 +383,18 @@ class SchedulingCore(Generic[K, V]):
         """Among ready lanes, the one whose head value is oldest."""
         closed = self._closed
         while closed:
-            seq, lane = closed[0]
-            if lane.head_seq == seq and lane.closed:
+            head = closed[0]
+            lane = head.lane
+            if lane is not None and lane.head_seq == head.seq and lane.closed:
                 break
             heapq.heappop(closed)
-            if lane.closed_pushed == seq:
+            if lane is not None and lane.closed_pushed == head.seq:
                 lane.closed_pushed = -1
         best = self._oldest_head()
         if best is not None and not (self._draining or now >= best.entries[0].flush_at):
             best = None
-        if closed and (best is None or closed[0][0] < best.head_seq):
-            best = closed[0][1]
+        if closed and (best is None or closed[0].seq < best.head_seq):
+            best = closed[0].lane
         return best
 
     def has_ready(self, now: float) -> bool:
@@ -619,14 +627,14 @@ class SchedulingCore(Generic[K, V]):
         """Rebuild a heap once its stale rows outnumber the live ones."""
         lanes = len(self._lanes)
         if len(self._heads) > 2 * lanes + _STALE_SLACK:
-            self._heads = [(lane.head_seq, lane) for lane in self._lanes.values()]
+            self._heads = [lane.entries[0] for lane in self._lanes.values()]
             heapq.heapify(self._heads)
         if len(self._closed) > 2 * lanes + _STALE_SLACK:
             self._closed = []
             for lane in self._lanes.values():
                 lane.closed_pushed = lane.head_seq if lane.closed else -1
                 if lane.closed:
-                    self._closed.append((lane.head_seq, lane))
+                    self._closed.append(lane.entries[0])
             heapq.heapify(self._closed)
         timeline = self._timeline
         while timeline and timeline[0].state not in (ADMITTING, QUEUED):

@@ -58,7 +58,6 @@ _reschedule: Final = trio.lowlevel.reschedule
 _current_task: Final = trio.lowlevel.current_task
 _park: Final = trio.lowlevel.wait_task_rescheduled
 _current_time: Final = trio.current_time
-_Value: Final = outcome.Value
 _TEXT: Final = (str, bytes, bytearray)
 """Sequences that are not a sequence of results."""
 
