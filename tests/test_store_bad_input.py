@@ -211,3 +211,31 @@ async def test_a_key_past_the_btree_entry_limit_is_refused_not_a_store_error(
     at_limit = "k" * MAX_ROW_KEY_BYTES
     admission = await store.start_dataset(sheet, [{"_key": at_limit, "email": "x"}], "r3", CONTRACT)
     assert [row["_key"] for row in admission.pending_rows] == [at_limit]
+
+
+async def test_a_bad_receipt_argument_creates_no_receipts_table(store: SheetStore) -> None:
+    # The receipts table used to be created before the arguments were checked.
+    from sheetplane.store._schema import receipt_names
+
+    org, play = f"org-{id(store)}-receipts", "play-receipts"
+    names = receipt_names(org, play)
+
+    async def table_exists() -> bool:
+        def run(conn: Any) -> bool:
+            row = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL",
+                (f'"{names.schema}"."{names.receipts_table}"',),
+            ).fetchone()
+            return bool(row[0])
+
+        return await store.pool.run(run)
+
+    with pytest.raises(InvalidInputError):
+        await store.complete_work_receipt(org, play, "k", {"x": "\x00"}, "r1")
+    with pytest.raises(InvalidInputError):
+        await store.complete_work_receipt(org, play, "k", 1, "r1", run_attempt=-1)
+    with pytest.raises(InvalidInputError):
+        await store.claim_work_receipt(org, play, "k", "")
+    assert not await table_exists()
+    await store.complete_work_receipt(org, play, "k", 1, "r1")
+    assert await table_exists()

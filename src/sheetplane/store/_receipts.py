@@ -40,7 +40,13 @@ from ._rowdata import check_json_value, check_key, check_text
 from ._schema import SheetNames
 from ._types import Receipt, ReceiptCompletion
 
-__all__ = ["ReceiptClaim", "claim_work_receipt", "complete_work_receipt"]
+__all__ = [
+    "ReceiptClaim",
+    "check_claim",
+    "check_completion",
+    "claim_work_receipt",
+    "complete_work_receipt",
+]
 
 _NOW = sql.SQL("coalesce(%(now)s::timestamptz, statement_timestamp())")
 
@@ -138,6 +144,31 @@ async def claim_work_receipt(
     return await pool.run(run)
 
 
+def check_claim(key: object, holder: object) -> None:
+    """Raise ``InvalidInputError`` for a bad claim argument (before any table is touched)."""
+    check_key(key, "receipt key")
+    check_text(holder, "holder")
+
+
+def check_completion(
+    key: object, result: object, run_id: object, *, run_attempt: object, holder: object
+) -> None:
+    """Raise ``InvalidInputError`` for a bad completion argument (before any table is touched)."""
+    check_key(key, "receipt key")
+    check_text(run_id, "run_id")
+    if holder is not None:
+        check_text(holder, "holder")
+    if run_attempt is not None and (
+        isinstance(run_attempt, bool)
+        or not isinstance(run_attempt, int)
+        or not 0 <= run_attempt <= _MAX_RUN_ATTEMPT
+    ):
+        raise InvalidInputError(
+            f"run_attempt must be an integer from 0 to {_MAX_RUN_ATTEMPT}, got {run_attempt!r}"
+        )
+    check_json_value(result, "receipt result")
+
+
 async def complete_work_receipt(
     pool: TrioPool,
     names: SheetNames,
@@ -158,19 +189,7 @@ async def complete_work_receipt(
     that is not JSON, or larger than ``MAX_ROW_BYTES``). If cancelled, the
     statement is cancelled and nothing is written.
     """
-    check_key(key, "receipt key")
-    check_text(run_id, "run_id")
-    if holder is not None:
-        check_text(holder, "holder")
-    if run_attempt is not None and (
-        isinstance(run_attempt, bool)
-        or not isinstance(run_attempt, int)
-        or not 0 <= run_attempt <= _MAX_RUN_ATTEMPT
-    ):
-        raise InvalidInputError(
-            f"run_attempt must be an integer from 0 to {_MAX_RUN_ATTEMPT}, got {run_attempt!r}"
-        )
-    check_json_value(result, "receipt result")
+    check_completion(key, result, run_id, run_attempt=run_attempt, holder=holder)
     params = {
         "key": key,
         "result": Jsonb(result),

@@ -177,6 +177,7 @@ class SheetStore:
         self, org_id: str, play_name: str, key: str, holder: str
     ) -> ReceiptClaim:
         """Claim ``key`` for ``holder`` for ``WORK_RECEIPT_LEASE_TTL_MS``."""
+        _receipts.check_claim(key, holder)
         names = await self._receipt_names(org_id, play_name)
         return await _receipts.claim_work_receipt(self.pool, names, key, holder)
 
@@ -193,8 +194,10 @@ class SheetStore:
     ) -> ReceiptCompletion:
         """Record a work receipt once: ``persisted`` if this call wrote it, else ``existing``.
 
-        With ``holder``, the completion is fenced by that holder's claim.
+        With ``holder``, the completion is fenced by that holder's claim. Bad
+        arguments raise ``InvalidInputError`` before the receipts table is created.
         """
+        _receipts.check_completion(key, result, run_id, run_attempt=run_attempt, holder=holder)
         names = await self._receipt_names(org_id, play_name)
         return await _receipts.complete_work_receipt(
             self.pool, names, key, result, run_id, run_attempt=run_attempt, holder=holder
