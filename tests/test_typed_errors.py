@@ -124,3 +124,10 @@ async def test_gateway_client_helpers_refuse_wrong_argument_types_before_sending
         with pytest.raises(InvalidInputError):
             await getattr(client, method)(*args, **kwargs)
     assert transport.sent == 0
+
+
+@pytest.mark.parametrize("token", ["tok\x00en", "tok\r\nX-Evil: 1", "tok\n"])
+def test_an_executor_token_that_no_header_can_carry_is_refused_without_echo(token: str) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        GatewayClient("http://gw.test", token, play_name="p")
+    assert "tok" not in str(caught.value)

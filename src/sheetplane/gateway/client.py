@@ -173,6 +173,9 @@ class GatewayClient:
     ) -> None:
         if not isinstance(token, str) or not token.strip():
             raise InvalidInputError("the gateway client needs a non-empty executor token")
+        if any(ch in token for ch in "\x00\r\n"):
+            # It could never be sent in an authorization header (never echoed: a secret).
+            raise InvalidInputError("the executor token holds a NUL or line break")
         if not isinstance(base_url, str) or not base_url.strip():
             raise InvalidInputError("the gateway client needs a base URL")
         if not isinstance(play_name, str) or not play_name:
