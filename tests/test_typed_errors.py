@@ -126,8 +126,8 @@ async def test_gateway_client_helpers_refuse_wrong_argument_types_before_sending
     assert transport.sent == 0
 
 
-@pytest.mark.parametrize("token", ["tok\x00en", "tok\r\nX-Evil: 1", "tok\n"])
+@pytest.mark.parametrize("token", ["s3cr\x00et", "s3cr\r\nX-Evil: 1", "s3cret\n"])
 def test_an_executor_token_that_no_header_can_carry_is_refused_without_echo(token: str) -> None:
     with pytest.raises(InvalidInputError) as caught:
         GatewayClient("http://gw.test", token, play_name="p")
-    assert "tok" not in str(caught.value)
+    assert "s3cr" not in str(caught.value)
