@@ -15,12 +15,16 @@ def test_bench_batching_runs_both_sides_and_reports_the_ratio(
     out = capsys.readouterr().out
     assert "40 callers x 3 values, batches of 4" in out
     assert "median ratio BoundedBatchFunction / aiodataloader:" in out
+    assert "trio floor / aiodataloader" in out
 
 
 def test_each_side_checks_its_answers_and_counts_every_value() -> None:
     workload = batching.Workload(callers=10, values=5, batch=3)
     assert batching.run_bounded(workload) > 0
     assert batching.run_aiodataloader(workload) > 0
+    with pytest.raises(ValueError):
+        batching.run_trio_floor(workload)  # 50 values do not split into batches of 3
+    assert batching.run_trio_floor(batching.Workload(callers=10, values=6, batch=3)) > 0
 
 
 def test_bench_lists_batching_and_rejects_unknown_names(

@@ -12,9 +12,15 @@ be outstanding) and bytes, an in-flight cap, the page reader's flush linger
 (``READ_BATCH_FLUSH_MS``) and a per-value ``max_wait`` (``MAX_QUEUE_WAIT_MS``).
 Each value is its own estimate of 1 byte (the default).
 
+A third column is a floor for context, not a peer: the same callers on trio
+with no batcher at all, only the park/reschedule round trip every trio
+batcher needs (every fourth caller wakes its batch inline; no bounds, no
+deadlines, no cancellation). It shows how much of the per-value budget
+trio's own scheduling takes on this machine.
+
 The figure is values per second, timed inside each event loop from the first
-caller's start to the last result (loop start-up excluded on both sides).
-The report gives every run, the medians and their ratio.
+caller's start to the last result (loop start-up excluded on every side).
+The report gives every run, the medians and their ratios.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class Result:
     """``BoundedBatchFunction`` values/s, run by run."""
     peer: tuple[float, ...]
     """aiodataloader values/s, run by run."""
+    floor: tuple[float, ...]
+    """Bare trio park/reschedule values/s, run by run."""
 
     @property
     def ratio(self) -> float:
@@ -146,18 +154,59 @@ def run_aiodataloader(workload: Workload) -> float:
     return asyncio.run(main())
 
 
+def run_trio_floor(workload: Workload) -> float:
+    """Trio's park/reschedule round trip alone, batched inline with no bounds; values/s."""
+    from outcome import Value
+
+    def no_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+        return trio.lowlevel.Abort.FAILED  # the floor is never cancelled
+
+    async def main() -> float:
+        pending: list[tuple[tuple[int, int], trio.lowlevel.Task]] = []
+        wrong = 0
+
+        async def submit(value: tuple[int, int]) -> Any:
+            pending.append((value, trio.lowlevel.current_task()))
+            if len(pending) == workload.batch:
+                for item, task in pending:
+                    trio.lowlevel.reschedule(task, Value(item))
+                pending.clear()
+            return await trio.lowlevel.wait_task_rescheduled(no_abort)
+
+        async def caller(index: int) -> None:
+            nonlocal wrong
+            for step in range(workload.values):
+                value = (index, step)
+                if await submit(value) != value:
+                    wrong += 1
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for index in range(workload.callers):
+                nursery.start_soon(caller, index)
+        elapsed = time.perf_counter() - started
+        if wrong:
+            raise AssertionError(f"the trio floor answered wrongly: {wrong}")
+        return workload.total / elapsed
+
+    if workload.total % workload.batch:
+        raise ValueError("the trio floor needs callers x values divisible by the batch size")
+    return trio.run(main)
+
+
 def run_bench(workload: Workload, runs: int) -> Result:
-    """``runs`` rounds; each round runs both sides, alternating which goes first."""
-    ours: list[float] = []
-    peer: list[float] = []
+    """``runs`` rounds; each round runs every side, rotating which goes first."""
+    sides = (run_bounded, run_aiodataloader, run_trio_floor)
+    figures: dict[Any, list[float]] = {side: [] for side in sides}
     for round_ in range(runs):
-        if round_ % 2 == 0:
-            ours.append(run_bounded(workload))
-            peer.append(run_aiodataloader(workload))
-        else:
-            peer.append(run_aiodataloader(workload))
-            ours.append(run_bounded(workload))
-    return Result(tuple(ours), tuple(peer))
+        for offset in range(len(sides)):
+            side = sides[(round_ + offset) % len(sides)]
+            figures[side].append(side(workload))
+    return Result(
+        tuple(figures[run_bounded]),
+        tuple(figures[run_aiodataloader]),
+        tuple(figures[run_trio_floor]),
+    )
 
 
 def report(workload: Workload, result: Result) -> Any:
@@ -174,12 +223,19 @@ def report(workload: Workload, result: Result) -> Any:
     table.add_column("BoundedBatchFunction (trio) values/s", justify="right")
     table.add_column("aiodataloader (asyncio) values/s", justify="right")
     table.add_column("ratio", justify="right")
-    for index, (ours, peer) in enumerate(zip(result.ours, result.peer, strict=True), 1):
-        table.add_row(str(index), f"{ours:,.0f}", f"{peer:,.0f}", f"{ours / peer:.2f}x")
-    ours_median = statistics.median(result.ours)
-    peer_median = statistics.median(result.peer)
+    table.add_column("trio floor values/s", justify="right")
+    rows = zip(result.ours, result.peer, result.floor, strict=True)
+    for index, (ours, peer, floor) in enumerate(rows, 1):
+        table.add_row(
+            str(index), f"{ours:,.0f}", f"{peer:,.0f}", f"{ours / peer:.2f}x", f"{floor:,.0f}"
+        )
     table.add_row(
-        "median", f"{ours_median:,.0f}", f"{peer_median:,.0f}", f"{result.ratio:.2f}x", style="bold"
+        "median",
+        f"{statistics.median(result.ours):,.0f}",
+        f"{statistics.median(result.peer):,.0f}",
+        f"{result.ratio:.2f}x",
+        f"{statistics.median(result.floor):,.0f}",
+        style="bold",
     )
     return table
 
@@ -202,8 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console()
     console.print(report(workload, result))
+    floor = statistics.median(result.floor)
     console.print(
         f"median ratio BoundedBatchFunction / aiodataloader: {result.ratio:.2f}x (target >= 1.00x)"
+    )
+    console.print(
+        f"for context: trio floor / aiodataloader {floor / statistics.median(result.peer):.2f}x, "
+        f"BoundedBatchFunction / trio floor {statistics.median(result.ours) / floor:.2f}x"
     )
     return 0
 
