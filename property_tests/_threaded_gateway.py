@@ -10,6 +10,8 @@ have written.
 from __future__ import annotations
 
 import threading
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
@@ -117,3 +119,56 @@ def snapshot(database_url: str) -> dict[str, Any]:
             "roles": roles,
             "rows": counts,
         }
+
+
+class TrioThread:
+    """A trio run in its own thread holding what ``setup`` opened, for synchronous callers.
+
+    ``with TrioThread(setup) as loop:`` runs ``await setup(stack)`` (an
+    ``AsyncExitStack`` to enter context managers on) in the thread;
+    ``loop.value`` is what it returned and ``loop.run(fn, *args)`` awaits
+    ``fn(*args)`` in that run and returns its result (or raises its error).
+    """
+
+    def __init__(self, setup: Callable[[AsyncExitStack], Awaitable[Any]]) -> None:
+        self._setup = setup
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="trio-thread", daemon=True)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._error: BaseException | None = None
+        self.value: Any = None
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            async with AsyncExitStack() as stack:
+                self.value = await self._setup(stack)
+                self._ready.set()
+                await self._stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> TrioThread:
+        self._thread.start()
+        if not self._ready.wait(START_STOP_SECONDS) or self._error is not None:
+            raise RuntimeError("the trio thread did not start") from self._error
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None and self._stop is not None:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(START_STOP_SECONDS)
+        if self._error is not None:
+            raise RuntimeError("the trio thread failed") from self._error
+
+    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """``await fn(*args)`` inside the thread's trio run."""
+        assert self._token is not None
+        return trio.from_thread.run(fn, *args, trio_token=self._token)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from sheetplane.gateway.faults import FaultSpec
 from sheetplane.gateway.server import RUNTIME_PATH
 from sheetplane.store._fencing import StoredRow, decide_terminal_write
 from sheetplane.store._schema import _physical_columns
-from sheetplane.store._types import SheetContract
+from sheetplane.store._types import CompleteRow, ContractColumn, SheetContract
 from sheetplane.testing.models import ModelRow, ModelWrite, json_equal, model_decision
 from sheetplane.testing.plugin import GatewayHandle
 from sheetplane.testing.strategies import bad_json_bodies, rows, sheet_contracts
@@ -114,3 +115,21 @@ def test_json_equal_follows_jsonb_numbers() -> None:
     assert not json_equal({"a": 1}, {"a": 1, "b": None})
     assert not json_equal("1", 1)
 
+
+@pytest.mark.parametrize("sheetplane_strategy", ["direct", "gateway_only"])
+async def test_runtime_fixture_writes_and_reads_on_either_road(
+    sheetplane_runtime: Any, sheetplane_strategy: str
+) -> None:
+    contract = SheetContract(
+        (ContractColumn("email", "email", "input"), ContractColumn("score", "score", "output"))
+    )
+    assert sheetplane_runtime.context.strategy == sheetplane_strategy
+    writer = sheetplane_runtime.writer("leads", contract)
+    admission = await writer.start([{"_key": f"k{i}", "email": f"u{i}@x.org"} for i in range(5)])
+    await writer.complete(
+        [CompleteRow(row["_key"], {"score": 1}) for row in admission.pending_rows]
+    )
+    rows = await sheetplane_runtime.dataset("leads").materialize()
+    assert [(row["_key"], row["score"], row["_status"]) for row in rows] == [
+        (f"k{i}", 1, "enriched") for i in range(5)
+    ]

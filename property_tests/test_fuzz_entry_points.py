@@ -1,0 +1,768 @@
+"""Every public entry point with Hypothesis-generated bad input: only typed errors.
+
+A typed error is a ``SheetplaneError`` subclass, ``ValueError`` or
+``TypeError``; anything else (``AttributeError``, ``KeyError``,
+``RecursionError``, an ``ExceptionGroup``, a psycopg error) is a bug. Where a
+call reaches Postgres, nothing may be written (schemas, relations, session
+roles and every sheetplane table's rows are compared before and after), and
+where a call would reach the gateway, a refused argument sends nothing.
+
+Covered: ``BoundedBatchFunction`` (constructor, ``submit``, ``estimate_bytes``
+answers), ``json_byte_length_up_to``, ``PageRequest``,
+``read_pages_adaptive``, every ``SheetStore`` method, the ``GatewayClient``
+constructor and helpers, ``AccessShape``/``SessionLimits``/``PreloadedSession``/
+``SessionManager``, the crypto functions, and ``open_runtime``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sheetplane import (
+    BoundedBatchFunction,
+    GatewayError,
+    SheetplaneError,
+    json_byte_length_up_to,
+)
+from sheetplane.crypto import (
+    decrypt_postgres_url,
+    decrypt_with_unwrap_key,
+    encrypt_postgres_url,
+    encrypt_with_unwrap_key,
+    generate_decryption_key,
+    session_aad,
+)
+from sheetplane.gateway.client import GatewayClient
+from sheetplane.pages import Page, PageRequest, read_pages_adaptive
+from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
+from sheetplane.store import SheetStore, open_store
+from sheetplane.store._types import (
+    CompleteRow,
+    ContractColumn,
+    FailRow,
+    SheetContract,
+    SheetRef,
+)
+from sheetplane.testing.strategies import bad_numbers, hostile_text, json_values, wrong_types
+
+from ._threaded_gateway import TrioThread, snapshot
+
+TYPED = (SheetplaneError, ValueError, TypeError)
+EXAMPLES = int(os.environ.get("SHEETPLANE_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+#: Bad inputs tried, by entry point, for docs/reliability.md.
+TRIED: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    path = os.environ.get("SHEETPLANE_RELIABILITY_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"suite": "fuzz_entry_points", "tried": dict(TRIED)}) + "\n")
+
+
+def typed_or_value(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """``("ok", result)`` or ``("error", exc)`` for a typed error; anything else fails."""
+    try:
+        return "ok", fn()
+    except TYPED as exc:
+        return "error", exc
+
+
+def must_refuse(fn: Callable[[], Any]) -> BaseException:
+    outcome, value = typed_or_value(fn)
+    assert outcome == "error", f"accepted bad input: {value!r}"
+    assert isinstance(value, BaseException)
+    return value
+
+
+def run_virtual(fn: Callable[[], Any]) -> Any:
+    return trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- BoundedBatchFunction ---
+
+LIMITS: dict[str, Any] = {
+    "max_batch_items": 4,
+    "max_batch_bytes": 64,
+    "max_retained_items": 8,
+    "max_retained_bytes": 256,
+    "max_in_flight_batches": 2,
+    "flush_seconds": 0.005,
+}
+
+
+def _valid_limit(name: str, value: Any) -> bool | None:
+    """True/False when the contract decides; None when either answer is acceptable."""
+    if name == "flush_seconds":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if math.isnan(value) or value < 0:
+            return False
+        return None if math.isinf(value) else True
+    return type(value) is int and value >= 1
+
+
+@FUZZ
+@given(
+    name=st.sampled_from(sorted(LIMITS)),
+    value=st.one_of(bad_numbers(), wrong_types(), st.integers(-5, 5)),
+)
+def test_batcher_limits_are_checked_at_construction(name: str, value: Any) -> None:
+    TRIED["BoundedBatchFunction()"] += 1
+
+    async def execute(batch: Any) -> list[Any]:
+        return list(batch.values)
+
+    valid = _valid_limit(name, value)
+    outcome, result = typed_or_value(
+        lambda: BoundedBatchFunction(execute, **{**LIMITS, name: value})
+    )
+    if valid is True:
+        assert outcome == "ok", result
+    elif valid is False:
+        assert outcome == "error", f"{name}={value!r} was accepted"
+
+
+@FUZZ
+@given(
+    max_wait=st.one_of(bad_numbers(), wrong_types()).filter(
+        lambda v: v is not None and not (type(v) in (int, float) and v >= 0)
+    ),
+)
+def test_submit_refuses_a_bad_max_wait_and_executes_nothing(max_wait: Any) -> None:
+    TRIED["BoundedBatchFunction.submit(max_wait)"] += 1
+    executed: list[Any] = []
+
+    async def execute(batch: Any) -> list[Any]:
+        executed.extend(batch.values)
+        return list(batch.values)
+
+    async def main() -> BaseException:
+        async with BoundedBatchFunction(execute, **LIMITS) as batcher:
+            return must_refuse_async(await _capture(batcher.submit("k", 1, max_wait=max_wait)))
+
+    error = run_virtual(main)
+    assert isinstance(error, TYPED)
+    assert executed == []
+
+
+@FUZZ
+@given(size=st.one_of(bad_numbers(), wrong_types(), st.integers(min_value=257, max_value=10**30)))
+def test_a_bad_size_estimate_fails_only_its_own_submit(size: Any) -> None:
+    TRIED["BoundedBatchFunction.submit(estimate)"] += 1
+    executed: list[Any] = []
+
+    async def execute(batch: Any) -> list[Any]:
+        executed.extend(batch.values)
+        return list(batch.values)
+
+    async def main() -> tuple[Any, Any]:
+        async with BoundedBatchFunction(
+            execute, estimate_bytes=lambda v: size if v == "bad" else 1, **LIMITS
+        ) as batcher:
+            bad = await _capture(batcher.submit("k", "bad"))
+            good = await batcher.submit("k", "good")
+            return bad, good
+
+    bad, good = run_virtual(main)
+    if isinstance(bad, BaseException):
+        assert isinstance(bad, TYPED)
+        assert executed == ["good"]
+    else:
+        # An int estimate within the caps is a valid one.
+        assert type(size) is int and 0 <= size <= LIMITS["max_retained_bytes"]
+    assert good == "good"
+
+
+async def _capture(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except BaseException as exc:  # checked by the caller
+        return exc
+
+
+def must_refuse_async(result: Any) -> BaseException:
+    assert isinstance(result, BaseException), f"accepted bad input: {result!r}"
+    assert isinstance(result, TYPED), repr(result)
+    return result
+
+
+# --- sizes, pages, the splitter ---
+
+
+@FUZZ
+@given(
+    value=st.one_of(json_values(max_leaves=8), wrong_types()),
+    limit=st.one_of(st.integers(0, 10**6), bad_numbers(), wrong_types()),
+)
+def test_json_byte_length_answers_or_refuses_typed(value: Any, limit: Any) -> None:
+    TRIED["json_byte_length_up_to"] += 1
+    outcome, result = typed_or_value(lambda: json_byte_length_up_to(value, limit))
+    limit_ok = type(limit) is int and limit >= 0
+    if not limit_ok:
+        assert outcome == "error"
+    if outcome == "ok":
+        exact = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        if result.exceeded:
+            assert limit < result.bytes <= exact
+        else:
+            assert result.bytes == exact <= limit
+
+
+def test_json_byte_length_refuses_cycles_and_surrogates() -> None:
+    TRIED["json_byte_length_up_to"] += 3
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    for value in (cycle, {"a": cycle}, "\ud800"):
+        must_refuse(lambda value=value: json_byte_length_up_to(value, 10**6))
+
+
+@FUZZ
+@given(
+    limit=st.one_of(bad_numbers(), wrong_types()),
+    offset=st.one_of(st.integers(0, 9), bad_numbers()),
+)
+def test_page_request_refuses_bad_numbers(limit: Any, offset: Any) -> None:
+    TRIED["PageRequest"] += 1
+    valid = type(limit) is int and limit >= 1 and type(offset) is int and offset >= 0
+    outcome, _ = typed_or_value(lambda: PageRequest(limit, offset))
+    assert outcome == ("ok" if valid else "error")
+
+
+@FUZZ
+@given(
+    requests=st.one_of(
+        st.lists(
+            st.one_of(wrong_types(), st.builds(PageRequest, st.integers(1, 5), st.integers(0, 5))),
+            max_size=4,
+        ),
+        wrong_types(),
+    ),
+    answer=st.one_of(
+        wrong_types(),
+        st.lists(wrong_types(), max_size=4),
+        st.lists(
+            st.builds(
+                Page,
+                rows=st.one_of(st.none(), st.tuples(st.just({"a": 1})), st.just(({"a": 1},) * 9)),
+                limit=st.integers(-1, 6),
+                offset=st.integers(-1, 6),
+            ),
+            max_size=4,
+        ),
+    ),
+)
+def test_read_pages_adaptive_refuses_bad_requests_and_bad_answers(
+    requests: Any, answer: Any
+) -> None:
+    TRIED["read_pages_adaptive"] += 1
+
+    async def read_batch(batch: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        return answer
+
+    async def main() -> Any:
+        return await _capture(read_pages_adaptive(read_batch, requests))
+
+    result = run_virtual(main)
+    if isinstance(result, BaseException):
+        assert isinstance(result, TYPED), repr(result)
+    else:
+        assert isinstance(result, list)
+        assert all(isinstance(page, Page) for page in result)
+
+
+# --- crypto, sessions ---
+
+KEY = generate_decryption_key()
+AAD = session_aad(
+    org_id="o",
+    play_name="p",
+    table_namespace="n",
+    logical_table="sheet_rows",
+    operations=("rows.read",),
+    expires_at="2030-01-01T00:00:00+00:00",
+)
+ENVELOPE = encrypt_postgres_url("postgresql://u:secret@h/db", KEY.public_jwk(), AAD)
+
+
+@st.composite
+def broken_envelopes(draw: st.DrawFn) -> Any:
+    choice = draw(st.integers(0, 2))
+    if choice == 0:
+        return draw(wrong_types())
+    envelope = dict(ENVELOPE)
+    member = draw(st.sampled_from(sorted(envelope)))
+    if choice == 1:
+        envelope[member] = draw(st.one_of(wrong_types(), hostile_text(max_size=40)))
+    else:
+        text = envelope[member]
+        cut = draw(st.integers(0, max(0, len(text) - 1)))
+        envelope[member] = text[:cut] + draw(st.sampled_from(["", "A", "_", "=", "\x00"]))
+    return envelope
+
+
+@FUZZ
+@given(
+    envelope=broken_envelopes(), aad=st.one_of(st.just(AAD), wrong_types(), st.binary(max_size=8))
+)
+def test_a_broken_envelope_never_opens_and_fails_typed(envelope: Any, aad: Any) -> None:
+    TRIED["decrypt_postgres_url"] += 1
+    if envelope == ENVELOPE and aad == AAD:
+        return
+    error = must_refuse(lambda: decrypt_postgres_url(envelope, KEY, aad))
+    assert "secret" not in str(error)
+    TRIED["decrypt_with_unwrap_key"] += 1
+    must_refuse(lambda: decrypt_with_unwrap_key(envelope, b"k" * 32, aad))
+
+
+@FUZZ
+@given(
+    jwk=st.one_of(
+        wrong_types(),
+        st.fixed_dictionaries(
+            {
+                "kty": st.sampled_from(["RSA", "EC", ""]),
+                "n": hostile_text(max_size=30),
+                "e": wrong_types(),
+            }
+        ),
+    ),
+    url=st.one_of(st.just("postgresql://u:p@h/db"), wrong_types()),
+    unwrap=st.one_of(st.binary(max_size=40), wrong_types()),
+)
+def test_encryption_refuses_bad_keys_and_urls(jwk: Any, url: Any, unwrap: Any) -> None:
+    TRIED["encrypt_postgres_url"] += 1
+    must_refuse(lambda: encrypt_postgres_url(url, jwk, AAD))
+    TRIED["encrypt_with_unwrap_key"] += 1
+    if isinstance(url, str) and isinstance(unwrap, bytes) and len(unwrap) == 32:
+        return
+    must_refuse(lambda: encrypt_with_unwrap_key(url, unwrap, AAD))
+
+
+@FUZZ
+@given(
+    namespace=st.one_of(wrong_types(), st.just("ns")),
+    operations=st.one_of(wrong_types(), st.lists(hostile_text(max_size=12), max_size=3)),
+    logical=st.one_of(wrong_types(), st.sampled_from(["sheet_rows", "nope"])),
+    limit=st.one_of(bad_numbers(), wrong_types(), st.integers(1, 9)),
+    session=st.one_of(wrong_types(), st.just({"expiresAt": "x"})),
+)
+def test_session_values_refuse_bad_fields(
+    namespace: Any, operations: Any, logical: Any, limit: Any, session: Any
+) -> None:
+    TRIED["AccessShape/SessionLimits/PreloadedSession"] += 1
+    outcome, shape = typed_or_value(lambda: AccessShape(namespace, operations, logical))
+    valid_shape = (
+        isinstance(namespace, str)
+        and namespace
+        and isinstance(operations, list | tuple | set | frozenset)
+        and operations
+        and set(operations) <= {"rows.read", "rows.upsert", "rows.append", "rows.replace"}
+        and logical in ("sheet_rows", "dataset_rows", "play_output")
+    )
+    assert outcome == ("ok" if valid_shape else "error"), shape
+    outcome, _ = typed_or_value(lambda: SessionLimits(max_rows=limit))
+    assert outcome == ("ok" if limit is None or (type(limit) is int and limit >= 1) else "error")
+    outcome, preloaded = typed_or_value(
+        lambda: PreloadedSession("ns", ("rows.read",), session=session)
+    )
+    assert outcome == ("ok" if isinstance(session, dict) else "error")
+    if outcome == "ok":
+        # A malformed preloaded answer never matches; it is skipped, not raised.
+        async def main() -> Any:
+            async with (
+                GatewayClient("http://gw.test", "tok", play_name="p", transport=_refusing()) as c,
+                SessionManager(c, preloaded=[preloaded], decryption_key=KEY) as manager,
+            ):
+                return await _capture(manager.session(AccessShape("ns", ("rows.read",))))
+
+        result = run_virtual(main)
+        assert isinstance(result, TYPED), repr(result)
+
+
+def _refusing() -> httpx.MockTransport:
+    return httpx.MockTransport(lambda request: httpx.Response(400, json={"error": "refused"}))
+
+
+# --- the gateway client ---
+
+CONTRACT = SheetContract(
+    (ContractColumn("email", "email", "input"), ContractColumn("score", "score", "output"))
+)
+
+
+@FUZZ
+@given(
+    base_url=st.one_of(st.just("http://gw.test"), wrong_types()),
+    token=st.one_of(st.just("tok"), wrong_types()),
+    play=st.one_of(st.just("p"), wrong_types()),
+    headers=st.one_of(
+        st.none(),
+        wrong_types(),
+        st.dictionaries(
+            st.one_of(st.integers(), hostile_text(max_size=8)), wrong_types(), max_size=2
+        ),
+    ),
+)
+def test_gateway_client_constructor_refuses_bad_arguments(
+    base_url: Any, token: Any, play: Any, headers: Any
+) -> None:
+    TRIED["GatewayClient()"] += 1
+    outcome, _ = typed_or_value(
+        lambda: GatewayClient(base_url, token, play_name=play, headers=headers)
+    )
+    valid = (
+        isinstance(base_url, str)
+        and base_url.strip()
+        and isinstance(token, str)
+        and token.strip()
+        and not any(ch in token for ch in "\x00\r\n")
+        and isinstance(play, str)
+        and play
+        and (
+            headers is None
+            or (
+                isinstance(headers, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+                and "authorization" not in {k.lower() for k in headers}
+            )
+        )
+    )
+    assert outcome == ("ok" if valid else "error")
+
+
+HELPERS: dict[str, Callable[[GatewayClient, Any], Any]] = {
+    "ensure_sheet(contract)": lambda c, bad: c.ensure_sheet("ns", bad),
+    "ensure_sheet(namespace)": lambda c, bad: c.ensure_sheet(bad, CONTRACT),
+    "start_sheet_dataset(rows)": lambda c, bad: c.start_sheet_dataset("ns", CONTRACT, bad, "r"),
+    "start_sheet_dataset(contract)": lambda c, bad: c.start_sheet_dataset("ns", bad, [], "r"),
+    "complete_map_rows(rows)": lambda c, bad: c.complete_map_rows(
+        "ns", CONTRACT, bad, run_id="r", write_version=1
+    ),
+    "complete_map_rows(row)": lambda c, bad: c.complete_map_rows(
+        "ns", CONTRACT, [bad], run_id="r", write_version=1
+    ),
+    "fail_map_rows(row)": lambda c, bad: c.fail_map_rows(
+        "ns", CONTRACT, [bad], run_id="r", write_version=1
+    ),
+    "read_rows(request)": lambda c, bad: c.read_rows("ns", bad),
+    "read_rows_batch(requests)": lambda c, bad: c.read_rows_batch("ns", bad),
+    "read_rows_batch(request)": lambda c, bad: c.read_rows_batch("ns", [bad]),
+    "read_row_keys(request)": lambda c, bad: c.read_row_keys("ns", bad),
+    "create_db_session(contract)": lambda c, bad: c.create_db_session(
+        table_namespace="ns", logical_table="sheet_rows", operations=["rows.read"], contract=bad
+    ),
+    "post_action(payload)": lambda c, bad: c.post_action("ensure_sheet", bad),
+}
+
+
+@FUZZ
+@given(helper=st.sampled_from(sorted(HELPERS)), bad=wrong_types())
+def test_gateway_client_helpers_fail_typed(helper: str, bad: Any) -> None:
+    TRIED[f"GatewayClient.{helper.split('(')[0]}"] += 1
+    sent: list[bytes] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(400, json={"error": "refused", "code": "invalid_request"})
+
+    async def main() -> Any:
+        async with GatewayClient(
+            "http://gw.test", "tok", play_name="p", transport=httpx.MockTransport(handle)
+        ) as client:
+            return await _capture(HELPERS[helper](client, bad))
+
+    result = run_virtual(main)
+    if isinstance(result, BaseException):
+        assert isinstance(result, TYPED), repr(result)
+        if not isinstance(result, GatewayError):
+            assert sent == [], "a refused argument was sent"
+
+
+# --- the store, on a real Postgres ---
+
+
+@pytest.fixture(scope="module")
+def store_loop(sheetplane_database_url: str) -> Iterator[TrioThread]:
+    async def setup(stack: AsyncExitStack) -> SheetStore:
+        store: SheetStore = await stack.enter_async_context(open_store(sheetplane_database_url))
+        await store.start_dataset(SHEET, [{"_key": "a", "email": "a@x.org"}], "r1", CONTRACT)
+        return store
+
+    with TrioThread(setup) as loop:
+        yield loop
+
+
+SHEET = SheetRef("fuzz-entry-org", "fuzz-entry-play", "fuzz-entry-ns")
+VERSION = 1
+
+
+def _row_like() -> st.SearchStrategy[Any]:
+    nul = st.just({"_key": "k", "email": "x\x00"})
+    deep = st.integers(257, 400).map(lambda d: {"_key": "k", "email": _nest(d)})
+    return st.one_of(wrong_types(), nul, deep)
+
+
+def _nest(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+STORE_CALLS: dict[str, Callable[[SheetStore, Any], Any]] = {
+    "ensure_sheet(sheet)": lambda s, bad: s.ensure_sheet(bad, CONTRACT),
+    "ensure_sheet(contract)": lambda s, bad: s.ensure_sheet(SHEET, bad),
+    "start_dataset(rows)": lambda s, bad: s.start_dataset(SHEET, bad, "r2", CONTRACT),
+    "start_dataset(row)": lambda s, bad: s.start_dataset(SHEET, [bad], "r2", CONTRACT),
+    "start_dataset(key)": lambda s, bad: s.start_dataset(SHEET, [{"_key": bad}], "r2", CONTRACT),
+    "start_dataset(run_id)": lambda s, bad: s.start_dataset(SHEET, [{"_key": "z"}], bad, CONTRACT),
+    "append_rows(row)": lambda s, bad: s.append_rows(SHEET, [bad], idempotency_key="i"),
+    "append_rows(idempotency_key)": lambda s, bad: s.append_rows(SHEET, [], idempotency_key=bad),
+    "upsert_rows(row)": lambda s, bad: s.upsert_rows(SHEET, [bad], idempotency_key="u"),
+    "replace_rows(rows)": lambda s, bad: s.replace_rows(SHEET, bad, idempotency_key="x"),
+    "complete_map_rows(row)": lambda s, bad: s.complete_map_rows(
+        SHEET, CONTRACT, [bad], run_id="r1", write_version=VERSION
+    ),
+    "complete_map_rows(data)": lambda s, bad: s.complete_map_rows(
+        SHEET, CONTRACT, [CompleteRow("a", bad)], run_id="r1", write_version=VERSION
+    ),
+    "complete_map_rows(write_version)": lambda s, bad: s.complete_map_rows(
+        SHEET, CONTRACT, [CompleteRow("a", {"score": 1})], run_id="r1", write_version=bad
+    ),
+    "fail_map_rows(error)": lambda s, bad: s.fail_map_rows(
+        SHEET, CONTRACT, [FailRow("a", bad)], run_id="r1", write_version=VERSION
+    ),
+    "claim_work_receipt(holder)": lambda s, bad: s.claim_work_receipt("o", "p", "k", bad),
+    "complete_work_receipt(result)": lambda s, bad: s.complete_work_receipt(
+        "o", "p", "k", _unstorable(bad), "r1"
+    ),
+    "complete_work_receipt(run_attempt)": lambda s, bad: s.complete_work_receipt(
+        "o", "p", "k", 1, "r1", run_attempt=bad
+    ),
+    "read_rows(request)": lambda s, bad: s.read_rows(SHEET, bad),
+    "read_rows_batch(pages)": lambda s, bad: s.read_rows_batch(SHEET, bad),
+    "read_rows_after(limit)": lambda s, bad: s.read_rows_after(SHEET, None, bad),
+    "read_rows_after(cursor)": lambda s, bad: s.read_rows_after(SHEET, bad, 10),
+    "read_row_keys(run_id)": lambda s, bad: s.read_row_keys(SHEET, PageRequest(1, 0), run_id=bad),
+    "count(run_id)": lambda s, bad: s.count(SHEET, run_id=bad),
+    "read_rows_by_keys(keys)": lambda s, bad: s.read_rows_by_keys(SHEET, bad),
+    "summary(sheet)": lambda s, bad: s.summary(bad),
+}
+
+
+def _unstorable(value: Any) -> Any:
+    """A receipt result no store may keep (wrong types that are valid JSON are wrapped
+    around a NUL so the call is still bad input)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return value
+    return {"v": value, "nul": "\x00"}
+
+
+def _bad_argument(call: str) -> st.SearchStrategy[Any]:
+    """Values that are wrong for the argument ``call`` names."""
+    texts = st.one_of(
+        wrong_types().filter(lambda v: not isinstance(v, str)), st.sampled_from(["", "x\x00"])
+    )
+    if call.endswith("(row)"):
+        return _row_like()
+    if call.endswith(("(run_id)", "(holder)", "(idempotency_key)", "(error)")):
+        return texts
+    if call.endswith("(key)"):
+        return st.one_of(
+            # None is no key at all: the row's identity is derived then.
+            wrong_types().filter(lambda v: v is not None and not isinstance(v, str)),
+            st.sampled_from(["", "k\x00", "\ud800", "é" * 2_000]),
+        )
+    if call.endswith("(write_version)"):
+        return st.one_of(bad_numbers(), st.sampled_from([2**63, 2**70]))
+    if call.endswith("(run_attempt)"):
+        return st.one_of(bad_numbers(), st.sampled_from([2**31, 2**40]))
+    if call.endswith("(limit)"):
+        return st.one_of(bad_numbers(), st.sampled_from([0, 5_001, 2**63]))
+    if call.endswith("(data)"):
+        return st.one_of(
+            wrong_types().filter(lambda v: v is not None and not isinstance(v, dict)),
+            st.just({"score": "\x00"}),
+            st.just({"score": _nest(300)}),
+            st.just({"score": math.nan}),
+        )
+    # Any other argument: a wrong type, never an empty sequence (a valid, empty write).
+    return wrong_types().filter(lambda v: not (isinstance(v, list | tuple) and not v))
+
+
+@FUZZ
+@given(call=st.sampled_from(sorted(STORE_CALLS)), data=st.data())
+def test_store_methods_refuse_bad_input_typed_and_write_nothing(
+    store_loop: TrioThread, sheetplane_database_url: str, call: str, data: st.DataObject
+) -> None:
+    TRIED[f"SheetStore.{call.split('(')[0]}"] += 1
+    bad = data.draw(_bad_argument(call), label="bad")
+    before = snapshot(sheetplane_database_url)
+    store: SheetStore = store_loop.value
+
+    async def attempt() -> Any:
+        return await _capture(STORE_CALLS[call](store, bad))
+
+    result = store_loop.run(attempt)
+    if call.startswith(("read_", "count", "summary")) and not isinstance(result, BaseException):
+        pass  # a read of an odd but valid argument may answer
+    else:
+        assert isinstance(result, BaseException), f"{call} accepted {bad!r}"
+    if isinstance(result, BaseException):
+        assert isinstance(result, TYPED), repr(result)
+        assert "Postgres failed" not in str(result), "bad input reached Postgres"
+    assert snapshot(sheetplane_database_url) == before, "a refused call wrote something"
+
+
+# --- open_runtime ---
+
+RUNTIME_ARGS: dict[str, Any] = {
+    "base_url": "http://127.0.0.1:9",
+    "token": "tok",
+    "org_id": "org",
+    "play_name": "play",
+    "run_id": "run",
+    "strategy": "direct",
+    "preloaded_sessions": (),
+    "unwrap_key": None,
+    "user_email": None,
+    "headers": None,
+}
+
+
+def _bad_runtime_argument(name: str) -> st.SearchStrategy[Any]:
+    if name in ("token", "org_id", "play_name", "run_id"):
+        return st.one_of(
+            wrong_types().filter(lambda v: not isinstance(v, str)), st.sampled_from(["", "a\x00"])
+        )
+    if name == "base_url":
+        return st.one_of(
+            wrong_types().filter(lambda v: not isinstance(v, str)),
+            st.sampled_from(["", "ftp://x", "gw.test", "http://"]),
+        )
+    if name == "strategy":
+        return st.one_of(wrong_types(), st.sampled_from(["gateway", "DIRECT", ""]))
+    if name == "preloaded_sessions":
+        return st.one_of(
+            wrong_types().filter(
+                lambda v: v is not None and not (isinstance(v, list | tuple) and not v)
+            ),
+            st.lists(wrong_types(), min_size=1, max_size=2),
+        )
+    if name == "unwrap_key":
+        return st.one_of(
+            wrong_types().filter(lambda v: v is not None),
+            st.binary(max_size=31),
+            st.binary(min_size=33, max_size=40),
+        )
+    if name == "user_email":
+        return wrong_types().filter(lambda v: v is not None and not isinstance(v, str))
+    return st.one_of(  # headers
+        wrong_types().filter(lambda v: v is not None and not (isinstance(v, dict) and not v)),
+        st.just({"authorization": "Bearer other"}),
+        st.just({"x-a": 1}),
+    )
+
+
+@FUZZ
+@given(name=st.sampled_from(sorted(RUNTIME_ARGS)), data=st.data())
+def test_open_runtime_refuses_a_bad_argument_before_connecting(
+    name: str, data: st.DataObject
+) -> None:
+    from sheetplane import open_runtime
+
+    TRIED["open_runtime"] += 1
+    bad = data.draw(_bad_runtime_argument(name), label=name)
+
+    async def main() -> Any:
+        async def enter() -> None:
+            async with open_runtime(**{**RUNTIME_ARGS, name: bad}):
+                raise AssertionError("open_runtime accepted a bad argument")
+
+        return await _capture(enter())
+
+    result = run_virtual(main)
+    assert isinstance(result, TYPED), repr(result)
+
+
+RUNTIME_CALLS: dict[str, Callable[[Any, Any], Any]] = {
+    "writer(namespace)": lambda rt, bad: rt.writer(bad, CONTRACT),
+    "writer(contract)": lambda rt, bad: rt.writer("ns", bad),
+    "writer(write_version)": lambda rt, bad: rt.writer("ns", CONTRACT, write_version=bad),
+    "dataset(namespace)": lambda rt, bad: rt.dataset(bad),
+    "dataset(row_mode)": lambda rt, bad: rt.dataset("ns", bad),
+    "RowWriter.start(rows)": lambda rt, bad: rt.writer("ns", CONTRACT).start(bad),
+    "RowWriter.complete(rows)": lambda rt, bad: rt.writer("ns", CONTRACT, write_version=1).complete(
+        bad
+    ),
+    "RowWriter.fail(rows)": lambda rt, bad: rt.writer("ns", CONTRACT, write_version=1).fail(bad),
+    "ReceiptRecorder.complete(key)": lambda rt, bad: rt.receipts().complete(bad, {"ok": True}),
+}
+
+
+@FUZZ
+@given(call=st.sampled_from(sorted(RUNTIME_CALLS)), data=st.data())
+def test_runtime_parts_refuse_bad_arguments(call: str, data: st.DataObject) -> None:
+    from sheetplane import open_runtime
+
+    TRIED[f"Runtime.{call.split('(')[0]}"] += 1
+    if call.endswith("(write_version)"):
+        bad = data.draw(
+            st.one_of(
+                bad_numbers(), wrong_types().filter(lambda v: v is not None and type(v) is not int)
+            )
+        )
+    elif call.endswith("(row_mode)"):
+        bad = data.draw(st.one_of(wrong_types(), st.sampled_from(["rows", "ALL", ""])))
+    elif call.endswith("(rows)"):
+        bad = data.draw(
+            st.one_of(
+                wrong_types().filter(lambda v: not (isinstance(v, list | tuple) and not v)),
+                st.lists(wrong_types(), min_size=1, max_size=2),
+            )
+        )
+    else:
+        bad = data.draw(
+            st.one_of(
+                wrong_types().filter(lambda v: not isinstance(v, str) or not v), st.just("a\x00")
+            )
+        )
+
+    async def main() -> Any:
+        async with open_runtime(**RUNTIME_ARGS) as rt:
+
+            async def attempt() -> Any:
+                made = RUNTIME_CALLS[call](rt, bad)
+                if hasattr(made, "__await__"):
+                    return await made
+                return made
+
+            return await _capture(attempt())
+
+    result = run_virtual(main)
+    assert isinstance(result, BaseException), f"{call} accepted {bad!r}"
+    assert isinstance(result, TYPED), repr(result)
