@@ -246,7 +246,8 @@ async def demo(database_url: str, rows: int, console: Console) -> DemoReport:
             "base_url": gateway.base_url,
             "token": token,
             "org_id": ORG,
-            "play_name": PLAY,
+            # A play of its own, so runs against one database never share a sheet.
+            "play_name": f"{PLAY}-{secrets.token_hex(4)}",
             "run_id": RUN_ID,
         }
         async with (
