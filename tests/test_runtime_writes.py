@@ -204,7 +204,10 @@ async def test_bad_write_and_read_arguments_send_nothing(
             writer.complete([CompleteRow("r1", {"words": 1})]),  # no attempt yet
             writer.complete([{"key": "r1", "data": {}}]),  # type: ignore[list-item]
             writer.fail([FailRow("r1", 42)]),  # type: ignore[arg-type]
+            writer.start([{"text": object()}]),
+            writer.start([{"text": float("nan")}]),
             writer.append([{"text": "x"}], idempotency_key=""),
+            writer.append([{"text": float("inf")}], idempotency_key="k"),
             writer.upsert([{"text": "x"}], idempotency_key="k", key_field=""),
             rt.receipts().complete("", 1),
             rt.receipts().complete("k", object()),
@@ -217,6 +220,27 @@ async def test_bad_write_and_read_arguments_send_nothing(
         assert gateway.requests == sent
         assert rt.sessions.minted == 0
     assert not await sheet_exists(store, sheet_of(play, "leads"))
+
+
+@pytest.mark.parametrize("strategy", ROADS)
+async def test_outputs_that_are_not_json_are_refused_before_sending(
+    gateway: CountingGateway, store: SheetStore, strategy: Strategy
+) -> None:
+    play = new_play()
+    async with runtime(gateway, strategy, play=play) as rt:
+        writer = rt.writer("leads", CONTRACT)
+        await writer.start(inputs(2))
+        sent = gateway.requests
+        for call in (
+            writer.complete([CompleteRow("r0000", {"words": object()})]),
+            writer.complete([CompleteRow("r0000", {"words": 1}, {"meta": float("nan")})]),
+            writer.fail([FailRow("r0001", "bad", {"words": {1, 2}})]),
+        ):
+            with pytest.raises(InvalidInputError):
+                await call
+        assert gateway.requests == sent
+    rows = await select_rows(store, sheet_of(play, "leads"))
+    assert [row["_status"] for row in rows] == ["pending", "pending"]
 
 
 def test_the_token_never_shows_in_a_repr() -> None:

@@ -52,8 +52,7 @@ from .budgets import READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
 from .dataset import Dataset
 from .errors import AttemptSupersededError, InvalidInputError
 from .gateway.client import GatewayClient
-from .pages._reader import PageReader, ReadScope, SheetRoad
-from .pages._roads import DirectRoad, GatewayRoad, RoadStats
+from .pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
 from .sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
 from .sizes import json_byte_length_up_to
 from .store import SheetStore, superseded_rows
@@ -105,22 +104,25 @@ def _optional_text(name: str, value: object) -> str | None:
     return None if value is None else _text(name, value)
 
 
-def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
-    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
-        raise InvalidInputError(f"{name} must be a sequence of row objects, got {rows!r}")
-    for index, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise InvalidInputError(f"{name}[{index}] must be a mapping, got {row!r}")
-    return list(rows)
-
-
 def _json_value(name: str, value: object) -> None:
+    """Refuse what the wire cannot carry: not JSON, NaN/Infinity, or past the transport ceiling."""
     try:
         measured = json_byte_length_up_to(value, TRANSPORT_CEILING_BYTES)
     except TypeError as exc:
         raise InvalidInputError(f"{name} must be JSON-serialisable: {exc}") from None
     if measured.exceeded:
         raise InvalidInputError(f"{name} is larger than {TRANSPORT_CEILING_BYTES} bytes as JSON")
+
+
+def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError(f"{name} must be a sequence of row objects, got {rows!r}")
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise InvalidInputError(f"{name}[{index}] must be a mapping, got {row!r}")
+    checked = list(rows)
+    _json_value(name, [dict(row) for row in checked])
+    return checked
 
 
 def _complete_rows(rows: object) -> list[CompleteRow]:
@@ -136,6 +138,7 @@ def _complete_rows(rows: object) -> list[CompleteRow]:
         if row.cell_meta_patch is not None and not isinstance(row.cell_meta_patch, Mapping):
             raise InvalidInputError(f"rows[{index}].cell_meta_patch must be a mapping or None")
         checked.append(row)
+    _json_value("rows", [[row.data, row.cell_meta_patch] for row in checked])
     return checked
 
 
@@ -152,6 +155,7 @@ def _fail_rows(rows: object) -> list[FailRow]:
         if row.data is not None and not isinstance(row.data, Mapping):
             raise InvalidInputError(f"rows[{index}].data must be a mapping or None")
         checked.append(row)
+    _json_value("rows", [[row.error, row.data] for row in checked])
     return checked
 
 
