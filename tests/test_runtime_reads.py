@@ -236,3 +236,43 @@ async def test_concurrent_first_mints_of_several_shapes_all_open(
             )
             assert rt.sessions.minted >= 3  # count, keyset, and the batch of at+peek
         assert answers == [50, expected[3], expected[:2], expected]
+
+
+@pytest.mark.parametrize("strategy", ROADS)
+async def test_a_keyset_page_too_large_fails_before_it_is_held_whole(
+    gateway: CountingGateway,
+    store: SheetStore,
+    strategy: Strategy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """5,000 rows of 2 KB against a 256 KiB budget: the read stops a slice past the
+    budget instead of decoding 10 MB first (on the gateway road, server side)."""
+    import tracemalloc
+
+    from sheetplane import ReadBatchTooLargeError
+    from sheetplane.store import _reads, sheet_names
+
+    play, ns = new_play(), "wide"
+    sheet = sheet_of(play, ns)
+    await seed_sheet(store, sheet, 5_000)
+    table = sheet_names(sheet).ident("sheet_table")
+    await store.pool.run(
+        lambda conn: conn.execute(
+            _reads.sql.SQL("UPDATE {} SET text = to_jsonb(repeat('x', 2000))").format(table)
+        )
+    )
+    monkeypatch.setattr(_reads, "READ_BATCH_MAX_RESPONSE_BYTES", 256 * KiB)
+    async with runtime(gateway, strategy, play=play) as rt:
+        road = rt.road(ns)
+        await road.count()  # the session and connections exist before measuring
+        tracemalloc.start()
+        try:
+            with pytest.raises(ReadBatchTooLargeError) as raised:
+                await road.read_after(None, 5_000)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        rows, _ = await road.read_after(None, 100)  # fewer rows fit
+    assert raised.value.observed_bytes < 2 * 256 * KiB
+    assert peak < 4 * 2**20  # the whole page would be over 10 MB
+    assert len(rows) == 100

@@ -311,7 +311,10 @@ def _fetch(
         cursor.execute(query, params)
         while chunk := cursor.fetchmany(_FETCH_ROWS):
             if budget is not None:
-                budget.add_rows(chunk, projection.key_bytes)
+                # Hidden position columns (past the keys) are not part of the answer.
+                width = len(keys)
+                shown = chunk if len(chunk[0]) == width else [row[:width] for row in chunk]
+                budget.add_rows(shown, projection.key_bytes)
             # zip stops at the keys: hidden position columns are left out.
             rows += [dict(zip(keys, row)) for row in chunk]  # noqa: B905
             last = chunk[-1]
@@ -463,8 +466,12 @@ async def read_rows_after(
 
     Keyset pagination: unlike an offset, each page costs the same however deep
     it is, and rows admitted meanwhile never shift a page. The next cursor is
-    None once a page comes back short (the sheet ended). Not byte-budgeted
-    beyond ``limit <= READ_PAGE_MAX_ROWS``: callers choose the limit.
+    None once a page comes back short (the sheet ended).
+
+    The rows are measured as they decode, as a batch read of one page is:
+    ``ReadBatchTooLargeError`` is raised as soon as they would exceed
+    ``READ_BATCH_MAX_RESPONSE_BYTES``, so a page of large rows is never held
+    whole before the caller learns to ask for fewer.
     """
     if cursor is not None and not isinstance(cursor, RowCursor):
         raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
@@ -479,7 +486,9 @@ async def read_rows_after(
         if columns is None:
             return [], None
         projection = _projection(columns, row_mode, position=True)
-        rows, last = _rows_after(conn, names, projection, run_id, after, limit, None)
+        budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
+        budget.start_page(PageRequest(limit, 0))
+        rows, last = _rows_after(conn, names, projection, run_id, after, limit, budget)
         if len(rows) < limit or last is None:
             return rows, None
         # The hidden position columns close the raw row.
