@@ -26,11 +26,10 @@ from typing import Any
 import attrs
 
 from .._page import Page, PageRequest
-from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES, READ_PAGE_MAX_ROWS
+from ..budgets import READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError, SessionError
 from ..gateway.client import GatewayClient
 from ..sessions import AccessShape, SessionLimits, SessionManager, batch_read_shape
-from ..sizes import json_byte_length_up_to
 from ..store import RowCursor, SheetStore, sheet_names
 from ..store._types import SheetRef
 from ._reader import ReadScope
@@ -66,13 +65,6 @@ def _check_limit(limit: object) -> int:
             f"limit must be an integer in 1..{READ_PAGE_MAX_ROWS}, got {limit!r}"
         )
     return limit
-
-
-def _check_within_budget(rows: Sequence[dict[str, Any]]) -> None:
-    """Raise ``ReadBatchTooLargeError`` when ``rows`` exceed the read response budget."""
-    measured = json_byte_length_up_to(list(rows), READ_BATCH_MAX_RESPONSE_BYTES)
-    if measured.exceeded:
-        raise ReadBatchTooLargeError(measured.bytes)
 
 
 class DirectRoad:
@@ -148,8 +140,9 @@ class DirectRoad:
     ) -> tuple[list[dict[str, Any]], object | None]:
         """Up to ``limit`` rows after ``cursor`` (a ``RowCursor``; None: from the start).
 
-        Raises ``ReadBatchTooLargeError`` when the rows exceed
-        ``READ_BATCH_MAX_RESPONSE_BYTES``, as a gateway would answer 413.
+        Raises ``ReadBatchTooLargeError`` as soon as the rows would exceed
+        ``READ_BATCH_MAX_RESPONSE_BYTES`` (the store measures them as they
+        decode), as a gateway would answer 413.
         """
         if cursor is not None and not isinstance(cursor, RowCursor):
             raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
@@ -159,15 +152,17 @@ class DirectRoad:
         await self._checked_session(shape)
         store: SheetStore
         async with self._sessions.store(shape) as store:
-            rows, next_cursor = await store.read_rows_after(
-                self._sheet, cursor, limit, run_id=self._scope.run_id, row_mode=self._scope.row_mode
-            )
-        try:
-            _check_within_budget(rows)
-        except ReadBatchTooLargeError:
-            self.stats.too_large += 1
-            raise
-        return rows, next_cursor
+            try:
+                return await store.read_rows_after(
+                    self._sheet,
+                    cursor,
+                    limit,
+                    run_id=self._scope.run_id,
+                    row_mode=self._scope.row_mode,
+                )
+            except ReadBatchTooLargeError:
+                self.stats.too_large += 1
+                raise
 
     async def count(self) -> int:
         """How many rows the scope reads (``count(*)``, limited to the scope's run)."""
