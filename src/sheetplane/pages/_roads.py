@@ -46,7 +46,7 @@ class RoadStats:
     pages_read: int = 0
     """Pages those calls asked for."""
     keyset_reads: int = 0
-    """``read_after`` calls."""
+    """Sequential reads sent by keyset (``read_after``)."""
     offset_reads: int = 0
     """Sequential reads sent by offset because the gateway ignored ``after``."""
     counts: int = 0
