@@ -216,12 +216,13 @@ def report(workload: Workload, result: Result) -> Any:
     table = Table(
         title=(
             f"batching: {workload.callers:,} callers x {workload.values} values, "
-            f"batches of {workload.batch}"
+            f"batches of {workload.batch}; BoundedBatchFunction and the floor on trio, "
+            "aiodataloader on asyncio"
         )
     )
     table.add_column("run", justify="right")
-    table.add_column("BoundedBatchFunction (trio) values/s", justify="right")
-    table.add_column("aiodataloader (asyncio) values/s", justify="right")
+    table.add_column("BoundedBatchFunction values/s", justify="right")
+    table.add_column("aiodataloader values/s", justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("trio floor values/s", justify="right")
     rows = zip(result.ours, result.peer, result.floor, strict=True)
