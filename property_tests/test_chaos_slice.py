@@ -1,0 +1,67 @@
+"""The fixed slice of the chaos campaign that CI runs (``property_tests/chaos.py``).
+
+10,000 virtual-time schedules and 50 real ones, from fixed seeds so a failure
+names a schedule seed that ``python -m property_tests.chaos --only SEED``
+replays. ``--campaign`` adds a long run on a fresh seed (printed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from .chaos import Figures, run_real_campaign, run_virtual_campaign, schedule_seeds
+
+SLICE_SEED = 20261130
+VIRTUAL_SCHEDULES = 10_000
+REAL_SCHEDULES = 50
+
+
+def _record(figures: Figures, name: str) -> None:
+    path = os.environ.get("SHEETPLANE_RELIABILITY_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"suite": name, **figures.to_json()}) + "\n")
+
+
+def _check(figures: Figures) -> None:
+    assert figures.losses == 0 and figures.duplicates == 0
+    assert figures.rows_checked > 0
+
+
+def test_virtual_slice_of_ten_thousand_schedules() -> None:
+    figures = Figures(SLICE_SEED)
+    run_virtual_campaign(schedule_seeds(SLICE_SEED, VIRTUAL_SCHEDULES, "virtual"), figures)
+    _record(figures, "chaos_slice_virtual")
+    assert figures.virtual_schedules == VIRTUAL_SCHEDULES
+    _check(figures)
+    # The schedules did meet every kind of fault, supersession and cancellation.
+    for kind in ("502", "503", "504", "backpressure", "reset", "lost", "hang", "413"):
+        assert figures.faults[f"virtual:{kind}"] > 0, kind
+    assert figures.outcomes["superseded"] > 0 and figures.outcomes["cancelled"] > 0
+
+
+def test_real_slice_of_fifty_schedules(sheetplane_database_url: str) -> None:
+    figures = Figures(SLICE_SEED)
+    run_real_campaign(
+        schedule_seeds(SLICE_SEED, REAL_SCHEDULES, "real"), figures, sheetplane_database_url
+    )
+    _record(figures, "chaos_slice_real")
+    assert figures.real_schedules == REAL_SCHEDULES
+    _check(figures)
+    assert figures.faults["real:pg_terminate_backend"] > 0
+    assert figures.outcomes["real:done"] >= REAL_SCHEDULES
+
+
+@pytest.mark.slow
+def test_long_campaign_on_a_fresh_seed(sheetplane_database_url: str) -> None:
+    seed = random.SystemRandom().getrandbits(32)
+    print(f"chaos campaign seed {seed}")
+    figures = Figures(seed)
+    run_virtual_campaign(schedule_seeds(seed, 100_000, "virtual"), figures)
+    run_real_campaign(schedule_seeds(seed, 300, "real"), figures, sheetplane_database_url)
+    _record(figures, "chaos_campaign")
+    _check(figures)
