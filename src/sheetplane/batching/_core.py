@@ -29,7 +29,13 @@ Where things live:
   instant ``next_wakeup`` returned (float rounding), and a timer loop would
   spin forever.
 
-Why heaps: entries are admitted in submission order and ``flush_at`` is
+- Retention counts queued and running values over all lanes; a submit that
+  would pass a cap waits in the admission queue, which admits strictly first
+  come first served. ``max_wait`` covers admission and queue alike; a shell
+  calls ``expire(now)`` before ``dispatch(now)``, so a value whose deadline
+  has come is never dispatched.
+
+Why heaps: sequence numbers grow with submission time and ``flush_at`` is
 ``submitted_at + flush_seconds``, so among lane heads the smallest sequence
 number also has the earliest flush deadline. One lazy heap of lane heads by
 sequence number therefore yields both the oldest head and, if any lane is
