@@ -6,7 +6,8 @@ conflicting replays, and legacy (unversioned) writes. A plain model beside the
 sheet decides every outcome on its own; after each step the stored rows must
 equal the model's, every stale key must carry the model's reason, no stored
 value may come from a version other than the row's own stamp, and the summary
-counters must equal ``SELECT _status, count(*) ... GROUP BY _status``.
+counters must equal ``SELECT _status, count(*) ... GROUP BY _status``. The model
+is ``sheetplane.testing.models.SheetModel``, the one the chaos harness uses.
 
 The store runs in one trio loop on a background thread for the whole test
 (``trio.from_thread.run`` drives it), so each step is one real store call.
@@ -19,7 +20,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-import attrs
 import psycopg
 import pytest
 import trio
@@ -46,6 +46,7 @@ from sheetplane.store._types import (
     TerminalWriteResult,
 )
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
+from sheetplane.testing.models import ModelWrite, SheetModel
 
 T = TypeVar("T")
 
@@ -123,14 +124,6 @@ def portal() -> Iterator[Portal]:
             server.stop()
 
 
-@attrs.define
-class ModelRow:
-    status: str
-    version: int
-    score: str | None = None
-    error: str | None = None
-
-
 class FencingMachine(RuleBasedStateMachine):
     writers = Bundle("writers")
 
@@ -143,38 +136,19 @@ class FencingMachine(RuleBasedStateMachine):
         self.sheet = SheetRef(f"org-{tag}", "machine", f"ns-{tag}")
         self.names = sheet_names(self.sheet)
         portal.call(self.store.ensure_sheet, self.sheet, CONTRACT)
-        self.rows: dict[str, ModelRow] = {}
-        self.version = 0
+        self.model = SheetModel(columns=("id", "score"), input_columns=("id",))
 
-    # --- the model's own rules ---------------------------------------------------------
-
-    def outcome(
-        self, key: str, writer: int | None, status: str, score: str | None, error: str | None
-    ) -> tuple[str, StaleRow | None]:
-        row = self.rows.get(key)
-        if row is None:
-            return "stale", StaleRow(key, "newer_write_version", None)
-        open_row = row.status in ("pending", "running")
-        if writer is None:
-            if open_row:
-                return "write", None
-            return "stale", StaleRow(key, "already_terminal", row.version)
-        if row.version > writer:
-            return "stale", StaleRow(key, "newer_write_version", row.version)
-        if row.version < writer:
-            return "stale", StaleRow(key, "older_write_version", row.version)
-        if open_row:
-            return "write", None
-        carried_score = row.score if score is None else score
-        if row.status == status and row.score == carried_score and row.error == error:
-            return "replay", None
-        return "conflict", None
+    # --- the model decides (sheetplane.testing.models.SheetModel) -----------------------
 
     def terminal(self, writer: int | None, keys: list[str], status: str, value: str) -> None:
-        score = value if status == "enriched" else None
         error = value if status == "failed" else None
-        decided = {key: self.outcome(key, writer, status, score, error) for key in keys}
+        data = {"score": value} if status == "enriched" else {}
         run_id = f"writer-{writer}"
+        expected = self.model.terminal_write(
+            [ModelWrite(key, status, data, error) for key in keys],  # type: ignore[arg-type]
+            writer,
+            run_id,
+        )
         try:
             if status == "enriched":
                 result: TerminalWriteResult = self.portal.call(
@@ -195,23 +169,12 @@ class FencingMachine(RuleBasedStateMachine):
                     write_version=writer,
                 )
         except WriteConflictError:
-            assert any(kind == "conflict" for kind, _ in decided.values()), decided
+            assert expected.conflict, expected
             return
-        assert not any(kind == "conflict" for kind, _ in decided.values()), decided
-        assert result.committed_keys == tuple(
-            key for key in keys if decided[key][0] in ("write", "replay")
-        )
-        assert result.stale_rows == tuple(
-            stale for kind, stale in decided.values() if stale is not None
-        )
-        assert result.updated == sum(1 for kind, _ in decided.values() if kind == "write")
-        for key, (kind, _) in decided.items():
-            if kind == "write":
-                row = self.rows[key]
-                row.status = status
-                row.error = error
-                if score is not None:
-                    row.score = score
+        assert not expected.conflict, expected
+        assert result.committed_keys == expected.committed
+        assert result.stale_rows == tuple(StaleRow(*stale) for stale in expected.stale)  # type: ignore[arg-type]
+        assert result.updated == expected.updated
 
     # --- rules -------------------------------------------------------------------------
 
@@ -221,29 +184,20 @@ class FencingMachine(RuleBasedStateMachine):
             self.store.start_dataset,
             self.sheet,
             [{"id": key} for key in keys],
-            f"admit-{self.version + 1}",
+            f"admit-{self.model.version + 1}",
             CONTRACT,
             key_field="id",
         )
-        self.version += 1
-        assert admission.write_version == self.version
-        pending, completed = [], []
-        for key in keys:
-            row = self.rows.get(key)
-            if row is not None and row.status == "enriched":
-                completed.append(key)
-                continue
-            pending.append(key)
-            if row is None:
-                self.rows[key] = ModelRow("pending", self.version)
-            else:
-                row.status, row.version, row.error = "pending", self.version, None
-        assert [r["_key"] for r in admission.pending_rows] == pending
-        assert [r["_key"] for r in admission.completed_rows] == completed
+        expected = self.model.admit(
+            [(key, {"id": key}) for key in keys], f"admit-{self.model.version + 1}"
+        )
+        assert admission.write_version == expected.version
+        assert tuple(r["_key"] for r in admission.pending_rows) == expected.pending_keys
+        assert tuple(r["_key"] for r in admission.completed_rows) == expected.completed_keys
         assert [r.get("score") for r in admission.completed_rows] == [
-            self.rows[key].score for key in completed
+            self.model.rows[key].values.get("score") for key in expected.completed_keys
         ]
-        return self.version
+        return expected.version
 
     @rule(
         writer=writers,
@@ -298,7 +252,8 @@ class FencingMachine(RuleBasedStateMachine):
     def sheet_matches_the_model(self) -> None:
         rows, summary, grouped = self.stored()
         assert rows == {
-            key: (row.status, row.version, row.score, row.error) for key, row in self.rows.items()
+            key: (row.status, row.version, row.values.get("score"), row.error)
+            for key, row in self.model.rows.items()
         }
         # No value from a superseded version: a versioned value names the row's own stamp.
         for status, version, score, error in rows.values():
@@ -309,7 +264,7 @@ class FencingMachine(RuleBasedStateMachine):
         for status, count in grouped.items():
             recount[COUNTER[status]] += count
             recount["total"] += count
-        assert dict(zip(recount, summary, strict=True)) == recount
+        assert dict(zip(recount, summary, strict=True)) == recount == self.model.summary()
 
 
 def test_fencing_machine(portal: Portal) -> None:
