@@ -353,3 +353,75 @@ async def test_a_base_exception_from_execute_leaves_the_block_unwrapped_and_clos
             await start_in_order(nursery, outcomes, batcher, [("a", 1)])
             await trio.sleep_forever()
     assert outcomes[1][0] == "error" and isinstance(outcomes[1][1], BatcherClosedError)
+
+
+# --- a randomized run: every caller settles exactly once -------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_cancellations_settle_every_caller_once(
+    autojump_clock: Any, seed: int
+) -> None:
+    import random
+
+    rng = random.Random(seed)  # the seed is the test id: a failure replays from it
+    executed: list[Any] = []
+    cancelled_batches: list[tuple[Any, ...]] = []
+
+    async def execute(batch: Batch[Any, Any]) -> list[Any]:
+        executed.extend(batch.values)
+        try:
+            await trio.sleep(rng.choice([0, 0, 0.01, 0.05, 0.2]))
+        except trio.Cancelled:
+            cancelled_batches.append(batch.values)
+            raise
+        if rng.random() < 0.1:
+            raise RuntimeError("execute failed")
+        return [("r", value) for value in batch.values]
+
+    batcher = make(
+        execute,
+        max_batch_items=rng.randint(1, 4),
+        max_retained_items=rng.randint(1, 6),
+        max_in_flight_batches=rng.randint(1, 3),
+        flush_seconds=rng.choice([0, 0.01, 0.03]),
+    )
+    settled: dict[int, str] = {}
+
+    async def caller(value: int) -> None:
+        with trio.move_on_after(rng.choice([0.001, 0.02, 0.1, 1.0, 10.0])):
+            try:
+                result = await batcher.submit(
+                    rng.choice("ab"), value, max_wait=rng.choice([None, 0.05, 0.5])
+                )
+            except Exception as exc:
+                assert value not in settled
+                settled[value] = type(exc).__name__
+                return
+            assert value not in settled
+            assert result == ("r", value)
+            settled[value] = "ok"
+            return
+        settled[value] = "cancelled"
+
+    async with batcher, trio.open_nursery() as nursery:
+        for value in range(120):
+            nursery.start_soon(caller, value)
+            if rng.random() < 0.3:
+                await trio.sleep(rng.choice([0.001, 0.01, 0.05]))
+    assert sorted(settled) == list(range(120))
+    assert len(executed) == len(set(executed))  # no value ran twice
+    for value, how in settled.items():
+        if how in ("LaneWedgedError",):
+            assert value not in executed  # wedged values never run
+        if how == "ok":
+            assert value in executed
+    stats = batcher.stats()
+    assert (stats.retained_items, stats.retained_bytes, stats.in_flight, stats.queued) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert stats.waiting_for_admission == 0
+    assert stats.values == len(executed)
