@@ -274,3 +274,51 @@ async def test_a_keyset_page_too_large_fails_before_it_is_held_whole(
     assert raised.value.observed_bytes < 2 * 256 * KiB
     assert peak < 4 * 2**20  # the whole page would be over 10 MB
     assert len(rows) == 100
+
+
+BAD_AFTER: dict[str, Any] = {
+    "a number": 5,
+    "a list": [1, "2020-01-01T00:00:00+00:00", "k"],
+    "no key": {"inputIndex": 1, "createdAt": "2020-01-01T00:00:00+00:00"},
+    "no createdAt": {"inputIndex": 1, "key": "k"},
+    "createdAt not a time": {"inputIndex": 1, "createdAt": "yesterday", "key": "k"},
+    "createdAt without zone": {"inputIndex": 1, "createdAt": "2020-01-01T00:00:00", "key": "k"},
+    "inputIndex text": {"inputIndex": "1", "createdAt": "2020-01-01T00:00:00+00:00", "key": "k"},
+    "inputIndex past bigint": {
+        "inputIndex": 2**70,
+        "createdAt": "2020-01-01T00:00:00+00:00",
+        "key": "k",
+    },
+    "key with NUL": {"inputIndex": 1, "createdAt": "2020-01-01T00:00:00+00:00", "key": "k\x00"},
+    "key with a lone surrogate": {
+        "inputIndex": None,
+        "createdAt": "2020-01-01T00:00:00+00:00",
+        "key": "\ud800",
+    },
+}
+
+
+async def test_a_bad_keyset_cursor_is_refused_400(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    import json
+
+    import httpx
+
+    from sheetplane.gateway.server import RUNTIME_PATH
+
+    play = new_play()
+    await seed_sheet(store, sheet_of(play, "leads"), 10)
+    async with httpx.AsyncClient(base_url=gateway.base_url) as http:
+        for case, after in BAD_AFTER.items():
+            body = {
+                "action": "runtime_sheet_read_rows",
+                "playName": play,
+                "input": {"tableNamespace": "leads", "limit": 5, "offset": 0, "after": after},
+            }
+            response = await http.post(
+                RUNTIME_PATH,
+                content=json.dumps(body).encode(),  # ensure_ascii: the surrogate travels escaped
+                headers={"authorization": f"Bearer {gateway.token}"},
+            )
+            assert response.status_code == 400, (case, response.text)

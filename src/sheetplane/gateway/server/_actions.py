@@ -330,7 +330,18 @@ def _row_cursor(value: object) -> RowCursor | None:
         raise bad_request("input.after.createdAt must be an ISO 8601 timestamp") from None
     if created.tzinfo is None:
         raise bad_request("input.after.createdAt must carry a time zone")
-    return RowCursor(index, created, _text(value, "key", where="input.after."))
+    key = _text(value, "key", where="input.after.")
+    if "\x00" in key or not _encodable(key):
+        raise bad_request("input.after.key must be text Postgres can store")
+    return RowCursor(index, created, key)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 def _cursor_json(cursor: RowCursor | None) -> dict[str, Any] | None:
