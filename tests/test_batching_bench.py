@@ -23,8 +23,16 @@ def test_each_side_checks_its_answers_and_counts_every_value() -> None:
     assert batching.run_bounded(workload) > 0
     assert batching.run_aiodataloader(workload) > 0
     with pytest.raises(ValueError):
-        batching.run_trio_floor(workload)  # 50 values do not split into batches of 3
-    assert batching.run_trio_floor(batching.Workload(callers=10, values=6, batch=3)) > 0
+        batching.run_trio_floor(workload)  # 10 callers do not split into batches of 3
+    assert batching.run_trio_floor(batching.Workload(callers=12, values=5, batch=3)) > 0
+
+
+def test_the_floor_is_left_out_when_callers_do_not_split_into_batches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["bench", "batching", "--callers", "10", "--batch", "3", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "median ratio" in out and "trio floor /" not in out
 
 
 def test_bench_lists_batching_and_rejects_unknown_names(

@@ -78,7 +78,7 @@ class Result:
     peer: tuple[float, ...]
     """aiodataloader values/s, run by run."""
     floor: tuple[float, ...]
-    """Bare trio park/reschedule values/s, run by run."""
+    """Bare trio park/reschedule values/s, run by run (empty when not run)."""
 
     @property
     def ratio(self) -> float:
@@ -189,14 +189,19 @@ def run_trio_floor(workload: Workload) -> float:
             raise AssertionError(f"the trio floor answered wrongly: {wrong}")
         return workload.total / elapsed
 
-    if workload.total % workload.batch:
-        raise ValueError("the trio floor needs callers x values divisible by the batch size")
+    if workload.callers % workload.batch:
+        # Callers then move in lockstep (every one is woken each round), so no
+        # caller is ever left alone in a batch that nobody else will fill.
+        raise ValueError("the trio floor needs a caller count divisible by the batch size")
     return trio.run(main)
 
 
 def run_bench(workload: Workload, runs: int) -> Result:
-    """``runs`` rounds; each round runs every side, rotating which goes first."""
-    sides = (run_bounded, run_aiodataloader, run_trio_floor)
+    """``runs`` rounds; each round runs every side, rotating which goes first. The
+    floor is left out (no figures) unless the caller count divides into batches."""
+    sides: tuple[Any, ...] = (run_bounded, run_aiodataloader, run_trio_floor)
+    if workload.callers % workload.batch:
+        sides = sides[:2]
     figures: dict[Any, list[float]] = {side: [] for side in sides}
     for round_ in range(runs):
         for offset in range(len(sides)):
@@ -205,7 +210,7 @@ def run_bench(workload: Workload, runs: int) -> Result:
     return Result(
         tuple(figures[run_bounded]),
         tuple(figures[run_aiodataloader]),
-        tuple(figures[run_trio_floor]),
+        tuple(figures.get(run_trio_floor, ())),
     )
 
 
@@ -225,17 +230,16 @@ def report(workload: Workload, result: Result) -> Any:
     table.add_column("aiodataloader values/s", justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("trio floor values/s", justify="right")
-    rows = zip(result.ours, result.peer, result.floor, strict=True)
+    floors = [f"{floor:,.0f}" for floor in result.floor] or ["-"] * len(result.ours)
+    rows = zip(result.ours, result.peer, floors, strict=True)
     for index, (ours, peer, floor) in enumerate(rows, 1):
-        table.add_row(
-            str(index), f"{ours:,.0f}", f"{peer:,.0f}", f"{ours / peer:.2f}x", f"{floor:,.0f}"
-        )
+        table.add_row(str(index), f"{ours:,.0f}", f"{peer:,.0f}", f"{ours / peer:.2f}x", floor)
     table.add_row(
         "median",
         f"{statistics.median(result.ours):,.0f}",
         f"{statistics.median(result.peer):,.0f}",
         f"{result.ratio:.2f}x",
-        f"{statistics.median(result.floor):,.0f}",
+        f"{statistics.median(result.floor):,.0f}" if result.floor else "-",
         style="bold",
     )
     return table
@@ -259,14 +263,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console()
     console.print(report(workload, result))
-    floor = statistics.median(result.floor)
     console.print(
         f"median ratio BoundedBatchFunction / aiodataloader: {result.ratio:.2f}x (target >= 1.00x)"
     )
-    console.print(
-        f"for context: trio floor / aiodataloader {floor / statistics.median(result.peer):.2f}x, "
-        f"BoundedBatchFunction / trio floor {statistics.median(result.ours) / floor:.2f}x"
-    )
+    if result.floor:
+        floor = statistics.median(result.floor)
+        peer, ours = statistics.median(result.peer), statistics.median(result.ours)
+        console.print(
+            f"for context: trio floor / aiodataloader {floor / peer:.2f}x, "
+            f"BoundedBatchFunction / trio floor {ours / floor:.2f}x"
+        )
     return 0
 
 
