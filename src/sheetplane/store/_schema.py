@@ -381,6 +381,11 @@ async def ensure_sheet(
         if not _missing_ddl(conn, names, columns):
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(names.schema),))
+        # Check again under the lock: a racing ensure may have created everything while
+        # this one waited, and its no-op DDL would still take the tables' exclusive
+        # locks, deadlocking with an admission that already holds the writer lock.
+        if not _missing_ddl(conn, names, columns):
+            return
         conn.execute(_ddl(names, columns, logical))
         conn.execute(_summary_row(names))
 
