@@ -131,3 +131,14 @@ def test_an_executor_token_that_no_header_can_carry_is_refused_without_echo(toke
     with pytest.raises(InvalidInputError) as caught:
         GatewayClient("http://gw.test", token, play_name="p")
     assert "s3cr" not in str(caught.value)
+
+
+@pytest.mark.parametrize("base_url", ["http://", "https:///x", "http://[::1", "gw.test", "ftp://h"])
+async def test_open_runtime_refuses_a_base_url_without_a_host(base_url: str) -> None:
+    from sheetplane import open_runtime
+
+    with pytest.raises(InvalidInputError, match="base_url"):
+        async with open_runtime(
+            base_url=base_url, token="tok", org_id="o", play_name="p", run_id="r"
+        ):
+            raise AssertionError("entered")

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -164,8 +165,13 @@ def _fail_rows(rows: object) -> list[FailRow]:
 
 def _base_url(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
     text = _text(attribute.name, value)
-    if not text.strip().lower().startswith(("http://", "https://")):
-        raise InvalidInputError(f"base_url must be an http(s) URL, got {value!r}")
+    try:
+        parts = urlsplit(text.strip())
+        valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed bracketed host
+        valid = False
+    if not valid:
+        raise InvalidInputError(f"base_url must be an http(s) URL with a host, got {value!r}")
 
 
 def _nonempty(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
