@@ -65,29 +65,6 @@ _TEXT: Final = (str, bytes, bytearray)
 """Sequences that are not a sequence of results."""
 
 
-class _Delivery(outcome.Outcome[Any]):
-    """A finished batch's results (or its ``_SharedFailure``), sent to every caller.
-
-    Each caller reads its own slot (``entry.index``). An ``outcome.Value`` can be
-    unwrapped only once, so waking each caller with its own would allocate one
-    object per value; this one outcome is shared by the whole batch.
-    """
-
-    __slots__ = ("results",)
-
-    def __init__(self, results: Any) -> None:
-        self.results = results
-
-    def unwrap(self) -> Any:
-        return self.results
-
-    def send(self, gen: Any) -> Any:
-        return gen.send(self.results)
-
-    async def asend(self, agen: Any) -> Any:
-        return await agen.asend(self.results)
-
-
 class _SharedFailure:
     """One exception settled on every caller of a batch.
 
@@ -104,14 +81,26 @@ class _SharedFailure:
 
 
 class _Waiter(Entry[K, V]):
-    """An entry that is also its caller's abort function, so parking allocates nothing more."""
+    """An entry that is also its caller's abort function and its wake-up outcome.
 
-    __slots__ = ("batcher",)
+    Parking and waking therefore allocate nothing per value beyond what trio
+    itself does. ``results`` is the finished batch's whole result sequence (or
+    its ``_SharedFailure``), shared by every caller of the batch; each caller
+    reads its own slot (``index``). An ``outcome.Value`` per value would be one
+    more object per value, and a shared outcome one more per batch.
+    """
+
+    __slots__ = ("batcher", "results")
 
     batcher: BoundedBatchFunction[K, V, Any]
+    results: Any
 
     def __call__(self, raise_cancel: Any) -> trio.lowlevel.Abort:
         return self.batcher._abort(self)
+
+    def unwrap(self) -> Any:
+        """What ``wait_task_rescheduled`` returns to the woken caller."""
+        return self.results
 
 
 def _checked_max_wait(max_wait: object) -> float:
@@ -385,13 +374,18 @@ class BoundedBatchFunction(Generic[K, V, R]):
             )
 
     def _settle_batch(self, entries: list[Entry[K, V]], results: Any) -> None:
-        """Wake each live caller of a finished batch with the batch's one delivery."""
-        delivery = _Delivery(results)
+        """Wake each live caller of a finished batch; each entry is its caller's outcome.
+
+        Entries let go of their batch here, so the batch is freed by the runner
+        that finished it rather than by the last caller to wake.
+        """
         reschedule, running, done = _reschedule, RUNNING, DONE
         for entry in entries:
+            entry.batch = None
             if entry.state == running:
                 entry.state = done
-                reschedule(entry.waiter, delivery)
+                entry.results = results  # type: ignore[attr-defined]
+                reschedule(entry.waiter, entry)  # type: ignore[arg-type]
 
     # --- batch runners -----------------------------------------------------
 
