@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, cast
@@ -143,6 +143,39 @@ async def seed_sheet(store: SheetStore, sheet: SheetRef, n: int, *, run_id: str 
     await store.pool.run(run)
 
 
+async def drop_sheet(store: SheetStore, sheet: SheetRef) -> None:
+    """Drop a sheet's tables, so big seeded sheets do not slow the rest of the suite
+    (other tests digest every sheet table of the shared database)."""
+    names = sheet_names(sheet)
+    tables = ("sheet_table", "event_table", "summary_table", "column_summary_table")
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        for table in tables:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(names.ident(table)))
+
+    await store.pool.run(run)
+
+
+Seed = Callable[..., Awaitable[None]]
+
+
+@asynccontextmanager
+async def seeding(store: SheetStore) -> AsyncIterator[Seed]:
+    """``await seed(sheet, n, run_id=...)`` seeds like ``seed_sheet``; the sheets are
+    dropped when the block ends (test modules wrap this in a ``seeded`` fixture)."""
+    made: list[SheetRef] = []
+
+    async def seed(sheet: SheetRef, n: int, **options: Any) -> None:
+        made.append(sheet)
+        await seed_sheet(store, sheet, n, **options)
+
+    try:
+        yield seed
+    finally:
+        for sheet in made:
+            await drop_sheet(store, sheet)
+
+
 async def select_rows(
     store: SheetStore, sheet: SheetRef, *, run_id: str | None = None
 ) -> list[dict[str, Any]]:
@@ -212,11 +245,14 @@ __all__ = [
     "ORG",
     "CountingGateway",
     "Runtime",
+    "Seed",
     "counting_gateway",
+    "drop_sheet",
     "new_play",
     "no_session_connections",
     "runtime",
     "seed_sheet",
+    "seeding",
     "select_rows",
     "session_connections",
     "sheet_exists",

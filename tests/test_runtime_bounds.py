@@ -16,11 +16,12 @@ import trio.testing
 from _runtime_helpers import (
     NULL_TAIL,
     CountingGateway,
+    Seed,
     counting_gateway,
     new_play,
     no_session_connections,
     runtime,
-    seed_sheet,
+    seeding,
     session_connections,
     sheet_of,
 )
@@ -37,6 +38,12 @@ ROADS: tuple[Strategy, ...] = ("direct", "gateway_only")
 #: What iterating may hold at its peak, whatever the sheet's length: the rows of
 #: one page as Python objects stay well under the decoded response budget.
 ITERATION_MEMORY_BUDGET_BYTES = READ_BATCH_MAX_RESPONSE_BYTES
+
+
+@pytest.fixture
+async def seeded(store: SheetStore) -> AsyncIterator[Seed]:
+    async with seeding(store) as seed:
+        yield seed
 
 
 @pytest.fixture
@@ -66,6 +73,7 @@ async def random_reads(dataset: Any, size: int, calls: int, seed: int) -> None:
 async def test_iterating_a_million_rows_holds_one_page_and_a_bounded_batcher(
     gateway: CountingGateway,
     store: SheetStore,
+    seeded: Seed,
     record_property: Callable[[str, object], None],
 ) -> None:
     """Both roads over one seeded sheet. tracemalloc slows allocation-heavy code about
@@ -75,7 +83,7 @@ async def test_iterating_a_million_rows_holds_one_page_and_a_bounded_batcher(
     each read (rows decoded, the JSON body) is traced too."""
     n, window = 1_000_000, 100_000
     play, ns = new_play(), "big"
-    await seed_sheet(store, sheet_of(play, ns), n)
+    await seeded(sheet_of(play, ns), n)
     for strategy in ROADS:
         peaks: list[int] = []
         async with runtime(gateway, strategy, play=play) as rt:
@@ -164,11 +172,11 @@ async def threads_beyond(before: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("strategy", ROADS)
 async def test_cancelling_a_runner_mid_iteration_leaves_nothing_behind(
-    gateway: CountingGateway, store: SheetStore, strategy: Strategy
+    gateway: CountingGateway, store: SheetStore, seeded: Seed, strategy: Strategy
 ) -> None:
     n = 40_000
     play, ns = new_play(), "leads"
-    await seed_sheet(store, sheet_of(play, ns), n)
+    await seeded(sheet_of(play, ns), n)
     threads_before = busy_threads()
     assert runner_tasks() == []
     seen = 0

@@ -15,10 +15,11 @@ import trio
 from _runtime_helpers import (
     NULL_TAIL,
     CountingGateway,
+    Seed,
     counting_gateway,
     new_play,
     runtime,
-    seed_sheet,
+    seeding,
     select_rows,
     sheet_of,
 )
@@ -28,6 +29,12 @@ from sheetplane.runtime import Strategy
 from sheetplane.store import SheetStore
 
 ROADS: tuple[Strategy, ...] = ("direct", "gateway_only")
+
+
+@pytest.fixture
+async def seeded(store: SheetStore) -> AsyncIterator[Seed]:
+    async with seeding(store) as seed:
+        yield seed
 
 
 @pytest.fixture
@@ -51,11 +58,11 @@ async def read_all(gw: CountingGateway, strategy: Strategy, play: str, ns: str, 
 
 @pytest.mark.parametrize("strategy", ROADS)
 async def test_a_100k_row_sheet_reads_exactly_like_one_select(
-    gateway: CountingGateway, store: SheetStore, strategy: Strategy
+    gateway: CountingGateway, store: SheetStore, seeded: Seed, strategy: Strategy
 ) -> None:
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 100_000)
+    await seeded(sheet, 100_000)
     expected = await select_rows(store, sheet)
     assert len(expected) == 100_000
     assert [row["_input_index"] for row in expected[-NULL_TAIL:]] == [None] * NULL_TAIL
@@ -70,11 +77,11 @@ async def test_a_100k_row_sheet_reads_exactly_like_one_select(
 
 
 async def test_reads_limited_to_a_run_and_every_row_mode(
-    gateway: CountingGateway, store: SheetStore
+    gateway: CountingGateway, store: SheetStore, seeded: Seed
 ) -> None:
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 900, run_id="run-a")
+    await seeded(sheet, 900, run_id="run-a")
     for strategy in ROADS:
         async with runtime(gateway, strategy, play=play) as rt:
             assert [r async for r in rt.dataset(ns, run_id="run-a")] == await select_rows(
@@ -101,11 +108,11 @@ FAULTS = {
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 async def test_faults_on_the_gateway_road_leave_the_rows_exact(
-    gateway: CountingGateway, store: SheetStore, fault: str
+    gateway: CountingGateway, store: SheetStore, seeded: Seed, fault: str
 ) -> None:
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 12_000)
+    await seeded(sheet, 12_000)
     expected = await select_rows(store, sheet)
     headers = {FAULT_HEADER: f"{FAULTS[fault]}; nonce={uuid.uuid4().hex}"}
     # A one-row read answered 413 is final (one row too large), so under 413 faults
@@ -131,6 +138,7 @@ async def test_faults_on_the_gateway_road_leave_the_rows_exact(
 async def test_a_response_budget_at_several_thresholds_splits_but_stays_exact(
     gateway: CountingGateway,
     store: SheetStore,
+    seeded: Seed,
     strategy: Strategy,
     threshold: int,
     monkeypatch: pytest.MonkeyPatch,
@@ -138,7 +146,7 @@ async def test_a_response_budget_at_several_thresholds_splits_but_stays_exact(
     """The gateway (answering 413) and the direct road split reads past ``threshold``."""
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 15_000)
+    await seeded(sheet, 15_000)
     expected = await select_rows(store, sheet)
     from sheetplane.store import _reads
 
@@ -167,11 +175,11 @@ async def trio_gather(awaitables: list[Any]) -> list[Any]:
 
 
 async def test_a_legacy_gateway_is_read_exactly_by_offsets(
-    legacy_gateway: CountingGateway, store: SheetStore
+    legacy_gateway: CountingGateway, store: SheetStore, seeded: Seed
 ) -> None:
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 11_000)
+    await seeded(sheet, 11_000)
     expected = await select_rows(store, sheet)
     async with runtime(legacy_gateway, "gateway_only", play=play) as rt:
         dataset = rt.dataset(ns)
@@ -187,11 +195,11 @@ async def test_a_legacy_gateway_is_read_exactly_by_offsets(
 
 @pytest.mark.parametrize("strategy", ROADS)
 async def test_concurrent_at_calls_coalesce_into_batches(
-    gateway: CountingGateway, store: SheetStore, strategy: Strategy
+    gateway: CountingGateway, store: SheetStore, seeded: Seed, strategy: Strategy
 ) -> None:
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 3_000)
+    await seeded(sheet, 3_000)
     expected = await select_rows(store, sheet)
     calls = 64
     indices = random.Random(5).sample(range(3_000), calls)
@@ -218,13 +226,13 @@ async def test_concurrent_at_calls_coalesce_into_batches(
 
 
 async def test_concurrent_first_mints_of_several_shapes_all_open(
-    gateway: CountingGateway, store: SheetStore
+    gateway: CountingGateway, store: SheetStore, seeded: Seed
 ) -> None:
     """Regression: concurrent first mints each generated the manager's RSA key, and a
     session sealed to a key that another mint had replaced failed to open."""
     play, ns = new_play(), "leads"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 50)
+    await seeded(sheet, 50)
     expected = await select_rows(store, sheet)
     for _ in range(3):
         async with runtime(gateway, "direct", play=play) as rt:
@@ -240,6 +248,7 @@ async def test_concurrent_first_mints_of_several_shapes_all_open(
 async def test_a_keyset_page_too_large_fails_before_it_is_held_whole(
     gateway: CountingGateway,
     store: SheetStore,
+    seeded: Seed,
     strategy: Strategy,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -252,7 +261,7 @@ async def test_a_keyset_page_too_large_fails_before_it_is_held_whole(
 
     play, ns = new_play(), "wide"
     sheet = sheet_of(play, ns)
-    await seed_sheet(store, sheet, 5_000)
+    await seeded(sheet, 5_000)
     table = sheet_names(sheet).ident("sheet_table")
     await store.pool.run(
         lambda conn: conn.execute(
@@ -299,7 +308,7 @@ BAD_AFTER: dict[str, Any] = {
 
 
 async def test_a_bad_keyset_cursor_is_refused_400(
-    gateway: CountingGateway, store: SheetStore
+    gateway: CountingGateway, store: SheetStore, seeded: Seed
 ) -> None:
     import json
 
@@ -308,7 +317,7 @@ async def test_a_bad_keyset_cursor_is_refused_400(
     from sheetplane.gateway.server import RUNTIME_PATH
 
     play = new_play()
-    await seed_sheet(store, sheet_of(play, "leads"), 10)
+    await seeded(sheet_of(play, "leads"), 10)
     async with httpx.AsyncClient(base_url=gateway.base_url) as http:
         for case, after in BAD_AFTER.items():
             body = {
