@@ -142,3 +142,15 @@ async def test_open_runtime_refuses_a_base_url_without_a_host(base_url: str) -> 
             base_url=base_url, token="tok", org_id="o", play_name="p", run_id="r"
         ):
             raise AssertionError("entered")
+
+
+async def test_a_runtime_writer_refuses_a_write_version_past_bigint() -> None:
+    from sheetplane import open_runtime
+    from sheetplane.store._types import SheetContract as Contract
+
+    async with open_runtime(
+        base_url="http://gw.test", token="tok", org_id="o", play_name="p", run_id="r"
+    ) as rt:
+        with pytest.raises(InvalidInputError, match="write_version"):
+            rt.writer("ns", Contract(), write_version=2**63)
+        assert rt.writer("ns", Contract(), write_version=2**63 - 1).write_version == 2**63 - 1

@@ -90,6 +90,8 @@ __all__ = [
 
 Strategy = Literal["direct", "gateway_only"]
 STRATEGIES: Final = ("direct", "gateway_only")
+#: Write versions are Postgres ``bigint``s.
+_MAX_WRITE_VERSION: Final = 2**63 - 1
 
 
 # --- argument checks ----------------------------------------------------------------------
@@ -533,10 +535,11 @@ class Runtime:
         if write_version is not None and (
             isinstance(write_version, bool)
             or not isinstance(write_version, int)
-            or write_version < 0
+            or not 0 <= write_version <= _MAX_WRITE_VERSION
         ):
             raise InvalidInputError(
-                f"write_version must be an integer >= 0 or None, got {write_version!r}"
+                f"write_version must be an integer from 0 to {_MAX_WRITE_VERSION} or None, "
+                f"got {write_version!r}"
             )
         return RowWriter(self, table_namespace, contract, write_version)
 
