@@ -163,6 +163,8 @@ class RealOutcome:
     version: int | None = None
     completed: list[str] = attrs.field(factory=list)
     calls: list[float] = attrs.field(factory=list)
+    error: str = ""
+    """The typed error's message, when it stopped with one."""
 
 
 async def _runner(
@@ -211,6 +213,7 @@ async def _runner(
         except SheetplaneError as exc:
             outcome.calls.append(trio.current_time() - began)
             outcome.result = type(exc).__name__
+            outcome.error = str(exc)[:200]
 
 
 def _terminate_backends(admin_url: str) -> int:
@@ -309,6 +312,7 @@ async def run_real_schedule(
         if final.result not in RETRIED_RESULTS:
             break
         figures.outcomes["real:final attempt retried"] += 1
+        figures.notes.append(f"seed {schedule.seed}: clean runner retried after {final.error}")
     report.outcomes = outcomes
     read_back = await _read_back(gw, namespace, schedule.final_strategy)
     await _check(gw, admin_url, schedule, outcomes, read_back, report, where)

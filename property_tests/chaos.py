@@ -56,6 +56,7 @@ class Figures:
     duplicates: int = 0
     outcomes: Counter[str] = attrs.field(factory=Counter)
     roles_reaped: int = 0
+    notes: list[str] = attrs.field(factory=list)
     virtual_seconds: float = 0.0
     real_seconds: float = 0.0
 
