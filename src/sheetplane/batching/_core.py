@@ -40,7 +40,10 @@ Why heaps: sequence numbers grow with submission time and ``flush_at`` is
 number also has the earliest flush deadline. One lazy heap of lane heads by
 sequence number therefore yields both the oldest head and, if any lane is
 flush-ready, the oldest flush-ready one; a second lazy heap holds the closed
-lanes. Stale heap rows are skipped when they surface and the heaps are
+lanes. A closed lane is ready whatever the time, so a head that takes over a
+lane which stays closed goes on the closed heap only; it joins the heads heap
+if its lane opens again (each lane remembers which head it last pushed on
+each heap). Stale heap rows are skipped when they surface and the heaps are
 rebuilt when stale rows outnumber live ones, so a dispatch costs O(log lanes)
 however many lanes there are.
 """
@@ -138,9 +141,16 @@ class Batch(Generic[K, V]):
 
     __slots__ = ("_done", "_entries", "_live", "_nbytes", "_scope", "key", "lane_id", "values")
 
-    def __init__(self, lane_id: Hashable, entries: list[Entry[K, V]], nbytes: int) -> None:
-        self.key: K = entries[0].key
-        self.values: tuple[V, ...] = tuple([e.value for e in entries])
+    def __init__(
+        self,
+        lane_id: Hashable,
+        key: K,
+        values: tuple[V, ...],
+        entries: list[Entry[K, V]],
+        nbytes: int,
+    ) -> None:
+        self.key = key
+        self.values = values
         self.lane_id = lane_id
         self._entries = entries
         self._live = len(entries)
@@ -155,7 +165,15 @@ class Batch(Generic[K, V]):
 class _Lane:
     """The queued entries of one lane id, oldest first."""
 
-    __slots__ = ("closed", "closed_pushed", "entries", "head_seq", "lane_id", "nbytes")
+    __slots__ = (
+        "closed",
+        "closed_pushed",
+        "entries",
+        "head_seq",
+        "heads_pushed",
+        "lane_id",
+        "nbytes",
+    )
 
     def __init__(self, lane_id: Hashable) -> None:
         self.lane_id = lane_id
@@ -163,7 +181,9 @@ class _Lane:
         self.nbytes = 0
         self.head_seq = -1
         self.closed = False
+        # The head seq last pushed onto each heap (-1: none live there).
         self.closed_pushed = -1
+        self.heads_pushed = -1
 
 
 def _check_limit(name: str, value: object) -> int:
@@ -310,7 +330,7 @@ class SchedulingCore(Generic[K, V]):
         if not entries:
             entries.append(entry)
             lane.nbytes = nbytes
-            lane.head_seq = entry.seq
+            lane.head_seq = lane.heads_pushed = entry.seq
             heapq.heappush(self._heads, entry)
             if flush_at < self.wakeup_hint:
                 self.wakeup_hint = flush_at
@@ -365,15 +385,17 @@ class SchedulingCore(Generic[K, V]):
             lane.closed = False
             return
         head = lane.entries[0]
-        if head.seq != lane.head_seq:
-            lane.head_seq = head.seq
+        lane.head_seq = head.seq
+        lane.closed = self._prefix(lane)[2]
+        if lane.closed:
+            if lane.closed_pushed != head.seq:
+                lane.closed_pushed = head.seq
+                heapq.heappush(self._closed, head)
+        elif lane.heads_pushed != head.seq:
+            lane.heads_pushed = head.seq
             heapq.heappush(self._heads, head)
             if head.flush_at < self.wakeup_hint:
                 self.wakeup_hint = head.flush_at
-        lane.closed = self._prefix(lane)[2]
-        if lane.closed and lane.closed_pushed != lane.head_seq:
-            lane.closed_pushed = lane.head_seq
-            heapq.heappush(self._closed, head)
 
     def _oldest_head(self) -> _Lane | None:
         heads = self._heads
@@ -419,27 +441,45 @@ class SchedulingCore(Generic[K, V]):
         # The greedy prefix (as in ``_prefix``), taken off the lane as it is measured.
         queue = lane.entries
         head = queue.popleft()
+        key = head.key
         entries = [head]
+        values = [head.value]
         nbytes = head.nbytes
+        max_items = self.max_batch_items
         if nbytes <= self.max_batch_bytes:
-            max_items, max_bytes = self.max_batch_items, self.max_batch_bytes
+            max_bytes = self.max_batch_bytes
             while queue and len(entries) < max_items:
-                size = queue[0].nbytes
+                entry = queue[0]
+                size = entry.nbytes
                 if nbytes + size > max_bytes:
                     break
-                entries.append(queue.popleft())
+                queue.popleft()
+                entries.append(entry)
+                values.append(entry.value)
                 nbytes += size
-        count = len(entries)
-        batch: Batch[K, V] = Batch(lane.lane_id, entries, nbytes)
-        for index, entry in enumerate(entries):
+        batch: Batch[K, V] = Batch(lane.lane_id, key, tuple(values), entries, nbytes)
+        index = 0
+        for entry in entries:
             entry.state = RUNNING
             entry.batch = batch
             entry.index = index
             entry.key = None
             entry.value = None
+            index += 1
+        count = index
         lane.nbytes -= nbytes
         self.queued -= count
-        self._lane_changed(lane)
+        if queue and len(queue) >= max_items:
+            # Still a full batch's worth queued: the lane stays closed whatever
+            # the sizes (its prefix stops at the item cap or at a value that
+            # does not fit), so its new head goes on the closed heap only.
+            head = queue[0]
+            lane.head_seq = head.seq
+            lane.closed = True
+            lane.closed_pushed = head.seq
+            heapq.heappush(self._closed, head)
+        else:
+            self._lane_changed(lane)
         self._running[batch] = None
         self.in_flight += 1
         if self.in_flight > self._peak_in_flight:
@@ -633,7 +673,10 @@ class SchedulingCore(Generic[K, V]):
         """Rebuild a heap once its stale rows outnumber the live ones."""
         lanes = len(self._lanes)
         if len(self._heads) > 2 * lanes + _STALE_SLACK:
-            self._heads = [lane.entries[0] for lane in self._lanes.values()]
+            self._heads = []
+            for lane in self._lanes.values():
+                lane.heads_pushed = lane.head_seq
+                self._heads.append(lane.entries[0])
             heapq.heapify(self._heads)
         if len(self._closed) > 2 * lanes + _STALE_SLACK:
             self._closed = []
@@ -643,7 +686,7 @@ class SchedulingCore(Generic[K, V]):
                     self._closed.append(lane.entries[0])
             heapq.heapify(self._closed)
         timeline = self._timeline
-        while timeline and timeline[0].state not in (ADMITTING, QUEUED):
+        while timeline and timeline[0].state > QUEUED:  # settled, running or gone
             timeline.popleft()  # lanes mostly dispatch in submission order
         waiting = self.queued + len(self._admission)
         if len(timeline) + len(self._deadlines) > 2 * waiting + _STALE_SLACK:
