@@ -183,3 +183,23 @@ def test_close_returns_every_waiting_caller_once() -> None:
     assert sorted(e.seq for e in closed) == [e.seq for e in entries[1:]]
     scheduler.finish(batch)
     assert scheduler.statistics().retained_items == 0
+
+
+def test_lane_that_stays_closed_and_then_opens_still_flushes_by_time() -> None:
+    # A lane holding more than a batch stays closed across a dispatch, so its new
+    # head is ranked on the closed heap only. When a withdrawal opens the lane
+    # again, that head must join the flush-deadline ranking: otherwise the rest
+    # would sit until max_wait instead of flushing after flush_seconds.
+    scheduler = core(max_batch_items=2, max_in_flight_batches=1)
+    entries = [scheduler.submit("a", "k", v, 1, 0.0, INF) for v in range(4)]
+    first = scheduler.dispatch(0.0)
+    assert first is not None and first.values == (0, 1)
+    scheduler.withdraw(entries[3])  # "a" now holds one value: open again
+    scheduler.finish(first)
+    assert scheduler.dispatch(0.5) is None
+    assert scheduler.next_wakeup(0.5) == 1.0  # value 2's flush deadline (submitted at 0.0)
+    second = scheduler.dispatch(1.0)
+    assert second is not None and second.values == (2,)
+    assert scheduler.idle is False
+    scheduler.finish(second)
+    assert scheduler.idle

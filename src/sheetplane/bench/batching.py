@@ -20,6 +20,7 @@ trio's own scheduling takes on this machine.
 
 The figure is values per second, timed inside each event loop from the first
 caller's start to the last result (loop start-up excluded on every side).
+Each run starts after a full garbage collection, on every side alike.
 The report gives every run, the medians and their ratios.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import sys
 import time
@@ -206,6 +208,10 @@ def run_bench(workload: Workload, runs: int) -> Result:
     for round_ in range(runs):
         for offset in range(len(sides)):
             side = sides[(round_ + offset) % len(sides)]
+            # Every side starts from the same collector state: garbage a previous
+            # run left (and the count towards a full collection) is not billed to
+            # whichever side happens to run next.
+            gc.collect()
             figures[side].append(side(workload))
     return Result(
         tuple(figures[run_bounded]),
