@@ -202,13 +202,17 @@ class _Answer(Exception):
 
 @attrs.define
 class FaultyTransport:
-    """Plays faults drawn from ``rng`` in front of ``gateway``; counts them by kind.
+    """Plays faults in front of ``gateway``; counts them by kind.
 
-    ``quiet`` runners (by header) get no faults: the clean runner that finishes a schedule.
+    Each runner (named by its header) draws its faults from its own stream,
+    seeded by ``seed`` and its name, so which fault meets which request does
+    not depend on how the runners' requests interleave. ``quiet`` runners get
+    no faults: the clean runner that finishes a schedule.
     """
 
     gateway: FakeGateway
-    rng: random.Random
+    seed: int
+    streams: dict[str, random.Random] = attrs.field(factory=dict)
     quiet: set[str] = attrs.field(factory=set)
     faults: Counter[str] = attrs.field(factory=Counter)
     requests: int = 0
@@ -219,11 +223,12 @@ class FaultyTransport:
         self.requests += 1
         body = json.loads(await request.aread())
         runner = request.headers.get(RUNNER_HEADER, "")
+        rng = self.streams.setdefault(runner, random.Random(f"{self.seed}:{runner}"))
         kinds = list(FAULT_WEIGHTS)
         kind = (
             "ok"
             if runner in self.quiet
-            else self.rng.choices(kinds, weights=[FAULT_WEIGHTS[k] for k in kinds])[0]
+            else rng.choices(kinds, weights=[FAULT_WEIGHTS[k] for k in kinds])[0]
         )
         self.faults[kind] += 1
         await trio.lowlevel.checkpoint()
@@ -235,7 +240,7 @@ class FaultyTransport:
                 json={
                     "error": "saturated",
                     "code": "runtime_postgres_admission_backpressure",
-                    "retry_after_ms": self.rng.choice([None, 0, 300, 10**9]),
+                    "retry_after_ms": rng.choice([None, 0, 300, 10**9]),
                 },
             )
         if kind == "reset":
@@ -385,14 +390,27 @@ class VirtualReport:
     duplicates: int = 0
 
 
+def _seed_trio_scheduler(seed: int) -> None:
+    """Seed trio's scheduler, which shuffles runnable tasks on purpose, so runners that
+    are ready at the same virtual instant interleave the same way on every replay.
+
+    trio keeps that generator private (``trio._core._run._r``); without it a replay
+    meets the same faults per runner but may interleave runners differently.
+    """
+    scheduler = getattr(getattr(trio, "_core", None), "_run", None)
+    generator = getattr(scheduler, "_r", None)
+    if isinstance(generator, random.Random):
+        generator.seed(seed)
+
+
 async def run_virtual_schedule(schedule: VirtualSchedule) -> VirtualReport:
     """Play one schedule in the current (virtual-clock) trio run and check its invariants.
 
     Raises ``AssertionError`` naming the broken invariant and the seed.
     """
-    rng = random.Random(schedule.seed ^ 0x5EED)
+    _seed_trio_scheduler(schedule.seed)
     gateway = FakeGateway()
-    transport = FaultyTransport(gateway, rng)
+    transport = FaultyTransport(gateway, schedule.seed)
     mock = httpx.MockTransport(transport.handle)
 
     def client_for(runner: str) -> GatewayClient:

@@ -65,3 +65,14 @@ def test_long_campaign_on_a_fresh_seed(sheetplane_database_url: str) -> None:
     run_real_campaign(schedule_seeds(seed, 300, "real"), figures, sheetplane_database_url)
     _record(figures, "chaos_campaign")
     _check(figures)
+
+
+def test_a_seed_replays_the_same_virtual_history() -> None:
+    seeds = schedule_seeds(SLICE_SEED, 300, "replay")
+    first, second = Figures(SLICE_SEED), Figures(SLICE_SEED)
+    run_virtual_campaign(seeds, first)
+    run_virtual_campaign(seeds, second)
+    first.virtual_seconds = second.virtual_seconds = 0.0
+    assert first.to_json() == second.to_json()
+    assert schedule_seeds(SLICE_SEED, 300, "replay") == seeds
+    assert schedule_seeds(SLICE_SEED + 1, 300, "replay") != seeds
