@@ -44,6 +44,8 @@ from sheetplane.store import sheet_names
 from sheetplane.store._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 
+from ._chaos_virtual import seed_trio_scheduler
+
 TOKEN = "chaos-executor-token-5d1e"
 ORG = "chaos-org"
 PLAY = "chaos-play"
@@ -259,6 +261,7 @@ async def run_real_schedule(
     gw: RunningGateway, admin_url: str, schedule: RealSchedule, figures: Any
 ) -> RealReport:
     where = f"(real schedule seed {schedule.seed})"
+    seed_trio_scheduler(schedule.seed)
     namespace = f"chaos-{schedule.seed}"
     rows = [{"_key": f"k{i:03d}", "email": f"user{i}@example.com"} for i in range(schedule.rows)]
     report = RealReport(schedule.seed)

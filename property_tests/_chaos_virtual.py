@@ -390,7 +390,7 @@ class VirtualReport:
     duplicates: int = 0
 
 
-def _seed_trio_scheduler(seed: int) -> None:
+def seed_trio_scheduler(seed: int) -> None:
     """Seed trio's scheduler, which shuffles runnable tasks on purpose, so runners that
     are ready at the same virtual instant interleave the same way on every replay.
 
@@ -408,7 +408,7 @@ async def run_virtual_schedule(schedule: VirtualSchedule) -> VirtualReport:
 
     Raises ``AssertionError`` naming the broken invariant and the seed.
     """
-    _seed_trio_scheduler(schedule.seed)
+    seed_trio_scheduler(schedule.seed)
     gateway = FakeGateway()
     transport = FaultyTransport(gateway, schedule.seed)
     mock = httpx.MockTransport(transport.handle)
