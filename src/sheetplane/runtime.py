@@ -41,9 +41,9 @@ granted, so they go through the gateway too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import attrs
@@ -92,6 +92,26 @@ Strategy = Literal["direct", "gateway_only"]
 STRATEGIES: Final = ("direct", "gateway_only")
 #: Write versions are Postgres ``bigint``s.
 _MAX_WRITE_VERSION: Final = 2**63 - 1
+
+_Row = TypeVar("_Row", CompleteRow, FailRow)
+_Row_contra = TypeVar("_Row_contra", contravariant=True)
+_At_contra = TypeVar("_At_contra", contravariant=True)
+
+
+class _TerminalWrite(Protocol[_At_contra, _Row_contra]):
+    """``complete_map_rows`` or ``fail_map_rows`` of the store (at a ``SheetRef``)
+    or of the gateway client (at a table namespace)."""
+
+    def __call__(
+        self,
+        at: _At_contra,
+        contract: SheetContract,
+        rows: Sequence[_Row_contra],
+        /,
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> Awaitable[TerminalWriteResult]: ...
 
 
 # --- argument checks ----------------------------------------------------------------------
@@ -327,25 +347,9 @@ class RowWriter:
         Raises ``AttemptSupersededError`` when any row is superseded.
         """
         checked = _complete_rows(rows)
-        version = self._version()
-        if not checked:
-            await trio.lowlevel.checkpoint()
-            return TerminalWriteResult((), (), 0)
-        rt, ns = self._runtime, self.table_namespace
-        if rt.context.strategy == "direct":
-            async with rt._terminal_store(ns, self.contract, len(checked)) as store:
-                result = await store.complete_map_rows(
-                    rt._sheet(ns),
-                    self.contract,
-                    checked,
-                    run_id=rt.context.run_id,
-                    write_version=version,
-                )
-        else:
-            result = await rt.client.complete_map_rows(
-                ns, self.contract, checked, run_id=rt.context.run_id, write_version=version
-            )
-        return self._fence(result)
+        return await self._terminal(
+            checked, lambda store: store.complete_map_rows, self._runtime.client.complete_map_rows
+        )
 
     async def fail(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
         """Record map failures, fenced by the attempt's write version.
@@ -353,6 +357,18 @@ class RowWriter:
         Raises ``AttemptSupersededError`` when any row is superseded.
         """
         checked = _fail_rows(rows)
+        return await self._terminal(
+            checked, lambda store: store.fail_map_rows, self._runtime.client.fail_map_rows
+        )
+
+    async def _terminal(
+        self,
+        checked: Sequence[_Row],
+        on_store: Callable[[SheetStore], _TerminalWrite[SheetRef, _Row]],
+        on_gateway: _TerminalWrite[str, _Row],
+    ) -> TerminalWriteResult:
+        """Send checked terminal rows down the runtime's road (the store directly,
+        or the gateway) under the attempt's write version, then apply the fence."""
         version = self._version()
         if not checked:
             await trio.lowlevel.checkpoint()
@@ -360,7 +376,7 @@ class RowWriter:
         rt, ns = self._runtime, self.table_namespace
         if rt.context.strategy == "direct":
             async with rt._terminal_store(ns, self.contract, len(checked)) as store:
-                result = await store.fail_map_rows(
+                result = await on_store(store)(
                     rt._sheet(ns),
                     self.contract,
                     checked,
@@ -368,7 +384,7 @@ class RowWriter:
                     write_version=version,
                 )
         else:
-            result = await rt.client.fail_map_rows(
+            result = await on_gateway(
                 ns, self.contract, checked, run_id=rt.context.run_id, write_version=version
             )
         return self._fence(result)
