@@ -79,6 +79,21 @@ def _receipt(key: str, result: Any, run_id: str | None, completed_at: dt.datetim
     )
 
 
+def _stored(conn: psycopg.Connection[Any], table: sql.Identifier, key: str) -> tuple[Any, ...]:
+    """The receipt row an insert conflicted with: result, run_id, completed_at,
+    claim_holder, claim_expires_at."""
+    cur = conn.execute(
+        sql.SQL(
+            "SELECT result, run_id, completed_at, claim_holder, claim_expires_at "
+            "FROM {} WHERE key = %s"
+        ).format(table),
+        (key,),
+    )
+    row: tuple[Any, ...] | None = cur.fetchone()
+    assert row is not None  # the conflicting row exists and rows are never deleted
+    return row
+
+
 def _check_now(now: dt.datetime | None) -> dt.datetime | None:
     if now is None:
         return None
@@ -101,8 +116,7 @@ async def claim_work_receipt(
     another holder's claim has not expired (``holder``/``expires_at`` name it).
     If cancelled, the statement is cancelled and nothing changes.
     """
-    check_key(key, "receipt key")
-    check_text(holder, "holder")
+    check_claim(key, holder)
     params = {
         "key": key,
         "holder": holder,
@@ -127,16 +141,7 @@ async def claim_work_receipt(
         taken = cur.fetchone()
         if taken is not None:
             return ReceiptClaim(True, taken[0], _iso(taken[1]), None)
-        cur = conn.execute(
-            sql.SQL(
-                "SELECT result, run_id, completed_at, claim_holder, claim_expires_at "
-                "FROM {} WHERE key = %s"
-            ).format(table),
-            (key,),
-        )
-        row = cur.fetchone()
-        assert row is not None  # the conflicting row exists and rows are never deleted
-        result, run_id, completed_at, claim_holder, expires_at = row
+        result, run_id, completed_at, claim_holder, expires_at = _stored(conn, table, key)
         if completed_at is not None:
             return ReceiptClaim(False, None, None, _receipt(key, result, run_id, completed_at))
         return ReceiptClaim(False, claim_holder, _iso(expires_at), None)
@@ -217,16 +222,7 @@ async def complete_work_receipt(
         written = cur.fetchone()
         if written is not None:
             return ReceiptCompletion(_receipt(key, *written), "persisted")
-        cur = conn.execute(
-            sql.SQL(
-                "SELECT result, run_id, completed_at, claim_holder, claim_expires_at "
-                "FROM {} WHERE key = %s"
-            ).format(table),
-            (key,),
-        )
-        row = cur.fetchone()
-        assert row is not None
-        stored_result, stored_run, completed_at, _holder, expires_at = row
+        stored_result, stored_run, completed_at, _holder, expires_at = _stored(conn, table, key)
         if completed_at is not None:
             return ReceiptCompletion(
                 _receipt(key, stored_result, stored_run, completed_at), "existing"
