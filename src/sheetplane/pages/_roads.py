@@ -67,7 +67,26 @@ def _check_limit(limit: object) -> int:
     return limit
 
 
-class DirectRoad:
+class _ScopedRoad:
+    """What both roads share: the checked ``ReadScope`` and the ``RoadStats`` they keep."""
+
+    def __init__(self, scope: ReadScope, stats: RoadStats | None) -> None:
+        if not isinstance(scope, ReadScope):
+            raise InvalidInputError(f"scope must be a ReadScope, got {scope!r}")
+        self._scope = scope
+        self.stats = RoadStats() if stats is None else stats
+
+    def __repr__(self) -> str:
+        scope = self._scope
+        return f"<{type(self).__name__} {scope.table_namespace!r} run={scope.run_id!r}>"
+
+    @property
+    def scope(self) -> ReadScope:
+        """The authority scope of every read."""
+        return self._scope
+
+
+class DirectRoad(_ScopedRoad):
     """Reads one sheet through scoped DB sessions minted (or preloaded) by ``sessions``.
 
     Every read runs on the pool of a session shaped like it; the manager
@@ -85,22 +104,11 @@ class DirectRoad:
         user_email: str | None = None,
         stats: RoadStats | None = None,
     ) -> None:
-        if not isinstance(scope, ReadScope):
-            raise InvalidInputError(f"scope must be a ReadScope, got {scope!r}")
+        super().__init__(scope, stats)
         self._sessions = sessions
-        self._scope = scope
         self._user_email = user_email
         self._sheet = SheetRef(scope.org_id, scope.play_name, scope.table_namespace)
         self._names = sheet_names(self._sheet)
-        self.stats = RoadStats() if stats is None else stats
-
-    def __repr__(self) -> str:
-        return f"<DirectRoad {self._scope.table_namespace!r} run={self._scope.run_id!r}>"
-
-    @property
-    def scope(self) -> ReadScope:
-        """The authority scope of every read."""
-        return self._scope
 
     def _shape(self, max_rows: int | None) -> AccessShape:
         return AccessShape(
@@ -183,7 +191,7 @@ class GatewayCursor:
     """Rows read so far: the offset a gateway without keyset reads is asked for."""
 
 
-class GatewayRoad:
+class GatewayRoad(_ScopedRoad):
     """Reads one sheet through the runtime gateway with ``client``.
 
     Batch reads fall back to single-page reads on a gateway without the batch
@@ -196,19 +204,8 @@ class GatewayRoad:
     def __init__(
         self, client: GatewayClient, scope: ReadScope, *, stats: RoadStats | None = None
     ) -> None:
-        if not isinstance(scope, ReadScope):
-            raise InvalidInputError(f"scope must be a ReadScope, got {scope!r}")
+        super().__init__(scope, stats)
         self._client = client
-        self._scope = scope
-        self.stats = RoadStats() if stats is None else stats
-
-    def __repr__(self) -> str:
-        return f"<GatewayRoad {self._scope.table_namespace!r} run={self._scope.run_id!r}>"
-
-    @property
-    def scope(self) -> ReadScope:
-        """The authority scope of every read."""
-        return self._scope
 
     async def read_batch(self, pages: Sequence[PageRequest]) -> list[Page]:
         """The pages in one ``runtime_sheet_read_rows_batch`` request."""
