@@ -28,7 +28,6 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import attrs
 import httpx
@@ -40,35 +39,14 @@ from ..gateway.client import GatewayClient
 from ..gateway.server import RunningGateway, running_gateway
 from ..sessions import SessionManager, batch_read_shape
 from ..store import SheetStore, open_store
-from ..store._types import ContractColumn, SheetContract, SheetRef
+from ..store._types import SheetRef
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
+from ._common import CONTRACT, make_rows
 
 __all__ = ["main"]
 
 ORG = "bench-org"
 PLAY = "bench-gateway"
-CONTRACT = SheetContract(
-    (
-        ContractColumn("id", "id", "input"),
-        ContractColumn("name", "name", "input"),
-        ContractColumn("domain", "domain", "input"),
-        ContractColumn("employees", "employees", "input"),
-        ContractColumn("score", "score", "output"),
-    )
-)
-
-
-def make_rows(n: int) -> list[dict[str, Any]]:
-    """N distinct company rows, keyed by ``id`` (the same shape as the store benchmark's)."""
-    return [
-        {
-            "id": f"c{i:07d}",
-            "name": f"Company {i}",
-            "domain": f"company-{i}.example",
-            "employees": (i * 7919) % 10_000,
-        }
-        for i in range(n)
-    ]
 
 
 class _Counting(httpx.AsyncBaseTransport):

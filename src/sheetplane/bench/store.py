@@ -35,34 +35,13 @@ from psycopg import sql
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..store import SheetStore, open_store, sheet_names
 from ..store._reads import ORDER_BY, _physical_columns, _projection
-from ..store._types import ContractColumn, SheetContract, SheetRef
+from ..store._types import SheetRef
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
+from ._common import CONTRACT, make_rows
 
 __all__ = ["main"]
 
-CONTRACT = SheetContract(
-    (
-        ContractColumn("id", "id", "input"),
-        ContractColumn("name", "name", "input"),
-        ContractColumn("domain", "domain", "input"),
-        ContractColumn("employees", "employees", "input"),
-        ContractColumn("score", "score", "output"),
-    )
-)
 INPUT_COLUMNS = ("id", "name", "domain", "employees")
-
-
-def make_rows(n: int) -> list[dict[str, Any]]:
-    """N distinct company rows, keyed by ``id``."""
-    return [
-        {
-            "id": f"c{i:07d}",
-            "name": f"Company {i}",
-            "domain": f"company-{i}.example",
-            "employees": (i * 7919) % 10_000,
-        }
-        for i in range(n)
-    ]
 
 
 @attrs.frozen
