@@ -31,3 +31,9 @@ def sheet() -> SheetRef:
     """A sheet no other test uses."""
     tag = uuid.uuid4().hex
     return SheetRef(f"org-{tag}", f"play-{tag}", f"ns-{tag}")
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A table namespace no other test uses (the gateway tests' sheets)."""
+    return f"ns_{uuid.uuid4().hex[:12]}"

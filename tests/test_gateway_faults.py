@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -120,11 +119,6 @@ class Counting(httpx.AsyncBaseTransport):
 async def faulty(database_url: str) -> AsyncIterator[RunningGateway]:
     async with running_gateway(database_url, tokens={TOKEN: ORG}, allow_test_faults=True) as gw:
         yield gw
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"ns_{uuid.uuid4().hex[:12]}"
 
 
 async def seed(gw: RunningGateway, namespace: str, n: int = 10) -> None:

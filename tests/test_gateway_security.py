@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,11 +46,6 @@ UNWRAP_KEY = os.urandom(32)
 async def gateway(database_url: str) -> AsyncIterator[RunningGateway]:
     async with running_gateway(database_url, tokens={TOKEN: ORG}, unwrap_key=UNWRAP_KEY) as gw:
         yield gw
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"ns_{uuid.uuid4().hex[:12]}"
 
 
 async def act(gw: RunningGateway, action: str, **fields: Any) -> Any:

@@ -46,11 +46,6 @@ async def gateway(database_url: str) -> AsyncIterator[RunningGateway]:
         yield gw
 
 
-@pytest.fixture
-def namespace() -> str:
-    return f"ns_{uuid.uuid4().hex[:12]}"
-
-
 async def post(
     gw: RunningGateway,
     body: Any,
