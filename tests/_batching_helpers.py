@@ -97,3 +97,23 @@ async def start_in_order(
     for key, value in calls:
         nursery.start_soon(lambda k=key, v=value: outcomes.call(batcher, k, v, **kwargs))
         await trio.testing.wait_all_tasks_blocked()
+
+
+async def start_cancellable(
+    nursery: trio.Nursery,
+    outcomes: Outcomes,
+    batcher: BoundedBatchFunction[Any, Any, Any],
+    key: Hashable,
+    value: Any,
+) -> trio.CancelScope:
+    """Start one caller inside its own cancel scope and let it park; cancelling the
+    returned scope makes that caller leave."""
+    scope = trio.CancelScope()
+
+    async def caller() -> None:
+        with scope:
+            await outcomes.call(batcher, key, value)
+
+    nursery.start_soon(caller)
+    await trio.testing.wait_all_tasks_blocked()
+    return scope

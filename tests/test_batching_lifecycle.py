@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from _batching_helpers import Outcomes, Recorder, make, start_in_order
+from _batching_helpers import Outcomes, Recorder, make, start_cancellable, start_in_order
 from sheetplane import BatcherClosedError
 from sheetplane.batching import Batch
 
@@ -63,14 +63,7 @@ async def test_a_caller_cancelled_while_waiting_for_admission_lets_the_next_in(
     outcomes = Outcomes()
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1)])
-        waiting = trio.CancelScope()
-
-        async def impatient() -> None:
-            with waiting:
-                await outcomes.call(batcher, "a", 2)
-
-        nursery.start_soon(impatient)
-        await trio.testing.wait_all_tasks_blocked()
+        waiting = await start_cancellable(nursery, outcomes, batcher, "a", 2)
         await start_in_order(nursery, outcomes, batcher, [("a", 3)])
         assert batcher.stats().waiting_for_admission == 2
         await trio.sleep(1)
@@ -93,14 +86,7 @@ async def test_cancelling_the_head_of_the_admission_queue_admits_the_rest(
     outcomes = Outcomes()
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", "big")])  # 3 bytes, running
-        head = trio.CancelScope()
-
-        async def head_caller() -> None:
-            with head:
-                await outcomes.call(batcher, "a", "four")  # 4 bytes: waits
-
-        nursery.start_soon(head_caller)
-        await trio.testing.wait_all_tasks_blocked()
+        head = await start_cancellable(nursery, outcomes, batcher, "a", "four")  # 4 bytes: waits
         await start_in_order(nursery, outcomes, batcher, [("a", "x")])  # fits, but waits behind
         assert batcher.stats().waiting_for_admission == 2
         await trio.sleep(1)
@@ -119,14 +105,7 @@ async def test_a_caller_cancelled_while_its_batch_runs_stops_waiting_and_the_bat
     batcher = make(execute, max_batch_items=2)
     outcomes = Outcomes()
     async with batcher, trio.open_nursery() as nursery:
-        leaving = trio.CancelScope()
-
-        async def leaver() -> None:
-            with leaving:
-                await outcomes.call(batcher, "a", 1)
-
-        nursery.start_soon(leaver)
-        await trio.testing.wait_all_tasks_blocked()
+        leaving = await start_cancellable(nursery, outcomes, batcher, "a", 1)
         await start_in_order(nursery, outcomes, batcher, [("a", 2)])
         await trio.sleep(1)
         leaving.cancel()
@@ -149,15 +128,7 @@ async def test_when_every_caller_has_gone_the_batch_scope_is_cancelled(
     batcher = make(execute, max_batch_items=2)
     outcomes = Outcomes()
     async with batcher, trio.open_nursery() as nursery:
-        scopes = [trio.CancelScope(), trio.CancelScope()]
-
-        async def caller(scope: trio.CancelScope, value: int) -> None:
-            with scope:
-                await outcomes.call(batcher, "a", value)
-
-        for scope, value in zip(scopes, (1, 2), strict=True):
-            nursery.start_soon(caller, scope, value)
-            await trio.testing.wait_all_tasks_blocked()
+        scopes = [await start_cancellable(nursery, outcomes, batcher, "a", v) for v in (1, 2)]
         await start_in_order(nursery, outcomes, batcher, [("b", 3), ("b", 4)])
         await trio.sleep(1)
         scopes[0].cancel()
@@ -184,14 +155,7 @@ async def test_an_abandoned_batch_frees_its_slot_for_the_next_ready_lane(
     batcher = make(execute, max_batch_items=1, max_in_flight_batches=1)
     outcomes = Outcomes()
     async with batcher, trio.open_nursery() as nursery:
-        scope = trio.CancelScope()
-
-        async def caller() -> None:
-            with scope:
-                await outcomes.call(batcher, "a", 1)
-
-        nursery.start_soon(caller)
-        await trio.testing.wait_all_tasks_blocked()
+        scope = await start_cancellable(nursery, outcomes, batcher, "a", 1)
         await start_in_order(nursery, outcomes, batcher, [("b", 2)])
         await trio.sleep(1)
         scope.cancel()
