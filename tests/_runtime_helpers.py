@@ -26,6 +26,8 @@ from sheetplane.store import SheetStore, sheet_names
 from sheetplane.store._types import SheetRef
 
 ORG = "acme-runtime"
+#: Both strategies, for the tests that run once on each road.
+ROADS: tuple[Strategy, ...] = ("direct", "gateway_only")
 CONTRACT = SheetContract(
     (
         ContractColumn("text", "text", "input"),

@@ -15,6 +15,7 @@ import trio.testing
 
 from _runtime_helpers import (
     NULL_TAIL,
+    ROADS,
     CountingGateway,
     Seed,
     counting_gateway,
@@ -32,8 +33,6 @@ from sheetplane.budgets import (
 )
 from sheetplane.runtime import Strategy
 from sheetplane.store import SheetStore
-
-ROADS: tuple[Strategy, ...] = ("direct", "gateway_only")
 
 #: What iterating may hold at its peak, whatever the sheet's length: the rows of
 #: one page as Python objects stay well under the decoded response budget.

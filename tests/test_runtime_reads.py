@@ -14,6 +14,7 @@ import trio
 
 from _runtime_helpers import (
     NULL_TAIL,
+    ROADS,
     CountingGateway,
     Seed,
     counting_gateway,
@@ -27,8 +28,6 @@ from sheetplane.budgets import READ_BATCH_MAX_PAGES, KiB
 from sheetplane.gateway.faults import FAULT_HEADER
 from sheetplane.runtime import Strategy
 from sheetplane.store import SheetStore
-
-ROADS: tuple[Strategy, ...] = ("direct", "gateway_only")
 
 
 @pytest.fixture

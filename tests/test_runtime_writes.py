@@ -14,6 +14,7 @@ import pytest
 from _runtime_helpers import (
     CONTRACT,
     ORG,
+    ROADS,
     CountingGateway,
     counting_gateway,
     new_play,
@@ -25,8 +26,6 @@ from _runtime_helpers import (
 from sheetplane import AttemptSupersededError, InvalidInputError
 from sheetplane.runtime import CompleteRow, FailRow, Strategy, open_runtime
 from sheetplane.store import SheetStore
-
-ROADS: tuple[Strategy, ...] = ("direct", "gateway_only")
 
 
 @pytest.fixture
