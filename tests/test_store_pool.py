@@ -293,3 +293,52 @@ async def test_concurrent_runs_share_a_bounded_pool(database_url: str) -> None:
         assert stats["runs"] == 12
         _assert_idle(pool)
     assert sorted(results) == list(range(12))
+
+
+async def test_terminated_backends_fail_one_caller_not_every_pooled_connection(
+    database_url: str,
+) -> None:
+    # pg_terminate_backend (or a server restart) kills every pooled connection
+    # at once. The first caller to find a dead one sweeps the idle rest, so the
+    # callers after it get fresh connections instead of one failure each.
+    marker = f"sweep_{uuid.uuid4().hex[:12]}"
+    url = make_conninfo(database_url, application_name=marker)
+    size = 4
+    barrier = threading.Barrier(size)
+
+    def hold(conn: Conn) -> int:
+        barrier.wait(timeout=10)
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async with open_pool(url, max_connections=size) as pool:
+        pids: list[int] = []
+
+        async def warm() -> None:
+            pids.append(await pool.run(hold))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(size):
+                nursery.start_soon(warm)
+        assert len(set(pids)) == size
+
+        def terminate() -> int:
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                rows = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (marker,),
+                ).fetchall()
+            return len(rows)
+
+        assert await trio.to_thread.run_sync(terminate) == size
+
+        failures = 0
+        for _ in range(size):
+            try:
+                await pool.run(lambda c: c.execute("SELECT 1").fetchone())
+            except StoreUnavailableError:
+                failures += 1
+        assert failures <= 1
+        assert await pool.run(lambda c: c.execute("SELECT 1").fetchone()) == (1,)

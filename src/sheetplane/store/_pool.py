@@ -389,8 +389,22 @@ class TrioPool:
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(event.set)
         if isinstance(result, outcome.Error) and isinstance(result.error, psycopg.Error):
-            return outcome.Error(_chain(_translate(result.error, self._redact), result.error))
+            error = _translate(result.error, self._redact)
+            if isinstance(error, StoreUnavailableError) and conn.closed:
+                self._sweep()
+            return outcome.Error(_chain(error, result.error))
         return result
+
+    def _sweep(self) -> None:
+        """After one pooled connection turned out dead, test the idle ones and replace the dead.
+
+        A server restart or ``pg_terminate_backend`` kills every pooled
+        connection at once; without the sweep each of them would fail one
+        caller in turn. Only a failing call pays for it, so the hot path keeps
+        no check on checkout.
+        """
+        with contextlib.suppress(Exception):
+            self._pool.check()
 
     def _transaction(self, fn: Callable[[Conn], T], conn: Conn, call: _Call) -> T:
         with conn.transaction():
