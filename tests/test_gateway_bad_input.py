@@ -125,3 +125,19 @@ async def test_a_huge_session_limit_is_400(sheetplane_gateway: GatewayHandle) ->
         "postgresUrlEncryption": generate_decryption_key().encryption_request(),
     }
     await assert_400(sheetplane_gateway, json.dumps(body).encode())
+
+
+async def test_a_null_session_limit_is_400_not_an_unlimited_session(
+    sheetplane_gateway: GatewayHandle,
+) -> None:
+    # The fuzzer found {"maxRows": null} minted a session with no row limit.
+    body = {
+        "action": "create_db_session",
+        "playName": "p",
+        "target": {"tableNamespace": "ns", "logicalTable": "sheet_rows"},
+        "operations": ["rows.read"],
+        "limits": {"maxRows": None},
+        "postgresUrlEncryption": {"alg": "RSA-OAEP-256+A256GCM", "publicKeyJwk": {}},
+    }
+    answer = await assert_400(sheetplane_gateway, json.dumps(body).encode())
+    assert "limits.maxRows" in answer["error"]

@@ -425,10 +425,12 @@ def _limits(body: Mapping[str, Any]) -> dict[str, int]:
     unknown = set(value) - set(_LIMIT_NAMES)
     if unknown:
         raise bad_request(f"limits may carry only {list(_LIMIT_NAMES)}, got {sorted(unknown)}")
+    # A limit is left out to mean "none"; an explicit null is refused like any
+    # other non-integer, so a caller's bug never silently widens a session.
     return {
         name: _integer(value[name], f"limits.{name}", 1, _MAX_LIMIT)
         for name in _LIMIT_NAMES
-        if value.get(name) is not None
+        if name in value
     }
 
 
