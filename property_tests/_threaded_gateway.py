@@ -13,7 +13,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import trio
@@ -26,28 +26,32 @@ from sheetplane.gateway.server import ROLE_PREFIX, RunningGateway, running_gatew
 START_STOP_SECONDS = 60
 
 
-class ThreadedGateway:
-    """``with ThreadedGateway(url, tokens=...) as gw:``; ``gw.base_url`` serves meanwhile."""
+class TrioThread:
+    """A trio run in its own thread holding what ``setup`` opened, for synchronous callers.
 
-    def __init__(self, database_url: str, *, tokens: dict[str, str], **options: Any) -> None:
-        self._url = database_url
-        self._tokens = tokens
-        self._options = options
+    ``with TrioThread(setup) as loop:`` runs ``await setup(stack)`` (an
+    ``AsyncExitStack`` to enter context managers on) in the thread;
+    ``loop.value`` is what it returned and ``loop.run(fn, *args)`` awaits
+    ``fn(*args)`` in that run and returns its result (or raises its error).
+    """
+
+    name = "trio thread"
+
+    def __init__(self, setup: Callable[[AsyncExitStack], Awaitable[Any]]) -> None:
+        self._setup = setup
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="threaded-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._error: BaseException | None = None
-        self.base_url = ""
-        self.running: RunningGateway | None = None
+        self.value: Any = None
 
-    def _run(self) -> None:
+    def _main(self) -> None:
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
             self._stop = trio.Event()
-            async with running_gateway(self._url, tokens=self._tokens, **self._options) as gw:
-                self.running = gw
-                self.base_url = gw.base_url
+            async with AsyncExitStack() as stack:
+                self.value = await self._setup(stack)
                 self._ready.set()
                 await self._stop.wait()
 
@@ -58,10 +62,10 @@ class ThreadedGateway:
         finally:
             self._ready.set()
 
-    def __enter__(self) -> ThreadedGateway:
+    def __enter__(self) -> Self:
         self._thread.start()
         if not self._ready.wait(START_STOP_SECONDS) or self._error is not None:
-            raise RuntimeError("the threaded gateway did not start") from self._error
+            raise RuntimeError(f"the {self.name} did not start") from self._error
         return self
 
     def __exit__(
@@ -71,17 +75,40 @@ class ThreadedGateway:
         tb: TracebackType | None,
     ) -> None:
         if self._token is not None and self._stop is not None:
-            stop = self._stop
-            trio.from_thread.run_sync(stop.set, trio_token=self._token)
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
         self._thread.join(START_STOP_SECONDS)
         if self._thread.is_alive():
-            raise RuntimeError("the threaded gateway did not stop")
+            raise RuntimeError(f"the {self.name} did not stop")
         if self._error is not None:
-            raise RuntimeError("the threaded gateway failed") from self._error
+            raise RuntimeError(f"the {self.name} failed") from self._error
+
+    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """``await fn(*args)`` inside the thread's trio run."""
+        assert self._token is not None
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
 
     def alive(self) -> bool:
-        """Whether the server thread still runs."""
+        """Whether the thread's trio run still goes on."""
         return self._thread.is_alive() and self._error is None
+
+
+class ThreadedGateway(TrioThread):
+    """``with ThreadedGateway(url, tokens=...) as gw:``; ``gw.base_url`` serves meanwhile."""
+
+    name = "threaded gateway"
+
+    def __init__(self, database_url: str, *, tokens: dict[str, str], **options: Any) -> None:
+        async def serve(stack: AsyncExitStack) -> RunningGateway:
+            gateway = await stack.enter_async_context(
+                running_gateway(database_url, tokens=tokens, **options)
+            )
+            self.running = gateway
+            self.base_url = gateway.base_url
+            return gateway
+
+        super().__init__(serve)
+        self.base_url = ""
+        self.running: RunningGateway | None = None
 
 
 def snapshot(database_url: str) -> dict[str, Any]:
@@ -119,56 +146,3 @@ def snapshot(database_url: str) -> dict[str, Any]:
             "roles": roles,
             "rows": counts,
         }
-
-
-class TrioThread:
-    """A trio run in its own thread holding what ``setup`` opened, for synchronous callers.
-
-    ``with TrioThread(setup) as loop:`` runs ``await setup(stack)`` (an
-    ``AsyncExitStack`` to enter context managers on) in the thread;
-    ``loop.value`` is what it returned and ``loop.run(fn, *args)`` awaits
-    ``fn(*args)`` in that run and returns its result (or raises its error).
-    """
-
-    def __init__(self, setup: Callable[[AsyncExitStack], Awaitable[Any]]) -> None:
-        self._setup = setup
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="trio-thread", daemon=True)
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._error: BaseException | None = None
-        self.value: Any = None
-
-    def _main(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            self._stop = trio.Event()
-            async with AsyncExitStack() as stack:
-                self.value = await self._setup(stack)
-                self._ready.set()
-                await self._stop.wait()
-
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def __enter__(self) -> TrioThread:
-        self._thread.start()
-        if not self._ready.wait(START_STOP_SECONDS) or self._error is not None:
-            raise RuntimeError("the trio thread did not start") from self._error
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._token is not None and self._stop is not None:
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(START_STOP_SECONDS)
-        if self._error is not None:
-            raise RuntimeError("the trio thread failed") from self._error
-
-    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """``await fn(*args)`` inside the thread's trio run."""
-        assert self._token is not None
-        return trio.from_thread.run(fn, *args, trio_token=self._token)
