@@ -137,22 +137,26 @@ def _json_value(name: str, value: object) -> None:
         raise InvalidInputError(f"{name} is larger than {TRANSPORT_CEILING_BYTES} bytes as JSON")
 
 
-def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
+def _sequence(name: str, rows: object, what: str) -> Sequence[object]:
+    """``rows`` if it is a sequence (and not text or a single mapping), else a typed error."""
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
-        raise InvalidInputError(f"{name} must be a sequence of row objects, got {rows!r}")
-    for index, row in enumerate(rows):
+        raise InvalidInputError(f"{name} must be a sequence of {what}, got {rows!r}")
+    return rows
+
+
+def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
+    checked: list[Mapping[str, Any]] = []
+    for index, row in enumerate(_sequence(name, rows, "row objects")):
         if not isinstance(row, Mapping):
             raise InvalidInputError(f"{name}[{index}] must be a mapping, got {row!r}")
-    checked = list(rows)
+        checked.append(row)
     _json_value(name, [dict(row) for row in checked])
     return checked
 
 
 def _complete_rows(rows: object) -> list[CompleteRow]:
     checked = []
-    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
-        raise InvalidInputError(f"rows must be a sequence of CompleteRow, got {rows!r}")
-    for index, row in enumerate(rows):
+    for index, row in enumerate(_sequence("rows", rows, "CompleteRow")):
         if not isinstance(row, CompleteRow):
             raise InvalidInputError(f"rows[{index}] must be a CompleteRow, got {row!r}")
         _text(f"rows[{index}].key", row.key)
@@ -167,9 +171,7 @@ def _complete_rows(rows: object) -> list[CompleteRow]:
 
 def _fail_rows(rows: object) -> list[FailRow]:
     checked = []
-    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
-        raise InvalidInputError(f"rows must be a sequence of FailRow, got {rows!r}")
-    for index, row in enumerate(rows):
+    for index, row in enumerate(_sequence("rows", rows, "FailRow")):
         if not isinstance(row, FailRow):
             raise InvalidInputError(f"rows[{index}] must be a FailRow, got {row!r}")
         _text(f"rows[{index}].key", row.key)
