@@ -32,6 +32,7 @@ import trio.testing
 from psycopg import sql
 
 from sheetplane import AttemptSupersededError, SheetplaneError, open_runtime
+from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.budgets import CALL_BUDGET_MS, POSTGRES_OPERATION_BUDGET_MS
 from sheetplane.gateway.faults import FAULT_HEADER, FaultSchedule, FaultSpec, format_fault_header
 from sheetplane.gateway.server import (
@@ -41,7 +42,6 @@ from sheetplane.gateway.server import (
     running_gateway,
 )
 from sheetplane.store import sheet_names
-from sheetplane.store._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 
 from ._chaos_virtual import seed_trio_scheduler

@@ -28,19 +28,19 @@ import httpx
 import trio
 
 from sheetplane import AttemptSupersededError, SheetplaneError
-from sheetplane.budgets import CALL_BUDGET_MS, READ_BATCH_MAX_RESPONSE_BYTES
-from sheetplane.gateway.client import GatewayClient
-from sheetplane.pages._reader import PageReader
-from sheetplane.runtime import Runtime, RuntimeContext
-from sheetplane.sessions import SessionManager
-from sheetplane.store._fencing import StoredRow, decide_terminal_write
-from sheetplane.store._types import (
+from sheetplane._types import (
     BENIGN_STALE_REASONS,
     CompleteRow,
     ContractColumn,
     FailRow,
     SheetContract,
 )
+from sheetplane.budgets import CALL_BUDGET_MS, READ_BATCH_MAX_RESPONSE_BYTES
+from sheetplane.gateway.client import GatewayClient
+from sheetplane.pages._reader import PageReader
+from sheetplane.runtime import Runtime, RuntimeContext
+from sheetplane.sessions import SessionManager
+from sheetplane.store._fencing import StoredRow, decide_terminal_write
 from sheetplane.testing.models import ModelWrite, SheetModel
 
 NS = "chaos"

@@ -34,9 +34,7 @@ from hypothesis.stateful import (
 )
 from psycopg import sql
 
-from sheetplane.errors import WriteConflictError
-from sheetplane.store import SheetStore, open_store, sheet_names
-from sheetplane.store._types import (
+from sheetplane._types import (
     CompleteRow,
     ContractColumn,
     FailRow,
@@ -45,6 +43,8 @@ from sheetplane.store._types import (
     StaleRow,
     TerminalWriteResult,
 )
+from sheetplane.errors import WriteConflictError
+from sheetplane.store import SheetStore, open_store, sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 from sheetplane.testing.models import ModelWrite, SheetModel
 

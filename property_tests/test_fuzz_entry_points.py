@@ -37,6 +37,13 @@ from sheetplane import (
     SheetplaneError,
     json_byte_length_up_to,
 )
+from sheetplane._types import (
+    CompleteRow,
+    ContractColumn,
+    FailRow,
+    SheetContract,
+    SheetRef,
+)
 from sheetplane.crypto import (
     decrypt_postgres_url,
     decrypt_with_unwrap_key,
@@ -49,13 +56,6 @@ from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest, read_pages_adaptive
 from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
 from sheetplane.store import SheetStore, open_store
-from sheetplane.store._types import (
-    CompleteRow,
-    ContractColumn,
-    FailRow,
-    SheetContract,
-    SheetRef,
-)
 from sheetplane.testing.strategies import bad_numbers, hostile_text, json_values, wrong_types
 
 from ._threaded_gateway import TrioThread, snapshot

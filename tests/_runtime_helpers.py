@@ -18,12 +18,12 @@ from hypercorn.typing import ASGIFramework
 from psycopg import sql
 from starlette.applications import Starlette
 
+from sheetplane._types import SheetRef
 from sheetplane.gateway.server import GatewayConfig, GatewayState, create_app
 from sheetplane.gateway.server._app import gateway_state
 from sheetplane.gateway.server._serve import hypercorn_config
 from sheetplane.runtime import ContractColumn, Runtime, SheetContract, Strategy, open_runtime
 from sheetplane.store import SheetStore, sheet_names
-from sheetplane.store._types import SheetRef
 
 ORG = "acme-runtime"
 #: Both strategies, for the tests that run once on each road.

@@ -8,9 +8,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, sheet_names
 from sheetplane.store._rowdata import STATUS_COUNTER
-from sheetplane.store._types import SheetRef
 
 
 async def snapshot(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:

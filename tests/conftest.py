@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, open_store
-from sheetplane.store._types import SheetRef
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,13 @@ from sheetplane import (
     TransientGatewayError,
     UnsupportedActionError,
 )
+from sheetplane._types import (
+    CompleteRow,
+    ContractColumn,
+    FailRow,
+    SheetContract,
+    StaleRow,
+)
 from sheetplane.budgets import (
     ACTION_MAX_RESPONSE_BYTES,
     CALL_BUDGET_MS,
@@ -43,13 +50,6 @@ from sheetplane.budgets import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest
-from sheetplane.store._types import (
-    CompleteRow,
-    ContractColumn,
-    FailRow,
-    SheetContract,
-    StaleRow,
-)
 
 TOKEN = "exec-token-0123456789"
 BASE = "http://gateway.test"

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import (
     MAX_ATTEMPTS,
     READ_BATCH_MAX_RESPONSE_BYTES,
@@ -30,7 +31,6 @@ from sheetplane.gateway.faults import (
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
 from sheetplane.pages import PageRequest
 from sheetplane.store import superseded_rows
-from sheetplane.store._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 
 # --- the header grammar and the schedule (no I/O) ---------------------------------------
 

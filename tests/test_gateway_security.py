@@ -18,6 +18,7 @@ from joserfc.jwk import OctKey, RSAKey
 from psycopg import sql
 
 from sheetplane import EnvelopeDecryptionError, GatewayAuthError, crypto
+from sheetplane._types import CompleteRow, SheetContract, SheetRef
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import (
     ROLE_PREFIX,
@@ -28,7 +29,6 @@ from sheetplane.gateway.server import (
 )
 from sheetplane.gateway.server._roles import create_role_statements
 from sheetplane.store import open_store, sheet_names
-from sheetplane.store._types import CompleteRow, SheetContract, SheetRef
 
 TOKEN = "tok-security-1b2c3d4e5f"
 ORG = "acme"

@@ -559,7 +559,7 @@ async def test_orgs_never_see_each_others_sheets(gateway: RunningGateway, namesp
 
 async def test_batch_read_over_budget_answers_413(gateway: RunningGateway, namespace: str) -> None:
     store = gateway.state.store
-    from sheetplane.store._types import SheetContract, SheetRef
+    from sheetplane._types import SheetContract, SheetRef
 
     sheet = SheetRef(ORG, PLAY, namespace)
     contract = SheetContract.from_json(CONTRACT)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import subprocess
+import sys
 
 import sheetplane
 from sheetplane import errors
@@ -14,12 +16,32 @@ def test_all_is_sorted_and_unique() -> None:
 
 
 def test_all_names_every_public_attribute() -> None:
+    for name in sheetplane.__all__:  # the runtime names load on first use
+        getattr(sheetplane, name)
     public = {
         name
         for name, value in vars(sheetplane).items()
         if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
     }
     assert public == set(sheetplane.__all__)
+
+
+def test_importing_the_http_client_does_not_import_psycopg() -> None:
+    # A fresh interpreter: this test session has long imported the store.
+    probe = (
+        "import sys, sheetplane.gateway.client, sheetplane._types, sheetplane\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')"
+        " or m.startswith('sheetplane.store')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_runtime_names_load_on_first_use() -> None:
+    probe = "import sys, sheetplane\nsheetplane.open_runtime\nprint('psycopg' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"
+    assert "open_runtime" in dir(sheetplane)
 
 
 def test_every_error_is_exported_with_a_unique_code() -> None:

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from sheetplane import EnvelopeDecryptionError, GatewayProtocolError, SessionError
+from sheetplane._types import ContractColumn, SheetContract
 from sheetplane.budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
 from sheetplane.crypto import (
     DecryptionKey,
@@ -38,7 +39,6 @@ from sheetplane.sessions import (
     batch_read_shape,
     session_cache_key,
 )
-from sheetplane.store._types import ContractColumn, SheetContract
 
 EPOCH = 1_900_000_000.0
 TOKEN = "exec-token-sessions"

@@ -14,11 +14,11 @@ from _store_helpers import (
     snapshot,
     stored_rows,
 )
+from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.budgets import MAX_ROW_BYTES, POSTGRES_WRITE_CHUNK_ROWS
 from sheetplane.errors import InvalidInputError
 from sheetplane.identity import derive_row_identity
 from sheetplane.store import SheetStore
-from sheetplane.store._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 
 CONTRACT = SheetContract(
     (

@@ -10,15 +10,15 @@ import pytest
 
 from _store_helpers import snapshot
 from sheetplane import InvalidInputError
-from sheetplane.budgets import MAX_JSON_DEPTH, MAX_ROW_KEY_BYTES
-from sheetplane.store import SheetStore
-from sheetplane.store._types import (
+from sheetplane._types import (
     CompleteRow,
     ContractColumn,
     FailRow,
     SheetContract,
     SheetRef,
 )
+from sheetplane.budgets import MAX_JSON_DEPTH, MAX_ROW_KEY_BYTES
+from sheetplane.store import SheetStore
 
 CONTRACT = SheetContract(
     (ContractColumn("email", "email", "input"), ContractColumn("score", "score", "output"))

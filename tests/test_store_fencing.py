@@ -9,10 +9,7 @@ import pytest
 import trio
 
 from _store_helpers import column_counts_match, counters_match_rows, snapshot, stored_rows
-from sheetplane.errors import AttemptSupersededError, InvalidInputError, WriteConflictError
-from sheetplane.store import SheetStore, raise_if_superseded, superseded_rows
-from sheetplane.store._fencing import Decision, StoredRow, decide_terminal_write
-from sheetplane.store._types import (
+from sheetplane._types import (
     CompleteRow,
     ContractColumn,
     FailRow,
@@ -21,6 +18,9 @@ from sheetplane.store._types import (
     StaleRow,
     TerminalWriteResult,
 )
+from sheetplane.errors import AttemptSupersededError, InvalidInputError, WriteConflictError
+from sheetplane.store import SheetStore, raise_if_superseded, superseded_rows
+from sheetplane.store._fencing import Decision, StoredRow, decide_terminal_write
 
 CONTRACT = SheetContract(
     (

@@ -6,8 +6,8 @@ import uuid
 
 import trio
 
+from sheetplane._types import ContractColumn, SheetContract, SheetRef
 from sheetplane.store import SheetStore
-from sheetplane.store._types import ContractColumn, SheetContract, SheetRef
 
 CONTRACT = SheetContract(
     (ContractColumn("email", "email", "input"), ContractColumn("score", "score", "output"))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from sheetplane._page import Page, PageRequest
+from sheetplane._types import ContractColumn, Page, PageRequest, SheetContract, SheetRef, Summary
 from sheetplane.budgets import (
     READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
@@ -25,7 +25,6 @@ from sheetplane.budgets import (
 from sheetplane.errors import InvalidInputError, ReadBatchTooLargeError
 from sheetplane.store import RowCursor, SheetStore, sheet_names
 from sheetplane.store._reads import _Budget
-from sheetplane.store._types import ContractColumn, SheetContract, SheetRef, Summary
 
 CONTRACT = SheetContract(
     (

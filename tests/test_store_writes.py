@@ -15,10 +15,7 @@ from _store_helpers import (
     snapshot,
     stored_rows,
 )
-from sheetplane.errors import InvalidInputError
-from sheetplane.identity import derive_row_identity
-from sheetplane.store import SheetStore
-from sheetplane.store._types import (
+from sheetplane._types import (
     CompleteRow,
     ContractColumn,
     SheetContract,
@@ -26,6 +23,9 @@ from sheetplane.store._types import (
     StaleRow,
     WriteResult,
 )
+from sheetplane.errors import InvalidInputError
+from sheetplane.identity import derive_row_identity
+from sheetplane.store import SheetStore
 from sheetplane.store._writes import appended_row_key
 
 CONTRACT = SheetContract(

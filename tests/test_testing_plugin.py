@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sheetplane._types import CompleteRow, ContractColumn, SheetContract
 from sheetplane.gateway.faults import FaultSpec
 from sheetplane.gateway.server import RUNTIME_PATH
 from sheetplane.store._fencing import StoredRow, decide_terminal_write
 from sheetplane.store._schema import _physical_columns
-from sheetplane.store._types import CompleteRow, ContractColumn, SheetContract
 from sheetplane.testing.models import ModelRow, ModelWrite, json_equal, model_decision
 from sheetplane.testing.plugin import GatewayHandle
 from sheetplane.testing.strategies import bad_json_bodies, rows, sheet_contracts

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from sheetplane import InvalidInputError
+from sheetplane._types import CompleteRow, FailRow, SheetContract
 from sheetplane.crypto import (
     decrypt_postgres_url,
     encrypt_postgres_url,
@@ -17,7 +18,6 @@ from sheetplane.crypto import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.sessions import AccessShape, PreloadedSession, SessionManager
-from sheetplane.store._types import CompleteRow, FailRow, SheetContract
 
 
 class Refusing(httpx.AsyncBaseTransport):
@@ -146,7 +146,7 @@ async def test_open_runtime_refuses_a_base_url_without_a_host(base_url: str) -> 
 
 async def test_a_runtime_writer_refuses_a_write_version_past_bigint() -> None:
     from sheetplane import open_runtime
-    from sheetplane.store._types import SheetContract as Contract
+    from sheetplane._types import SheetContract as Contract
 
     async with open_runtime(
         base_url="http://gw.test", token="tok", org_id="o", play_name="p", run_id="r"

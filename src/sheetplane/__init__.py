@@ -1,6 +1,13 @@
-"""sheetplane: a trio-native sheet data plane under explicit budgets."""
+"""sheetplane: a trio-native sheet data plane under explicit budgets.
+
+The runtime names (``open_runtime``, ``Runtime``, ``RuntimeContext``) load on
+first use: the runtime pulls in the store and psycopg, and a process that only
+speaks HTTP (``sheetplane.gateway.client``) must not pay for, or depend on, them.
+"""
 
 from __future__ import annotations
+
+import typing
 
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
@@ -29,13 +36,32 @@ from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
 from .errors import WorkReceiptFencedError as WorkReceiptFencedError
 from .errors import WriteConflictError as WriteConflictError
-from .runtime import Runtime as Runtime
-from .runtime import RuntimeContext as RuntimeContext
-from .runtime import open_runtime as open_runtime
 from .sizes import SizeMeasurement as SizeMeasurement
 from .sizes import json_byte_length_up_to as json_byte_length_up_to
 
+if typing.TYPE_CHECKING:
+    from .runtime import Runtime as Runtime
+    from .runtime import RuntimeContext as RuntimeContext
+    from .runtime import open_runtime as open_runtime
+
 __version__ = "0.1.0"
+
+_RUNTIME_NAMES = frozenset({"Runtime", "RuntimeContext", "open_runtime"})
+
+
+def __getattr__(name: str) -> typing.Any:
+    if name in _RUNTIME_NAMES:
+        from . import runtime
+
+        value = getattr(runtime, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _RUNTIME_NAMES)
+
 
 __all__ = [
     "AttemptSupersededError",

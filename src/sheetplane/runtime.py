@@ -49,15 +49,7 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
-from .budgets import READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
-from .dataset import Dataset
-from .errors import AttemptSupersededError, InvalidInputError
-from .gateway.client import GatewayClient
-from .pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
-from .sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
-from .sizes import json_byte_length_up_to
-from .store import SheetStore, superseded_rows
-from .store._types import (
+from ._types import (
     Admission,
     CompleteRow,
     ContractColumn,
@@ -69,6 +61,14 @@ from .store._types import (
     TerminalWriteResult,
     WriteResult,
 )
+from .budgets import READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from .dataset import Dataset
+from .errors import AttemptSupersededError, InvalidInputError
+from .gateway.client import GatewayClient
+from .pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
+from .sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
+from .sizes import json_byte_length_up_to
+from .store import SheetStore, superseded_rows
 
 __all__ = [
     "Admission",

@@ -44,10 +44,9 @@ import attrs
 import trio
 
 from . import crypto
-from ._page import PageRequest
+from ._types import PageRequest, SheetContract
 from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
 from .errors import GatewayProtocolError, InvalidInputError, SessionError
-from .store._types import SheetContract
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient

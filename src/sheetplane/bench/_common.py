@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store._types import ContractColumn, SheetContract
+from .._types import ContractColumn, SheetContract
 
 CONTRACT = SheetContract(
     (

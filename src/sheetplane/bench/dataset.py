@@ -40,11 +40,11 @@ import psycopg
 import trio
 from psycopg import sql
 
+from .._types import SheetRef
 from ..budgets import READ_PAGE_MAX_ROWS, KiB
 from ..gateway.server import running_gateway
 from ..runtime import ContractColumn, SheetContract, Strategy, open_runtime
 from ..store import SheetStore, open_store, sheet_names
-from ..store._types import SheetRef
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 
 __all__ = ["main"]

@@ -33,13 +33,12 @@ import attrs
 import httpx
 import trio
 
-from .._page import PageRequest
+from .._types import PageRequest, SheetRef
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.client import GatewayClient
 from ..gateway.server import RunningGateway, running_gateway
 from ..sessions import SessionManager, batch_read_shape
 from ..store import SheetStore, open_store
-from ..store._types import SheetRef
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 from ._common import CONTRACT, make_rows
 

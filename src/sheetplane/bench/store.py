@@ -32,10 +32,10 @@ import psycopg
 import trio
 from psycopg import sql
 
+from .._types import SheetRef
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..store import SheetStore, open_store, sheet_names
 from ..store._reads import ORDER_BY, _physical_columns, _projection
-from ..store._types import SheetRef
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 from ._common import CONTRACT, make_rows
 
@@ -142,7 +142,7 @@ async def bench_admission(store: SheetStore, rows: list[dict[str, Any]], repeats
 
 async def read_all_batched(store: SheetStore, sheet: SheetRef) -> int:
     """Every row through read_rows_batch, 4 pages of 5,000 a batch; returns the row count."""
-    from .._page import PageRequest
+    from .._types import PageRequest
 
     total = 0
     offset = 0

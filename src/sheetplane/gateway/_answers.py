@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeGuard
 
-from .._page import Page, PageRequest
-from ..errors import GatewayProtocolError
-from ..store._types import (
+from .._types import (
     Admission,
+    Page,
+    PageRequest,
     Receipt,
     ReceiptCompletion,
     StaleReason,
@@ -22,6 +22,7 @@ from ..store._types import (
     Summary,
     TerminalWriteResult,
 )
+from ..errors import GatewayProtocolError
 
 STALE_REASONS: Final[frozenset[str]] = frozenset(
     {"newer_write_version", "older_write_version", "already_terminal", "unreported"}

@@ -42,7 +42,18 @@ import attrs
 import httpx
 import trio
 
-from .._page import Page, PageRequest
+from .._types import (
+    Admission,
+    CompleteRow,
+    FailRow,
+    Page,
+    PageRequest,
+    ReceiptCompletion,
+    RowMode,
+    SheetContract,
+    Summary,
+    TerminalWriteResult,
+)
 from ..budgets import (
     DEFAULT_RETRY_AFTER_MS,
     READ_BATCH_MAX_PAGES,
@@ -61,16 +72,6 @@ from ..errors import (
     UnsupportedActionError,
 )
 from ..sizes import json_byte_length_up_to
-from ..store._types import (
-    Admission,
-    CompleteRow,
-    FailRow,
-    ReceiptCompletion,
-    RowMode,
-    SheetContract,
-    Summary,
-    TerminalWriteResult,
-)
 from . import _answers
 from ._body import (
     ACCEPT_ENCODING,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .._page import Page as Page
-from .._page import PageRequest as PageRequest
+from .._types import Page as Page
+from .._types import PageRequest as PageRequest
 from ._reader import PageReader as PageReader
 from ._reader import ReadScope as ReadScope
 from ._reader import SheetRoad as SheetRoad

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .._page import Page, PageRequest
+from .._types import Page, PageRequest, RowMode
 from ..batching import Batch, BatcherStatistics, BoundedBatchFunction
 from ..budgets import (
     MAX_QUEUE_WAIT_MS,
@@ -33,7 +33,6 @@ from ..budgets import (
 )
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
-from ..store._types import RowMode
 from ._splitter import read_pages_adaptive
 
 __all__ = ["PageReader", "ReadScope", "SheetRoad", "normalize_page_request", "token_digest"]

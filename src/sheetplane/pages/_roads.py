@@ -25,13 +25,12 @@ from typing import Any
 
 import attrs
 
-from .._page import Page, PageRequest
+from .._types import Page, PageRequest, SheetRef
 from ..budgets import READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError, SessionError
 from ..gateway.client import GatewayClient
 from ..sessions import AccessShape, SessionLimits, SessionManager, batch_read_shape
 from ..store import RowCursor, SheetStore, sheet_names
-from ..store._types import SheetRef
 from ._reader import ReadScope
 
 __all__ = ["DirectRoad", "GatewayCursor", "GatewayRoad", "RoadStats"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
-from .._page import Page, PageRequest
+from .._types import Page, PageRequest
 from ..errors import BatchContractError, ReadBatchTooLargeError
 
 __all__ = ["ReadBatch", "read_pages_adaptive"]

@@ -48,6 +48,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._types import Admission, ContractColumn, SheetContract, SheetRef
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import row_key
@@ -71,7 +72,6 @@ from ._rowdata import (
     transition_delta,
 )
 from ._schema import SheetNames
-from ._types import Admission, ContractColumn, SheetContract, SheetRef
 
 __all__ = ["merge_completed_row", "start_dataset"]
 

@@ -64,6 +64,16 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._types import (
+    BENIGN_STALE_REASONS,
+    CompleteRow,
+    FailRow,
+    RowStatus,
+    SheetContract,
+    StaleReason,
+    StaleRow,
+    TerminalWriteResult,
+)
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import AttemptSupersededError, InvalidInputError, WriteConflictError
 from ._pool import TrioPool
@@ -83,16 +93,6 @@ from ._rowdata import (
     transition_delta,
 )
 from ._schema import SheetNames
-from ._types import (
-    BENIGN_STALE_REASONS,
-    CompleteRow,
-    FailRow,
-    RowStatus,
-    SheetContract,
-    StaleReason,
-    StaleRow,
-    TerminalWriteResult,
-)
 
 __all__ = [
     "Decision",

@@ -31,13 +31,12 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from .._page import Page, PageRequest
+from .._types import Page, PageRequest, RowMode, Summary
 from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES, READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..sizes import json_byte_length_up_to
 from ._pool import TrioPool
 from ._schema import SYSTEM_COLUMNS, SheetNames
-from ._types import RowMode, Summary
 
 __all__ = [
     "RowCursor",

@@ -33,12 +33,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._types import Receipt, ReceiptCompletion
 from ..budgets import WORK_RECEIPT_LEASE_TTL_MS
 from ..errors import InvalidInputError, WorkReceiptFencedError
 from ._pool import TrioPool
 from ._rowdata import check_json_value, check_key, check_text
 from ._schema import SheetNames
-from ._types import Receipt, ReceiptCompletion
 
 __all__ = [
     "ReceiptClaim",

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
+from .._types import ContractColumn, RowStatus, SheetContract
 from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
 from ._schema import SYSTEM_COLUMNS, SheetNames
-from ._types import ContractColumn, RowStatus, SheetContract
 
 T = TypeVar("T")
 

@@ -22,9 +22,9 @@ import attrs
 import psycopg
 from psycopg import sql
 
+from .._types import SheetContract, SheetRef
 from ..errors import InvalidInputError
 from ._pool import TrioPool
-from ._types import SheetContract, SheetRef
 
 __all__ = [
     "SYSTEM_COLUMNS",

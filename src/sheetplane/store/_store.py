@@ -13,16 +13,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .. import budgets
-from .._page import Page, PageRequest
-from . import _admission, _fencing, _reads, _receipts, _schema, _writes
-from ._pool import TrioPool, open_pool
-from ._reads import RowCursor
-from ._receipts import ReceiptClaim
-from ._schema import SheetNames, sheet_names
-from ._types import (
+from .._types import (
     Admission,
     CompleteRow,
     FailRow,
+    Page,
+    PageRequest,
     ReceiptCompletion,
     RowMode,
     SheetContract,
@@ -31,6 +27,11 @@ from ._types import (
     TerminalWriteResult,
     WriteResult,
 )
+from . import _admission, _fencing, _reads, _receipts, _schema, _writes
+from ._pool import TrioPool, open_pool
+from ._reads import RowCursor
+from ._receipts import ReceiptClaim
+from ._schema import SheetNames, sheet_names
 
 __all__ = ["SheetStore", "open_store"]
 

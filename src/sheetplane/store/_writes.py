@@ -50,6 +50,7 @@ import trio
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._types import WriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import derive_row_identity, row_key
@@ -72,7 +73,6 @@ from ._rowdata import (
     transition_delta,
 )
 from ._schema import SheetNames
-from ._types import WriteResult
 
 __all__ = ["append_rows", "appended_row_key", "replace_rows", "upsert_rows"]
 

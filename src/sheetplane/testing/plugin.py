@@ -41,11 +41,11 @@ import attrs
 import pytest
 
 if TYPE_CHECKING:
+    from .._types import SheetRef
     from ..gateway.client import GatewayClient
     from ..gateway.faults import FaultSpec
     from ..gateway.server import RunningGateway
     from ..store import SheetStore
-    from ..store._types import SheetRef
 
 # The library is imported inside the fixtures, not here: pytest loads this
 # plugin in every run of an environment that has sheetplane installed, and a
@@ -134,7 +134,7 @@ async def sheetplane_store(sheetplane_database_url: str) -> AsyncIterator[SheetS
 @pytest.fixture
 def sheetplane_sheet() -> SheetRef:
     """A sheet no other test uses."""
-    from ..store._types import SheetRef
+    from .._types import SheetRef
 
     tag = uuid.uuid4().hex
     return SheetRef(f"org-{tag}", f"play-{tag}", f"ns-{tag}")

@@ -25,10 +25,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .._page import PageRequest
+from .._types import ColumnSource, ContractColumn, PageRequest, SheetContract
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.faults import FAULT_KINDS, FaultSpec
-from ..store._types import ColumnSource, ContractColumn, SheetContract
 
 __all__ = [
     "ACTIONS",

@@ -17,19 +17,20 @@ from typing import Any, Final
 import attrs
 
 from ... import crypto
-from ..._page import Page, PageRequest
-from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
-from ...errors import InvalidInputError
-from ...store import RowCursor, SheetStore
-from ...store._types import (
+from ..._types import (
     CompleteRow,
     FailRow,
     Operation,
+    Page,
+    PageRequest,
     RowMode,
     SheetContract,
     SheetRef,
     TerminalWriteResult,
 )
+from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from ...errors import InvalidInputError
+from ...store import RowCursor, SheetStore
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._config import GatewayConfig

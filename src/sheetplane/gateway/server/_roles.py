@@ -52,8 +52,8 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from ..._types import Operation, SheetRef
 from ...store import SheetNames, SheetStore, sheet_names
-from ...store._types import Operation, SheetRef
 
 __all__ = [
     "OPERATIONS",

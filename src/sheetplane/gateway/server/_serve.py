@@ -23,7 +23,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.typing import ASGIFramework
 from starlette.applications import Starlette
 
-from ...store._types import SheetContract
+from ..._types import SheetContract
 from ._actions import GatewayState, mint_preloaded_session
 from ._app import create_app, gateway_state
 from ._config import GatewayConfig
