@@ -11,6 +11,7 @@ import typing
 
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
+from .errors import AdmissionTooLargeError as AdmissionTooLargeError
 from .errors import AttemptSupersededError as AttemptSupersededError
 from .errors import BackpressureError as BackpressureError
 from .errors import BatchContractError as BatchContractError
@@ -64,6 +65,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AdmissionTooLargeError",
     "AttemptSupersededError",
     "BackpressureError",
     "BatchContractError",

@@ -15,6 +15,7 @@ The tree::
     │   └── BatcherClosedError                submit outside or after the batcher
     ├── ReadBatchTooLargeError                a batch read exceeds the response budget
     ├── ResponseTooLargeError                 a response exceeds its action's budget
+    ├── AdmissionTooLargeError                a one-request admission would pass the ceiling
     ├── GatewayError                          the gateway answered an error
     │   ├── GatewayAuthError                  401 / 403
     │   ├── UnsupportedActionError            a gateway that predates the action
@@ -130,6 +131,29 @@ class ResponseTooLargeError(SheetplaneError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.action, self.limit, self.observed))
+
+
+class AdmissionTooLargeError(SheetplaneError):
+    """A one-request admission (``start_sheet_dataset``) whose request or answer would
+    pass ``TRANSPORT_CEILING_BYTES``: refused (413) before anything was written.
+
+    ``observed_bytes`` is a lower bound on the size that was seen. Admit such an
+    input with ``RowWriter.start``, which stages it in chunks.
+    """
+
+    code = "runtime_sheet_admission_too_large"
+
+    def __init__(self, observed_bytes: int) -> None:
+        from .budgets import TRANSPORT_CEILING_BYTES
+
+        self.observed_bytes = observed_bytes
+        super().__init__(
+            f"the admission's request or answer would pass the {TRANSPORT_CEILING_BYTES} byte "
+            f"transport ceiling (observed at least {observed_bytes} bytes); nothing was written"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.observed_bytes,))
 
 
 # --- gateway ----------------------------------------------------------------------

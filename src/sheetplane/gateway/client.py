@@ -20,7 +20,8 @@ body reader). What is retried:
 
 What is not retried: 401/403 (``GatewayAuthError``), "Unsupported runtime
 data-plane action" (``UnsupportedActionError``), 413 on a batch read
-(``ReadBatchTooLargeError``), an answer over its byte budget
+(``ReadBatchTooLargeError``), 413 on an admission too large for one request
+(``AdmissionTooLargeError``), an answer over its byte budget
 (``ResponseTooLargeError``), any other error status (``GatewayError``) and a
 well-formed answer of the wrong shape (``GatewayProtocolError``).
 
@@ -60,8 +61,10 @@ from ..budgets import (
     READ_BATCH_MAX_RESPONSE_BYTES,
     READ_PAGE_MAX_ROWS,
     REQUEST_TIMEOUT_MS,
+    TRANSPORT_CEILING_BYTES,
 )
 from ..errors import (
+    AdmissionTooLargeError,
     BackpressureError,
     GatewayAuthError,
     GatewayError,
@@ -98,6 +101,7 @@ RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
 
 BACKPRESSURE_CODE: Final = "runtime_postgres_admission_backpressure"
 READ_BATCH_TOO_LARGE_CODE: Final = "runtime_sheet_read_batch_too_large"
+ADMISSION_TOO_LARGE_CODE: Final = "runtime_sheet_admission_too_large"
 READ_ROWS: Final = "runtime_sheet_read_rows"
 #: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
 _PAGE_READS: Final = frozenset({READ_ROWS_BATCH, READ_ROWS})
@@ -333,6 +337,11 @@ class GatewayClient:
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
                 observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
             raise ReadBatchTooLargeError(observed)
+        if status == 413 and code == ADMISSION_TOO_LARGE_CODE:
+            observed = body.get("observed_bytes")
+            if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
+                observed = TRANSPORT_CEILING_BYTES + 1
+            raise AdmissionTooLargeError(observed)
         if status in (401, 403):
             raise GatewayAuthError(status, code, message, details)
         if UNSUPPORTED_ACTION_MESSAGE.search(searchable):
@@ -404,7 +413,14 @@ class GatewayClient:
         rows: Sequence[Mapping[str, Any]],
         run_id: str,
     ) -> Admission:
-        """Admit ``rows`` under a new write version (dedupe, input order, pending vs completed)."""
+        """Admit ``rows`` in one request under a new write version (dedupe, input
+        order, pending vs completed rows inline).
+
+        Raises ``AdmissionTooLargeError`` without sending when the request would
+        pass ``TRANSPORT_CEILING_BYTES``, and when the gateway refuses (413)
+        an admission whose answer would: in both cases nothing was written.
+        ``RowWriter.start`` stages inputs of any size instead.
+        """
         self._check_sheet_args(table_namespace, contract)
         action = "start_sheet_dataset"
         payload = {
@@ -413,6 +429,9 @@ class GatewayClient:
             "rows": [dict(row) for row in rows],
             "runId": run_id,
         }
+        measured = json_byte_length_up_to(payload, TRANSPORT_CEILING_BYTES)
+        if measured.exceeded:
+            raise AdmissionTooLargeError(measured.bytes)
         answer = await self.post_action(action, self._with_user(payload))
         return _answers.parse_admission(answer, action)
 

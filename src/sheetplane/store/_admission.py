@@ -39,7 +39,7 @@ What happens, in order:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -316,8 +316,13 @@ async def start_dataset(
     contract: SheetContract,
     *,
     key_field: str | None = None,
+    check: Callable[[Admission], None] | None = None,
 ) -> Admission:
     """Admit ``rows`` for the attempt ``run_id``; see the module docstring.
+
+    ``check`` is called with the admission inside the transaction, on the
+    worker thread, before the commit: an exception it raises rolls the whole
+    admission back and propagates (nothing is committed).
 
     A bad row or argument raises ``InvalidInputError`` and nothing is committed
     (rows are checked as they are written, inside the transaction, which then
@@ -354,7 +359,7 @@ async def start_dataset(
             run_id=run_id,
             write_version=writer.version,
         )
-        return Admission(
+        admission = Admission(
             inserted=writer.inserted,
             # Duplicates and enriched rows: every input row that is not pending.
             skipped=len(rows) - len(pending_rows),
@@ -363,5 +368,8 @@ async def start_dataset(
             write_version=writer.version,
             table_namespace=sheet.table_namespace,
         )
+        if check is not None:
+            check(admission)
+        return admission
 
     return await pool.run(run)

@@ -8,7 +8,7 @@ call; the work itself lives in the private modules (``_schema``, ``_reads``,
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -92,14 +92,17 @@ class SheetStore:
         contract: SheetContract,
         *,
         key_field: str | None = None,
+        check: Callable[[Admission], None] | None = None,
     ) -> Admission:
         """Admit ``rows`` for the attempt ``run_id`` under a new write version.
 
-        Ensures the sheet's layout for ``contract`` first.
+        Ensures the sheet's layout for ``contract`` first. ``check`` sees the
+        admission inside its transaction, before the commit: whatever it raises
+        rolls the admission back (the gateway refuses an answer too large to send).
         """
         names = await self._ensure_cached(sheet, contract)
         return await _admission.start_dataset(
-            self.pool, names, sheet, rows, run_id, contract, key_field=key_field
+            self.pool, names, sheet, rows, run_id, contract, key_field=key_field, check=check
         )
 
     async def append_rows(

@@ -18,6 +18,7 @@ import attrs
 
 from ... import crypto
 from ..._types import (
+    Admission,
     CompleteRow,
     FailRow,
     Operation,
@@ -28,8 +29,9 @@ from ..._types import (
     SheetRef,
     TerminalWriteResult,
 )
-from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
-from ...errors import InvalidInputError
+from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from ...errors import AdmissionTooLargeError, InvalidInputError
+from ...sizes import json_byte_length_up_to
 from ...store import RowCursor, SheetStore
 from ..faults import FaultSchedule
 from ._auth import TokenTable
@@ -219,7 +221,11 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     _user_email(call.body)
     store = call.state.store
     await store.ensure_sheet(sheet, contract)
-    admission = await store.start_dataset(sheet, rows, run_id, contract)
+    admission = await store.start_dataset(sheet, rows, run_id, contract, check=_fits_one_answer)
+    return _admission_json(admission)
+
+
+def _admission_json(admission: Admission) -> dict[str, Any]:
     return {
         "inserted": admission.inserted,
         "skipped": admission.skipped,
@@ -228,6 +234,19 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
         "tableNamespace": admission.table_namespace,
         "writeVersion": admission.write_version,
     }
+
+
+def _fits_one_answer(admission: Admission) -> None:
+    """Refuse, before the commit, an admission whose answer would pass the ceiling.
+
+    Runs inside the admission's transaction: ``AdmissionTooLargeError`` rolls
+    it back, so the caller is never told "too large" about rows that were
+    committed anyway. The answer is measured as the compact JSON the app
+    sends, stopping at the ceiling.
+    """
+    measured = json_byte_length_up_to(_admission_json(admission), TRANSPORT_CEILING_BYTES)
+    if measured.exceeded:
+        raise AdmissionTooLargeError(measured.bytes)
 
 
 async def runtime_sheet_complete_map_rows(call: Call) -> dict[str, Any]:

@@ -16,9 +16,12 @@ Each request goes through the same steps, in this order:
 Errors become JSON bodies ``{error, code, ...}``: a saturated pool is 503
 ``runtime_postgres_admission_backpressure`` with ``retry_after_ms``, a batch
 read over its budget 413 ``runtime_sheet_read_batch_too_large`` with
-``observed_bytes``, anything unexpected 500 ``internal_error``. No body ever
-carries a stack trace, a token or a database URL, and the log line of an
-unexpected error names only the exception type.
+``observed_bytes``, a ``start_sheet_dataset`` whose answer would pass the
+transport ceiling 413 ``runtime_sheet_admission_too_large`` (decided inside
+the admission's transaction, which it rolls back: nothing is written),
+anything unexpected 500 ``internal_error``. No body ever carries a stack
+trace, a token or a database URL, and the log line of an unexpected error
+names only the exception type.
 
 The app's lifespan opens the store (its pool) and runs the session-role
 reaper in a nursery; leaving the lifespan cancels the reaper and closes the pool.
@@ -42,6 +45,7 @@ from starlette.routing import Route
 
 from ...budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, TRANSPORT_CEILING_BYTES
 from ...errors import (
+    AdmissionTooLargeError,
     InvalidInputError,
     ReadBatchTooLargeError,
     StatementTimeoutError,
@@ -193,7 +197,7 @@ async def _answer(state: GatewayState, request: Request) -> Response:
         raise unsupported(action)
     try:
         payload = await handler(Call(state, org_id, body))
-    except ReadBatchTooLargeError as exc:
+    except (ReadBatchTooLargeError, AdmissionTooLargeError) as exc:
         raise ActionError(413, exc.code, str(exc), observed_bytes=exc.observed_bytes) from None
     except InvalidInputError as exc:
         raise ActionError(400, exc.code, str(exc)) from None
