@@ -17,6 +17,7 @@ from .errors import BackpressureError as BackpressureError
 from .errors import BatchContractError as BatchContractError
 from .errors import BatcherClosedError as BatcherClosedError
 from .errors import BatchingError as BatchingError
+from .errors import DatabaseNotHardenedError as DatabaseNotHardenedError
 from .errors import EnvelopeDecryptionError as EnvelopeDecryptionError
 from .errors import GatewayAuthError as GatewayAuthError
 from .errors import GatewayError as GatewayError
@@ -73,6 +74,7 @@ __all__ = [
     "BatcherStatistics",
     "BatchingError",
     "BoundedBatchFunction",
+    "DatabaseNotHardenedError",
     "EnvelopeDecryptionError",
     "GatewayAuthError",
     "GatewayError",

@@ -25,7 +25,8 @@ The tree::
     │   └── GatewayProtocolError              a malformed or inconsistent answer
     ├── StoreError                            Postgres failed an operation
     │   ├── StoreUnavailableError             could not connect within the ladder
-    │   └── StatementTimeoutError             a statement ran past its timeout
+    │   ├── StatementTimeoutError             a statement ran past its timeout
+    │   └── DatabaseNotHardenedError          PUBLIC keeps privileges a tenant could abuse
     ├── AttemptSupersededError                a newer admission fenced this attempt
     ├── WriteConflictError                    same version, different values
     ├── WorkReceiptFencedError                another holder's live claim owns the receipt
@@ -264,6 +265,14 @@ class StatementTimeoutError(StoreError):
     """A statement ran past ``POSTGRES_STATEMENT_TIMEOUT_MS`` and was cancelled."""
 
     code = "statement_timeout"
+
+
+class DatabaseNotHardenedError(StoreError):
+    """Every role (``PUBLIC``) may still call built-in functions one tenant could
+    use against another (advisory locks, sleeps, large objects...), and the
+    gateway's role is not a superuser that could revoke them."""
+
+    code = "database_not_hardened"
 
 
 # --- fencing ----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from ._app import create_app as create_app
 from ._auth import TokenTable as TokenTable
 from ._auth import parse_token_pairs as parse_token_pairs
 from ._config import GatewayConfig as GatewayConfig
+from ._hardening import hardening_statements as hardening_statements
 from ._roles import ROLE_PREFIX as ROLE_PREFIX
 from ._roles import reap_expired_roles as reap_expired_roles
 from ._serve import RunningGateway as RunningGateway
@@ -29,6 +30,7 @@ __all__ = [
     "RunningGateway",
     "TokenTable",
     "create_app",
+    "hardening_statements",
     "mint_preloaded_session",
     "parse_token_pairs",
     "reap_expired_roles",

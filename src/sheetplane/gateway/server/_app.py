@@ -23,8 +23,10 @@ anything unexpected 500 ``internal_error``. No body ever carries a stack
 trace, a token or a database URL, and the log line of an unexpected error
 names only the exception type.
 
-The app's lifespan opens the store (its pool) and runs the session-role
-reaper in a nursery; leaving the lifespan cancels the reaper and closes the pool.
+The app's lifespan opens the store (its pool), hardens the database (see
+``_hardening``: built-in functions a tenant could use against another are
+revoked from ``PUBLIC``) and runs the session-role reaper in a nursery;
+leaving the lifespan cancels the reaper and closes the pool.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
 from ._auth import TokenTable, check_org
 from ._config import GatewayConfig
+from ._hardening import harden_database
 from ._http import ActionError, bad_request, encode_json, json_bytes_response
 from ._roles import ReaperProgress, run_reaper
 
@@ -273,6 +276,7 @@ def create_app(config: GatewayConfig) -> Starlette:
         ):
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
             store = SheetStore(cast(TrioPool, admission))
+            await harden_database(store)
             progress = ReaperProgress()
             app.state.gateway = GatewayState(
                 config=config,

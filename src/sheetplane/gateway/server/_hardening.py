@@ -1,0 +1,164 @@
+"""Database hardening: what every role (``PUBLIC``) may do is cut down to what a
+scoped session needs, before the gateway serves a request.
+
+Postgres grants ``EXECUTE`` on most of its built-in functions, and
+``TEMPORARY`` on a database, to ``PUBLIC``, so a freshly minted session role
+could call them. Some let one tenant reach past its sheet:
+
+* the advisory-lock family (``pg_advisory_lock`` and every sibling): the
+  gateway serialises DDL and grants per org schema with transaction advisory
+  locks; a tenant holding the same key would stall another org's
+  ``ensure_sheet`` and ``create_db_session``, and many held keys fill the
+  shared lock table;
+* ``pg_sleep`` and its siblings: a session would hold its connection idle at
+  will (the statement timeout and the watchdog bound it anyway);
+* ``pg_cancel_backend`` / ``pg_terminate_backend``: only the role's own
+  backends, but a session needs neither (a client cancels over the protocol);
+* the large-object functions (``lo_*``, ``loread``, ``lowrite``): storage
+  outside the sheet that no grant scopes and that the reaper's
+  ``REASSIGN OWNED`` would hand to the gateway;
+* ``pg_notify``: a channel every role of the database shares;
+* ``pg_logical_emit_message``: WAL of any size;
+* ``TEMPORARY`` on the database: temporary tables outside every grant.
+
+At startup a superuser gateway revokes all of these from ``PUBLIC`` (in the
+current database only), once, under a lock so gateways starting together do
+not race. A gateway that is not a superuser cannot revoke them: it checks that
+an operator did (:func:`hardening_statements` prints the SQL, including the
+grants such a gateway needs itself) and refuses to start otherwise, so a
+database where a tenant could lock out another is never served.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from ...errors import DatabaseNotHardenedError
+from ...store import SheetStore
+
+__all__ = [
+    "GATEWAY_FUNCTIONS",
+    "REVOKED_FUNCTION_PATTERN",
+    "harden_database",
+    "hardening_statements",
+    "public_functions",
+]
+
+log = logging.getLogger("sheetplane.gateway.server")
+
+#: Built-in functions (``pg_catalog``, by name) no scoped session may execute.
+REVOKED_FUNCTION_PATTERN: Final = (
+    r"^(pg_(try_)?advisory_.*|pg_sleep(_for|_until)?|pg_(cancel|terminate)_backend"
+    r"|lo_.*|loread|lowrite|pg_notify|pg_logical_emit_message)$"
+)
+
+#: Of those, what the gateway itself calls (a non-superuser gateway needs them granted).
+GATEWAY_FUNCTIONS: Final = ("pg_advisory_xact_lock(bigint)", "pg_terminate_backend(integer,bigint)")
+
+#: The key of the lock under which one gateway at a time revokes (REVOKE rewrites
+#: catalog rows; two at once fail with "tuple concurrently updated").
+_HARDENING_LOCK_KEY: Final = 0x5350_4844_4E00_0001  # "SPHDN", 1
+
+_PUBLIC_FUNCTIONS = sql.SQL(
+    """
+    SELECT p.oid::regprocedure::text FROM pg_proc AS p
+    JOIN pg_namespace AS n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'pg_catalog' AND p.proname ~ %(pattern)s
+      AND (p.proacl IS NULL OR EXISTS (
+          SELECT FROM aclexplode(p.proacl) AS a
+          WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+    ORDER BY 1
+    """
+)
+
+_PUBLIC_TEMPORARY = sql.SQL(
+    """
+    SELECT d.datacl IS NULL OR EXISTS (
+        SELECT FROM aclexplode(d.datacl) AS a
+        WHERE a.grantee = 0 AND a.privilege_type = 'TEMPORARY')
+    FROM pg_database AS d WHERE d.datname = current_database()
+    """
+)
+
+
+def public_functions(conn: psycopg.Connection[Any]) -> list[str]:
+    """The revoked family's functions ``PUBLIC`` may still execute (``name(args)``)."""
+    rows = conn.execute(_PUBLIC_FUNCTIONS, {"pattern": REVOKED_FUNCTION_PATTERN}).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _public_temporary(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(_PUBLIC_TEMPORARY).fetchone()
+    return bool(row and row[0])
+
+
+def hardening_statements(
+    conn: psycopg.Connection[Any], gateway_role: str | None = None
+) -> list[sql.Composed]:
+    """The statements that harden the current database (empty once it is).
+
+    With ``gateway_role`` (a non-superuser gateway), they also grant that role
+    the functions the gateway calls itself. An operator runs them as a superuser.
+    """
+    statements = [
+        sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(sql.SQL(signature))
+        for signature in public_functions(conn)
+    ]
+    if _public_temporary(conn):
+        database = conn.execute("SELECT current_database()").fetchone()
+        assert database is not None
+        statements.append(
+            sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(
+                sql.Identifier(str(database[0]))
+            )
+        )
+    if gateway_role is not None:
+        statements.extend(
+            sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+                sql.SQL(signature), sql.Identifier(gateway_role)
+            )
+            for signature in GATEWAY_FUNCTIONS
+        )
+    return statements
+
+
+def _harden(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute(
+        "SELECT rolsuper, current_user FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    assert row is not None
+    superuser, me = bool(row[0]), str(row[1])
+    if superuser:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_HARDENING_LOCK_KEY,))
+        statements = hardening_statements(conn)
+        for statement in statements:
+            conn.execute(statement)
+        if statements:
+            log.info("revoked %d built-in privileges from PUBLIC", len(statements))
+        return
+    left = public_functions(conn)
+    check = "SELECT has_function_privilege(%s::regprocedure, 'EXECUTE')"
+    missing = [
+        signature
+        for signature in GATEWAY_FUNCTIONS
+        if conn.execute(check, (signature,)).fetchone() != (True,)
+    ]
+    if left or _public_temporary(conn) or missing:
+        raise DatabaseNotHardenedError(
+            f"the database still lets every role call {len(left)} lock, sleep, signal or "
+            f"storage function(s) (or create temporary tables), or role {me!r} lacks "
+            f"{len(missing)} it needs; a superuser must run the statements of "
+            "sheetplane.gateway.server.hardening_statements first (docs/gateway.md, Security)"
+        )
+
+
+async def harden_database(store: SheetStore) -> None:
+    """Revoke the family from ``PUBLIC`` (superuser), or check that it was.
+
+    Raises :class:`DatabaseNotHardenedError` when it was not and cannot be.
+    """
+    await store.pool.run(_harden)

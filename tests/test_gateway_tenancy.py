@@ -1,0 +1,213 @@
+"""A hostile tenant against the real server and real Postgres: a scoped role of one
+org cannot delay, read or forge anything of another org, nor hold the gateway."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import trio
+from psycopg import sql
+
+from sheetplane import DatabaseNotHardenedError, crypto
+from sheetplane.gateway.server import (
+    RUNTIME_PATH,
+    RunningGateway,
+    hardening_statements,
+    running_gateway,
+)
+from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
+from sheetplane.store import open_store
+
+TOKEN_A = "tok-tenant-a-7f3e9c1d"
+TOKEN_B = "tok-tenant-b-2a8b4e6f"
+ORG_A = "org-a"
+ORG_B = "org-b"
+PLAY = "tenancy-play"
+CONTRACT = {
+    "columns": [
+        {"id": "email", "sqlName": "email", "source": "input"},
+        {"id": "score", "sqlName": "score", "source": "output"},
+    ]
+}
+
+
+@pytest.fixture
+async def gateway(database_url: str) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(database_url, tokens={TOKEN_A: ORG_A, TOKEN_B: ORG_B}) as gw:
+        yield gw
+
+
+async def post(gw: RunningGateway, token: str, action: str, **fields: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=gw.base_url, timeout=60) as http:
+        return await http.post(
+            RUNTIME_PATH,
+            json={"action": action, "playName": PLAY, **fields},
+            headers={"authorization": f"Bearer {token}"},
+        )
+
+
+async def act(gw: RunningGateway, token: str, action: str, **fields: Any) -> Any:
+    response = await post(gw, token, action, **fields)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def admit(gw: RunningGateway, token: str, namespace: str, n: int = 3) -> Any:
+    rows = [{"_key": f"k{i}", "email": f"u{i}@example.com"} for i in range(n)]
+    return await act(
+        gw,
+        token,
+        "start_sheet_dataset",
+        tableNamespace=namespace,
+        sheetContract=CONTRACT,
+        rows=rows,
+        runId="run-1",
+    )
+
+
+def session_fields(namespace: str, operations: list[str], key: crypto.DecryptionKey) -> Any:
+    return {
+        "target": {"tableNamespace": namespace, "logicalTable": "sheet_rows"},
+        "operations": operations,
+        "sheetContract": CONTRACT,
+        "postgresUrlEncryption": key.encryption_request(),
+    }
+
+
+async def mint(gw: RunningGateway, token: str, namespace: str, operations: list[str]) -> Any:
+    """``(answer, url)`` of a new scoped session."""
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    answer = await act(gw, token, "create_db_session", **session_fields(namespace, operations, key))
+    aad = crypto.session_aad(
+        org_id=answer["target"]["orgId"],
+        play_name=answer["playName"],
+        table_namespace=answer["target"]["tableNamespace"],
+        logical_table=answer["target"]["logicalTable"],
+        operations=answer["operations"],
+        expires_at=answer["expiresAt"],
+    )
+    return answer, crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad)
+
+
+async def run_sql(url: str, statement: sql.Composable | str, params: Any = ()) -> Any:
+    def work() -> Any:
+        with psycopg.connect(url, autocommit=True) as conn:
+            cur = conn.execute(statement, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else None
+
+    return await trio.to_thread.run_sync(work)
+
+
+def _lock_key(prefix: str, schema: str) -> int:
+    """The key the issue found a tenant could compute (sha256 of a public name)."""
+    digest = hashlib.sha256(f"{prefix}:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+# --- finding 1: no lock, sleep or storage function outside the grants -------------------
+
+
+async def test_scoped_role_cannot_call_advisory_lock_sleep_signal_or_storage_functions(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    _, url = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
+    for statement in (
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_advisory_xact_lock(1)",
+        "SELECT pg_try_advisory_lock(1, 2)",
+        "SELECT pg_advisory_lock_shared(1)",
+        "SELECT pg_sleep(0)",
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+        "SELECT lo_creat(-1)",
+        "SELECT lo_from_bytea(0, 'x')",
+        "SELECT pg_notify('c', 'x')",
+        "SELECT pg_logical_emit_message(false, 'p', 'x')",
+        "CREATE TEMPORARY TABLE t (x int)",
+    ):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await run_sql(url, statement)
+    # What is left to the role of the revoked family: nothing.
+    left = await run_sql(
+        url,
+        "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n"
+        " ON n.oid = p.pronamespace WHERE n.nspname = 'pg_catalog' AND p.proname ~ %s"
+        " AND has_function_privilege(p.oid, 'EXECUTE')",
+        (REVOKED_FUNCTION_PATTERN,),
+    )
+    assert left == []
+    # Already superuser-only by ACL (checked, left as Postgres ships them).
+    for signature in (
+        "pg_read_file(text)",
+        "pg_ls_dir(text)",
+        "lo_import(text)",
+        "lo_export(oid,text)",
+        "pg_reload_conf()",
+        "pg_switch_wal()",
+        "pg_create_restore_point(text)",
+    ):
+        granted = await run_sql(
+            url, "SELECT has_function_privilege(%s::regprocedure, 'EXECUTE')", (signature,)
+        )
+        assert granted == [(False,)], signature
+
+
+async def test_a_tenant_cannot_hold_another_orgs_ddl_or_grant_lock(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    answer_b, _ = await mint(gateway, TOKEN_B, namespace, ["rows.read"])
+    schema_b = answer_b["postgres"]["schema"]
+    _, url_a = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
+
+    def hold(conn: psycopg.Connection[Any]) -> None:
+        for prefix in ("sheetplane-grants", "sheetplane-ddl"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(prefix, schema_b),))
+
+    held = await trio.to_thread.run_sync(psycopg.connect, url_a)
+    try:
+        held.autocommit = True
+        await trio.to_thread.run_sync(hold, held)
+        # org-b's DDL (a new sheet) and grants (a new session) go through at once.
+        with trio.fail_after(10):
+            await admit(gateway, TOKEN_B, f"{namespace}_new")
+            await mint(gateway, TOKEN_B, f"{namespace}_new", ["rows.read", "rows.upsert"])
+    finally:
+        await trio.to_thread.run_sync(held.close)
+
+
+async def test_a_gateway_that_is_not_superuser_refuses_an_unhardened_database(
+    database_url: str,
+) -> None:
+    """It cannot revoke; it starts only once an operator ran the hardening statements."""
+    role = f"sp_test_gw_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    params = psycopg.conninfo.conninfo_to_dict(database_url)
+    url = psycopg.conninfo.make_conninfo(database_url, user=role, password=password)
+    await run_sql(
+        database_url,
+        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(role), sql.Literal(password)
+        ),
+    )
+    assert params["user"] != role
+    async with open_store(url, max_connections=1) as store:
+        with pytest.raises(DatabaseNotHardenedError) as caught:
+            await harden_database(store)
+        assert password not in str(caught.value)
+
+        def grants(conn: psycopg.Connection[Any]) -> list[str]:
+            return [s.as_string(conn) for s in hardening_statements(conn, role)]
+
+        async with open_store(database_url, max_connections=1) as admin:
+            statements = await admin.pool.run(grants)
+            for statement in statements:
+                await run_sql(database_url, statement)
+        await harden_database(store)  # hardened and granted: no error
