@@ -492,7 +492,8 @@ def _database(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    with EmbeddedPostgres() as server:
+    # Not durable: the campaign throws its data away; its faults never crash the server.
+    with EmbeddedPostgres(durable=False) as server:
         yield server.url
 
 

@@ -112,7 +112,8 @@ def portal() -> Iterator[Portal]:
     url = database_url_from_env()
     server = None
     if url is None:
-        server = EmbeddedPostgres()
+        # Not durable: the machine throws its data away and never crashes the server.
+        server = EmbeddedPostgres(durable=False)
         server.start()
         url = server.url
     opened = Portal(url)

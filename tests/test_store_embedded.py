@@ -28,7 +28,7 @@ def test_server_starts_requires_its_password_and_is_removed_on_stop() -> None:
                 "SELECT current_setting('max_connections')::int, current_setting('fsync'),"
                 " current_setting('unix_socket_directories'), current_user"
             ).fetchone()
-        assert row == (200, "off", "", "postgres")
+        assert row == (200, "on", "", "postgres")
         wrong = make_conninfo(url, password="not-the-password")
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(wrong, connect_timeout=5)

@@ -8,8 +8,12 @@ binaries itself instead:
 * ``initdb`` with a random superuser password (``--pwfile``),
   ``--auth-host=scram-sha-256`` and no unix socket at all, so every connection
   is a TCP connection to 127.0.0.1 that must present a password;
-* ``fsync``, ``synchronous_commit`` and ``full_page_writes`` off: the data is
-  thrown away on stop, so durability buys nothing here;
+* durable by default: ``fsync``, ``synchronous_commit`` and
+  ``full_page_writes`` stay on, so a write the store acknowledged survives a
+  crash of the server (``pg_ctl -m immediate``, a killed postmaster) on this
+  server as on any other. ``durable=False`` turns the three off, for a test
+  suite that throws its data away and says so (``tests/conftest.py``); with
+  them off a crash loses acknowledged commits and may corrupt the cluster;
 * as root (CI), the server runs as the ``embedded_postgres`` system user, the
   way the package does it, because PostgreSQL refuses to run as root.
 
@@ -31,6 +35,7 @@ import threading
 import warnings
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 from urllib.parse import quote
 
 from ..budgets import EMBEDDED_POSTGRES_MAX_CONNECTIONS, EMBEDDED_POSTGRES_START_TIMEOUT_MS
@@ -100,11 +105,22 @@ class EmbeddedPostgres:
 
     Use as a (sync) context manager, or call ``start()`` and ``stop()``. ``stop``
     stops the server and removes its data directory; it also runs at interpreter
-    exit if the caller never called it.
+    exit if the caller never called it. ``restart()`` stops the server (a crash
+    with ``mode="immediate"``) and starts it again on the same data directory
+    and port.
+
+    ``durable`` (default True) keeps ``fsync``, ``synchronous_commit`` and
+    ``full_page_writes`` on; False turns them off for a throwaway test server.
     """
 
-    def __init__(self, *, max_connections: int = EMBEDDED_POSTGRES_MAX_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = EMBEDDED_POSTGRES_MAX_CONNECTIONS,
+        durable: bool = True,
+    ) -> None:
         self._max_connections = max_connections
+        self.durable = durable
         self._data_root: Path | None = None
         self._password = ""
         self._port = 0
@@ -119,6 +135,12 @@ class EmbeddedPostgres:
     def running(self) -> bool:
         """Whether ``start`` succeeded and ``stop`` has not run yet."""
         return self._data_root is not None and self._port != 0
+
+    @property
+    def data_directory(self) -> Path:
+        """The cluster's data directory (its ``server.log`` is there)."""
+        self._require_running()
+        return self._data
 
     @property
     def host(self) -> str:
@@ -170,6 +192,22 @@ class EmbeddedPostgres:
                 atexit.unregister(self.stop)
                 self._cleanup(root)
                 raise
+
+    def restart(self, *, mode: Literal["fast", "immediate"] = "fast") -> None:
+        """Stop the server and start it again on the same data directory and port.
+
+        ``mode="immediate"`` is a crash: every server process quits at once
+        without a checkpoint (``pg_ctl -m immediate``), and the start replays
+        the write-ahead log, as after a power cut. Connections open before the
+        restart are lost. Blocks until the server accepts connections again.
+        """
+        with self._lock:
+            self._require_running()
+            self._run(
+                ["pg_ctl", "-D", str(self._data), "-m", mode, "-w", "stop"],
+                timeout_ms=EMBEDDED_POSTGRES_START_TIMEOUT_MS,
+            )
+            self._pg_ctl_start()
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and remove its data. Safe to call twice."""
@@ -260,13 +298,14 @@ class EmbeddedPostgres:
             pwfile.unlink(missing_ok=True)
 
     def _start_server(self, root: Path) -> None:
+        durability = "on" if self.durable else "off"
         settings = {
             "listen_addresses": f"'{_HOST}'",
             "unix_socket_directories": "''",
             "max_connections": str(self._max_connections),
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
+            "fsync": durability,
+            "synchronous_commit": durability,
+            "full_page_writes": durability,
             "password_encryption": "'scram-sha-256'",
         }
         last_error: RuntimeError | None = None
@@ -277,20 +316,7 @@ class EmbeddedPostgres:
                 "".join(f"{name} = {value}\n" for name, value in conf.items())
             )
             try:
-                self._run(
-                    [
-                        "pg_ctl",
-                        "-D",
-                        str(self._data),
-                        "-l",
-                        str(self._data / "server.log"),
-                        "-t",
-                        str(EMBEDDED_POSTGRES_START_TIMEOUT_MS // 1000),
-                        "-w",
-                        "start",
-                    ],
-                    timeout_ms=EMBEDDED_POSTGRES_START_TIMEOUT_MS * 2,
-                )
+                self._pg_ctl_start()
             except RuntimeError as exc:
                 log = self._data / "server.log"
                 text = log.read_text(errors="replace") if log.exists() else ""
@@ -301,6 +327,22 @@ class EmbeddedPostgres:
             self._port = port
             return
         raise RuntimeError("could not start PostgreSQL on a free port") from last_error
+
+    def _pg_ctl_start(self) -> None:
+        self._run(
+            [
+                "pg_ctl",
+                "-D",
+                str(self._data),
+                "-l",
+                str(self._data / "server.log"),
+                "-t",
+                str(EMBEDDED_POSTGRES_START_TIMEOUT_MS // 1000),
+                "-w",
+                "start",
+            ],
+            timeout_ms=EMBEDDED_POSTGRES_START_TIMEOUT_MS * 2,
+        )
 
     def _cleanup(self, root: Path) -> None:
         data = root / "data"
