@@ -31,9 +31,9 @@ from typing import Any, TextIO
 
 import trio
 
+from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 from sheetplane.errors import SheetplaneError
 from sheetplane.store import open_store
-from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 
 CONTRACT = SheetContract(
     (

@@ -23,8 +23,8 @@ import pytest
 import trio
 from psycopg import sql
 
-from sheetplane.store import open_store, sheet_names
 from sheetplane._types import SheetRef
+from sheetplane.store import open_store, sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres
 
 RUNNER = Path(__file__).with_name("_writer_process.py")
