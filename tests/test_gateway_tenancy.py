@@ -211,3 +211,166 @@ async def test_a_gateway_that_is_not_superuser_refuses_an_unhardened_database(
             for statement in statements:
                 await run_sql(database_url, statement)
         await harden_database(store)  # hardened and granted: no error
+
+
+# --- finding 2: the privilege matrix, asserted by Postgres ------------------------------
+
+SHEET_COLUMNS = (
+    "_key",
+    "_status",
+    "_run_id",
+    "_error",
+    "_stage",
+    "_provider",
+    "_input_index",
+    "_created_at",
+    "_updated_at",
+    "_cell_meta",
+    "_write_version",
+    "email",
+    "score",
+)
+EVENT_COLUMNS = (
+    "id",
+    "kind",
+    "run_id",
+    "write_version",
+    "idempotency_key",
+    "row_count",
+    "created_at",
+)
+SUMMARY_COLUMNS = (
+    "id",
+    "total",
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "write_version",
+    "updated_at",
+)
+COLSUM_COLUMNS = ("column_name", "non_null", "updated_at")
+RECEIPT_COLUMNS = ("key", "result", "run_id", "run_attempt", "completed_at")
+TABLE_COLUMNS = {
+    "sheetTable": SHEET_COLUMNS,
+    "eventTable": EVENT_COLUMNS,
+    "summaryTable": SUMMARY_COLUMNS,
+    "columnSummaryTable": COLSUM_COLUMNS,
+    "otherSheetTable": SHEET_COLUMNS,
+    "otherSummaryTable": SUMMARY_COLUMNS,
+    "receiptsTable": RECEIPT_COLUMNS,
+}
+WRITE_EVENT = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
+COUNTERS = ("total", "queued", "running", "completed", "failed", "updated_at")
+
+
+def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
+    """What ``operation`` may do: ``{(table, statement, column or "")}``, written out."""
+    allowed: set[tuple[str, str, str]] = {
+        ("sheetTable", "SELECT", ""),
+        ("summaryTable", "SELECT", ""),
+        ("columnSummaryTable", "SELECT", ""),
+    }
+    if operation == "rows.read":
+        return allowed
+    allowed |= {("eventTable", "SELECT", "")}
+    allowed |= {("eventTable", "INSERT", c) for c in WRITE_EVENT}
+    allowed |= {("summaryTable", "INSERT", "id")}
+    allowed |= {("summaryTable", "UPDATE", c) for c in COUNTERS}
+    allowed |= {("columnSummaryTable", "INSERT", c) for c in COLSUM_COLUMNS}
+    allowed |= {("columnSummaryTable", "UPDATE", c) for c in ("non_null", "updated_at")}
+    allowed |= {("sheetTable", "INSERT", c) for c in SHEET_COLUMNS}
+    if operation in ("rows.upsert", "rows.replace"):
+        allowed |= {("sheetTable", "UPDATE", c) for c in SHEET_COLUMNS}
+    if operation == "rows.replace":
+        allowed |= {("sheetTable", "DELETE", ""), ("columnSummaryTable", "DELETE", "")}
+    return allowed
+
+
+def probe_matrix(url: str, tables: dict[str, sql.Identifier]) -> set[tuple[str, str, str]]:
+    """Try every statement kind on every table (and column) as the role; what Postgres allowed.
+
+    Each statement touches no row (``WHERE false``) but Postgres checks its
+    privileges all the same; all of it is rolled back.
+    """
+    allowed: set[tuple[str, str, str]] = set()
+    with psycopg.connect(url) as conn:
+        for name, table in tables.items():
+            attempts: list[tuple[str, str, sql.Composable]] = [
+                ("SELECT", "", sql.SQL("SELECT * FROM {} LIMIT 0").format(table)),
+                ("DELETE", "", sql.SQL("DELETE FROM {} WHERE false").format(table)),
+                ("TRUNCATE", "", sql.SQL("TRUNCATE {}").format(table)),
+            ]
+            for column in TABLE_COLUMNS[name]:
+                col = sql.Identifier(column)
+                attempts += [
+                    (
+                        "INSERT",
+                        column,
+                        sql.SQL("INSERT INTO {t} ({c}) SELECT {c} FROM {t} WHERE false").format(
+                            t=table, c=col
+                        ),
+                    ),
+                    (
+                        "UPDATE",
+                        column,
+                        sql.SQL("UPDATE {t} SET {c} = {c} WHERE false").format(t=table, c=col),
+                    ),
+                ]
+            for kind, column, statement in attempts:
+                try:
+                    with conn.transaction():
+                        conn.execute(statement)
+                        raise _Rollback
+                except _Rollback:
+                    allowed.add((name, kind, column))
+                except psycopg.errors.InsufficientPrivilege:
+                    pass
+    return allowed
+
+
+class _Rollback(Exception):
+    """Leaves a probe's savepoint without keeping anything."""
+
+
+@pytest.mark.parametrize("operation", ["rows.read", "rows.append", "rows.upsert", "rows.replace"])
+async def test_privilege_matrix_of_every_operation_on_every_table_is_what_postgres_enforces(
+    gateway: RunningGateway, namespace: str, operation: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    await admit(gateway, TOKEN_A, f"{namespace}_other")
+    other, _ = await mint(gateway, TOKEN_A, f"{namespace}_other", ["rows.read"])
+    await act(gateway, TOKEN_A, "complete_work_receipt", key="r", result=1, runId="run-1")
+    answer, url = await mint(gateway, TOKEN_A, namespace, [operation])
+    pg = answer["postgres"]
+    schema = pg["schema"]
+    receipts = await run_sql(
+        gateway.config.database_url,
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND relname LIKE %s",
+        (schema, "%\\_receipts"),
+    )
+    assert len(receipts) == 1
+    tables = {
+        attr: sql.Identifier(schema, pg[attr])
+        for attr in ("sheetTable", "eventTable", "summaryTable", "columnSummaryTable")
+    }
+    tables["otherSheetTable"] = sql.Identifier(schema, other["postgres"]["sheetTable"])
+    tables["otherSummaryTable"] = sql.Identifier(schema, other["postgres"]["summaryTable"])
+    tables["receiptsTable"] = sql.Identifier(schema, receipts[0][0])
+    allowed = await trio.to_thread.run_sync(probe_matrix, url, tables)
+    assert allowed == expected_matrix(operation)
+
+
+async def test_a_write_role_cannot_forge_the_admission_counter(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    answer, url = await mint(gateway, TOKEN_A, namespace, ["rows.append"])
+    summary = sql.Identifier(answer["postgres"]["schema"], answer["postgres"]["summaryTable"])
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        await run_sql(
+            url, sql.SQL("UPDATE {} SET write_version = 9223372036854775807").format(summary)
+        )
+    # The next admission still takes the next version.
+    assert (await admit(gateway, TOKEN_A, namespace))["writeVersion"] == 2

@@ -15,12 +15,17 @@ operation           privileges
 ==================  ==========================================================
 
 Every write operation also gets what the store's write path touches besides
-the sheet table: INSERT and SELECT on the event table (its idempotency keys)
-with USAGE on the event id sequence, SELECT, INSERT and UPDATE on the summary
-table (its row is the sheet's writer lock, taken with ``SELECT ... FOR UPDATE``),
-SELECT, INSERT and UPDATE on the column summary table (and DELETE for
-``rows.replace``, which empties it with the sheet). Nothing else: no other
-sheet, no receipts, no DDL. Postgres itself enforces the boundary.
+the sheet table, column by column: SELECT and INSERT (kind, run_id,
+write_version, idempotency_key, row_count) on the event table (its idempotency
+keys) with USAGE on the event id sequence; SELECT, INSERT (id) and UPDATE of
+the five counters and ``updated_at`` on the summary table (its row is the
+sheet's writer lock, taken with ``SELECT ... FOR UPDATE``), never its
+``write_version``, which only the gateway's admissions move; SELECT, INSERT
+(column_name, non_null, updated_at) and UPDATE (non_null, updated_at) on the
+column summary table (and DELETE for ``rows.replace``, which empties it with
+the sheet). Nothing else: no other sheet, no receipts, no TRUNCATE, no DDL.
+Postgres itself enforces the boundary (``tests/test_gateway_tenancy.py``'s
+privilege matrix).
 
 The password never reaches the server in the clear: the role is created with
 a SCRAM-SHA-256 verifier computed here, so neither a statement log nor
@@ -163,30 +168,56 @@ def _scram_verifier(password: str) -> str:
     return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, list[Privilege]]]:
-    """``[(table attribute, privileges)]`` for ``operations``, in a stable order."""
+#: What the store's write path writes outside the sheet table, by column, so no
+#: scoped role can forge what it does not write: the summary's ``write_version``
+#: (the admission counter only the gateway's admissions move) and the events'
+#: ``id`` and ``created_at``.
+_SUMMARY_COUNTER_COLUMNS: Final = ("total", "queued", "running", "completed", "failed")
+_EVENT_INSERT_COLUMNS: Final = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
+_COLSUM_INSERT_COLUMNS: Final = ("column_name", "non_null", "updated_at")
+_COLSUM_UPDATE_COLUMNS: Final = ("non_null", "updated_at")
+
+#: A privilege on a whole table (``()``) or on the named columns only.
+Grant = tuple[Privilege, tuple[str, ...]]
+
+
+def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, list[Grant]]]:
+    """``[(table attribute, grants)]`` for ``operations``, in a stable order."""
     sheet: set[Privilege] = set()
     for op in operations:
         sheet |= _SHEET_PRIVILEGES[op]
-    writes = any(op != "rows.read" for op in operations)
-    tables: dict[str, set[Privilege]] = {
-        "sheet_table": sheet,
-        "summary_table": {"SELECT"},
-        "column_summary_table": {"SELECT"},
+    tables: dict[str, list[Grant]] = {
+        "sheet_table": [(p, ()) for p in _PRIVILEGE_ORDER if p in sheet],
+        "summary_table": [("SELECT", ())],
+        "column_summary_table": [("SELECT", ())],
     }
-    if writes:
-        tables["event_table"] = {"SELECT", "INSERT"}
-        # The writer lock is the summary row: INSERT ... ON CONFLICT DO NOTHING,
-        # then SELECT ... FOR UPDATE (which needs UPDATE), then counter updates.
-        tables["summary_table"] |= {"INSERT", "UPDATE"}
-        tables["column_summary_table"] |= {"INSERT", "UPDATE"}
+    if any(op != "rows.read" for op in operations):
+        # Idempotency keys: the write path reads them and records its own event.
+        tables["event_table"] = [("SELECT", ()), ("INSERT", _EVENT_INSERT_COLUMNS)]
+        # The writer lock is the summary row: INSERT (id) ... ON CONFLICT DO NOTHING,
+        # then SELECT ... FOR UPDATE (which needs UPDATE on some column), then the
+        # counter updates. Never write_version.
+        tables["summary_table"] += [
+            ("INSERT", ("id",)),
+            ("UPDATE", (*_SUMMARY_COUNTER_COLUMNS, "updated_at")),
+        ]
+        tables["column_summary_table"] += [
+            ("INSERT", _COLSUM_INSERT_COLUMNS),
+            ("UPDATE", _COLSUM_UPDATE_COLUMNS),
+        ]
     if "rows.replace" in operations:
         # A replace empties the column summary along with the sheet.
-        tables["column_summary_table"].add("DELETE")
-    return [
-        (attr, [p for p in _PRIVILEGE_ORDER if p in privileges])
-        for attr, privileges in tables.items()
-    ]
+        tables["column_summary_table"].append(("DELETE", ()))
+    return list(tables.items())
+
+
+def _grant_sql(grant: Grant) -> sql.Composable:
+    privilege, columns = grant
+    if not columns:
+        return sql.SQL(privilege)
+    return sql.SQL("{} ({})").format(
+        sql.SQL(privilege), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    )
 
 
 def create_role_statements(
@@ -207,10 +238,10 @@ def create_role_statements(
             schema=sql.Identifier(names.schema), role=ident
         ),
     ]
-    for attr, privileges in _grants(names, operations):
+    for attr, grants in _grants(names, operations):
         statements.append(
             sql.SQL("GRANT {privileges} ON TABLE {table} TO {role}").format(
-                privileges=sql.SQL(", ").join(sql.SQL(p) for p in privileges),
+                privileges=sql.SQL(", ").join(_grant_sql(g) for g in grants),
                 table=names.ident(attr),
                 role=ident,
             )
