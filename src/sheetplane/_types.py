@@ -10,11 +10,12 @@ HTTP client can use them without importing the store (or psycopg).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal, get_args
 
 import attrs
 
+from .budgets import READ_PAGE_MAX_ROWS
 from .errors import InvalidInputError
 
 RowStatus = Literal["pending", "running", "enriched", "failed", "stale"]
@@ -23,10 +24,35 @@ StaleReason = Literal[
     "newer_write_version", "older_write_version", "already_terminal", "unreported"
 ]
 ColumnSource = Literal["input", "mapField", "output"]
-Operation = Literal["rows.read", "rows.upsert", "rows.append", "rows.replace"]
+#: In the one canonical order: from the least privilege to the most.
+Operation = Literal["rows.read", "rows.append", "rows.upsert", "rows.replace"]
+LogicalTable = Literal["sheet_rows", "dataset_rows", "play_output"]
 
+#: Every operation a session may be granted, in the one canonical order.
+OPERATIONS: Final[tuple[Operation, ...]] = get_args(Operation)
+#: The logical tables of a sheet namespace a session may target.
+LOGICAL_TABLES: Final[tuple[LogicalTable, ...]] = get_args(LogicalTable)
+#: Why a terminal write left a row alone.
+STALE_REASONS: Final[frozenset[StaleReason]] = frozenset(get_args(StaleReason))
+#: How a read shapes its rows.
+ROW_MODES: Final[tuple[RowMode, ...]] = get_args(RowMode)
 #: The benign stale reason: the row was already terminal at this very version.
-BENIGN_STALE_REASONS: frozenset[str] = frozenset({"already_terminal"})
+BENIGN_STALE_REASONS: Final[frozenset[StaleReason]] = frozenset({"already_terminal"})
+
+#: The range of a Postgres ``bigint``: write versions, offsets, input indexes and
+#: session limits are stored as one.
+BIGINT_MIN: Final = -(2**63)
+BIGINT_MAX: Final = 2**63 - 1
+
+
+def canonical_operations(operations: Iterable[object]) -> tuple[Operation, ...] | None:
+    """``operations`` as a set in the canonical order, or None when one is not an operation."""
+    wanted = set()
+    for op in operations:
+        if not isinstance(op, str) or op not in OPERATIONS:
+            return None
+        wanted.add(op)
+    return tuple(op for op in OPERATIONS if op in wanted)
 
 
 @attrs.frozen
@@ -216,14 +242,23 @@ class ReceiptCompletion:
     completion_disposition: Literal["persisted", "existing"]
 
 
+def check_int(what: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` when it is an ``int`` (not a bool) within bounds, else ``InvalidInputError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(f"{what} must be a finite integer, got {value!r}")
+        raise InvalidInputError(f"{what} must be an integer, got {value!r}")
+    if maximum is None:
+        if value < minimum:
+            raise InvalidInputError(f"{what} must be >= {minimum}, got {value!r}")
+    elif not minimum <= value <= maximum:
+        raise InvalidInputError(f"{what} must be between {minimum} and {maximum}, got {value!r}")
+    return value
+
+
 def _non_negative_int(name: str, minimum: int) -> Any:
     def check(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and not math.isfinite(value):
-                raise InvalidInputError(f"{name} must be a finite integer, got {value!r}")
-            raise InvalidInputError(f"{name} must be an integer, got {value!r}")
-        if value < minimum:
-            raise InvalidInputError(f"{name} must be >= {minimum}, got {value!r}")
+        check_int(name, value, minimum)
 
     return check
 
@@ -248,3 +283,18 @@ class Page:
     """The requested limit."""
     offset: int
     """The requested offset."""
+
+
+def check_page_limit(limit: object) -> int:
+    """A page's row limit: an integer from 1 to ``READ_PAGE_MAX_ROWS``."""
+    return check_int("limit", limit, 1, READ_PAGE_MAX_ROWS)
+
+
+def check_page_request(request: object) -> PageRequest:
+    """A ``PageRequest`` every road can serve: ``limit`` at most ``READ_PAGE_MAX_ROWS``
+    and ``offset`` within a Postgres ``bigint``; else ``InvalidInputError``."""
+    if not isinstance(request, PageRequest):
+        raise InvalidInputError(f"page request must be a PageRequest, got {request!r}")
+    check_page_limit(request.limit)
+    check_int("offset", request.offset, 0, BIGINT_MAX)
+    return request

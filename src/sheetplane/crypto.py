@@ -50,12 +50,15 @@ from .errors import EnvelopeDecryptionError, InvalidInputError
 __all__ = [
     "ENVELOPE_REQUEST_ALG",
     "RSA_KEY_BITS",
+    "UNWRAP_KEY_BYTES",
     "DecryptionKey",
+    "check_unwrap_key",
     "decrypt_postgres_url",
     "decrypt_with_unwrap_key",
     "encrypt_postgres_url",
     "encrypt_with_unwrap_key",
     "generate_decryption_key",
+    "optional_unwrap_key",
     "session_aad",
 ]
 
@@ -71,8 +74,9 @@ _ENC: Final = "A256GCM"
 _CEK_BYTES: Final = 32
 _IV_BYTES: Final = 12
 _TAG_BYTES: Final = 16
-_UNWRAP_KEY_BYTES: Final = 32
 _PUBLIC_EXPONENT: Final = 65537
+#: The size of a harness unwrap key (an AES-256 key-wrapping key).
+UNWRAP_KEY_BYTES: Final = 32
 _OAEP: Final = padding.OAEP(
     mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None
 )
@@ -357,15 +361,24 @@ def decrypt_postgres_url(envelope: Mapping[str, Any], key: DecryptionKey, aad: b
     return _open(parsed, cek, aad)
 
 
-def _check_unwrap_key(unwrap_key: bytes) -> bytes:
-    if not isinstance(unwrap_key, bytes | bytearray) or len(unwrap_key) != _UNWRAP_KEY_BYTES:
-        raise InvalidInputError(f"the unwrap key must be {_UNWRAP_KEY_BYTES} bytes")
+def check_unwrap_key(unwrap_key: object, what: str = "the unwrap key") -> bytes:
+    """``unwrap_key`` as bytes; ``InvalidInputError`` unless it is ``UNWRAP_KEY_BYTES`` long."""
+    if not isinstance(unwrap_key, bytes | bytearray) or len(unwrap_key) != UNWRAP_KEY_BYTES:
+        raise InvalidInputError(f"{what} must be {UNWRAP_KEY_BYTES} bytes")
     return bytes(unwrap_key)
+
+
+def optional_unwrap_key(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An attrs validator: ``value`` is None or a ``UNWRAP_KEY_BYTES``-byte ``bytes`` key."""
+    if value is not None:
+        if not isinstance(value, bytes):
+            raise InvalidInputError(f"{attribute.name} must be {UNWRAP_KEY_BYTES} bytes or None")
+        check_unwrap_key(value, attribute.name)
 
 
 def encrypt_with_unwrap_key(url: str, unwrap_key: bytes, aad: bytes) -> dict[str, str]:
     """Encrypt ``url`` under a 32-byte harness unwrap key (JWE ``A256KW`` + ``A256GCM``)."""
-    kek = _check_unwrap_key(unwrap_key)
+    kek = check_unwrap_key(unwrap_key)
     return _seal(url, _KW_ALG, lambda cek: aes_key_wrap(kek, cek), aad)
 
 
@@ -373,9 +386,9 @@ def decrypt_with_unwrap_key(envelope: Mapping[str, Any], unwrap_key: bytes, aad:
     """Open an envelope made by :func:`encrypt_with_unwrap_key`; failures raise
     ``EnvelopeDecryptionError``."""
     try:
-        kek = _check_unwrap_key(unwrap_key)
+        kek = check_unwrap_key(unwrap_key)
     except InvalidInputError:
-        raise _fail("the unwrap key must be 32 bytes") from None
+        raise _fail(f"the unwrap key must be {UNWRAP_KEY_BYTES} bytes") from None
     parsed = _parse(envelope, _KW_ALG, aad)
     try:
         cek = aes_key_unwrap(kek, parsed.encrypted_key)

@@ -49,7 +49,9 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
+from . import crypto
 from ._types import (
+    BIGINT_MAX,
     Admission,
     CompleteRow,
     ContractColumn,
@@ -90,8 +92,6 @@ __all__ = [
 
 Strategy = Literal["direct", "gateway_only"]
 STRATEGIES: Final = ("direct", "gateway_only")
-#: Write versions are Postgres ``bigint``s.
-_MAX_WRITE_VERSION: Final = 2**63 - 1
 
 _Row = TypeVar("_Row", CompleteRow, FailRow)
 _Row_contra = TypeVar("_Row_contra", contravariant=True)
@@ -223,11 +223,6 @@ def _preloaded(value: object) -> tuple[PreloadedSession, ...]:
     return tuple(value)
 
 
-def _unwrap_key(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and (not isinstance(value, bytes) or len(value) != 32):
-        raise InvalidInputError("unwrap_key must be 32 bytes or None")
-
-
 def _optional_email(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     _optional_text(attribute.name, value)
 
@@ -252,7 +247,9 @@ class RuntimeContext:
         default=(), converter=_preloaded, repr=False
     )
     """Sessions a harness minted ahead of the run (used before minting new ones)."""
-    unwrap_key: bytes | None = attrs.field(default=None, repr=False, validator=_unwrap_key)
+    unwrap_key: bytes | None = attrs.field(
+        default=None, repr=False, validator=crypto.optional_unwrap_key
+    )
     """The harness key that opens preloaded sessions' URLs (a secret)."""
     user_email: str | None = attrs.field(default=None, validator=_optional_email)
     """The user on whose behalf the run acts, if any."""
@@ -553,10 +550,10 @@ class Runtime:
         if write_version is not None and (
             isinstance(write_version, bool)
             or not isinstance(write_version, int)
-            or not 0 <= write_version <= _MAX_WRITE_VERSION
+            or not 0 <= write_version <= BIGINT_MAX
         ):
             raise InvalidInputError(
-                f"write_version must be an integer from 0 to {_MAX_WRITE_VERSION} or None, "
+                f"write_version must be an integer from 0 to {BIGINT_MAX} or None, "
                 f"got {write_version!r}"
             )
         return RowWriter(self, table_namespace, contract, write_version)

@@ -38,13 +38,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
 
 from . import crypto
-from ._types import PageRequest, SheetContract
+from ._types import LOGICAL_TABLES, OPERATIONS, PageRequest, SheetContract, canonical_operations
 from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
 from .errors import GatewayProtocolError, InvalidInputError, SessionError
 
@@ -63,9 +63,6 @@ __all__ = [
     "session_cache_key",
 ]
 
-LogicalTable = Literal["sheet_rows", "dataset_rows", "play_output"]
-LOGICAL_TABLES: Final = ("sheet_rows", "dataset_rows", "play_output")
-OPERATIONS: Final = ("rows.read", "rows.upsert", "rows.append", "rows.replace")
 
 #: Opens a pool (a ``SheetStore``) on a scoped URL; replaceable for tests.
 PoolOpener = Callable[[str], AbstractAsyncContextManager["SheetStore"]]
@@ -124,10 +121,12 @@ class SessionLimits:
 
 
 def _operations(value: Iterable[str]) -> tuple[str, ...]:
-    ops = tuple(sorted(set(value)))
-    unknown = [op for op in ops if op not in OPERATIONS]
-    if not ops or unknown:
-        raise InvalidInputError(f"operations must be a non-empty subset of {OPERATIONS}, got {ops}")
+    given = tuple(value)
+    ops = canonical_operations(given)
+    if not ops:
+        raise InvalidInputError(
+            f"operations must be a non-empty subset of {OPERATIONS}, got {given}"
+        )
     return ops
 
 
@@ -157,7 +156,7 @@ class AccessShape:
     table_namespace: str = attrs.field(validator=_namespace)
     """The sheet's namespace within the play."""
     operations: tuple[str, ...] = attrs.field(converter=_operations)
-    """Granted operations, sorted (order does not matter)."""
+    """Granted operations, in the canonical order (``OPERATIONS``; any order may be given)."""
     logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
     """Which table of the namespace."""
     limits: SessionLimits = SessionLimits()
@@ -394,8 +393,8 @@ class SessionManager:
         open_pool: PoolOpener = _default_pool_opener,
         decryption_key: crypto.DecryptionKey | None = None,
     ) -> None:
-        if unwrap_key is not None and len(unwrap_key) != 32:
-            raise InvalidInputError("the unwrap key must be 32 bytes")
+        if unwrap_key is not None:
+            crypto.check_unwrap_key(unwrap_key)
         self._client = client
         self._preloaded = tuple(preloaded)
         self._unwrap_key = unwrap_key

@@ -9,9 +9,10 @@ accepted request is a gateway bug, and reading again could hide it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeGuard
+from typing import Any, TypeGuard
 
 from .._types import (
+    STALE_REASONS,
     Admission,
     Page,
     PageRequest,
@@ -23,10 +24,6 @@ from .._types import (
     TerminalWriteResult,
 )
 from ..errors import GatewayProtocolError
-
-STALE_REASONS: Final[frozenset[str]] = frozenset(
-    {"newer_write_version", "older_write_version", "already_terminal", "unreported"}
-)
 
 
 def protocol_error(action: str, what: str, status: int = 200) -> GatewayProtocolError:

@@ -33,7 +33,6 @@ back-pressure, ``GatewayProtocolError`` for a body that was not JSON, and
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -54,12 +53,12 @@ from .._types import (
     SheetContract,
     Summary,
     TerminalWriteResult,
+    check_page_request,
 )
 from ..budgets import (
     DEFAULT_RETRY_AFTER_MS,
     READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
-    READ_PAGE_MAX_ROWS,
     REQUEST_TIMEOUT_MS,
     TRANSPORT_CEILING_BYTES,
 )
@@ -75,10 +74,9 @@ from ..errors import (
     UnsupportedActionError,
 )
 from ..sizes import json_byte_length_up_to
-from . import _answers
+from . import _answers, _wire
 from ._body import (
     ACCEPT_ENCODING,
-    READ_ROWS_BATCH,
     CorruptBodyError,
     TruncatedBodyError,
     UnsupportedEncodingError,
@@ -93,18 +91,10 @@ from ._retry import (
     retry_after_from_body,
     retry_after_from_header,
 )
+from ._wire import PAGE_READS, READ_ROWS, READ_ROWS_BATCH, RUNTIME_PATH, Code, token_digest
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
-#: Where the gateway listens, under its base URL.
-RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
-
-BACKPRESSURE_CODE: Final = "runtime_postgres_admission_backpressure"
-READ_BATCH_TOO_LARGE_CODE: Final = "runtime_sheet_read_batch_too_large"
-ADMISSION_TOO_LARGE_CODE: Final = "runtime_sheet_admission_too_large"
-READ_ROWS: Final = "runtime_sheet_read_rows"
-#: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
-_PAGE_READS: Final = frozenset({READ_ROWS_BATCH, READ_ROWS})
 _REDACTED: Final = "[redacted]"
 
 
@@ -192,7 +182,7 @@ class GatewayClient:
         self.org_id: Final = org_id
         self.user_email: Final = (user_email or "").strip() or None
         #: SHA-256 hex digest of the token: for cache keys and authority scopes.
-        self.token_digest: Final = hashlib.sha256(self._token.encode("utf-8")).hexdigest()
+        self.token_digest: Final = token_digest(self._token)
         self._transport = transport
         if headers is not None and not (
             isinstance(headers, Mapping)
@@ -332,12 +322,12 @@ class GatewayClient:
         details = self._redact_details(raw_details)
         searchable = f"{error_text if isinstance(error_text, str) else ''} {details or ''}"
 
-        if status == 413 and action in _PAGE_READS and code == READ_BATCH_TOO_LARGE_CODE:
+        if status == 413 and action in PAGE_READS and code == Code.READ_BATCH_TOO_LARGE:
             observed = body.get("observed_bytes")
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
                 observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
             raise ReadBatchTooLargeError(observed)
-        if status == 413 and code == ADMISSION_TOO_LARGE_CODE:
+        if status == 413 and code == Code.ADMISSION_TOO_LARGE:
             observed = body.get("observed_bytes")
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
                 observed = TRANSPORT_CEILING_BYTES + 1
@@ -349,7 +339,7 @@ class GatewayClient:
         retry_after = retry_after_from_body(body.get("retry_after_ms"))
         if retry_after is None:
             retry_after = retry_after_from_header(headers.get("retry-after"))
-        if status == 503 and code == BACKPRESSURE_CODE:
+        if status == 503 and code == Code.BACKPRESSURE:
             if retry_after is None:
                 retry_after = DEFAULT_RETRY_AFTER_MS
             return _Retryable(
@@ -402,7 +392,7 @@ class GatewayClient:
     async def ensure_sheet(self, table_namespace: str, contract: SheetContract) -> None:
         """Create the sheet's tables if missing (idempotent)."""
         self._check_sheet_args(table_namespace, contract)
-        action = "ensure_sheet"
+        action = _wire.ENSURE_SHEET
         payload = {"tableNamespace": table_namespace, "sheetContract": contract.to_json()}
         _answers.parse_ok(await self.post_action(action, self._with_user(payload)), action)
 
@@ -422,7 +412,7 @@ class GatewayClient:
         ``RowWriter.start`` stages inputs of any size instead.
         """
         self._check_sheet_args(table_namespace, contract)
-        action = "start_sheet_dataset"
+        action = _wire.START_SHEET_DATASET
         payload = {
             "tableNamespace": table_namespace,
             "sheetContract": contract.to_json(),
@@ -463,7 +453,7 @@ class GatewayClient:
             payload["ttlSeconds"] = ttl_seconds
         if encryption is not None:
             payload["postgresUrlEncryption"] = dict(encryption)
-        return await self.post_action("create_db_session", self._with_user(payload))
+        return await self.post_action(_wire.CREATE_DB_SESSION, self._with_user(payload))
 
     @staticmethod
     def _read_input(
@@ -476,15 +466,6 @@ class GatewayClient:
             read["rowMode"] = row_mode
         return read
 
-    @staticmethod
-    def _check_request(request: PageRequest) -> None:
-        if not isinstance(request, PageRequest):
-            raise InvalidInputError(f"expected a PageRequest, got {request!r}")
-        if request.limit > READ_PAGE_MAX_ROWS:
-            raise InvalidInputError(
-                f"page limit {request.limit} is over READ_PAGE_MAX_ROWS ({READ_PAGE_MAX_ROWS})"
-            )
-
     async def read_rows(
         self,
         table_namespace: str,
@@ -494,8 +475,8 @@ class GatewayClient:
         row_mode: RowMode | None = None,
     ) -> Page:
         """One page with ``runtime_sheet_read_rows``, checked against its request."""
-        self._check_request(request)
-        action = "runtime_sheet_read_rows"
+        check_page_request(request)
+        action = READ_ROWS
         read = self._read_input(table_namespace, run_id, row_mode)
         read.update(limit=request.limit, offset=request.offset)
         answer = await self.post_action(action, {"input": read})
@@ -525,7 +506,7 @@ class GatewayClient:
                 f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
             )
         for request in requests:
-            self._check_request(request)
+            check_page_request(request)
         read = self._read_input(table_namespace, run_id, row_mode)
         read["pages"] = [{"limit": r.limit, "offset": r.offset} for r in requests]
         try:
@@ -563,7 +544,7 @@ class GatewayClient:
         gateway's 413.
         """
         request = PageRequest(limit=limit, offset=offset)
-        self._check_request(request)
+        check_page_request(request)
         if after is not None and not isinstance(after, Mapping):
             raise InvalidInputError(f"after must be a cursor object or None, got {after!r}")
         read = self._read_input(table_namespace, run_id, row_mode)
@@ -581,8 +562,8 @@ class GatewayClient:
         self, table_namespace: str, request: PageRequest, *, run_id: str | None = None
     ) -> list[str]:
         """The keys of one page, in read order (``runtime_sheet_read_row_keys``)."""
-        self._check_request(request)
-        action = "runtime_sheet_read_row_keys"
+        check_page_request(request)
+        action = _wire.READ_ROW_KEYS
         read = self._read_input(table_namespace, run_id, None)
         read.update(limit=request.limit, offset=request.offset)
         answer = await self.post_action(action, {"input": read})
@@ -607,7 +588,7 @@ class GatewayClient:
                 item["cellMetaPatch"] = dict(row.cell_meta_patch)
             wire_rows.append(item)
         return await self._terminal_write(
-            "runtime_sheet_complete_map_rows",
+            _wire.COMPLETE_MAP_ROWS,
             table_namespace,
             contract,
             wire_rows,
@@ -634,7 +615,7 @@ class GatewayClient:
                 item["data"] = dict(row.data)
             wire_rows.append(item)
         return await self._terminal_write(
-            "runtime_sheet_fail_map_rows",
+            _wire.FAIL_MAP_ROWS,
             table_namespace,
             contract,
             wire_rows,
@@ -665,7 +646,7 @@ class GatewayClient:
         self, key: str, result: Any, run_id: str, *, run_attempt: int | None = None
     ) -> ReceiptCompletion:
         """Record a work receipt once; an earlier writer's receipt comes back as ``existing``."""
-        action = "complete_work_receipt"
+        action = _wire.COMPLETE_WORK_RECEIPT
         payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
         if run_attempt is not None:
             payload["runAttempt"] = run_attempt
@@ -674,6 +655,6 @@ class GatewayClient:
 
     async def summary(self, table_namespace: str) -> Summary:
         """The sheet's status counters."""
-        action = "runtime_sheet_summary"
+        action = _wire.SUMMARY
         answer = await self.post_action(action, {"tableNamespace": table_namespace})
         return _answers.parse_summary(answer, action)

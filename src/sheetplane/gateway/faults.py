@@ -58,6 +58,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
+from ._wire import Code
 
 __all__ = [
     "FAULT_HEADER",
@@ -225,7 +226,7 @@ class FaultResponse(Response):
         if kind in ("502", "503", "504"):
             status = int(kind)
             await _send_json(
-                send, status, {"error": f"test fault: HTTP {status}", "code": "test_fault"}
+                send, status, {"error": f"test fault: HTTP {status}", "code": Code.TEST_FAULT}
             )
         elif kind == "backpressure":
             await _send_json(
@@ -233,7 +234,7 @@ class FaultResponse(Response):
                 503,
                 {
                     "error": "test fault: Postgres admission is saturated",
-                    "code": "runtime_postgres_admission_backpressure",
+                    "code": Code.BACKPRESSURE,
                     "retry_after_ms": POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
                 },
             )
@@ -254,7 +255,7 @@ class FaultResponse(Response):
                 400,
                 {
                     "error": f"Unsupported runtime data-plane action: {self.action}",
-                    "code": "unsupported_action",
+                    "code": Code.UNSUPPORTED_ACTION,
                 },
             )
         elif kind == "malformed":

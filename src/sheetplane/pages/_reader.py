@@ -10,7 +10,6 @@ through ``read_pages_adaptive``, which splits a read the road finds too large.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 from collections.abc import Hashable, Sequence
@@ -32,15 +31,11 @@ from ..budgets import (
     READ_PAGE_MAX_ROWS,
 )
 from ..errors import InvalidInputError
+from ..gateway._wire import token_digest
 from ..sizes import json_byte_length_up_to
 from ._splitter import read_pages_adaptive
 
 __all__ = ["PageReader", "ReadScope", "SheetRoad", "normalize_page_request", "token_digest"]
-
-
-def token_digest(token: str) -> str:
-    """The hex SHA-256 digest of an executor token (stripped): how a scope names it."""
-    return hashlib.sha256(token.strip().encode("utf-8")).hexdigest()
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from .._types import Page, PageRequest, SheetRef
+from .._types import Page, PageRequest, SheetRef, check_page_limit
 from ..budgets import READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError, SessionError
 from ..gateway.client import GatewayClient
@@ -52,18 +52,6 @@ class RoadStats:
     """``count`` calls."""
     too_large: int = 0
     """Reads answered ``ReadBatchTooLargeError`` (each one makes the caller split)."""
-
-
-def _check_limit(limit: object) -> int:
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 1 <= limit <= READ_PAGE_MAX_ROWS
-    ):
-        raise InvalidInputError(
-            f"limit must be an integer in 1..{READ_PAGE_MAX_ROWS}, got {limit!r}"
-        )
-    return limit
 
 
 class _ScopedRoad:
@@ -153,7 +141,7 @@ class DirectRoad(_ScopedRoad):
         """
         if cursor is not None and not isinstance(cursor, RowCursor):
             raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
-        limit = _check_limit(limit)
+        limit = check_page_limit(limit)
         shape = self._shape(limit)
         self.stats.keyset_reads += 1
         await self._checked_session(shape)
@@ -228,7 +216,7 @@ class GatewayRoad(_ScopedRoad):
         """Up to ``limit`` rows after ``cursor`` (a ``GatewayCursor``; None: from the start)."""
         if cursor is not None and not isinstance(cursor, GatewayCursor):
             raise InvalidInputError(f"cursor must be a GatewayCursor or None, got {cursor!r}")
-        limit = _check_limit(limit)
+        limit = check_page_limit(limit)
         scope, client = self._scope, self._client
         try:
             if cursor is not None and cursor.after is None:

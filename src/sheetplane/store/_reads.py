@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,8 +30,8 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from .._types import Page, PageRequest, RowMode, Summary
-from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES, READ_PAGE_MAX_ROWS
+from .._types import Page, PageRequest, RowMode, Summary, check_page_limit, check_page_request
+from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..sizes import json_byte_length_up_to
 from ._pool import TrioPool
@@ -50,8 +49,6 @@ __all__ = [
 ]
 
 Conn = psycopg.Connection[Any]
-
-_MAX_BIGINT = 2**63 - 1
 
 #: Rows decoded (and measured) at a time.
 _FETCH_ROWS = 500
@@ -88,28 +85,6 @@ class RowCursor:
 
 
 # --- input checks ---------------------------------------------------------------------
-
-
-def _check_int(what: str, value: object, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInputError(f"{what} must be a finite integer, got {value!r}")
-        raise InvalidInputError(f"{what} must be an integer, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise InvalidInputError(f"{what} must be between {minimum} and {maximum}, got {value!r}")
-    return value
-
-
-def _check_limit(limit: object) -> int:
-    return _check_int("limit", limit, 1, READ_PAGE_MAX_ROWS)
-
-
-def _check_request(request: object) -> PageRequest:
-    if not isinstance(request, PageRequest):
-        raise InvalidInputError(f"page request must be a PageRequest, got {request!r}")
-    _check_limit(request.limit)
-    _check_int("offset", request.offset, 0, _MAX_BIGINT)
-    return request
 
 
 def _check_run_id(run_id: object) -> str | None:
@@ -393,7 +368,7 @@ async def read_rows_batch(
     """
     if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
         raise InvalidInputError("pages must be a sequence of PageRequest")
-    requests = [_check_request(request) for request in pages]
+    requests = [check_page_request(request) for request in pages]
     if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
         raise InvalidInputError(
             f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
@@ -474,7 +449,7 @@ async def read_rows_after(
     """
     if cursor is not None and not isinstance(cursor, RowCursor):
         raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
-    limit = _check_limit(limit)
+    limit = check_page_limit(limit)
     run_id = _check_run_id(run_id)
     row_mode = _check_row_mode(row_mode)
     after = None if cursor is None else (cursor.input_index, cursor.created_at, cursor.key)
@@ -504,7 +479,7 @@ async def read_row_keys(
     run_id: str | None = None,
 ) -> list[str]:
     """The keys of the rows ``read_rows(request)`` would return, in read order."""
-    request = _check_request(request)
+    request = check_page_request(request)
     run_id = _check_run_id(run_id)
 
     def run(conn: Conn) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .._types import ContractColumn, RowStatus, SheetContract
+from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
 from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
@@ -79,9 +79,6 @@ def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
             return None
     return total if total <= MAX_ROW_BYTES else None
 
-
-#: Write versions are stored as Postgres ``bigint``.
-MAX_BIGINT = 2**63 - 1
 
 _NUL_MESSAGE = "a string holds a NUL character, which Postgres cannot store in text or jsonb"
 
@@ -217,9 +214,9 @@ def check_write_version(value: object) -> int | None:
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidInputError(f"write_version must be a finite integer, got {value!r}")
         raise InvalidInputError(f"write_version must be an integer or None, got {value!r}")
-    if not 0 <= value <= MAX_BIGINT:
+    if not 0 <= value <= BIGINT_MAX:
         raise InvalidInputError(
-            f"write_version must be between 0 and {MAX_BIGINT} (a bigint), got {value!r}"
+            f"write_version must be between 0 and {BIGINT_MAX} (a bigint), got {value!r}"
         )
     return value
 

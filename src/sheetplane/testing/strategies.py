@@ -25,7 +25,14 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .._types import ColumnSource, ContractColumn, PageRequest, SheetContract
+from .._types import (
+    BIGINT_MAX,
+    BIGINT_MIN,
+    ColumnSource,
+    ContractColumn,
+    PageRequest,
+    SheetContract,
+)
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.faults import FAULT_KINDS, FaultSpec
 
@@ -152,7 +159,7 @@ def json_values(*, max_leaves: int = 12, hostile: bool = True) -> st.SearchStrat
     scalars = st.one_of(
         st.none(),
         st.booleans(),
-        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.integers(min_value=BIGINT_MIN, max_value=BIGINT_MAX),
         _finite_floats(),
         text,
     )

@@ -18,6 +18,10 @@ import attrs
 
 from ... import crypto
 from ..._types import (
+    BIGINT_MAX,
+    BIGINT_MIN,
+    OPERATIONS,
+    ROW_MODES,
     Admission,
     CompleteRow,
     FailRow,
@@ -28,26 +32,24 @@ from ..._types import (
     SheetContract,
     SheetRef,
     TerminalWriteResult,
+    canonical_operations,
 )
 from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
 from ...errors import AdmissionTooLargeError, InvalidInputError
 from ...sizes import json_byte_length_up_to
 from ...store import RowCursor, SheetStore
+from .. import _wire
+from .._wire import SERVED_LOGICAL_TABLES, Code
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._config import GatewayConfig
 from ._http import ActionError, bad_request
-from ._roles import OPERATIONS, ReaperProgress, create_session_role, scoped_url
+from ._roles import ReaperProgress, create_session_role, scoped_url
 
 __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
 
-#: The logical tables a session may target; this gateway serves sheet rows.
-LOGICAL_TABLES: Final = ("sheet_rows",)
-
 _LIMIT_NAMES: Final = ("maxRows", "maxBytes", "maxRequests")
 _MS_PER_SECOND: Final = 1_000
-#: The largest advisory session limit: a Postgres ``bigint``, past anything a session can use.
-_MAX_LIMIT: Final = 2**63 - 1
 
 
 @attrs.define(eq=False)
@@ -78,7 +80,7 @@ Handler = Callable[[Call], Awaitable[Any]]
 def unsupported(action: str) -> ActionError:
     """The answer of a gateway that does not know ``action``."""
     return ActionError(
-        400, "unsupported_action", f"Unsupported runtime data-plane action: {action}"
+        400, Code.UNSUPPORTED_ACTION, f"Unsupported runtime data-plane action: {action}"
     )
 
 
@@ -161,7 +163,7 @@ def _read_scope(call: Call) -> tuple[Mapping[str, Any], SheetRef, str | None, Ro
     mode = spec.get("rowMode", "output")
     if mode is None:
         mode = "output"
-    if mode not in ("output", "all"):
+    if mode not in ROW_MODES:
         raise bad_request("input.rowMode must be 'output' or 'all'")
     return spec, sheet, run_id, mode
 
@@ -342,7 +344,7 @@ def _row_cursor(value: object) -> RowCursor | None:
         raise bad_request("input.after must be null or an object")
     index = value.get("inputIndex")
     if index is not None:
-        index = _integer(index, "input.after.inputIndex", -(2**63), 2**63 - 1)
+        index = _integer(index, "input.after.inputIndex", BIGINT_MIN, BIGINT_MAX)
     created_text = _text(value, "createdAt", where="input.after.")
     try:
         created = dt.datetime.fromisoformat(created_text)
@@ -432,8 +434,9 @@ def _operations(body: Mapping[str, Any]) -> tuple[Operation, ...]:
     for op in raw:
         if op not in OPERATIONS:
             raise bad_request(f"operations must be drawn from {list(OPERATIONS)}, got {op!r}")
-    wanted = set(raw)
-    return tuple(op for op in OPERATIONS if op in wanted)
+    ops = canonical_operations(raw)
+    assert ops is not None
+    return ops
 
 
 def _limits(body: Mapping[str, Any]) -> dict[str, int]:
@@ -446,9 +449,10 @@ def _limits(body: Mapping[str, Any]) -> dict[str, int]:
     if unknown:
         raise bad_request(f"limits may carry only {list(_LIMIT_NAMES)}, got {sorted(unknown)}")
     # A limit is left out to mean "none"; an explicit null is refused like any
-    # other non-integer, so a caller's bug never silently widens a session.
+    # other non-integer, so a caller's bug never silently widens a session. The
+    # largest is a Postgres bigint, past anything a session can use.
     return {
-        name: _integer(value[name], f"limits.{name}", 1, _MAX_LIMIT)
+        name: _integer(value[name], f"limits.{name}", 1, BIGINT_MAX)
         for name in _LIMIT_NAMES
         if name in value
     }
@@ -526,8 +530,8 @@ async def create_db_session(call: Call) -> dict[str, Any]:
     target = _object(body, "target")
     sheet = _sheet(call, target, where="target.")
     logical_table = _text(target, "logicalTable", where="target.")
-    if logical_table not in LOGICAL_TABLES:
-        raise bad_request(f"target.logicalTable must be one of {list(LOGICAL_TABLES)}")
+    if logical_table not in SERVED_LOGICAL_TABLES:
+        raise bad_request(f"target.logicalTable must be one of {list(SERVED_LOGICAL_TABLES)}")
     operations = _operations(body)
     limits = _limits(body)
     contract = _contract(body, required=False)
@@ -547,7 +551,7 @@ async def create_db_session(call: Call) -> dict[str, Any]:
     elif not call.state.config.allow_plain_session_urls:
         raise ActionError(
             400,
-            "encryption_required",
+            Code.ENCRYPTION_REQUIRED,
             "postgresUrlEncryption is required: "
             "this gateway never sends a Postgres URL in the clear",
         )
@@ -580,12 +584,11 @@ async def mint_preloaded_session(
     key = state.config.unwrap_key
     if key is None:
         raise InvalidInputError("this gateway has no unwrap key for preloaded sessions")
-    if logical_table not in LOGICAL_TABLES:
-        raise InvalidInputError(f"logical_table must be one of {list(LOGICAL_TABLES)}")
-    unknown = [op for op in operations if op not in OPERATIONS]
-    if unknown or not operations:
+    if logical_table not in SERVED_LOGICAL_TABLES:
+        raise InvalidInputError(f"logical_table must be one of {list(SERVED_LOGICAL_TABLES)}")
+    ops = canonical_operations(operations)
+    if not ops:
         raise InvalidInputError(f"operations must be drawn from {list(OPERATIONS)}")
-    ops = tuple(op for op in OPERATIONS if op in set(operations))
     ceiling = state.config.session_ttl_ms
     sheet = SheetRef(org_id=org_id, play_name=play_name, table_namespace=table_namespace)
     minted = await _mint(
@@ -603,17 +606,17 @@ async def mint_preloaded_session(
 
 #: Every action this gateway answers, by name.
 HANDLERS: Final[Mapping[str, Handler]] = {
-    "ensure_sheet": ensure_sheet,
-    "start_sheet_dataset": start_sheet_dataset,
-    "create_db_session": create_db_session,
-    "runtime_sheet_read_rows": runtime_sheet_read_rows,
-    "runtime_sheet_read_rows_batch": runtime_sheet_read_rows_batch,
-    "runtime_sheet_read_row_keys": runtime_sheet_read_row_keys,
-    "runtime_sheet_complete_map_rows": runtime_sheet_complete_map_rows,
-    "runtime_sheet_fail_map_rows": runtime_sheet_fail_map_rows,
-    "complete_work_receipt": complete_work_receipt,
-    "runtime_sheet_summary": runtime_sheet_summary,
+    _wire.ENSURE_SHEET: ensure_sheet,
+    _wire.START_SHEET_DATASET: start_sheet_dataset,
+    _wire.CREATE_DB_SESSION: create_db_session,
+    _wire.READ_ROWS: runtime_sheet_read_rows,
+    _wire.READ_ROWS_BATCH: runtime_sheet_read_rows_batch,
+    _wire.READ_ROW_KEYS: runtime_sheet_read_row_keys,
+    _wire.COMPLETE_MAP_ROWS: runtime_sheet_complete_map_rows,
+    _wire.FAIL_MAP_ROWS: runtime_sheet_fail_map_rows,
+    _wire.COMPLETE_WORK_RECEIPT: complete_work_receipt,
+    _wire.SUMMARY: runtime_sheet_summary,
 }
 
 #: Actions a legacy gateway (``legacy=True``) does not know.
-LEGACY_UNSUPPORTED: Final = frozenset({"runtime_sheet_read_rows_batch"})
+LEGACY_UNSUPPORTED: Final = frozenset({_wire.READ_ROWS_BATCH})

@@ -57,6 +57,8 @@ from ...errors import (
 )
 from ...store import SheetStore, TrioPool, open_store
 from ...store._pool import PoolSaturatedError
+from .. import _wire
+from .._wire import RUNTIME_PATH, Code
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
 from ._auth import TokenTable, check_org
@@ -67,17 +69,12 @@ from ._roles import ReaperProgress, run_reaper
 
 __all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
 
-#: The one route of the runtime gateway.
-RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
-
 log = logging.getLogger("sheetplane.gateway.server")
 
 T = TypeVar("T")
 
 #: Actions whose answers can be large: their JSON is encoded on a worker thread.
-_LARGE_ANSWERS: Final = frozenset(
-    {"runtime_sheet_read_rows", "runtime_sheet_read_rows_batch", "start_sheet_dataset"}
-)
+_LARGE_ANSWERS: Final = frozenset({*_wire.PAGE_READS, _wire.START_SHEET_DATASET})
 
 
 def gateway_state(app: Starlette) -> GatewayState:
@@ -109,7 +106,7 @@ async def _read_body(request: Request) -> bytes:
 def _too_large_request(observed: int) -> ActionError:
     return ActionError(
         413,
-        "request_too_large",
+        Code.REQUEST_TOO_LARGE,
         f"request body exceeds the {TRANSPORT_CEILING_BYTES} byte transport ceiling",
         observed_bytes=observed,
     )
@@ -160,7 +157,7 @@ def _store_error(exc: StoreError, action: str) -> ActionError:
     if isinstance(exc, PoolSaturatedError):
         return ActionError(
             503,
-            "runtime_postgres_admission_backpressure",
+            Code.BACKPRESSURE,
             "Runtime Postgres admission is saturated; retry later",
             retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
         )
@@ -176,7 +173,9 @@ def _store_error(exc: StoreError, action: str) -> ActionError:
     if isinstance(exc, WriteConflictError):
         return ActionError(409, exc.code, str(exc))
     if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
-        return ActionError(404, "sheet_not_found", "the sheet does not exist (ensure_sheet first)")
+        return ActionError(
+            404, Code.SHEET_NOT_FOUND, "the sheet does not exist (ensure_sheet first)"
+        )
     log.error("store error answering %s: %s", action, type(exc).__name__)
     return ActionError(500, exc.code, "Runtime Postgres operation failed")
 
@@ -190,7 +189,7 @@ async def _answer(state: GatewayState, request: Request) -> Response:
             try:
                 state.faults.arm(header)
             except InvalidInputError as exc:
-                raise bad_request(str(exc), "invalid_test_fault") from None
+                raise bad_request(str(exc), Code.INVALID_TEST_FAULT) from None
         fault = state.faults.take(action)
         if fault is not None:
             return FaultResponse(fault, action)
@@ -262,7 +261,7 @@ def create_app(config: GatewayConfig) -> Starlette:
         except Exception as exc:
             log.error("internal error: %s", type(exc).__name__)
             return json_bytes_response(
-                500, encode_json({"error": "internal error", "code": "internal_error"})
+                500, encode_json({"error": "internal error", "code": Code.INTERNAL_ERROR})
             )
 
     @asynccontextmanager

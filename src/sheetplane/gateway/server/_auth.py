@@ -13,7 +13,6 @@ token's is answered 403, never silently rewritten.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,20 +20,17 @@ from typing import Any
 import attrs
 
 from ...errors import InvalidInputError
+from .._wire import Code, token_digest
 from ._http import ActionError
 
 __all__ = ["TokenTable", "check_org", "parse_token_pairs"]
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
 
 
 @attrs.frozen(repr=False)
 class TokenTable:
     """Token digests and the org each one names."""
 
-    _entries: tuple[tuple[bytes, str], ...]
+    _entries: tuple[tuple[str, str], ...]
 
     @classmethod
     def from_mapping(cls, tokens: Mapping[str, str]) -> TokenTable:
@@ -45,7 +41,7 @@ class TokenTable:
                 raise InvalidInputError("an executor token must be a non-empty string")
             if not isinstance(org, str) or not org.strip():
                 raise InvalidInputError("an executor token's org must be a non-empty string")
-            entries.append((_digest(token.strip()), org.strip()))
+            entries.append((token_digest(token), org.strip()))
         return cls(tuple(entries))
 
     def __repr__(self) -> str:
@@ -60,18 +56,18 @@ class TokenTable:
         Every configured digest is compared (no early exit).
         """
         if authorization is None:
-            raise ActionError(401, "unauthorized", "missing executor token")
+            raise ActionError(401, Code.UNAUTHORIZED, "missing executor token")
         scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise ActionError(401, "unauthorized", "missing executor token")
-        presented = _digest(token)
+            raise ActionError(401, Code.UNAUTHORIZED, "missing executor token")
+        presented = token_digest(token)
         found: str | None = None
         for digest, org in self._entries:
             if hmac.compare_digest(presented, digest) and found is None:
                 found = org
         if found is None:
-            raise ActionError(401, "unauthorized", "invalid executor token")
+            raise ActionError(401, Code.UNAUTHORIZED, "invalid executor token")
         return found
 
 
@@ -100,6 +96,6 @@ def check_org(body: Mapping[str, Any], org_id: str) -> None:
         if named is None:
             continue
         if not isinstance(named, str):
-            raise ActionError(400, "invalid_request", "orgId must be a string")
+            raise ActionError(400, Code.INVALID_REQUEST, "orgId must be a string")
         if named != org_id:
-            raise ActionError(403, "forbidden", "the executor token does not grant that org")
+            raise ActionError(403, Code.FORBIDDEN, "the executor token does not grant that org")

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from ... import crypto
 from ...budgets import (
     DB_SESSION_REAPER_INTERVAL_MS,
     DB_SESSION_TTL_MS,
@@ -24,11 +25,6 @@ def _optional_positive(
 ) -> None:
     if value is not None:
         _positive(instance, attribute, value)  # type: ignore[arg-type]
-
-
-def _unwrap_key(instance: object, attribute: attrs.Attribute[bytes | None], value: object) -> None:
-    if value is not None and (not isinstance(value, bytes) or len(value) != 32):
-        raise InvalidInputError("unwrap_key must be 32 bytes")
 
 
 @attrs.frozen
@@ -58,7 +54,9 @@ class GatewayConfig:
         default=DB_SESSION_REAPER_INTERVAL_MS, validator=_positive
     )
     """How often expired session roles are dropped."""
-    unwrap_key: bytes | None = attrs.field(default=None, repr=False, validator=_unwrap_key)
+    unwrap_key: bytes | None = attrs.field(
+        default=None, repr=False, validator=crypto.optional_unwrap_key
+    )
     """A 32-byte harness key: preloaded sessions are minted encrypted under it. A secret."""
     allow_plain_session_urls: bool = False
     """Answer ``postgresUrl`` in the clear when a ``create_db_session`` carries no

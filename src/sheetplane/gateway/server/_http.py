@@ -7,6 +7,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from .._wire import Code
+
 
 class ActionError(Exception):
     """An error answer: HTTP ``status`` with body ``{error, code, **extra}``.
@@ -27,7 +29,7 @@ class ActionError(Exception):
         return {"error": self.message, "code": self.code, **self.extra}
 
 
-def bad_request(message: str, code: str = "invalid_request") -> ActionError:
+def bad_request(message: str, code: str = Code.INVALID_REQUEST) -> ActionError:
     """400 for a malformed request."""
     return ActionError(400, code, message)
 

@@ -57,7 +57,8 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from ..._types import Operation, SheetRef
+from ..._types import OPERATIONS, Operation, SheetRef, canonical_operations
+from ...errors import InvalidInputError
 from ...store import SheetNames, SheetStore, sheet_names
 
 __all__ = [
@@ -79,13 +80,6 @@ log = logging.getLogger("sheetplane.gateway.server")
 #: can tell them apart from every other role.
 ROLE_PREFIX: Final = "sp_sess_"
 
-#: The operations a session may ask for, in a canonical order.
-OPERATIONS: Final[tuple[Operation, ...]] = (
-    "rows.read",
-    "rows.append",
-    "rows.upsert",
-    "rows.replace",
-)
 
 Privilege = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
 
@@ -147,11 +141,6 @@ def format_expires_at(moment: dt.datetime) -> str:
     """``YYYY-MM-DDTHH:MM:SS.mmmZ`` in UTC, as JavaScript's ``toISOString`` writes it."""
     utc = moment.astimezone(dt.UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
-def _canonical_operations(operations: Iterable[str]) -> tuple[Operation, ...]:
-    wanted = set(operations)
-    return tuple(op for op in OPERATIONS if op in wanted)
 
 
 def _scram_verifier(password: str) -> str:
@@ -271,7 +260,9 @@ async def create_session_role(
     the transaction rolls back.
     """
     names = sheet_names(sheet)
-    ops = _canonical_operations(operations)
+    ops = canonical_operations(operations)
+    if not ops:
+        raise InvalidInputError(f"operations must be drawn from {list(OPERATIONS)}")
     role = ROLE_PREFIX + secrets.token_hex(_ROLE_SUFFIX_BYTES)
     password = secrets.token_urlsafe(_PASSWORD_BYTES)
     expires_at = format_expires_at(expires)
