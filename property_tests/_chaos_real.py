@@ -196,7 +196,7 @@ async def _runner(
             admission = await writer.start(admitted)
             outcome.calls.append(trio.current_time() - began)
             outcome.version = admission.write_version
-            pending = [row["_key"] for row in admission.pending_rows]
+            pending = [row["_key"] async for row in admission.pending()]
             for number, first in enumerate(range(0, len(pending), plan.chunk)):
                 keys = pending[first : first + plan.chunk]
                 began = trio.current_time()

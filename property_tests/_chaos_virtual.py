@@ -73,6 +73,8 @@ class FakeRow:
     index: int
     values: dict[str, Any]
     error: str | None = None
+    admitted: int = 0
+    """The version of the admission that last took this row in (pending or completed)."""
 
 
 @attrs.define
@@ -93,6 +95,8 @@ class FakeGateway:
             return self._terminal(body, "enriched" if "complete" in action else "failed")
         if action == "runtime_sheet_summary":
             return self.summary()
+        if action == "runtime_sheet_read_rows":
+            return self._read(body["input"])
         raise AssertionError(f"the virtual runners do not send {action}")
 
     def summary(self) -> dict[str, int]:
@@ -116,15 +120,17 @@ class FakeGateway:
             stored = self.rows.get(key)
             if stored is None:
                 values = {c: row[c] for c in ("email", "score") if row.get(c) is not None}
-                self.rows[key] = FakeRow("pending", self.version, run_id, index, values)
+                self.rows[key] = FakeRow(
+                    "pending", self.version, run_id, index, values, admitted=self.version
+                )
                 inserted += 1
                 pending.append({**row, "_key": key})
             elif stored.status == "enriched":
-                stored.index = index
+                stored.index, stored.admitted = index, self.version
                 completed.append({**row, **stored.values, "_key": key})
             else:
                 stored.status, stored.version, stored.run_id = "pending", self.version, run_id
-                stored.error, stored.index = None, index
+                stored.error, stored.index, stored.admitted = None, index, self.version
                 if "email" in row:
                     stored.values["email"] = row["email"]
                 pending.append({**row, "_key": key})
@@ -138,6 +144,38 @@ class FakeGateway:
         }
         self.log.append(("admit", [(k, r) for k, r in kept.items()], run_id, answer))
         return answer
+
+    def _read(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A keyset read of one admission's pending or completed rows (what
+        ``Admission.pending()`` sends); the cursor is ``{"i": index, "k": key}``."""
+        admission = spec["admission"]
+        version, pending = admission["writeVersion"], admission["part"] == "pending"
+        after = spec.get("after")
+        chosen = sorted(
+            (row.index, key)
+            for key, row in self.rows.items()
+            if row.admitted == version and (row.version == version) == pending
+        )
+        if after is not None:
+            chosen = [pair for pair in chosen if pair > (after["i"], after["k"])]
+        page = chosen[: spec["limit"]]
+        rows = [
+            {
+                "_key": key,
+                **self.rows[key].values,
+                "_status": self.rows[key].status,
+                "_error": self.rows[key].error,
+                "_input_index": index,
+            }
+            for index, key in page
+        ]
+        more = len(page) == spec["limit"]
+        return {
+            "rows": rows,
+            "limit": spec["limit"],
+            "offset": spec["offset"],
+            "nextAfter": {"i": page[-1][0], "k": page[-1][1]} if more and page else None,
+        }
 
     def _terminal(self, body: dict[str, Any], target: str) -> dict[str, Any]:
         version = body.get("writeVersion")
@@ -357,7 +395,7 @@ async def _run_runner(
                 admitted = rows if plan.subset is None else [rows[i] for i in plan.subset]
                 admission = await writer.start(admitted)
                 outcome.calls.append(trio.current_time() - began)
-                pending = [row["_key"] for row in admission.pending_rows]
+                pending = [row["_key"] async for row in admission.pending()]
             else:
                 pending = [row["_key"] for row in rows]
             for start in range(0, len(pending), plan.chunk):

@@ -52,7 +52,9 @@ async def test_an_attempt_admits_maps_and_reads_back(
         admission = await writer.start(inputs(10))
         assert admission.inserted == 10
         assert writer.write_version == admission.write_version
-        pending = list(admission.pending_rows)
+        assert (admission.pending_count, admission.completed_count) == (10, 0)
+        pending = await admission.pending().materialize()
+        assert [row["_key"] for row in pending] == [f"r{i:04d}" for i in range(10)]
         done = await writer.complete([outputs(row) for row in pending[:7]])
         assert sorted(done.committed_keys) == [f"r{i:04d}" for i in range(7)]
         failed = await writer.fail([FailRow(row["_key"], "no words") for row in pending[7:]])
@@ -74,14 +76,18 @@ async def test_a_superseded_attempt_raises_and_writes_nothing_more(
     async with runtime(gateway, strategy, play=play) as rt:
         first = rt.writer("leads", CONTRACT)
         admitted = await first.start(inputs(6))
-        await first.complete([outputs(row) for row in admitted.pending_rows[:2]])
+        first_pending = await admitted.pending().materialize()
+        await first.complete([outputs(row) for row in first_pending[:2]])
         retry = rt.writer("leads", CONTRACT)
         readmitted = await retry.start(inputs(6))
         assert readmitted.write_version > admitted.write_version
-        assert [row["_key"] for row in readmitted.completed_rows] == ["r0000", "r0001"]
+        completed = await readmitted.completed().materialize()
+        assert [row["_key"] for row in completed] == ["r0000", "r0001"]
+        assert [row["words"] for row in completed] == [3, 3]
+        assert (readmitted.pending_count, readmitted.completed_count) == (4, 2)
 
         with pytest.raises(AttemptSupersededError) as raised:
-            await first.complete([outputs(row) for row in admitted.pending_rows[2:4]])
+            await first.complete([outputs(row) for row in first_pending[2:4]])
         assert {row["reason"] for row in raised.value.stale_rows} == {"newer_write_version"}
         assert {row["key"] for row in raised.value.stale_rows} == {"r0002", "r0003"}
         # The attempt has stopped: no further terminal write is sent.
@@ -90,7 +96,7 @@ async def test_a_superseded_attempt_raises_and_writes_nothing_more(
             await first.fail([FailRow("r0005", "late")])
         assert gateway.requests == sent
 
-        await retry.complete([outputs(row) for row in readmitted.pending_rows])
+        await retry.complete([outputs(row) async for row in readmitted.pending()])
         assert rt.stats().fenced_rows == 2
     rows = await select_rows(store, sheet_of(play, "leads"))
     assert [row["_status"] for row in rows] == ["enriched"] * 6
@@ -107,7 +113,7 @@ async def test_an_attempt_resumes_on_another_road_with_its_write_version(
     ):
         admission = await via_gateway.writer("leads", CONTRACT).start(inputs(4))
         resumed = direct.writer("leads", CONTRACT, write_version=admission.write_version)
-        await resumed.complete([outputs(row) for row in admission.pending_rows])
+        await resumed.complete([outputs(row) async for row in admission.pending()])
         stale = direct.writer("leads", CONTRACT, write_version=admission.write_version - 1)
         await via_gateway.writer("leads", CONTRACT).start(inputs(5))
         with pytest.raises(AttemptSupersededError):

@@ -127,7 +127,7 @@ async def test_runtime_fixture_writes_and_reads_on_either_road(
     writer = sheetplane_runtime.writer("leads", contract)
     admission = await writer.start([{"_key": f"k{i}", "email": f"u{i}@x.org"} for i in range(5)])
     await writer.complete(
-        [CompleteRow(row["_key"], {"score": 1}) for row in admission.pending_rows]
+        [CompleteRow(row["_key"], {"score": 1}) async for row in admission.pending()]
     )
     rows = await sheetplane_runtime.dataset("leads").materialize()
     assert [(row["_key"], row["score"], row["_status"]) for row in rows] == [

@@ -132,8 +132,9 @@ class SheetContract:
 
 
 @attrs.frozen
-class Admission:
-    """What ``start_dataset`` did."""
+class InlineAdmission:
+    """What a one-request admission (``start_dataset``, ``start_sheet_dataset``) did,
+    with its rows inline: what the seed wire shape answers."""
 
     inserted: int
     """Rows inserted as new ``pending`` rows."""
@@ -145,6 +146,60 @@ class Admission:
     """Already-enriched rows merged with their stored outputs, each carrying ``_key``."""
     write_version: int
     """This admission's write version; terminal writes must carry it."""
+    table_namespace: str
+    """The sheet's namespace."""
+
+
+AdmittedPartName = Literal["pending", "completed"]
+
+
+@attrs.frozen
+class AdmittedPart:
+    """A read filter: one admission's pending or completed rows.
+
+    ``pending``: the rows the admission at ``write_version`` admitted or
+    re-admitted for mapping (they carry that version, whatever their status
+    since); ``completed``: the already-enriched input rows it kept, which keep
+    their older version. Both are stamped ``_admitted_version = write_version``
+    by the admission; a later admission of the same row takes it over.
+    """
+
+    write_version: int
+    """The admission's write version."""
+    part: AdmittedPartName
+    """``pending`` or ``completed``."""
+
+    def __attrs_post_init__(self) -> None:
+        if (
+            isinstance(self.write_version, bool)
+            or not isinstance(self.write_version, int)
+            or not 1 <= self.write_version <= 2**63 - 1
+        ):
+            raise InvalidInputError(
+                f"write_version must be a positive bigint, got {self.write_version!r}"
+            )
+        if self.part not in ("pending", "completed"):
+            raise InvalidInputError(f"part must be 'pending' or 'completed', got {self.part!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire shape ``{writeVersion, part}``."""
+        return {"writeVersion": self.write_version, "part": self.part}
+
+
+@attrs.frozen
+class AdmissionCounts:
+    """What an admission did, in a size that does not grow with its input."""
+
+    write_version: int
+    """The admission's write version; terminal writes must carry it."""
+    inserted: int
+    """Rows inserted as new ``pending`` rows."""
+    skipped: int
+    """Input rows not admitted: duplicates within the input and already-enriched rows."""
+    pending_count: int
+    """Rows this attempt must map (new and re-admitted)."""
+    completed_count: int
+    """Already-enriched input rows, kept with their outputs."""
     table_namespace: str
     """The sheet's namespace."""
 

@@ -32,7 +32,7 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
@@ -49,6 +49,7 @@ from rich.progress import (
 from rich.table import Table
 
 from .budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from .dataset import Dataset
 from .errors import AttemptSupersededError, InvalidInputError, SheetplaneError
 from .gateway.server import running_gateway
 from .runtime import (
@@ -147,8 +148,14 @@ class DemoCheckFailed(SheetplaneError):
     code = "demo_check_failed"
 
 
-def _batches(rows: Sequence[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
-    return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
+async def _batches(dataset: Dataset, size: int) -> list[list[dict[str, Any]]]:
+    """The dataset's rows, read by keyset (``async for``), in batches of ``size``."""
+    batches: list[list[dict[str, Any]]] = [[]]
+    async for row in dataset:
+        if len(batches[-1]) == size:
+            batches.append([])
+        batches[-1].append(row)
+    return batches if batches[0] else []
 
 
 async def _map_batches(
@@ -298,7 +305,7 @@ async def _run_phases(
     # 2. Map, alternating roads, leaving the last tenth unwritten.
     size = max(1, min(MAP_BATCH_ROWS, rows // 20))
     report.batch_rows = size
-    batches = _batches(admission.pending_rows, size)
+    batches = await _batches(admission.pending(), size)
     unfinished = max(1, len(batches) // 10)
     mapped, left = batches[:-unfinished], batches[-unfinished:]
     task = progress.add_task("map (attempt 1)", total=rows)
@@ -311,11 +318,11 @@ async def _run_phases(
     t0 = clock()
     attempt2 = via_gateway.writer(NAMESPACE, CONTRACT)
     retry = await attempt2.start(inputs)
-    report.retry_pending = len(retry.pending_rows)
-    report.retry_completed = len(retry.completed_rows)
+    report.retry_pending = retry.pending_count
+    report.retry_completed = retry.completed_count
     progress.console.print(
         f"retry admitted as write version {retry.write_version} (attempt 1 had {version1}): "
-        f"{len(retry.pending_rows)} rows still to map, {len(retry.completed_rows)} kept"
+        f"{retry.pending_count} rows still to map, {retry.completed_count} kept"
     )
     for writer, road, batch in zip(
         (attempt1_direct, attempt1), ("direct", "gateway"), left[:2], strict=False
@@ -333,10 +340,10 @@ async def _run_phases(
             )
         else:
             raise DemoCheckFailed(f"attempt 1's stale write on the {road} road was not fenced")
-    task = progress.add_task("map (retry)", total=len(retry.pending_rows))
+    task = progress.add_task("map (retry)", total=retry.pending_count)
     attempt2_direct = direct.writer(NAMESPACE, CONTRACT, write_version=retry.write_version)
     await _map_batches(
-        _batches(retry.pending_rows, size),
+        await _batches(retry.pending(), size),
         (attempt2_direct, attempt2),
         report,
         _advancer(progress, task),

@@ -41,8 +41,17 @@ granted, so they go through the gateway too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any, Final, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -52,7 +61,8 @@ import trio
 from . import crypto
 from ._types import (
     BIGINT_MAX,
-    Admission,
+    AdmissionCounts,
+    AdmittedPart,
     CompleteRow,
     ContractColumn,
     FailRow,
@@ -63,6 +73,7 @@ from ._types import (
     TerminalWriteResult,
     WriteResult,
 )
+from .admission import Admission
 from .budgets import READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
 from .dataset import Dataset
 from .errors import AttemptSupersededError, InvalidInputError
@@ -142,6 +153,29 @@ def _sequence(name: str, rows: object, what: str) -> Sequence[object]:
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
         raise InvalidInputError(f"{name} must be a sequence of {what}, got {rows!r}")
     return rows
+
+
+AdmissionInput = Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]]
+"""What ``RowWriter.start`` takes: a sequence, any iterable or any async iterable of rows."""
+
+
+def _input_rows(rows: object) -> Iterable[Any] | AsyncIterable[Any]:
+    """``rows`` if it is an iterable or async iterable of rows (not text or one mapping)."""
+    if isinstance(rows, str | bytes | bytearray | Mapping) or not isinstance(
+        rows, Iterable | AsyncIterable
+    ):
+        raise InvalidInputError(
+            f"rows must be a sequence, an iterable or an async iterable of row objects, "
+            f"got {type(rows).__name__}"
+        )
+    return rows
+
+
+async def _collect(rows: object) -> list[Any]:
+    checked = _input_rows(rows)
+    if isinstance(checked, AsyncIterable):
+        return [row async for row in checked]
+    return list(checked)
 
 
 def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
@@ -316,20 +350,31 @@ class RowWriter:
         """The attempt's write version: from ``start``, or given to ``Runtime.writer``."""
         return self._write_version
 
-    async def start(self, rows: Sequence[Mapping[str, Any]]) -> Admission:
-        """Admit ``rows`` through the gateway under a new write version (a new attempt).
+    async def start(self, rows: AdmissionInput) -> Admission:
+        """Admit ``rows`` under a new write version (a new attempt).
 
-        Rows are deduplicated by key and keep their input order; already
-        enriched rows come back in ``completed_rows`` and need no mapping.
+        ``rows``: a sequence, any iterable or any async iterable of row
+        mappings. Rows are deduplicated by key (the first occurrence is kept)
+        and keep their input order; ``admission.pending()`` reads the rows to
+        map and ``admission.completed()`` the already-enriched ones, lazily.
         """
-        checked = _rows("rows", rows)
+        collected = await _collect(rows)
+        checked = _rows("rows", collected)
         rt = self._runtime
-        admission = await rt.client.start_sheet_dataset(
+        inline = await rt.client.start_sheet_dataset(
             self.table_namespace, self.contract, checked, rt.context.run_id
         )
-        self._write_version = admission.write_version
+        counts = AdmissionCounts(
+            write_version=inline.write_version,
+            inserted=inline.inserted,
+            skipped=inline.skipped,
+            pending_count=len(inline.pending_rows),
+            completed_count=len(inline.completed_rows),
+            table_namespace=inline.table_namespace,
+        )
+        self._write_version = counts.write_version
         self._superseded = None
-        return admission
+        return Admission.from_counts(counts, partial(rt._admitted_dataset, self.table_namespace))
 
     def _version(self) -> int:
         if self._superseded is not None:
@@ -493,9 +538,15 @@ class Runtime:
         return SheetRef(self.context.org_id, self.context.play_name, table_namespace)
 
     def road(
-        self, table_namespace: str, *, row_mode: RowMode = "output", run_id: str | None = None
+        self,
+        table_namespace: str,
+        *,
+        row_mode: RowMode = "output",
+        run_id: str | None = None,
+        admitted: AdmittedPart | None = None,
     ) -> SheetRoad:
-        """The road this runtime's strategy reads ``table_namespace`` through."""
+        """The road this runtime's strategy reads ``table_namespace`` through (limited to
+        one admission's pending or completed rows with ``admitted``)."""
         _text("table_namespace", table_namespace)
         if row_mode not in ("output", "all"):
             raise InvalidInputError(f"row_mode must be 'output' or 'all', got {row_mode!r}")
@@ -509,6 +560,7 @@ class Runtime:
             run_id=run_id,
             table_namespace=table_namespace,
             row_mode=row_mode,
+            admitted=admitted,
         )
         if c.strategy == "direct":
             return DirectRoad(self.sessions, scope, user_email=c.user_email, stats=self.road_stats)
@@ -531,6 +583,10 @@ class Runtime:
         """
         road = self.road(table_namespace, row_mode=row_mode, run_id=run_id)
         return Dataset(self.reader, road, page_rows=page_rows)
+
+    def _admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
+        """A lazy dataset over one admission's pending or completed rows."""
+        return Dataset(self.reader, self.road(table_namespace, admitted=admitted))
 
     def writer(
         self,

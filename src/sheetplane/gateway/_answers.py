@@ -13,7 +13,7 @@ from typing import Any, TypeGuard
 
 from .._types import (
     STALE_REASONS,
-    Admission,
+    InlineAdmission,
     Page,
     PageRequest,
     Receipt,
@@ -72,9 +72,9 @@ def parse_ok(answer: Mapping[str, Any], action: str) -> None:
         raise protocol_error(action, "expected {ok: true}")
 
 
-def parse_admission(answer: Mapping[str, Any], action: str) -> Admission:
+def parse_admission(answer: Mapping[str, Any], action: str) -> InlineAdmission:
     """``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
-    return Admission(
+    return InlineAdmission(
         inserted=_int(answer, "inserted", action),
         skipped=_int(answer, "skipped", action),
         pending_rows=_keyed_rows(answer, "pendingRows", action),

@@ -43,9 +43,10 @@ import httpx
 import trio
 
 from .._types import (
-    Admission,
+    AdmittedPart,
     CompleteRow,
     FailRow,
+    InlineAdmission,
     Page,
     PageRequest,
     ReceiptCompletion,
@@ -402,7 +403,7 @@ class GatewayClient:
         contract: SheetContract,
         rows: Sequence[Mapping[str, Any]],
         run_id: str,
-    ) -> Admission:
+    ) -> InlineAdmission:
         """Admit ``rows`` in one request under a new write version (dedupe, input
         order, pending vs completed rows inline).
 
@@ -457,13 +458,20 @@ class GatewayClient:
 
     @staticmethod
     def _read_input(
-        table_namespace: str, run_id: str | None, row_mode: RowMode | None
+        table_namespace: str,
+        run_id: str | None,
+        row_mode: RowMode | None,
+        admitted: AdmittedPart | None = None,
     ) -> dict[str, Any]:
         read: dict[str, Any] = {"tableNamespace": table_namespace}
         if run_id is not None:
             read["runId"] = run_id
         if row_mode is not None:
             read["rowMode"] = row_mode
+        if admitted is not None:
+            if not isinstance(admitted, AdmittedPart):
+                raise InvalidInputError(f"admitted must be an AdmittedPart, got {admitted!r}")
+            read["admission"] = admitted.to_json()
         return read
 
     async def read_rows(
@@ -473,11 +481,12 @@ class GatewayClient:
         *,
         run_id: str | None = None,
         row_mode: RowMode | None = None,
+        admitted: AdmittedPart | None = None,
     ) -> Page:
         """One page with ``runtime_sheet_read_rows``, checked against its request."""
         check_page_request(request)
         action = READ_ROWS
-        read = self._read_input(table_namespace, run_id, row_mode)
+        read = self._read_input(table_namespace, run_id, row_mode, admitted)
         read.update(limit=request.limit, offset=request.offset)
         answer = await self.post_action(action, {"input": read})
         return _answers.check_page(answer, request, action, "the page")
@@ -489,6 +498,7 @@ class GatewayClient:
         *,
         run_id: str | None = None,
         row_mode: RowMode | None = None,
+        admitted: AdmittedPart | None = None,
     ) -> list[Page]:
         """1 to ``READ_BATCH_MAX_PAGES`` pages in one request, one page per request, in order.
 
@@ -507,13 +517,15 @@ class GatewayClient:
             )
         for request in requests:
             check_page_request(request)
-        read = self._read_input(table_namespace, run_id, row_mode)
+        read = self._read_input(table_namespace, run_id, row_mode, admitted)
         read["pages"] = [{"limit": r.limit, "offset": r.offset} for r in requests]
         try:
             answer = await self._call(READ_ROWS_BATCH, {"input": read})
         except UnsupportedActionError:
             return [
-                await self.read_rows(table_namespace, request, run_id=run_id, row_mode=row_mode)
+                await self.read_rows(
+                    table_namespace, request, run_id=run_id, row_mode=row_mode, admitted=admitted
+                )
                 for request in requests
             ]
         pages = _answers.parse_pages(answer.body, requests, READ_ROWS_BATCH)
@@ -533,6 +545,7 @@ class GatewayClient:
         *,
         run_id: str | None = None,
         row_mode: RowMode | None = None,
+        admitted: AdmittedPart | None = None,
     ) -> KeysetPage:
         """Up to ``limit`` rows after the cursor ``after`` (None: from the start), by keyset.
 
@@ -547,7 +560,7 @@ class GatewayClient:
         check_page_request(request)
         if after is not None and not isinstance(after, Mapping):
             raise InvalidInputError(f"after must be a cursor object or None, got {after!r}")
-        read = self._read_input(table_namespace, run_id, row_mode)
+        read = self._read_input(table_namespace, run_id, row_mode, admitted)
         read.update(limit=limit, offset=offset, after=None if after is None else dict(after))
         answer = await self.post_action(READ_ROWS, {"input": read})
         page = _answers.check_page(answer, request, READ_ROWS, "the page")
@@ -559,12 +572,17 @@ class GatewayClient:
         return KeysetPage(page.rows, next_after, keyset=True)
 
     async def read_row_keys(
-        self, table_namespace: str, request: PageRequest, *, run_id: str | None = None
+        self,
+        table_namespace: str,
+        request: PageRequest,
+        *,
+        run_id: str | None = None,
+        admitted: AdmittedPart | None = None,
     ) -> list[str]:
         """The keys of one page, in read order (``runtime_sheet_read_row_keys``)."""
         check_page_request(request)
         action = _wire.READ_ROW_KEYS
-        read = self._read_input(table_namespace, run_id, None)
+        read = self._read_input(table_namespace, run_id, None, admitted)
         read.update(limit=request.limit, offset=request.offset)
         answer = await self.post_action(action, {"input": read})
         return _answers.parse_row_keys(answer, request, action)

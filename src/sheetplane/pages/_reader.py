@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .._types import Page, PageRequest, RowMode
+from .._types import AdmittedPart, Page, PageRequest, RowMode
 from ..batching import Batch, BatcherStatistics, BoundedBatchFunction
 from ..budgets import (
     MAX_QUEUE_WAIT_MS,
@@ -60,6 +60,8 @@ class ReadScope:
     """The sheet's namespace within the play."""
     row_mode: RowMode = "output"
     """``output`` (contract columns) or ``all`` (every system column too)."""
+    admitted: AdmittedPart | None = None
+    """One admission's pending or completed rows only, or None for every row."""
 
     @classmethod
     def for_token(
@@ -72,6 +74,7 @@ class ReadScope:
         run_id: str | None,
         table_namespace: str,
         row_mode: RowMode = "output",
+        admitted: AdmittedPart | None = None,
     ) -> ReadScope:
         """The scope of reads made with ``token``, which is digested here and not kept."""
         return cls(
@@ -82,6 +85,7 @@ class ReadScope:
             run_id=(run_id.strip() or None) if run_id is not None else None,
             table_namespace=table_namespace,
             row_mode=row_mode,
+            admitted=admitted,
         )
 
 

@@ -124,7 +124,11 @@ class DirectRoad(_ScopedRoad):
         async with self._sessions.store(shape) as store:
             try:
                 return await store.read_rows_batch(
-                    self._sheet, requests, run_id=self._scope.run_id, row_mode=self._scope.row_mode
+                    self._sheet,
+                    requests,
+                    run_id=self._scope.run_id,
+                    row_mode=self._scope.row_mode,
+                    admitted=self._scope.admitted,
                 )
             except ReadBatchTooLargeError:
                 self.stats.too_large += 1
@@ -154,6 +158,7 @@ class DirectRoad(_ScopedRoad):
                     limit,
                     run_id=self._scope.run_id,
                     row_mode=self._scope.row_mode,
+                    admitted=self._scope.admitted,
                 )
             except ReadBatchTooLargeError:
                 self.stats.too_large += 1
@@ -165,7 +170,9 @@ class DirectRoad(_ScopedRoad):
         self.stats.counts += 1
         await self._checked_session(shape)
         async with self._sessions.store(shape) as store:
-            return await store.count(self._sheet, run_id=self._scope.run_id)
+            return await store.count(
+                self._sheet, run_id=self._scope.run_id, admitted=self._scope.admitted
+            )
 
 
 @attrs.frozen
@@ -205,6 +212,7 @@ class GatewayRoad(_ScopedRoad):
                 requests,
                 run_id=self._scope.run_id,
                 row_mode=self._scope.row_mode,
+                admitted=self._scope.admitted,
             )
         except ReadBatchTooLargeError:
             self.stats.too_large += 1
@@ -227,6 +235,7 @@ class GatewayRoad(_ScopedRoad):
                     PageRequest(limit=limit, offset=cursor.offset),
                     run_id=scope.run_id,
                     row_mode=scope.row_mode,
+                    admitted=scope.admitted,
                 )
                 rows, next_after, keyset = list(page.rows), None, False
             else:
@@ -238,6 +247,7 @@ class GatewayRoad(_ScopedRoad):
                     0 if cursor is None else cursor.offset,
                     run_id=scope.run_id,
                     row_mode=scope.row_mode,
+                    admitted=scope.admitted,
                 )
                 rows, next_after, keyset = list(answer.rows), answer.next_after, answer.keyset
         except ReadBatchTooLargeError:
@@ -256,12 +266,12 @@ class GatewayRoad(_ScopedRoad):
         """How many rows the scope reads.
 
         The whole sheet's count is the summary's ``total`` (one request); with
-        a run filter there is no count action, so the run's keys are read page
-        by page (``READ_PAGE_MAX_ROWS`` keys a request).
+        a run or admission filter there is no count action, so the keys it
+        selects are read page by page (``READ_PAGE_MAX_ROWS`` keys a request).
         """
         scope, client = self._scope, self._client
         self.stats.counts += 1
-        if scope.run_id is None:
+        if scope.run_id is None and scope.admitted is None:
             return (await client.summary(scope.table_namespace)).total
         total = 0
         while True:
@@ -269,6 +279,7 @@ class GatewayRoad(_ScopedRoad):
                 scope.table_namespace,
                 PageRequest(limit=READ_PAGE_MAX_ROWS, offset=total),
                 run_id=scope.run_id,
+                admitted=scope.admitted,
             )
             total += len(keys)
             if len(keys) < READ_PAGE_MAX_ROWS:

@@ -48,7 +48,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from .._types import Admission, ContractColumn, SheetContract, SheetRef
+from .._types import ContractColumn, InlineAdmission, SheetContract, SheetRef
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import row_key
@@ -217,14 +217,16 @@ class _Writer:
             self.insert((e.key, e.index, e.row) for e in new)
         if again:
             self.readmit(again)
-        moved = [e for e in kept if existing[e.key][1] != e.index]
-        if moved:
+        if kept:
+            # Enriched rows keep their version and outputs; they follow the new
+            # input order and are stamped as this admission's completed rows.
             self.conn.execute(
                 sql.SQL(
-                    "UPDATE {} AS t SET _input_index = u.idx, _updated_at = clock_timestamp() "
+                    "UPDATE {} AS t SET _input_index = u.idx, _admitted_version = %s, "
+                    "_updated_at = clock_timestamp() "
                     "FROM unnest(%s::text[], %s::bigint[]) AS u(key, idx) WHERE t._key = u.key"
                 ).format(sheet_table),
-                ([e.key for e in moved], [e.index for e in moved]),
+                (self.version, [e.key for e in kept], [e.index for e in kept]),
             )
         return [e.key for e in kept]
 
@@ -238,6 +240,7 @@ class _Writer:
             [c.sql_name for c in self.columns],
             run_id=self.run_id,
             version=self.version,
+            admitted=True,
         )
         self.non_null.update(column_delta)
         for name, change in transition_delta([None], ["pending"]).items():
@@ -273,6 +276,7 @@ class _Writer:
                 "  AS i(key text, idx bigint, data jsonb)), "
                 "old AS (SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key) "
                 "UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s, "
+                "_admitted_version = %(version)s, "
                 "_run_id = %(run_id)s, _error = NULL, _input_index = i.idx, "
                 "_updated_at = clock_timestamp(){sets} "
                 "FROM incoming AS i, old AS o WHERE t._key = i.key AND o._key = i.key "
@@ -316,8 +320,8 @@ async def start_dataset(
     contract: SheetContract,
     *,
     key_field: str | None = None,
-    check: Callable[[Admission], None] | None = None,
-) -> Admission:
+    check: Callable[[InlineAdmission], None] | None = None,
+) -> InlineAdmission:
     """Admit ``rows`` for the attempt ``run_id``; see the module docstring.
 
     ``check`` is called with the admission inside the transaction, on the
@@ -337,7 +341,7 @@ async def start_dataset(
         raise InvalidInputError(f"rows must be a sequence of objects, got {type(rows).__name__}")
     columns = physical_columns(contract)
 
-    def run(conn: psycopg.Connection[Any]) -> Admission:
+    def run(conn: psycopg.Connection[Any]) -> InlineAdmission:
         lock_sheet(conn, names)
         writer = _Writer(conn, names, columns, run_id, next_write_version(conn, names))
         kept = _kept_rows(rows, key_field)
@@ -359,7 +363,7 @@ async def start_dataset(
             run_id=run_id,
             write_version=writer.version,
         )
-        admission = Admission(
+        admission = InlineAdmission(
             inserted=writer.inserted,
             # Duplicates and enriched rows: every input row that is not pending.
             skipped=len(rows) - len(pending_rows),

@@ -2,7 +2,8 @@
 
 Every read returns rows in the sheet's read order,
 ``_input_index ASC NULLS LAST, _created_at ASC, _key ASC`` (the order of the
-sheet table's btree index), optionally limited to one ``_run_id``. A row is a
+sheet table's btree index), optionally limited to one ``_run_id`` and/or to one
+admission's pending or completed rows (``AdmittedPart``). A row is a
 dict: row mode ``output`` gives ``_key``, every physical column under its
 contract column id (kept as the column's comment by ``ensure_sheet``), then
 ``_status``, ``_error`` and ``_input_index``; row mode ``all`` adds the other
@@ -30,7 +31,15 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from .._types import Page, PageRequest, RowMode, Summary, check_page_limit, check_page_request
+from .._types import (
+    AdmittedPart,
+    Page,
+    PageRequest,
+    RowMode,
+    Summary,
+    check_page_limit,
+    check_page_request,
+)
 from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..sizes import json_byte_length_up_to
@@ -172,14 +181,37 @@ def _physical_columns(conn: Conn, names: SheetNames) -> list[tuple[str, str]] | 
     return [(name, column_id) for name, column_id in rows if name not in SYSTEM_COLUMNS]
 
 
-def _where(run_id: str | None, *more: sql.Composable) -> sql.Composed:
-    conditions: list[sql.Composable] = []
-    if run_id is not None:
-        conditions.append(sql.SQL("_run_id = %(run_id)s"))
-    conditions += more
-    if not conditions:
-        return sql.Composed([])
-    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions)
+@attrs.frozen
+class _Filter:
+    """Which rows a read sees: all, one run's, and/or one admission's pending or completed."""
+
+    run_id: str | None = None
+    admitted: AdmittedPart | None = None
+
+    def where(self, *more: sql.Composable) -> sql.Composed:
+        conditions: list[sql.Composable] = []
+        if self.run_id is not None:
+            conditions.append(sql.SQL("_run_id = %(run_id)s"))
+        if self.admitted is not None:
+            conditions.append(sql.SQL("_admitted_version = %(admitted)s"))
+            if self.admitted.part == "pending":
+                conditions.append(sql.SQL("_write_version = %(admitted)s"))
+            else:
+                conditions.append(sql.SQL("_write_version <> %(admitted)s"))
+        conditions += more
+        if not conditions:
+            return sql.Composed([])
+        return sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions)
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        admitted = None if self.admitted is None else self.admitted.write_version
+        return {"run_id": self.run_id, "admitted": admitted, **more}
+
+
+def _filter(run_id: object, admitted: object) -> _Filter:
+    if admitted is not None and not isinstance(admitted, AdmittedPart):
+        raise InvalidInputError(f"admitted must be an AdmittedPart or None, got {admitted!r}")
+    return _Filter(_check_run_id(run_id), admitted)
 
 
 def _snapshot(conn: Conn) -> None:
@@ -302,7 +334,7 @@ def _rows_after(
     conn: Conn,
     names: SheetNames,
     projection: _Projection,
-    run_id: str | None,
+    filt: _Filter,
     after: _Position | None,
     limit: int,
     budget: _Budget | None,
@@ -315,7 +347,7 @@ def _rows_after(
     """
     table = names.ident("sheet_table")
     page = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s")
-    params: dict[str, Any] = {"run_id": run_id, "limit": limit}
+    params: dict[str, Any] = filt.params(limit=limit)
     rows: list[dict[str, Any]] = []
     last: Sequence[Any] | None = None
     null_part: sql.Composable = sql.SQL("_input_index IS NULL")
@@ -332,12 +364,12 @@ def _rows_after(
             numbered = sql.SQL(
                 "(_input_index, _created_at, _key) > (%(index)s, %(created)s, %(key)s)"
             )
-        query = page.format(projection.select, table, _where(run_id, numbered), ORDER_BY)
+        query = page.format(projection.select, table, filt.where(numbered), ORDER_BY)
         rows, last = _fetch(conn, query, params, projection, budget)
         if len(rows) >= limit:
             return rows, last
         params["limit"] = limit - len(rows)
-    query = page.format(projection.select, table, _where(run_id, null_part), ORDER_BY)
+    query = page.format(projection.select, table, filt.where(null_part), ORDER_BY)
     more, more_last = _fetch(conn, query, params, projection, budget)
     return rows + more, more_last if more else last
 
@@ -355,6 +387,7 @@ async def read_rows_batch(
     *,
     run_id: str | None = None,
     row_mode: RowMode = "output",
+    admitted: AdmittedPart | None = None,
 ) -> list[Page]:
     """Read 1 to ``READ_BATCH_MAX_PAGES`` pages under one snapshot; one ``Page`` per request.
 
@@ -373,7 +406,7 @@ async def read_rows_batch(
         raise InvalidInputError(
             f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
         )
-    run_id = _check_run_id(run_id)
+    filt = _filter(run_id, admitted)
     row_mode = _check_row_mode(row_mode)
 
     def run(conn: Conn) -> list[Page]:
@@ -389,7 +422,7 @@ async def read_rows_batch(
         projection = _projection(columns, row_mode)
         table = names.ident("sheet_table")
         by_offset = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
-            projection.select, table, _where(run_id), ORDER_BY
+            projection.select, table, filt.where(), ORDER_BY
         )
         position_of = sql.SQL(_POSITION_OF).format(table)
         # Where the previous page ended, when it came back full: (offset, last key).
@@ -402,9 +435,9 @@ async def read_rows_batch(
                 if found is not None:
                     after = (found[0], found[1], ended[1])
             if after is not None:
-                rows, _ = _rows_after(conn, names, projection, run_id, after, request.limit, budget)
+                rows, _ = _rows_after(conn, names, projection, filt, after, request.limit, budget)
             else:
-                params = {"run_id": run_id, "limit": request.limit, "offset": request.offset}
+                params = filt.params(limit=request.limit, offset=request.offset)
                 rows, _ = _fetch(conn, by_offset, params, projection, budget)
             full = len(rows) == request.limit
             ended = (request.offset + request.limit, rows[-1]["_key"]) if full else None
@@ -421,9 +454,12 @@ async def read_rows(
     *,
     run_id: str | None = None,
     row_mode: RowMode = "output",
+    admitted: AdmittedPart | None = None,
 ) -> Page:
     """Read one page; the same rules (and byte budget) as a batch of one."""
-    (page,) = await read_rows_batch(pool, names, [request], run_id=run_id, row_mode=row_mode)
+    (page,) = await read_rows_batch(
+        pool, names, [request], run_id=run_id, row_mode=row_mode, admitted=admitted
+    )
     return page
 
 
@@ -435,6 +471,7 @@ async def read_rows_after(
     *,
     run_id: str | None = None,
     row_mode: RowMode = "output",
+    admitted: AdmittedPart | None = None,
 ) -> tuple[list[dict[str, Any]], RowCursor | None]:
     """Up to ``limit`` rows after ``cursor`` (from the start if None), and the next cursor.
 
@@ -450,7 +487,7 @@ async def read_rows_after(
     if cursor is not None and not isinstance(cursor, RowCursor):
         raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
     limit = check_page_limit(limit)
-    run_id = _check_run_id(run_id)
+    filt = _filter(run_id, admitted)
     row_mode = _check_row_mode(row_mode)
     after = None if cursor is None else (cursor.input_index, cursor.created_at, cursor.key)
 
@@ -462,7 +499,7 @@ async def read_rows_after(
         projection = _projection(columns, row_mode, position=True)
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
         budget.start_page(PageRequest(limit, 0))
-        rows, last = _rows_after(conn, names, projection, run_id, after, limit, budget)
+        rows, last = _rows_after(conn, names, projection, filt, after, limit, budget)
         if len(rows) < limit or last is None:
             return rows, None
         # The hidden position columns close the raw row.
@@ -477,34 +514,42 @@ async def read_row_keys(
     request: PageRequest,
     *,
     run_id: str | None = None,
+    admitted: AdmittedPart | None = None,
 ) -> list[str]:
     """The keys of the rows ``read_rows(request)`` would return, in read order."""
     request = check_page_request(request)
-    run_id = _check_run_id(run_id)
+    filt = _filter(run_id, admitted)
 
     def run(conn: Conn) -> list[str]:
         if _physical_columns(conn, names) is None:
             return []
         query = sql.SQL("SELECT _key FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
-            names.ident("sheet_table"), _where(run_id), ORDER_BY
+            names.ident("sheet_table"), filt.where(), ORDER_BY
         )
-        params = {"run_id": run_id, "limit": request.limit, "offset": request.offset}
+        params = filt.params(limit=request.limit, offset=request.offset)
         return [row[0] for row in conn.execute(query, params).fetchall()]
 
     return await pool.run(run)
 
 
-async def count(pool: TrioPool, names: SheetNames, *, run_id: str | None = None) -> int:
-    """How many rows the sheet holds (with ``run_id``: how many that run stamped)."""
-    run_id = _check_run_id(run_id)
+async def count(
+    pool: TrioPool,
+    names: SheetNames,
+    *,
+    run_id: str | None = None,
+    admitted: AdmittedPart | None = None,
+) -> int:
+    """How many rows the sheet holds (with ``run_id``: how many that run stamped;
+    with ``admitted``: how many that admission's part holds)."""
+    filt = _filter(run_id, admitted)
 
     def run(conn: Conn) -> int:
         if _physical_columns(conn, names) is None:
             return 0
         query = sql.SQL("SELECT count(*) FROM {} {}").format(
-            names.ident("sheet_table"), _where(run_id)
+            names.ident("sheet_table"), filt.where()
         )
-        row = conn.execute(query, {"run_id": run_id}).fetchone()
+        row = conn.execute(query, filt.params()).fetchone()
         return int(row[0]) if row else 0
 
     return await pool.run(run)

@@ -472,16 +472,19 @@ def copy_new_rows(
     *,
     run_id: str | None,
     version: int,
+    admitted: bool = False,
 ) -> tuple[int, Counter[str]]:
     """Insert ``(key, input_index, jsonb texts per column)`` rows as ``pending`` with ``COPY``.
 
     The caller holds the sheet's writer lock and has checked that no key
-    exists yet. Returns the row count and the column non-null delta.
+    exists yet. With ``admitted`` (an admission), ``_admitted_version`` is
+    stamped with ``version`` too. Returns the row count and the column
+    non-null delta.
     """
-    targets = sql.SQL(", ").join(
-        sql.Identifier(name)
-        for name in ["_key", "_status", "_run_id", "_input_index", "_write_version", *sql_names]
-    )
+    system = ["_key", "_status", "_run_id", "_input_index", "_write_version"]
+    if admitted:
+        system.append("_admitted_version")
+    targets = sql.SQL(", ").join(sql.Identifier(name) for name in [*system, *sql_names])
     counts = [0] * len(sql_names)
     count = 0
     with (
@@ -495,6 +498,9 @@ def copy_new_rows(
             for position, text in enumerate(texts):
                 if text is not None:
                     counts[position] += 1
-            write_row((key, "pending", run_id, index, version, *texts))
+            if admitted:
+                write_row((key, "pending", run_id, index, version, version, *texts))
+            else:
+                write_row((key, "pending", run_id, index, version, *texts))
             count += 1
     return count, Counter(dict(zip(sql_names, counts, strict=True)))

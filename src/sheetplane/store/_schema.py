@@ -54,6 +54,7 @@ SYSTEM_COLUMNS: tuple[str, ...] = (
     "_updated_at",
     "_cell_meta",
     "_write_version",
+    "_admitted_version",
 )
 
 _HASH_CHARS = 12
@@ -253,7 +254,7 @@ def _missing_ddl(
     ).fetchall()
     found_tables = {row[0] for row in rows}
     comments = {row[1]: row[2] for row in rows if row[1] is not None}
-    if found_tables != set(tables):
+    if found_tables != set(tables) or "_admitted_version" not in comments:
         return True
     return any(comments.get(name, "\x00") != column_id for name, column_id in columns.items())
 
@@ -275,9 +276,12 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
                 _created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 _updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 _cell_meta jsonb NOT NULL DEFAULT '{{}}',
-                _write_version bigint NOT NULL DEFAULT 0
+                _write_version bigint NOT NULL DEFAULT 0,
+                _admitted_version bigint
             )"""
         ).format(sheet),
+        # A sheet made before admissions stamped their rows gains the column.
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS _admitted_version bigint").format(sheet),
     ]
     if columns:
         statements.append(

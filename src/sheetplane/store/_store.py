@@ -14,9 +14,10 @@ from typing import Any
 
 from .. import budgets
 from .._types import (
-    Admission,
+    AdmittedPart,
     CompleteRow,
     FailRow,
+    InlineAdmission,
     Page,
     PageRequest,
     ReceiptCompletion,
@@ -92,8 +93,8 @@ class SheetStore:
         contract: SheetContract,
         *,
         key_field: str | None = None,
-        check: Callable[[Admission], None] | None = None,
-    ) -> Admission:
+        check: Callable[[InlineAdmission], None] | None = None,
+    ) -> InlineAdmission:
         """Admit ``rows`` for the attempt ``run_id`` under a new write version.
 
         Ensures the sheet's layout for ``contract`` first. ``check`` sees the
@@ -216,10 +217,16 @@ class SheetStore:
         *,
         run_id: str | None = None,
         row_mode: RowMode = "output",
+        admitted: AdmittedPart | None = None,
     ) -> Page:
         """One page in read order (raises ``ReadBatchTooLargeError`` past the byte budget)."""
         return await _reads.read_rows(
-            self.pool, sheet_names(sheet), request, run_id=run_id, row_mode=row_mode
+            self.pool,
+            sheet_names(sheet),
+            request,
+            run_id=run_id,
+            row_mode=row_mode,
+            admitted=admitted,
         )
 
     async def read_rows_batch(
@@ -229,10 +236,16 @@ class SheetStore:
         *,
         run_id: str | None = None,
         row_mode: RowMode = "output",
+        admitted: AdmittedPart | None = None,
     ) -> list[Page]:
         """1 to 4 pages under one snapshot; ``ReadBatchTooLargeError`` past the byte budget."""
         return await _reads.read_rows_batch(
-            self.pool, sheet_names(sheet), pages, run_id=run_id, row_mode=row_mode
+            self.pool,
+            sheet_names(sheet),
+            pages,
+            run_id=run_id,
+            row_mode=row_mode,
+            admitted=admitted,
         )
 
     async def read_rows_after(
@@ -243,21 +256,41 @@ class SheetStore:
         *,
         run_id: str | None = None,
         row_mode: RowMode = "output",
+        admitted: AdmittedPart | None = None,
     ) -> tuple[list[dict[str, Any]], RowCursor | None]:
         """Keyset page: up to ``limit`` rows after ``cursor``, and the next cursor (None at end)."""
         return await _reads.read_rows_after(
-            self.pool, sheet_names(sheet), cursor, limit, run_id=run_id, row_mode=row_mode
+            self.pool,
+            sheet_names(sheet),
+            cursor,
+            limit,
+            run_id=run_id,
+            row_mode=row_mode,
+            admitted=admitted,
         )
 
     async def read_row_keys(
-        self, sheet: SheetRef, request: PageRequest, *, run_id: str | None = None
+        self,
+        sheet: SheetRef,
+        request: PageRequest,
+        *,
+        run_id: str | None = None,
+        admitted: AdmittedPart | None = None,
     ) -> list[str]:
         """The keys of one page, in read order."""
-        return await _reads.read_row_keys(self.pool, sheet_names(sheet), request, run_id=run_id)
+        return await _reads.read_row_keys(
+            self.pool, sheet_names(sheet), request, run_id=run_id, admitted=admitted
+        )
 
-    async def count(self, sheet: SheetRef, *, run_id: str | None = None) -> int:
-        """Rows in the sheet (or stamped with ``run_id``)."""
-        return await _reads.count(self.pool, sheet_names(sheet), run_id=run_id)
+    async def count(
+        self,
+        sheet: SheetRef,
+        *,
+        run_id: str | None = None,
+        admitted: AdmittedPart | None = None,
+    ) -> int:
+        """Rows in the sheet (or stamped with ``run_id``, or in one admission's part)."""
+        return await _reads.count(self.pool, sheet_names(sheet), run_id=run_id, admitted=admitted)
 
     async def read_rows_by_keys(
         self, sheet: SheetRef, keys: Sequence[str], *, row_mode: RowMode = "output"

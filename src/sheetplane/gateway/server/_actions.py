@@ -22,9 +22,10 @@ from ..._types import (
     BIGINT_MIN,
     OPERATIONS,
     ROW_MODES,
-    Admission,
+    AdmittedPart,
     CompleteRow,
     FailRow,
+    InlineAdmission,
     Operation,
     Page,
     PageRequest,
@@ -156,6 +157,21 @@ def _row_objects(body: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
     return rows
 
 
+def _admitted(spec: Mapping[str, Any]) -> AdmittedPart | None:
+    """``input.admission``: null, or ``{writeVersion, part}`` (one admission's pending or
+    completed rows)."""
+    value = spec.get("admission")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise bad_request("input.admission must be null or an object")
+    version = _integer(value.get("writeVersion"), "input.admission.writeVersion", 1, BIGINT_MAX)
+    part = value.get("part")
+    if part not in ("pending", "completed"):
+        raise bad_request("input.admission.part must be 'pending' or 'completed'")
+    return AdmittedPart(version, part)
+
+
 def _read_scope(call: Call) -> tuple[Mapping[str, Any], SheetRef, str | None, RowMode]:
     spec = _object(call.body, "input")
     sheet = _sheet(call, spec, where="input.")
@@ -227,7 +243,7 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     return _admission_json(admission)
 
 
-def _admission_json(admission: Admission) -> dict[str, Any]:
+def _admission_json(admission: InlineAdmission) -> dict[str, Any]:
     return {
         "inserted": admission.inserted,
         "skipped": admission.skipped,
@@ -238,7 +254,7 @@ def _admission_json(admission: Admission) -> dict[str, Any]:
     }
 
 
-def _fits_one_answer(admission: Admission) -> None:
+def _fits_one_answer(admission: InlineAdmission) -> None:
     """Refuse, before the commit, an admission whose answer would pass the ceiling.
 
     Runs inside the admission's transaction: ``AdmissionTooLargeError`` rolls
@@ -387,14 +403,17 @@ async def runtime_sheet_read_rows(call: Call) -> dict[str, Any]:
     spec, sheet, run_id, mode = _read_scope(call)
     request = _page_request(spec, "input")
     store = call.state.store
+    admitted = _admitted(spec)
     if "after" not in spec or call.state.config.legacy:
-        page = await store.read_rows(sheet, request, run_id=run_id, row_mode=mode)
+        page = await store.read_rows(
+            sheet, request, run_id=run_id, row_mode=mode, admitted=admitted
+        )
         return _page_json(page)
     cursor = _row_cursor(spec["after"])
     # The store measures the rows as they decode and raises ReadBatchTooLargeError
     # (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
     rows, next_cursor = await store.read_rows_after(
-        sheet, cursor, request.limit, run_id=run_id, row_mode=mode
+        sheet, cursor, request.limit, run_id=run_id, row_mode=mode, admitted=admitted
     )
     return {
         "rows": rows,
@@ -412,7 +431,9 @@ async def runtime_sheet_read_rows_batch(call: Call) -> dict[str, Any]:
     if not 1 <= len(raw_pages) <= READ_BATCH_MAX_PAGES:
         raise bad_request(f"Runtime dataset read batch requires 1-{READ_BATCH_MAX_PAGES} pages.")
     requests = [_page_request(p, f"input.pages[{i}]") for i, p in enumerate(raw_pages)]
-    pages = await call.state.store.read_rows_batch(sheet, requests, run_id=run_id, row_mode=mode)
+    pages = await call.state.store.read_rows_batch(
+        sheet, requests, run_id=run_id, row_mode=mode, admitted=_admitted(spec)
+    )
     return {"pages": [_page_json(page) for page in pages]}
 
 
@@ -420,7 +441,9 @@ async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
     """``{input: {tableNamespace, runId?, limit, offset}}`` → ``{keys, limit, offset}``."""
     spec, sheet, run_id, _mode = _read_scope(call)
     request = _page_request(spec, "input")
-    keys = await call.state.store.read_row_keys(sheet, request, run_id=run_id)
+    keys = await call.state.store.read_row_keys(
+        sheet, request, run_id=run_id, admitted=_admitted(spec)
+    )
     return {"keys": list(keys), "limit": request.limit, "offset": request.offset}
 
 
