@@ -1,5 +1,7 @@
 """Envelope encryption of Postgres URLs: round trips, every tampering, and
-interoperability with an independent JOSE implementation (joserfc)."""
+interoperability. sheetplane.crypto seals and opens with joserfc; the
+joserfc tests pin the wire shape against its own API, and jwcrypto (an
+independent implementation) proves the envelopes interoperate both ways."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from joserfc import jwe
 from joserfc.jwk import OctKey, RSAKey
+from jwcrypto import jwe as jwcrypto_jwe
+from jwcrypto import jwk as jwcrypto_jwk
 
 from sheetplane import EnvelopeDecryptionError, InvalidInputError
 from sheetplane.crypto import (
@@ -294,3 +298,63 @@ def test_unwrap_key_envelopes_interoperate_with_joserfc() -> None:
     message.add_recipient({}, OctKey.import_key(UNWRAP_KEY))
     made = jwe.encrypt_json(message, None, algorithms=["A256KW", "A256GCM"])
     assert decrypt_with_unwrap_key(made, UNWRAP_KEY, AAD) == "pg://z"  # type: ignore[arg-type]
+
+
+# --- a second, independent JOSE implementation (jwcrypto), in both directions -------------
+
+
+def _jwcrypto_open(envelope: dict[str, str], key: jwcrypto_jwk.JWK, algs: list[str]) -> bytes:
+    token = jwcrypto_jwe.JWE()
+    token.allowed_algs = algs
+    token.deserialize(json.dumps(envelope), key=key)
+    assert token.payload is not None
+    return bytes(token.payload)
+
+
+def _jwcrypto_seal(
+    plaintext: bytes, key: jwcrypto_jwk.JWK, alg: str, aad: bytes, *, spaced: bool = False
+) -> Any:
+    # jwcrypto writes the protected header it is given; JavaScript's jose (the
+    # seed runtime's) and joserfc write it compact, so that is the default here.
+    separators = (", ", ": ") if spaced else (",", ":")
+    protected = json.dumps({"alg": alg, "enc": "A256GCM"}, separators=separators)
+    token = jwcrypto_jwe.JWE(plaintext, protected=protected, aad=aad)
+    token.allowed_algs = [alg, "A256GCM"]
+    token.add_recipient(key)
+    return json.loads(token.serialize(compact=False))
+
+
+def test_our_envelope_opens_with_jwcrypto(key: DecryptionKey) -> None:
+    envelope = encrypt_postgres_url(URL, key.public_jwk(), AAD)
+    private = jwcrypto_jwk.JWK.from_pyca(key.private_key)
+    assert _jwcrypto_open(envelope, private, ["RSA-OAEP-256", "A256GCM"]) == URL.encode()
+
+
+def test_jwcrypto_envelope_opens_with_ours(key: DecryptionKey) -> None:
+    public = jwcrypto_jwk.JWK(**key.public_jwk())
+    envelope = _jwcrypto_seal(URL.encode(), public, "RSA-OAEP-256", AAD)
+    assert decrypt_postgres_url(envelope, key, AAD) == URL
+    # Bound to its AAD there too: another session's identity does not open it.
+    with pytest.raises(EnvelopeDecryptionError):
+        decrypt_postgres_url(envelope, key, _aad(org_id="org-2"))
+
+
+def test_unwrap_key_envelopes_interoperate_with_jwcrypto() -> None:
+    oct_key = jwcrypto_jwk.JWK(kty="oct", k=_b64(UNWRAP_KEY))
+    envelope = encrypt_with_unwrap_key(URL, UNWRAP_KEY, AAD)
+    assert _jwcrypto_open(envelope, oct_key, ["A256KW", "A256GCM"]) == URL.encode()
+    made = _jwcrypto_seal(b"pg://z", oct_key, "A256KW", AAD)
+    assert decrypt_with_unwrap_key(made, UNWRAP_KEY, AAD) == "pg://z"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=EnvelopeDecryptionError,
+    reason="joserfc 1.8 re-encodes the parsed protected header for the GCM AAD instead "
+    "of using the received segment (RFC 7516 5.2 step 14), so a valid envelope whose "
+    "protected header is not compact JSON does not open; it is refused, typed",
+)
+def test_an_envelope_with_a_spaced_protected_header_opens(key: DecryptionKey) -> None:
+    public = jwcrypto_jwk.JWK(**key.public_jwk())
+    envelope = _jwcrypto_seal(URL.encode(), public, "RSA-OAEP-256", AAD, spaced=True)
+    assert decrypt_postgres_url(envelope, key, AAD) == URL

@@ -16,13 +16,22 @@ serialization (RFC 7516 §7.2.2):
 Preloaded sessions (minted ahead of a run by a harness) use the same shape
 with ``alg`` ``A256KW`` (RFC 3394 AES key wrap) under a 32-byte unwrap key.
 
+The JOSE work (key wrapping, AES-GCM, the serialization) is joserfc's, a
+maintained implementation of RFC 7515-7518. This module keeps only what is
+sheetplane's own: the session identity as AAD, the checks on a caller's public
+key (RSA, at least 2048 bits, an odd exponent >= 3, no private members), and a
+strict reading of an envelope before joserfc sees it: exactly the members of
+a flattened serialization, canonical unpadded base64url, only the header
+parameters this use needs, and the one pair of algorithms each path allows.
+
 Every decryption failure, whatever its cause (tampered protected header,
 encrypted key, IV, ciphertext or tag; another AAD; another key; an
 unexpected algorithm; a malformed envelope), raises
 :class:`~sheetplane.errors.EnvelopeDecryptionError` with a message that names
-no plaintext and no key material. A failed RSA unwrap is not reported on its
-own: decryption goes on with a random content key and fails at the tag, so
-the error does not tell an attacker which step failed (RFC 7516 §11.5).
+no plaintext and no key material and carries no cause. A failed RSA unwrap is
+not reported on its own: it reads "authentication failed", as a bad tag does
+(RSA-OAEP is not open to the RSA1_5 oracle RFC 7516 §11.5 guards against, and
+the message gives no step away).
 """
 
 from __future__ import annotations
@@ -30,20 +39,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.keywrap import (
-    InvalidUnwrap,
-    aes_key_unwrap,
-    aes_key_wrap,
-)
+from cryptography.hazmat.primitives.asymmetric import rsa
+from joserfc import jwe
+from joserfc.errors import JoseError
+from joserfc.jwk import OctKey, RSAKey
 
 from .errors import EnvelopeDecryptionError, InvalidInputError
 
@@ -52,6 +55,7 @@ __all__ = [
     "RSA_KEY_BITS",
     "UNWRAP_KEY_BYTES",
     "DecryptionKey",
+    "check_public_jwk",
     "check_unwrap_key",
     "decrypt_postgres_url",
     "decrypt_with_unwrap_key",
@@ -71,15 +75,11 @@ RSA_KEY_BITS: Final = 2048
 _RSA_ALG: Final = "RSA-OAEP-256"
 _KW_ALG: Final = "A256KW"
 _ENC: Final = "A256GCM"
-_CEK_BYTES: Final = 32
 _IV_BYTES: Final = 12
 _TAG_BYTES: Final = 16
 _PUBLIC_EXPONENT: Final = 65537
 #: The size of a harness unwrap key (an AES-256 key-wrapping key).
 UNWRAP_KEY_BYTES: Final = 32
-_OAEP: Final = padding.OAEP(
-    mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None
-)
 #: Header parameters this implementation understands; any other one in an
 #: envelope (``zip``, ``crit``, ``epk``...) makes it refuse the envelope.
 _KNOWN_HEADER_PARAMS: Final = frozenset({"alg", "enc", "kid", "typ", "cty"})
@@ -110,10 +110,6 @@ def _b64u_decode(text: str) -> bytes:
     return decoded
 
 
-def _uint_to_b64u(value: int) -> str:
-    return _b64u_encode(value.to_bytes((value.bit_length() + 7) // 8 or 1, "big"))
-
-
 # --- keys ------------------------------------------------------------------------
 
 
@@ -136,11 +132,11 @@ class DecryptionKey:
 
     def public_jwk(self) -> dict[str, str]:
         """The public half as a JWK (RFC 7517): ``kty``, ``n``, ``e``, ``alg``, ``use``."""
-        numbers = self._private_key.public_key().public_numbers()
+        public = RSAKey.import_key(self._private_key.public_key()).as_dict(private=False)
         return {
             "kty": "RSA",
-            "n": _uint_to_b64u(numbers.n),
-            "e": _uint_to_b64u(numbers.e),
+            "n": str(public["n"]),
+            "e": str(public["e"]),
             "alg": _RSA_ALG,
             "use": "enc",
         }
@@ -160,7 +156,12 @@ def generate_decryption_key() -> DecryptionKey:
     return DecryptionKey(key)
 
 
-def _public_key_from_jwk(jwk: Mapping[str, Any]) -> rsa.RSAPublicKey:
+def check_public_jwk(jwk: object) -> None:
+    """Refuse (``InvalidInputError``) a public JWK :func:`encrypt_postgres_url` would refuse."""
+    _public_key_from_jwk(jwk)
+
+
+def _public_key_from_jwk(jwk: object) -> rsa.RSAPublicKey:
     """Parse and check an RSA public JWK; raise ``InvalidInputError`` naming what is wrong."""
     if not isinstance(jwk, Mapping):
         raise InvalidInputError(f"public key JWK must be an object, got {type(jwk).__name__}")
@@ -235,43 +236,33 @@ def session_aad(
 # --- JWE ---------------------------------------------------------------------------------
 
 
-def _seal(url: str, alg: str, encrypted_key_for: Any, aad: bytes) -> dict[str, str]:
+def _seal(url: str, alg: str, key: RSAKey | OctKey, aad: bytes) -> dict[str, str]:
     if not isinstance(url, str):
         raise InvalidInputError(f"the URL to encrypt must be a string, got {type(url).__name__}")
-    if not isinstance(aad, bytes | bytearray):
-        raise InvalidInputError("aad must be bytes")
-    protected = _b64u_encode(
-        json.dumps({"alg": alg, "enc": _ENC}, separators=(",", ":")).encode("ascii")
-    )
-    aad_b64 = _b64u_encode(bytes(aad))
-    cek = AESGCM.generate_key(bit_length=_CEK_BYTES * 8)
-    iv = os.urandom(_IV_BYTES)
-    sealed = AESGCM(cek).encrypt(iv, url.encode("utf-8"), f"{protected}.{aad_b64}".encode("ascii"))
-    return {
-        "protected": protected,
-        "encrypted_key": _b64u_encode(encrypted_key_for(cek)),
-        "iv": _b64u_encode(iv),
-        "ciphertext": _b64u_encode(sealed[:-_TAG_BYTES]),
-        "tag": _b64u_encode(sealed[-_TAG_BYTES:]),
-        "aad": aad_b64,
-    }
+    if not isinstance(aad, bytes | bytearray) or not aad:
+        raise InvalidInputError("aad must be non-empty bytes (a session identity)")
+    protected = {"alg": alg, "enc": _ENC}
+    message = jwe.FlattenedJSONEncryption(protected, url.encode("utf-8"), aad=bytes(aad))
+    message.add_recipient({}, key)
+    sealed = jwe.encrypt_json(message, None, algorithms=[alg, _ENC])
+    # joserfc writes an empty per-recipient header; the envelope is the six members.
+    return {name: str(sealed[name]) for name in _SEALED_MEMBERS}
 
 
-@attrs.frozen
-class _Parsed:
-    protected: str
-    encrypted_key: bytes
-    iv: bytes
-    ciphertext: bytes
-    tag: bytes
+_SEALED_MEMBERS: Final = ("protected", "encrypted_key", "iv", "ciphertext", "tag", "aad")
 
 
 def _fail(reason: str) -> EnvelopeDecryptionError:
     return EnvelopeDecryptionError(f"encrypted Postgres URL did not open: {reason}")
 
 
-def _parse(envelope: Mapping[str, Any], alg: str, aad: bytes) -> _Parsed:
-    """Check an envelope's shape and headers; raise ``EnvelopeDecryptionError`` if off."""
+def _check(envelope: Mapping[str, Any], alg: str, aad: bytes) -> dict[str, Any]:
+    """Read an envelope strictly; raise ``EnvelopeDecryptionError`` if it is off.
+
+    What joserfc would accept more loosely (padding, extra members, extra or
+    moved header parameters, other algorithms) is refused here, before any
+    key is used.
+    """
     if not isinstance(envelope, Mapping):
         raise _fail("the envelope is not an object")
     if not isinstance(aad, bytes | bytearray):
@@ -280,7 +271,7 @@ def _parse(envelope: Mapping[str, Any], alg: str, aad: bytes) -> _Parsed:
     if unknown or "recipients" in envelope:
         raise _fail("the envelope is not a flattened JWE JSON serialization")
     members: dict[str, bytes] = {}
-    for name in ("protected", "encrypted_key", "iv", "ciphertext", "tag", "aad"):
+    for name in _SEALED_MEMBERS:
         value = envelope.get(name)
         if not isinstance(value, str):
             raise _fail(f"the envelope's {name} member is missing")
@@ -309,24 +300,18 @@ def _parse(envelope: Mapping[str, Any], alg: str, aad: bytes) -> _Parsed:
         raise _fail(f"the envelope must use alg {alg} with enc {_ENC}")
     if len(members["iv"]) != _IV_BYTES or len(members["tag"]) != _TAG_BYTES:
         raise _fail("the IV or tag has the wrong length")
-    return _Parsed(
-        protected=envelope["protected"],
-        encrypted_key=members["encrypted_key"],
-        iv=members["iv"],
-        ciphertext=members["ciphertext"],
-        tag=members["tag"],
-    )
+    return dict(envelope)
 
 
-def _open(parsed: _Parsed, cek: bytes, aad: bytes) -> str:
-    gcm_aad = f"{parsed.protected}.{_b64u_encode(bytes(aad))}".encode("ascii")
+def _open(envelope: dict[str, Any], key: RSAKey | OctKey, alg: str) -> str:
     try:
-        plaintext = AESGCM(cek).decrypt(parsed.iv, parsed.ciphertext + parsed.tag, gcm_aad)
-    except InvalidTag:
+        opened = jwe.decrypt_json(envelope, key, algorithms=[alg, _ENC])  # type: ignore[arg-type]
+    except (JoseError, ValueError, TypeError):
+        # The cause is dropped: a library error may carry key or plaintext bytes along.
         raise _fail("authentication failed (tampered, another session, or another key)") from None
     try:
-        return plaintext.decode("utf-8")
-    except UnicodeDecodeError:
+        return opened.plaintext.decode("utf-8")  # type: ignore[union-attr]
+    except (AttributeError, UnicodeDecodeError):
         raise _fail("the plaintext is not UTF-8") from None
 
 
@@ -338,7 +323,7 @@ def encrypt_postgres_url(url: str, public_jwk: Mapping[str, Any], aad: bytes) ->
     key that is not RSA of at least 2048 bits raises ``InvalidInputError``.
     """
     public_key = _public_key_from_jwk(public_jwk)
-    return _seal(url, _RSA_ALG, lambda cek: public_key.encrypt(cek, _OAEP), aad)
+    return _seal(url, _RSA_ALG, RSAKey.import_key(public_key), aad)
 
 
 def decrypt_postgres_url(envelope: Mapping[str, Any], key: DecryptionKey, aad: bytes) -> str:
@@ -350,15 +335,8 @@ def decrypt_postgres_url(envelope: Mapping[str, Any], key: DecryptionKey, aad: b
     """
     if not isinstance(key, DecryptionKey):
         raise InvalidInputError(f"key must be a DecryptionKey, got {type(key).__name__}")
-    parsed = _parse(envelope, _RSA_ALG, aad)
-    try:
-        cek = key.private_key.decrypt(parsed.encrypted_key, _OAEP)
-    except ValueError:
-        cek = b""
-    if len(cek) != _CEK_BYTES:
-        # Go on with a random key so this failure is indistinguishable from a bad tag.
-        cek = os.urandom(_CEK_BYTES)
-    return _open(parsed, cek, aad)
+    checked = _check(envelope, _RSA_ALG, aad)
+    return _open(checked, RSAKey.import_key(key.private_key), _RSA_ALG)
 
 
 def check_unwrap_key(unwrap_key: object, what: str = "the unwrap key") -> bytes:
@@ -379,7 +357,7 @@ def optional_unwrap_key(instance: object, attribute: attrs.Attribute[Any], value
 def encrypt_with_unwrap_key(url: str, unwrap_key: bytes, aad: bytes) -> dict[str, str]:
     """Encrypt ``url`` under a 32-byte harness unwrap key (JWE ``A256KW`` + ``A256GCM``)."""
     kek = check_unwrap_key(unwrap_key)
-    return _seal(url, _KW_ALG, lambda cek: aes_key_wrap(kek, cek), aad)
+    return _seal(url, _KW_ALG, OctKey.import_key(kek), aad)
 
 
 def decrypt_with_unwrap_key(envelope: Mapping[str, Any], unwrap_key: bytes, aad: bytes) -> str:
@@ -389,11 +367,5 @@ def decrypt_with_unwrap_key(envelope: Mapping[str, Any], unwrap_key: bytes, aad:
         kek = check_unwrap_key(unwrap_key)
     except InvalidInputError:
         raise _fail(f"the unwrap key must be {UNWRAP_KEY_BYTES} bytes") from None
-    parsed = _parse(envelope, _KW_ALG, aad)
-    try:
-        cek = aes_key_unwrap(kek, parsed.encrypted_key)
-    except (InvalidUnwrap, ValueError):
-        raise _fail("authentication failed (tampered, another session, or another key)") from None
-    if len(cek) != _CEK_BYTES:
-        raise _fail("the wrapped content key has the wrong length")
-    return _open(parsed, cek, aad)
+    checked = _check(envelope, _KW_ALG, aad)
+    return _open(checked, OctKey.import_key(kek), _KW_ALG)

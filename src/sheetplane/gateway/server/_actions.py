@@ -570,7 +570,7 @@ async def create_db_session(call: Call) -> dict[str, Any]:
         if not isinstance(jwk, Mapping):
             raise bad_request("postgresUrlEncryption.publicKeyJwk must be an object")
         # Check the key before a role exists for it (InvalidInputError → 400).
-        crypto.encrypt_postgres_url("", jwk, b"")
+        crypto.check_public_jwk(jwk)
     elif not call.state.config.allow_plain_session_urls:
         raise ActionError(
             400,
