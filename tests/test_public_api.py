@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import pickle
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import sheetplane
 from sheetplane import errors
+from sheetplane._types import Receipt
 
 
 def test_all_is_sorted_and_unique() -> None:
@@ -62,6 +64,9 @@ def test_contract_errors_survive_pickling() -> None:
         errors.GatewayError(502, "bad_gateway", "upstream failed", {"x": 1}),
         errors.BackpressureError(503, "runtime_postgres_admission_backpressure", "busy", None, 500),
         errors.AttemptSupersededError([{"key": "a", "reason": "newer_write_version"}]),
+        errors.LeaseHeldError("k", "run-1:ab", dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
+        errors.LeaseLostError("k", "a renewal was refused"),
+        errors.ReceiptCompletedError(Receipt("k", {"n": 1}, "run-1", "2030-01-01T00:00:00+00:00")),
     ):
         again = pickle.loads(pickle.dumps(exc))
         assert type(again) is type(exc)

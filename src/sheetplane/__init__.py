@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typing
 
+from ._leases import Lease as Lease
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
 from .errors import AdmissionTooLargeError as AdmissionTooLargeError
@@ -25,8 +26,12 @@ from .errors import GatewayProtocolError as GatewayProtocolError
 from .errors import GatewayTimeoutError as GatewayTimeoutError
 from .errors import InvalidInputError as InvalidInputError
 from .errors import LaneWedgedError as LaneWedgedError
+from .errors import LeaseError as LeaseError
+from .errors import LeaseHeldError as LeaseHeldError
+from .errors import LeaseLostError as LeaseLostError
 from .errors import OversizedValueError as OversizedValueError
 from .errors import ReadBatchTooLargeError as ReadBatchTooLargeError
+from .errors import ReceiptCompletedError as ReceiptCompletedError
 from .errors import ResponseTooLargeError as ResponseTooLargeError
 from .errors import SessionError as SessionError
 from .errors import SessionExpiredError as SessionExpiredError
@@ -82,8 +87,13 @@ __all__ = [
     "GatewayTimeoutError",
     "InvalidInputError",
     "LaneWedgedError",
+    "Lease",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
     "OversizedValueError",
     "ReadBatchTooLargeError",
+    "ReceiptCompletedError",
     "ResponseTooLargeError",
     "Runtime",
     "RuntimeContext",

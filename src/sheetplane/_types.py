@@ -297,6 +297,20 @@ class ReceiptCompletion:
     completion_disposition: Literal["persisted", "existing"]
 
 
+@attrs.frozen
+class ReceiptClaim:
+    """The answer to a claim of a work receipt's lease (``claim_work_receipt``)."""
+
+    acquired: bool
+    """Whether the caller holds the lease now (newly taken, taken over, or renewed)."""
+    holder: str | None
+    """Who holds the lease now (None once the work is completed, or when no one does)."""
+    expires_at: str | None
+    """When the current lease expires, ISO 8601 on the gateway's clock (None once completed)."""
+    receipt: Receipt | None
+    """The completed receipt, when the work is already done (then ``acquired`` is False)."""
+
+
 def check_int(what: str, value: object, minimum: int, maximum: int | None = None) -> int:
     """``value`` when it is an ``int`` (not a bool) within bounds, else ``InvalidInputError``."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -179,6 +179,30 @@ SHEET_ATTEMPT_LEASE_RENEWAL_MS: Final = (SHEET_ATTEMPT_LEASE_TTL_MS - CALL_BUDGE
 WORK_RECEIPT_LEASE_TTL_MS: Final = 2 * CALL_BUDGET_MS
 WORK_RECEIPT_LEASE_RENEWAL_MS: Final = (WORK_RECEIPT_LEASE_TTL_MS - CALL_BUDGET_MS) // 2
 
+#: How long before a lease's expiry the body of ``claim`` is cancelled when the
+#: lease cannot be renewed. The runner counts the expiry from when it *sent*
+#: the claim (the gateway's clock started it later, so the gateway's expiry is
+#: no earlier), and stops the body this much before that: what the lease has
+#: left once a renewal started on schedule has taken its whole call budget.
+WORK_RECEIPT_LEASE_GUARD_MS: Final = (
+    WORK_RECEIPT_LEASE_TTL_MS - WORK_RECEIPT_LEASE_RENEWAL_MS - CALL_BUDGET_MS
+)
+
+#: ``once`` waiting on another holder's lease asks again this often: the
+#: ladder's longest delay, so a waiter costs the gateway one call per 2 s.
+WORK_RECEIPT_ONCE_POLL_MS: Final = RETRY_DELAYS_MS[-1]
+
+#: The longest ``once`` waits on another holder's lease. A lease seen held
+#: expires within one TTL unless its holder is alive and renewing it; one
+#: more poll then takes it over. Past this the holder is alive, and ``once``
+#: raises ``LeaseHeldError``.
+WORK_RECEIPT_ONCE_WAIT_MS: Final = WORK_RECEIPT_LEASE_TTL_MS + WORK_RECEIPT_ONCE_POLL_MS
+
+#: A lease left without a completion (the body raised or was cancelled) is
+#: released, shielded from cancellation, for at most one request timeout. A
+#: release that does not land costs nothing but the wait: the lease expires.
+WORK_RECEIPT_RELEASE_TIMEOUT_MS: Final = REQUEST_TIMEOUT_MS
+
 
 def _check() -> None:
     """The relations between budgets; a broken one fails the import (``-O`` cannot skip it)."""
@@ -215,6 +239,14 @@ def _check() -> None:
         ),
         "a lease outlives the longest store operation": all(
             ttl > POSTGRES_OPERATION_BUDGET_MS for ttl, _ in leases
+        ),
+        "a receipt lease's body stops strictly before its expiry, after a whole renewal call": (
+            WORK_RECEIPT_LEASE_GUARD_MS > 0
+            and WORK_RECEIPT_LEASE_RENEWAL_MS + CALL_BUDGET_MS + WORK_RECEIPT_LEASE_GUARD_MS
+            <= WORK_RECEIPT_LEASE_TTL_MS
+        ),
+        "once waits past a whole lease before giving up": (
+            WORK_RECEIPT_ONCE_WAIT_MS > WORK_RECEIPT_LEASE_TTL_MS > WORK_RECEIPT_ONCE_POLL_MS > 0
         ),
     }
     broken = [name for name, holds in relations.items() if not holds]

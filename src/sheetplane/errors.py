@@ -30,6 +30,10 @@ The tree::
     ├── AttemptSupersededError                a newer admission fenced this attempt
     ├── WriteConflictError                    same version, different values
     ├── WorkReceiptFencedError                another holder's live claim owns the receipt
+    ├── LeaseError                            a work receipt's lease
+    │   ├── LeaseHeldError                    another holder holds the lease
+    │   ├── LeaseLostError                    the lease was lost; the block's body was cancelled
+    │   └── ReceiptCompletedError             the work is already done (its receipt is on it)
     └── SessionError                          scoped DB sessions
         ├── SessionExpiredError
         └── EnvelopeDecryptionError           the encrypted Postgres URL did not open
@@ -40,8 +44,12 @@ before they reach an exception.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from ._types import Receipt
 
 
 class SheetplaneError(Exception):
@@ -320,6 +328,63 @@ class WorkReceiptFencedError(SheetplaneError):
     """
 
     code = "work_receipt_fenced"
+
+
+# --- leases --------------------------------------------------------------------------
+
+
+class LeaseError(SheetplaneError):
+    """Base of the errors of a work receipt's lease (``ReceiptRecorder.claim`` and ``once``)."""
+
+    code = "lease_error"
+
+
+class LeaseHeldError(LeaseError):
+    """Another holder holds the lease on ``key`` until ``expires_at`` (the gateway's clock)."""
+
+    code = "lease_held"
+
+    def __init__(self, key: str, holder: str | None, expires_at: dt.datetime | None) -> None:
+        self.key = key
+        self.holder = holder
+        self.expires_at = expires_at
+        until = "" if expires_at is None else f" until {expires_at.isoformat()}"
+        super().__init__(f"work receipt {key!r} is leased by {holder!r}{until}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.holder, self.expires_at))
+
+
+class LeaseLostError(LeaseError):
+    """The lease on ``key`` was lost while the block ran: a renewal was refused or
+    failed, or could not land before the lease would expire. The body was
+    cancelled before the expiry instant, so no other holder ran it meanwhile."""
+
+    code = "lease_lost"
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"the lease on work receipt {key!r} was lost: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.reason))
+
+
+class ReceiptCompletedError(LeaseError):
+    """The work is already done: ``receipt`` is the completed receipt (no lease was taken)."""
+
+    code = "receipt_completed"
+
+    def __init__(self, receipt: Receipt) -> None:
+        self.receipt = receipt
+        super().__init__(
+            f"work receipt {receipt.key!r} was completed by run {receipt.run_id!r} "
+            f"at {receipt.completed_at}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.receipt,))
 
 
 # --- sessions -----------------------------------------------------------------------

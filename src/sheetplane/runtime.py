@@ -41,6 +41,7 @@ granted, so they go through the gateway too.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -59,6 +60,8 @@ import attrs
 import trio
 
 from . import crypto
+from ._groups import single_leaf
+from ._leases import Lease, acquire_lease, hold_lease, run_once
 from ._types import (
     BIGINT_MAX,
     AdmissionCounts,
@@ -66,6 +69,7 @@ from ._types import (
     CompleteRow,
     ContractColumn,
     FailRow,
+    ReceiptClaim,
     ReceiptCompletion,
     RowMode,
     SheetContract,
@@ -483,15 +487,41 @@ class RowWriter:
             )
 
 
+class _GatewayReceipts:
+    """The gateway as a lease backend (``sheetplane._leases.ReceiptBackend``) for one run."""
+
+    def __init__(self, client: GatewayClient, run_id: str) -> None:
+        self._client = client
+        self._run_id = run_id
+
+    async def claim(self, key: str, holder: str) -> ReceiptClaim:
+        return await self._client.claim_work_receipt(key, holder)
+
+    async def complete(self, key: str, result: Any, holder: str) -> ReceiptCompletion:
+        return await self._client.complete_work_receipt(key, result, self._run_id, holder=holder)
+
+    async def release(self, key: str, holder: str) -> bool:
+        return await self._client.release_work_receipt(key, holder)
+
+
 class ReceiptRecorder:
     """Records work receipts for the run, through the gateway. Get one with ``Runtime.receipts``.
 
+    ``complete`` records a result once. ``claim`` takes the key's lease and
+    keeps it alive while its block runs; ``once`` runs a unit of work at most
+    once across attempts and processes. Every claim is a new holder
+    (``run_id:`` and a random suffix), so two blocks never share a lease,
+    even in one process.
+
     Cancellation: a cancelled ``complete`` may or may not have been recorded;
-    calling it again is safe (the first writer's receipt wins).
+    calling it again is safe (the first writer's receipt wins). A cancelled
+    ``claim`` block or ``once`` releases its lease (shielded, bounded by
+    ``WORK_RECEIPT_RELEASE_TIMEOUT_MS``).
     """
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        self._backend = _GatewayReceipts(runtime.client, runtime.context.run_id)
 
     async def complete(
         self, key: str, result: Any, *, run_attempt: int | None = None
@@ -508,6 +538,47 @@ class ReceiptRecorder:
         return await rt.client.complete_work_receipt(
             key, result, rt.context.run_id, run_attempt=run_attempt
         )
+
+    def _holder(self) -> str:
+        return f"{self._runtime.context.run_id}:{secrets.token_hex(8)}"
+
+    @asynccontextmanager
+    async def claim(self, key: str) -> AsyncIterator[Lease]:
+        """``async with recorder.claim(key) as lease:`` hold ``key``'s lease while the block runs.
+
+        Raises ``LeaseHeldError`` (``holder``, ``expires_at``) when another
+        holder's lease is live, and ``ReceiptCompletedError`` (``receipt``)
+        when the work is done; neither runs the block. Inside, a keeper task
+        renews the lease every ``WORK_RECEIPT_LEASE_RENEWAL_MS``; if a
+        renewal is refused or cannot land in time, the body is cancelled
+        before the lease expires and the block raises ``LeaseLostError``.
+        ``await lease.complete(result)`` records the receipt, fenced by the
+        lease. Leaving without completing releases the lease.
+        """
+        key = _text("key", key)
+        lease = await acquire_lease(self._backend, key, self._holder())
+        async with hold_lease(lease):
+            yield lease
+
+    async def once(self, key: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``fn`` (``async () -> JSON value``) at most once for ``key`` across attempts
+        and processes, and return its result, or the result already recorded.
+
+        While another holder holds the key's lease this waits for that
+        holder's receipt (or for the lease to expire, then takes it over),
+        polling every ``WORK_RECEIPT_ONCE_POLL_MS`` for at most
+        ``WORK_RECEIPT_ONCE_WAIT_MS``; past that it raises ``LeaseHeldError``.
+        ``fn`` raising releases the lease and propagates; a lost lease raises
+        ``LeaseLostError``. If cancelled, ``fn`` is cancelled and the lease released.
+        """
+        result, _reused = await self._once(key, fn)
+        return result
+
+    async def _once(self, key: str, fn: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
+        key = _text("key", key)
+        if not callable(fn):
+            raise InvalidInputError(f"fn must be an async callable, got {fn!r}")
+        return await run_once(self._backend, key, self._holder(), fn)
 
 
 # --- the runtime ------------------------------------------------------------------------------
@@ -661,21 +732,6 @@ class Runtime:
         return self.sessions.store(shape)
 
 
-def _single_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one leaf of ``group`` if it holds exactly one (at any depth), else None."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-        if len(leaves) > 1:
-            return None
-    return leaves[0] if leaves else None
-
-
 @asynccontextmanager
 async def open_runtime(
     *,
@@ -738,7 +794,7 @@ async def open_runtime(
         ):
             yield Runtime(context, client, sessions, reader)
     except BaseExceptionGroup as group:
-        single = _single_error(group)
+        single = single_leaf(group)
         if single is None:
             raise
         raise single from single.__cause__

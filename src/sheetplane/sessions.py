@@ -44,6 +44,7 @@ import attrs
 import trio
 
 from . import crypto
+from ._groups import single_leaf
 from ._types import LOGICAL_TABLES, OPERATIONS, PageRequest, SheetContract, canonical_operations
 from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
 from .errors import GatewayProtocolError, InvalidInputError, SessionError
@@ -332,19 +333,6 @@ def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
     return _Answer(identity, envelope if isinstance(envelope, Mapping) else None, aad)
 
 
-def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one exception in ``group`` (at any depth), or None if it holds several."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack and len(leaves) <= 1:
-        item = stack.pop()
-        if isinstance(item, BaseExceptionGroup):
-            stack.extend(item.exceptions)
-        else:
-            leaves.append(item)
-    return leaves[0] if len(leaves) == 1 and not stack else None
-
-
 def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     from .store import open_store
 
@@ -434,7 +422,7 @@ class SessionManager:
         except BaseExceptionGroup as group:
             # The nursery is this manager's own: a caller who did not open it gets the
             # one error itself, not wrapped in a group (the block's own error unchanged).
-            single = _single_leaf(group)
+            single = single_leaf(group)
             if single is None:
                 raise
             if single is exc:

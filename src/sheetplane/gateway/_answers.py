@@ -17,6 +17,7 @@ from .._types import (
     Page,
     PageRequest,
     Receipt,
+    ReceiptClaim,
     ReceiptCompletion,
     StaleReason,
     StaleRow,
@@ -180,6 +181,19 @@ def parse_terminal_write(answer: Mapping[str, Any], action: str) -> TerminalWrit
     )
 
 
+def _receipt(receipt: object, action: str) -> Receipt:
+    if not isinstance(receipt, dict):
+        raise protocol_error(action, "receipt must be an object")
+    if "result" not in receipt:
+        raise protocol_error(action, "receipt has no result")
+    return Receipt(
+        key=_str(receipt, "key", action),
+        result=receipt["result"],
+        run_id=_str(receipt, "runId", action),
+        completed_at=_str(receipt, "completedAt", action),
+    )
+
+
 def parse_receipt_completion(
     answer: Mapping[str, Any], action: str, run_id: str
 ) -> ReceiptCompletion:
@@ -188,17 +202,7 @@ def parse_receipt_completion(
     A gateway that predates ``completionDisposition`` is answered by
     comparing run ids: the receipt is ``persisted`` when this run wrote it.
     """
-    receipt = answer.get("receipt")
-    if not isinstance(receipt, dict):
-        raise protocol_error(action, "receipt must be an object")
-    if "result" not in receipt:
-        raise protocol_error(action, "receipt has no result")
-    value = Receipt(
-        key=_str(receipt, "key", action),
-        result=receipt["result"],
-        run_id=_str(receipt, "runId", action),
-        completed_at=_str(receipt, "completedAt", action),
-    )
+    value = _receipt(answer.get("receipt"), action)
     disposition = answer.get("completionDisposition")
     if disposition is None:
         disposition = "persisted" if value.run_id == run_id else "existing"
@@ -207,6 +211,36 @@ def parse_receipt_completion(
     if disposition == "existing":
         return ReceiptCompletion(receipt=value, completion_disposition="existing")
     raise protocol_error(action, f"unknown completionDisposition {disposition!r}")
+
+
+def _optional_str(answer: Mapping[str, Any], name: str, action: str) -> str | None:
+    value = answer.get(name)
+    if value is not None and not isinstance(value, str):
+        raise protocol_error(action, f"{name} must be a string or null")
+    return value
+
+
+def parse_receipt_claim(answer: Mapping[str, Any], action: str, holder: str) -> ReceiptClaim:
+    """``{acquired, holder, expiresAt, receipt?}``; an acquired lease must name ``holder``
+    and an expiry, and a completed one carries no lease."""
+    acquired = answer.get("acquired")
+    if not isinstance(acquired, bool):
+        raise protocol_error(action, "acquired must be a boolean")
+    current = _optional_str(answer, "holder", action)
+    expires_at = _optional_str(answer, "expiresAt", action)
+    raw = answer.get("receipt")
+    receipt = None if raw is None else _receipt(raw, action)
+    if acquired and (current != holder or expires_at is None or receipt is not None):
+        raise protocol_error(action, "an acquired lease must name its holder and expiry")
+    return ReceiptClaim(acquired, current, expires_at, receipt)
+
+
+def parse_released(answer: Mapping[str, Any], action: str) -> bool:
+    """``{released}``."""
+    released = answer.get("released")
+    if not isinstance(released, bool):
+        raise protocol_error(action, "released must be a boolean")
+    return released
 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:

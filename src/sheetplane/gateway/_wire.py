@@ -22,6 +22,7 @@ __all__ = [
     "ACTIONS",
     "BIGINT_MAX",
     "BIGINT_MIN",
+    "CLAIM_WORK_RECEIPT",
     "COMPLETE_MAP_ROWS",
     "COMPLETE_WORK_RECEIPT",
     "CREATE_DB_SESSION",
@@ -33,6 +34,7 @@ __all__ = [
     "READ_ROWS",
     "READ_ROWS_BATCH",
     "READ_ROW_KEYS",
+    "RELEASE_WORK_RECEIPT",
     "ROW_MODES",
     "RUNTIME_PATH",
     "SERVED_LOGICAL_TABLES",
@@ -57,6 +59,8 @@ READ_ROW_KEYS: Final = "runtime_sheet_read_row_keys"
 COMPLETE_MAP_ROWS: Final = "runtime_sheet_complete_map_rows"
 FAIL_MAP_ROWS: Final = "runtime_sheet_fail_map_rows"
 COMPLETE_WORK_RECEIPT: Final = "complete_work_receipt"
+CLAIM_WORK_RECEIPT: Final = "claim_work_receipt"
+RELEASE_WORK_RECEIPT: Final = "release_work_receipt"
 SUMMARY: Final = "runtime_sheet_summary"
 
 #: Every action of the runtime route, in the order the documents list them.
@@ -70,6 +74,8 @@ ACTIONS: Final = (
     COMPLETE_MAP_ROWS,
     FAIL_MAP_ROWS,
     COMPLETE_WORK_RECEIPT,
+    CLAIM_WORK_RECEIPT,
+    RELEASE_WORK_RECEIPT,
     SUMMARY,
 )
 

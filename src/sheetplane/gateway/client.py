@@ -49,6 +49,7 @@ from .._types import (
     InlineAdmission,
     Page,
     PageRequest,
+    ReceiptClaim,
     ReceiptCompletion,
     RowMode,
     SheetContract,
@@ -73,6 +74,7 @@ from ..errors import (
     ReadBatchTooLargeError,
     TransientGatewayError,
     UnsupportedActionError,
+    WorkReceiptFencedError,
 )
 from ..sizes import json_byte_length_up_to
 from . import _answers, _wire
@@ -335,6 +337,8 @@ class GatewayClient:
             raise AdmissionTooLargeError(observed)
         if status in (401, 403):
             raise GatewayAuthError(status, code, message, details)
+        if status == 409 and code == WorkReceiptFencedError.code:
+            raise WorkReceiptFencedError(message)
         if UNSUPPORTED_ACTION_MESSAGE.search(searchable):
             raise UnsupportedActionError(status, code, message, details)
         retry_after = retry_after_from_body(body.get("retry_after_ms"))
@@ -661,15 +665,45 @@ class GatewayClient:
         return _answers.parse_terminal_write(await self.post_action(action, payload), action)
 
     async def complete_work_receipt(
-        self, key: str, result: Any, run_id: str, *, run_attempt: int | None = None
+        self,
+        key: str,
+        result: Any,
+        run_id: str,
+        *,
+        run_attempt: int | None = None,
+        holder: str | None = None,
     ) -> ReceiptCompletion:
-        """Record a work receipt once; an earlier writer's receipt comes back as ``existing``."""
+        """Record a work receipt once; an earlier writer's receipt comes back as ``existing``.
+
+        With ``holder`` the completion is fenced by that holder's lease: while
+        another holder's live lease owns the key it raises
+        ``WorkReceiptFencedError`` and nothing is written.
+        """
         action = _wire.COMPLETE_WORK_RECEIPT
         payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
         if run_attempt is not None:
             payload["runAttempt"] = run_attempt
+        if holder is not None:
+            payload["holder"] = holder
         answer = await self.post_action(action, payload)
         return _answers.parse_receipt_completion(answer, action, run_id)
+
+    async def claim_work_receipt(self, key: str, holder: str) -> ReceiptClaim:
+        """Take, renew (same ``holder``) or take over (expired) the lease on ``key``.
+
+        Not acquired while another holder's lease is live, or once the work is
+        completed (the answer's ``receipt``). A retried claim is harmless: a
+        repeat by the same holder only renews.
+        """
+        action = _wire.CLAIM_WORK_RECEIPT
+        answer = await self.post_action(action, {"key": key, "holder": holder})
+        return _answers.parse_receipt_claim(answer, action, holder)
+
+    async def release_work_receipt(self, key: str, holder: str) -> bool:
+        """Give up ``holder``'s lease on ``key``; True when it held one."""
+        action = _wire.RELEASE_WORK_RECEIPT
+        answer = await self.post_action(action, {"key": key, "holder": holder})
+        return _answers.parse_released(answer, action)
 
     async def summary(self, table_namespace: str) -> Summary:
         """The sheet's status counters."""

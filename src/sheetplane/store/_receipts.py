@@ -9,7 +9,8 @@ the loser, one read, so two racing completions have exactly one winner.
 Claims are optional. ``claim_work_receipt(key, holder)`` takes a lease of
 ``WORK_RECEIPT_LEASE_TTL_MS`` on a not-yet-completed key. The holder may
 re-claim (renew) at any time; another holder may take the claim only once the
-lease has expired (``now >= claim_expires_at``). A completion is fenced by the
+lease has expired (``now >= claim_expires_at``) or its holder released it
+(``release_work_receipt``). A completion is fenced by the
 claim: it is accepted when no one holds a live claim, when the completer is the
 claim's holder (``holder=``, default none), or when the claim has expired.
 When another holder's live claim owns the key, the completion raises
@@ -28,12 +29,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-import attrs
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from .._types import Receipt, ReceiptCompletion
+from .._types import Receipt, ReceiptClaim, ReceiptCompletion
 from ..budgets import WORK_RECEIPT_LEASE_TTL_MS
 from ..errors import InvalidInputError, WorkReceiptFencedError
 from ._pool import TrioPool
@@ -46,23 +46,10 @@ __all__ = [
     "check_completion",
     "claim_work_receipt",
     "complete_work_receipt",
+    "release_work_receipt",
 ]
 
 _NOW = sql.SQL("coalesce(%(now)s::timestamptz, statement_timestamp())")
-
-
-@attrs.frozen
-class ReceiptClaim:
-    """The answer to ``claim_work_receipt``."""
-
-    acquired: bool
-    """Whether the caller holds the claim now (newly taken, taken over, or renewed)."""
-    holder: str | None
-    """Who holds the claim now (None once the work is completed)."""
-    expires_at: str | None
-    """When the current claim expires, ISO 8601 (None once completed)."""
-    receipt: Receipt | None
-    """The completed receipt, when the work is already done (then ``acquired`` is False)."""
 
 
 #: The receipts table keeps ``run_attempt`` as a Postgres ``integer``.
@@ -145,6 +132,29 @@ async def claim_work_receipt(
         if completed_at is not None:
             return ReceiptClaim(False, None, None, _receipt(key, result, run_id, completed_at))
         return ReceiptClaim(False, claim_holder, _iso(expires_at), None)
+
+    return await pool.run(run)
+
+
+async def release_work_receipt(pool: TrioPool, names: SheetNames, key: str, holder: str) -> bool:
+    """Give up ``holder``'s lease on ``key`` so another holder need not wait for its expiry.
+
+    True when ``holder`` held it (the lease is gone); False when it did not
+    (never claimed, taken over, or completed): nothing changes then. If
+    cancelled, the statement is cancelled and nothing changes.
+    """
+    check_claim(key, holder)
+    table = names.ident("receipts_table")
+
+    def run(conn: psycopg.Connection[Any]) -> bool:
+        cur = conn.execute(
+            sql.SQL(
+                "UPDATE {} SET claim_holder = NULL, claim_expires_at = NULL "
+                "WHERE key = %s AND claim_holder = %s AND completed_at IS NULL RETURNING 1"
+            ).format(table),
+            (key, holder),
+        )
+        return cur.fetchone() is not None
 
     return await pool.run(run)
 

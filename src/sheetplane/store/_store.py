@@ -20,6 +20,7 @@ from .._types import (
     InlineAdmission,
     Page,
     PageRequest,
+    ReceiptClaim,
     ReceiptCompletion,
     RowMode,
     SheetContract,
@@ -31,7 +32,6 @@ from .._types import (
 from . import _admission, _fencing, _reads, _receipts, _schema, _writes
 from ._pool import TrioPool, open_pool
 from ._reads import RowCursor
-from ._receipts import ReceiptClaim
 from ._schema import SheetNames, sheet_names
 
 __all__ = ["SheetStore", "open_store"]
@@ -185,6 +185,14 @@ class SheetStore:
         _receipts.check_claim(key, holder)
         names = await self._receipt_names(org_id, play_name)
         return await _receipts.claim_work_receipt(self.pool, names, key, holder)
+
+    async def release_work_receipt(
+        self, org_id: str, play_name: str, key: str, holder: str
+    ) -> bool:
+        """Give up ``holder``'s lease on ``key``; True when it held one."""
+        _receipts.check_claim(key, holder)
+        names = await self._receipt_names(org_id, play_name)
+        return await _receipts.release_work_receipt(self.pool, names, key, holder)
 
     async def complete_work_receipt(
         self,

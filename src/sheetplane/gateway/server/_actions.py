@@ -29,6 +29,7 @@ from ..._types import (
     Operation,
     Page,
     PageRequest,
+    Receipt,
     RowMode,
     SheetContract,
     SheetRef,
@@ -36,7 +37,7 @@ from ..._types import (
     canonical_operations,
 )
 from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
-from ...errors import AdmissionTooLargeError, InvalidInputError
+from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
 from ...sizes import json_byte_length_up_to
 from ...store import RowCursor, SheetStore
 from .. import _wire
@@ -324,9 +325,23 @@ async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
     }
 
 
+def _receipt_json(receipt: Receipt) -> dict[str, Any]:
+    return {
+        "key": receipt.key,
+        "result": receipt.result,
+        "runId": receipt.run_id,
+        "completedAt": receipt.completed_at,
+    }
+
+
 async def complete_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, result, runId, runAttempt?}`` →
-    ``{receipt: {key, result, runId, completedAt}, completionDisposition}``."""
+    """``{key, result, runId, runAttempt?, holder?}`` →
+    ``{receipt: {key, result, runId, completedAt}, completionDisposition}``.
+
+    With ``holder`` the completion is fenced by that holder's lease: while
+    another holder's unexpired lease owns the key it is refused 409
+    ``work_receipt_fenced`` and nothing is written.
+    """
     play = _text(call.body, "playName")
     key = _text(call.body, "key")
     run_id = _text(call.body, "runId")
@@ -334,19 +349,50 @@ async def complete_work_receipt(call: Call) -> dict[str, Any]:
         raise bad_request("result is required (null is allowed)")
     attempt_value = call.body.get("runAttempt")
     attempt = None if attempt_value is None else _integer(attempt_value, "runAttempt", 0)
-    completion = await call.state.store.complete_work_receipt(
-        call.org_id, play, key, call.body["result"], run_id, run_attempt=attempt
-    )
-    receipt = completion.receipt
+    holder = _optional_text(call.body, "holder")
+    try:
+        completion = await call.state.store.complete_work_receipt(
+            call.org_id, play, key, call.body["result"], run_id, run_attempt=attempt, holder=holder
+        )
+    except WorkReceiptFencedError as exc:
+        raise ActionError(409, exc.code, str(exc)) from None
     return {
-        "receipt": {
-            "key": receipt.key,
-            "result": receipt.result,
-            "runId": receipt.run_id,
-            "completedAt": receipt.completed_at,
-        },
+        "receipt": _receipt_json(completion.receipt),
         "completionDisposition": completion.completion_disposition,
     }
+
+
+async def claim_work_receipt(call: Call) -> dict[str, Any]:
+    """``{key, holder}`` → ``{acquired, holder, expiresAt, receipt?}``.
+
+    Takes (or renews, for the same holder) the key's lease for
+    ``WORK_RECEIPT_LEASE_TTL_MS`` on the database's clock. Not acquired while
+    another holder's lease is live (``holder``/``expiresAt`` name it) or once
+    the work is completed (``receipt`` is the completed receipt; ``holder``
+    and ``expiresAt`` are null).
+    """
+    play = _text(call.body, "playName")
+    key = _text(call.body, "key")
+    holder = _text(call.body, "holder")
+    claim = await call.state.store.claim_work_receipt(call.org_id, play, key, holder)
+    answer: dict[str, Any] = {
+        "acquired": claim.acquired,
+        "holder": claim.holder,
+        "expiresAt": claim.expires_at,
+    }
+    if claim.receipt is not None:
+        answer["receipt"] = _receipt_json(claim.receipt)
+    return answer
+
+
+async def release_work_receipt(call: Call) -> dict[str, Any]:
+    """``{key, holder}`` → ``{released}``: gives up ``holder``'s lease so another
+    holder need not wait for it to expire (false when ``holder`` held none)."""
+    play = _text(call.body, "playName")
+    key = _text(call.body, "key")
+    holder = _text(call.body, "holder")
+    released = await call.state.store.release_work_receipt(call.org_id, play, key, holder)
+    return {"released": released}
 
 
 # --- reads -----------------------------------------------------------------------------
@@ -638,6 +684,8 @@ HANDLERS: Final[Mapping[str, Handler]] = {
     _wire.COMPLETE_MAP_ROWS: runtime_sheet_complete_map_rows,
     _wire.FAIL_MAP_ROWS: runtime_sheet_fail_map_rows,
     _wire.COMPLETE_WORK_RECEIPT: complete_work_receipt,
+    _wire.CLAIM_WORK_RECEIPT: claim_work_receipt,
+    _wire.RELEASE_WORK_RECEIPT: release_work_receipt,
     _wire.SUMMARY: runtime_sheet_summary,
 }
 
