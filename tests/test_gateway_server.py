@@ -468,10 +468,10 @@ async def test_body_that_is_not_json_answers_400(gateway: RunningGateway) -> Non
 
 
 async def test_unknown_action_answers_unsupported(gateway: RunningGateway) -> None:
-    response = await post(gateway, {"action": "resolve_play", "playName": PLAY})
+    response = await post(gateway, {"action": "launch_rockets", "playName": PLAY})
     assert response.status_code == 400
     assert response.json() == {
-        "error": "Unsupported runtime data-plane action: resolve_play",
+        "error": "Unsupported runtime data-plane action: launch_rockets",
         "code": "unsupported_action",
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typing
 
 from ._leases import Lease as Lease
+from ._types import ResolvedPlay as ResolvedPlay
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
 from .errors import AdmissionTooLargeError as AdmissionTooLargeError
@@ -94,6 +95,7 @@ __all__ = [
     "OversizedValueError",
     "ReadBatchTooLargeError",
     "ReceiptCompletedError",
+    "ResolvedPlay",
     "ResponseTooLargeError",
     "Runtime",
     "RuntimeContext",

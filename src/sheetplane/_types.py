@@ -297,6 +297,43 @@ class ReceiptCompletion:
     completion_disposition: Literal["persisted", "existing"]
 
 
+CodeFormat = Literal["function", "cjs_module", "esm_module"]
+CODE_FORMATS: tuple[CodeFormat, ...] = ("function", "cjs_module", "esm_module")
+
+
+def _code_format(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and value not in CODE_FORMATS:
+        raise InvalidInputError(f"code_format must be one of {CODE_FORMATS} or None, got {value!r}")
+
+
+def _play_text(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise InvalidInputError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+def _snapshot(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidInputError(f"contract_snapshot must be a mapping or None, got {value!r}")
+
+
+@attrs.frozen
+class ResolvedPlay:
+    """A play a reference resolved to (``resolve_play``): its id and how to run it."""
+
+    play_id: str = attrs.field(validator=_play_text)
+    """The play's stable id."""
+    source_code: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
+    """The play's source, when it is shipped as text."""
+    artifact: Any = None
+    """A built artifact (any JSON), when it is shipped built."""
+    code_format: CodeFormat | None = attrs.field(default=None, validator=_code_format)
+    """How the code is packaged: ``function``, ``cjs_module`` or ``esm_module``."""
+    contract_snapshot: Mapping[str, Any] | None = attrs.field(default=None, validator=_snapshot)
+    """The sheet contract the play was built against, as JSON."""
+
+
 @attrs.frozen
 class ReceiptClaim:
     """The answer to a claim of a work receipt's lease (``claim_work_receipt``)."""

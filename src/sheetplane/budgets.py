@@ -44,6 +44,22 @@ MAX_RETRY_AFTER_MS: Final = 2 * RETRY_DELAYS_MS[-1]
 #: every ladder delay between them.
 CALL_BUDGET_MS: Final = REQUEST_TIMEOUT_MS * MAX_ATTEMPTS + sum(RETRY_DELAYS_MS)
 
+#: The ladder of ``resolve_play``, the first call of a run, made while a gateway
+#: may still be starting: the call ladder's doubling carried two rungs further.
+#: (The runtime this re-creates names its own resolve-play ladder,
+#: ``RUNTIME_API_RESOLVE_PLAY_RETRY_DELAYS_MS``, whose values lie outside the
+#: seed's diff; these are this library's choice.)
+RESOLVE_PLAY_RETRY_DELAYS_MS: Final = (
+    *RETRY_DELAYS_MS,
+    2 * RETRY_DELAYS_MS[-1],
+    4 * RETRY_DELAYS_MS[-1],
+)
+
+#: The whole budget of one ``resolve_play`` call, by the same arithmetic.
+RESOLVE_PLAY_CALL_BUDGET_MS: Final = REQUEST_TIMEOUT_MS * (
+    len(RESOLVE_PLAY_RETRY_DELAYS_MS) + 1
+) + sum(RESOLVE_PLAY_RETRY_DELAYS_MS)
+
 #: The longest a value may wait in a ``BoundedBatchFunction`` lane before its
 #: batch starts: one whole call budget. A lane that cannot start a batch in
 #: that time is wedged, and its callers get ``LaneWedgedError``.
@@ -212,6 +228,10 @@ def _check() -> None:
     )
     relations = {
         "MAX_QUEUE_WAIT_MS == CALL_BUDGET_MS": MAX_QUEUE_WAIT_MS == CALL_BUDGET_MS,
+        "the resolve-play ladder extends the call ladder": (
+            RESOLVE_PLAY_RETRY_DELAYS_MS[: len(RETRY_DELAYS_MS)] == RETRY_DELAYS_MS
+            and RESOLVE_PLAY_CALL_BUDGET_MS > CALL_BUDGET_MS
+        ),
         "DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS": (
             DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS
         ),

@@ -71,6 +71,7 @@ from ._types import (
     FailRow,
     ReceiptClaim,
     ReceiptCompletion,
+    ResolvedPlay,
     RowMode,
     SheetContract,
     SheetRef,
@@ -94,6 +95,7 @@ __all__ = [
     "FailRow",
     "ReceiptCompletion",
     "ReceiptRecorder",
+    "ResolvedPlay",
     "RowWriter",
     "Runtime",
     "RuntimeContext",
@@ -688,6 +690,14 @@ class Runtime:
     def receipts(self) -> ReceiptRecorder:
         """A recorder of work receipts for this run."""
         return ReceiptRecorder(self)
+
+    async def resolve_play(self, ref: str) -> ResolvedPlay | None:
+        """The play ``ref`` names (its id, else its name) in the run's org, or None.
+
+        Through the gateway, retried on the resolve-play ladder
+        (``RESOLVE_PLAY_RETRY_DELAYS_MS``). Another org's plays are never found.
+        """
+        return await self.client.resolve_play(_text("ref", ref))
 
     def stats(self) -> RuntimeStats:
         """A snapshot of the runtime's counters."""

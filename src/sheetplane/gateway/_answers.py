@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from .._types import (
+    CODE_FORMATS,
     STALE_REASONS,
     InlineAdmission,
     Page,
@@ -19,6 +20,7 @@ from .._types import (
     Receipt,
     ReceiptClaim,
     ReceiptCompletion,
+    ResolvedPlay,
     StaleReason,
     StaleRow,
     Summary,
@@ -241,6 +243,33 @@ def parse_released(answer: Mapping[str, Any], action: str) -> bool:
     if not isinstance(released, bool):
         raise protocol_error(action, "released must be a boolean")
     return released
+
+
+def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay | None:
+    """``{play: {playId, sourceCode?, artifact?, codeFormat?, contractSnapshot?} | null}``."""
+    if "play" not in answer:
+        raise protocol_error(action, "the answer has no play (null when none resolves)")
+    play = answer["play"]
+    if play is None:
+        return None
+    if not isinstance(play, dict):
+        raise protocol_error(action, "play must be an object or null")
+    snapshot = play.get("contractSnapshot")
+    code_format = play.get("codeFormat")
+    if snapshot is not None and not isinstance(snapshot, dict):
+        raise protocol_error(action, "play.contractSnapshot must be an object or null")
+    if code_format is not None and code_format not in CODE_FORMATS:
+        raise protocol_error(action, f"play.codeFormat {code_format!r} is not a code format")
+    play_id = _str(play, "playId", action)
+    if not play_id.strip():
+        raise protocol_error(action, "play.playId is empty")
+    return ResolvedPlay(
+        play_id=play_id,
+        source_code=_optional_str(play, "sourceCode", action),
+        artifact=play.get("artifact"),
+        code_format=code_format,
+        contract_snapshot=snapshot,
+    )
 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:

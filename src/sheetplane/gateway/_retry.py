@@ -58,11 +58,15 @@ class CallBudget:
 
     start: float
     """When the call started."""
+    delays_ms: tuple[int, ...] = RETRY_DELAYS_MS
+    """The call's ladder: the delay after each failed attempt."""
+    budget_ms: int = CALL_BUDGET_MS
+    """The whole call's budget (its attempts at their timeout plus the ladder)."""
 
     @property
     def deadline(self) -> float:
         """No request is sent at or after this time, and the call has ended by it."""
-        return self.start + CALL_BUDGET_MS / 1000
+        return self.start + self.budget_ms / 1000
 
     def attempt_deadline(self, now: float) -> float:
         """When an attempt started at ``now`` must have finished."""
@@ -76,7 +80,7 @@ class CallBudget:
         ``retry_after_ms`` is the delay the last answer named (already
         parsed), if any.
         """
-        delay_ms = retry_delay_ms(failures, retry_after_ms)
+        delay_ms = retry_delay_ms(failures, retry_after_ms, self.delays_ms)
         if delay_ms is None:
             return None
         wake = now + delay_ms / 1000
@@ -85,15 +89,18 @@ class CallBudget:
         return wake
 
 
-def retry_delay_ms(failures: int, retry_after_ms: int | None) -> int | None:
-    """The wait after the ``failures``-th failed attempt, or ``None`` when the ladder ran out."""
+def retry_delay_ms(
+    failures: int, retry_after_ms: int | None, delays_ms: tuple[int, ...] = RETRY_DELAYS_MS
+) -> int | None:
+    """The wait after the ``failures``-th failed attempt on the ladder ``delays_ms``,
+    or ``None`` when the ladder ran out."""
     if failures < 1:
         raise ValueError(f"failures must be >= 1, got {failures}")
-    if failures > len(RETRY_DELAYS_MS):
+    if failures > len(delays_ms):
         return None
     if retry_after_ms is not None:
         return max(0, min(retry_after_ms, MAX_RETRY_AFTER_MS))
-    return RETRY_DELAYS_MS[failures - 1]
+    return delays_ms[failures - 1]
 
 
 def retry_after_from_body(value: object) -> int | None:

@@ -34,7 +34,9 @@ __all__ = [
     "READ_ROWS",
     "READ_ROWS_BATCH",
     "READ_ROW_KEYS",
+    "REGISTER_PLAY",
     "RELEASE_WORK_RECEIPT",
+    "RESOLVE_PLAY",
     "ROW_MODES",
     "RUNTIME_PATH",
     "SERVED_LOGICAL_TABLES",
@@ -62,6 +64,8 @@ COMPLETE_WORK_RECEIPT: Final = "complete_work_receipt"
 CLAIM_WORK_RECEIPT: Final = "claim_work_receipt"
 RELEASE_WORK_RECEIPT: Final = "release_work_receipt"
 SUMMARY: Final = "runtime_sheet_summary"
+RESOLVE_PLAY: Final = "resolve_play"
+REGISTER_PLAY: Final = "register_play"
 
 #: Every action of the runtime route, in the order the documents list them.
 ACTIONS: Final = (
@@ -77,6 +81,8 @@ ACTIONS: Final = (
     CLAIM_WORK_RECEIPT,
     RELEASE_WORK_RECEIPT,
     SUMMARY,
+    RESOLVE_PLAY,
+    REGISTER_PLAY,
 )
 
 #: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".

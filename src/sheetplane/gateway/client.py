@@ -51,6 +51,7 @@ from .._types import (
     PageRequest,
     ReceiptClaim,
     ReceiptCompletion,
+    ResolvedPlay,
     RowMode,
     SheetContract,
     Summary,
@@ -62,6 +63,8 @@ from ..budgets import (
     READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT_MS,
+    RESOLVE_PLAY_CALL_BUDGET_MS,
+    RESOLVE_PLAY_RETRY_DELAYS_MS,
     TRANSPORT_CEILING_BYTES,
 )
 from ..errors import (
@@ -99,6 +102,12 @@ from ._wire import PAGE_READS, READ_ROWS, READ_ROWS_BATCH, RUNTIME_PATH, Code, t
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
 _REDACTED: Final = "[redacted]"
+
+
+#: Actions with a ladder of their own: (delays, whole call budget).
+_LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
+    _wire.RESOLVE_PLAY: (RESOLVE_PLAY_RETRY_DELAYS_MS, RESOLVE_PLAY_CALL_BUDGET_MS),
+}
 
 
 @attrs.frozen
@@ -244,7 +253,7 @@ class GatewayClient:
             "accept": "application/json",
             "accept-encoding": ACCEPT_ENCODING,
         }
-        budget = CallBudget(trio.current_time())
+        budget = CallBudget(trio.current_time(), *_LADDERS.get(action, ()))
         failures = 0
         while True:
             outcome = await self._attempt(http, action, content, headers, budget)
@@ -704,6 +713,38 @@ class GatewayClient:
         action = _wire.RELEASE_WORK_RECEIPT
         answer = await self.post_action(action, {"key": key, "holder": holder})
         return _answers.parse_released(answer, action)
+
+    async def resolve_play(self, play_ref: str) -> ResolvedPlay | None:
+        """The play ``play_ref`` names (its id, else its name) in the token's org, or None.
+
+        Retried on the resolve-play ladder (``RESOLVE_PLAY_RETRY_DELAYS_MS``,
+        within ``RESOLVE_PLAY_CALL_BUDGET_MS``): it is a run's first call.
+        """
+        if not isinstance(play_ref, str) or not play_ref.strip():
+            raise InvalidInputError(f"play_ref must be a non-empty string, got {play_ref!r}")
+        action = _wire.RESOLVE_PLAY
+        answer = await self.post_action(action, {"playRef": play_ref})
+        return _answers.parse_resolved_play(answer, action)
+
+    async def register_play(self, play: ResolvedPlay, *, name: str | None = None) -> None:
+        """Register (or replace) ``play`` in the token's org, also under ``name``."""
+        if not isinstance(play, ResolvedPlay):
+            raise InvalidInputError(f"play must be a ResolvedPlay, got {play!r}")
+        definition: dict[str, Any] = {
+            "playId": play.play_id,
+            "sourceCode": play.source_code,
+            "artifact": play.artifact,
+            "codeFormat": play.code_format,
+            "contractSnapshot": None
+            if play.contract_snapshot is None
+            else dict(play.contract_snapshot),
+        }
+        if name is not None:
+            definition["name"] = name
+        action = _wire.REGISTER_PLAY
+        answer = await self.post_action(action, {"play": definition})
+        if answer.get("playId") != play.play_id:
+            raise _answers.protocol_error(action, "playId must echo the registered play")
 
     async def summary(self, table_namespace: str) -> Summary:
         """The sheet's status counters."""

@@ -31,6 +31,7 @@ __all__ = [
     "SheetNames",
     "ensure_receipts",
     "ensure_sheet",
+    "org_schema",
     "receipt_names",
     "sheet_names",
 ]
@@ -184,6 +185,11 @@ def receipt_names(org_id: str, play_name: str) -> SheetNames:
     named for the empty namespace, which no sheet can have.
     """
     return _names(_check_logical("org_id", org_id), _check_logical("play_name", play_name), "")
+
+
+def org_schema(org_id: str) -> str:
+    """The schema of ``org_id``'s tables (its sheets, receipts and plays)."""
+    return _base("sp", (_check_logical("org_id", org_id),))
 
 
 # --- DDL ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .._types import (
     PageRequest,
     ReceiptClaim,
     ReceiptCompletion,
+    ResolvedPlay,
     RowMode,
     SheetContract,
     SheetRef,
@@ -29,7 +30,7 @@ from .._types import (
     TerminalWriteResult,
     WriteResult,
 )
-from . import _admission, _fencing, _reads, _receipts, _schema, _writes
+from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _writes
 from ._pool import TrioPool, open_pool
 from ._reads import RowCursor
 from ._schema import SheetNames, sheet_names
@@ -215,6 +216,18 @@ class SheetStore:
         return await _receipts.complete_work_receipt(
             self.pool, names, key, result, run_id, run_attempt=run_attempt, holder=holder
         )
+
+    # --- plays ----------------------------------------------------------------------------
+
+    async def register_play(
+        self, org_id: str, play: ResolvedPlay, *, name: str | None = None
+    ) -> None:
+        """Register ``play`` for ``org_id`` (replacing the play of that id), under ``name``."""
+        await _plays.register_play(self.pool, org_id, play, name=name)
+
+    async def resolve_play(self, org_id: str, play_ref: str) -> ResolvedPlay | None:
+        """``org_id``'s play whose id, else whose name, is ``play_ref``; None if neither."""
+        return await _plays.resolve_play(self.pool, org_id, play_ref)
 
     # --- reads --------------------------------------------------------------------------
 

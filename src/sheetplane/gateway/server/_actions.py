@@ -46,6 +46,7 @@ from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._config import GatewayConfig
 from ._http import ActionError, bad_request
+from ._plays import play_answer, play_from_json
 from ._roles import ReaperProgress, create_session_role, scoped_url
 
 __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
@@ -395,6 +396,26 @@ async def release_work_receipt(call: Call) -> dict[str, Any]:
     return {"released": released}
 
 
+# --- plays ---------------------------------------------------------------------------
+
+
+async def resolve_play(call: Call) -> dict[str, Any]:
+    """``{playRef}`` → ``{play: {playId, sourceCode, artifact, codeFormat,
+    contractSnapshot} | null}``: the token's org's play whose id, else whose
+    name, is ``playRef``. Another org's play is never found."""
+    ref = _text(call.body, "playRef")
+    play = await call.state.store.resolve_play(call.org_id, ref)
+    return {"play": None if play is None else play_answer(play)}
+
+
+async def register_play(call: Call) -> dict[str, Any]:
+    """``{play: {playId, name?, sourceCode?, artifact?, codeFormat?, contractSnapshot?}}``
+    → ``{playId}``: registers (or replaces) a play of the token's org."""
+    definition = play_from_json(_object(call.body, "play"), where="play.", org_id=call.org_id)
+    await call.state.store.register_play(call.org_id, definition.play, name=definition.name)
+    return {"playId": definition.play.play_id}
+
+
 # --- reads -----------------------------------------------------------------------------
 
 
@@ -686,6 +707,8 @@ HANDLERS: Final[Mapping[str, Handler]] = {
     _wire.COMPLETE_WORK_RECEIPT: complete_work_receipt,
     _wire.CLAIM_WORK_RECEIPT: claim_work_receipt,
     _wire.RELEASE_WORK_RECEIPT: release_work_receipt,
+    _wire.RESOLVE_PLAY: resolve_play,
+    _wire.REGISTER_PLAY: register_play,
     _wire.SUMMARY: runtime_sheet_summary,
 }
 

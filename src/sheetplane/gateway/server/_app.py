@@ -276,6 +276,8 @@ def create_app(config: GatewayConfig) -> Starlette:
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
             store = SheetStore(cast(TrioPool, admission))
             await harden_database(store)
+            for definition in config.plays:
+                await store.register_play(definition.org_id, definition.play, name=definition.name)
             progress = ReaperProgress()
             app.state.gateway = GatewayState(
                 config=config,

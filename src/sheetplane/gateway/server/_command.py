@@ -34,6 +34,7 @@ import trio
 from ...errors import InvalidInputError
 from ...store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
 from ._config import GatewayConfig
+from ._plays import load_plays
 from ._serve import serve
 
 __all__ = ["TOKENS_ENV", "add_serve_parser", "run_serve"]
@@ -88,6 +89,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="PATH",
         type=Path,
         help="read TOKEN=ORG pairs from this file, one a line (# comments, blank lines skipped)",
+    )
+    parser.add_argument(
+        "--plays",
+        default=None,
+        metavar="DIR",
+        type=Path,
+        help="register the play definitions of DIR/*.json (each an object or a list) at start",
     )
     parser.add_argument(
         "--allow-test-faults",
@@ -190,7 +198,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         tokens = _tokens(args)
         url = _database_url(args)
-    except ConfigurationError as exc:
+        plays = () if args.plays is None else load_plays(args.plays)
+    except (ConfigurationError, InvalidInputError) as exc:
         print(f"sheetplane serve: {exc}", file=sys.stderr)
         return 2
     for warning in command_line_secret_warnings(args):
@@ -209,6 +218,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 tokens=tokens,
                 allow_test_faults=args.allow_test_faults,
                 legacy=args.legacy,
+                plays=plays,
             )
         except InvalidInputError as exc:
             print(f"sheetplane serve: {exc}", file=sys.stderr)

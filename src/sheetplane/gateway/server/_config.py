@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -13,6 +13,7 @@ from ...budgets import (
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
 from ...errors import InvalidInputError
+from ._plays import PlayDefinition
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -25,6 +26,10 @@ def _optional_positive(
 ) -> None:
     if value is not None:
         _positive(instance, attribute, value)  # type: ignore[arg-type]
+
+
+def _plays(value: Iterable[PlayDefinition]) -> tuple[PlayDefinition, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -62,3 +67,5 @@ class GatewayConfig:
     """Answer ``postgresUrl`` in the clear when a ``create_db_session`` carries no
     ``postgresUrlEncryption``. Off by default: a request without it is refused
     400. Only for loopback tests of the reference server."""
+    plays: tuple[PlayDefinition, ...] = attrs.field(default=(), converter=_plays)
+    """Plays registered when the gateway starts (``sheetplane serve --plays DIR``)."""
