@@ -239,10 +239,14 @@ def test_role_statements_grant_only_what_the_operations_need() -> None:
     ]
     assert rendered[0] == (
         'CREATE ROLE "sp_sess_x" WITH LOGIN NOSUPERUSER NOINHERIT NOCREATEDB NOCREATEROLE'
-        " NOREPLICATION NOBYPASSRLS PASSWORD 'SCRAM-SHA-256$v'"
+        " NOREPLICATION NOBYPASSRLS CONNECTION LIMIT 4 PASSWORD 'SCRAM-SHA-256$v'"
         " VALID UNTIL '2030-01-01T00:00:00.000Z'"
     )
-    grants = " ".join(rendered[1:])
+    assert rendered[1:3] == [
+        """ALTER ROLE "sp_sess_x" SET "statement_timeout" = '20000ms'""",
+        """ALTER ROLE "sp_sess_x" SET "idle_in_transaction_session_timeout" = '5000ms'""",
+    ]
+    grants = " ".join(rendered[3:])
     for forbidden in ("INSERT", "UPDATE", "DELETE", names.event_table):
         assert forbidden not in grants
     writes = " ".join(

@@ -374,3 +374,136 @@ async def test_a_write_role_cannot_forge_the_admission_counter(
         )
     # The next admission still takes the next version.
     assert (await admit(gateway, TOKEN_A, namespace))["writeVersion"] == 2
+
+
+# --- finding 3: every session is bounded in time and connections ------------------------
+
+#: Short bounds so the watchdog acts within the test (the budgets' are seconds).
+QUICK_BOUNDS = {
+    "session_statement_timeout_ms": 1_000,
+    "session_idle_timeout_ms": 500,
+    "session_transaction_timeout_ms": 4_000,
+    "watchdog_interval_ms": 100,
+}
+#: A statement that runs until something ends it, without pg_sleep (revoked).
+ENDLESS = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+
+
+@pytest.fixture
+async def bounded(database_url: str) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(
+        database_url, tokens={TOKEN_A: ORG_A, TOKEN_B: ORG_B}, **QUICK_BOUNDS
+    ) as gw:
+        yield gw
+
+
+async def end_role_backends(database_url: str, role: str) -> None:
+    """Test cleanup: end what the role still runs (so a failing test cannot hang)."""
+    await run_sql(
+        database_url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+        (role,),
+    )
+
+
+async def run_role(url: str, work: Any, database_url: str) -> None:
+    """``work(conn)`` on a connection of the role, in a thread; at most 30 s."""
+    role = psycopg.conninfo.conninfo_to_dict(url)["user"]
+
+    def run() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            work(conn)
+
+    try:
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    finally:
+        await end_role_backends(database_url, str(role))
+
+
+async def test_a_statement_past_the_session_limit_is_ended_even_after_the_role_unsets_it(
+    bounded: RunningGateway, database_url: str, namespace: str
+) -> None:
+    await admit(bounded, TOKEN_A, namespace)
+    _, url = await mint(bounded, TOKEN_A, namespace, ["rows.read"])
+    # The role default ends a plain overrun with Postgres's own timeout...
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        await run_role(url, lambda conn: conn.execute(ENDLESS), database_url)
+
+    def overrun(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("ALTER ROLE current_user SET statement_timeout = 0")
+        conn.execute("SET statement_timeout = 0")
+        conn.execute(ENDLESS)
+
+    # ...and the watchdog ends one whose timeout the role took away.
+    ended = bounded.state.reaper.ended
+    with pytest.raises(psycopg.OperationalError):
+        await run_role(url, overrun, database_url)
+    assert bounded.state.reaper.ended > ended
+
+
+async def test_an_idle_transaction_is_ended_and_no_longer_blocks_ensure_sheet(
+    bounded: RunningGateway, database_url: str, namespace: str
+) -> None:
+    await admit(bounded, TOKEN_A, namespace)
+    answer, url = await mint(bounded, TOKEN_A, namespace, ["rows.read"])
+    table = sql.Identifier(answer["postgres"]["schema"], answer["postgres"]["sheetTable"])
+    held = await trio.to_thread.run_sync(psycopg.connect, url)
+    try:
+
+        def open_transaction() -> None:
+            held.execute("SET idle_in_transaction_session_timeout = 0")
+            held.execute(sql.SQL("SELECT * FROM {}").format(table)).fetchall()
+
+        # An idle transaction holding its ACCESS SHARE lock on the sheet.
+        await trio.to_thread.run_sync(open_transaction)
+        wider = {"columns": [*CONTRACT["columns"], {"id": "x", "sqlName": "x", "source": "output"}]}
+        with trio.fail_after(10):
+            await act(
+                bounded, TOKEN_A, "ensure_sheet", tableNamespace=namespace, sheetContract=wider
+            )
+        with pytest.raises(psycopg.OperationalError):
+            await trio.to_thread.run_sync(held.execute, "SELECT 1")
+    finally:
+        await end_role_backends(database_url, str(held.info.user))
+        await trio.to_thread.run_sync(held.close)
+
+
+async def test_a_chain_of_quick_statements_cannot_hold_a_transaction_open(
+    bounded: RunningGateway, database_url: str, namespace: str
+) -> None:
+    await admit(bounded, TOKEN_A, namespace)
+    _, url = await mint(bounded, TOKEN_A, namespace, ["rows.read"])
+
+    def chain(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            while True:  # each statement and each gap short; the transaction is not
+                conn.execute("SELECT 1")
+
+    with pytest.raises(psycopg.OperationalError):
+        await run_role(url, chain, database_url)
+
+
+async def test_a_role_cannot_open_more_than_its_connection_limit_and_another_org_still_connects(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    _, url = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
+    limit = gateway.config.session_max_connections
+    held: list[psycopg.Connection[Any]] = []
+    try:
+        for _ in range(limit):
+            held.append(await trio.to_thread.run_sync(psycopg.connect, url))
+        with pytest.raises(psycopg.OperationalError, match="too many connections for role"):
+            await trio.to_thread.run_sync(psycopg.connect, url)
+        # The role cannot lift its own limit.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await trio.to_thread.run_sync(
+                held[0].execute, "ALTER ROLE current_user CONNECTION LIMIT -1"
+            )
+        await admit(gateway, TOKEN_B, namespace)
+        _, url_b = await mint(gateway, TOKEN_B, namespace, ["rows.read"])
+        assert await run_sql(url_b, "SELECT 1") == [(1,)]
+    finally:
+        for conn in held:
+            await trio.to_thread.run_sync(conn.close)

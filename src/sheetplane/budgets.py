@@ -182,6 +182,48 @@ DB_SESSION_RENEWAL_WINDOW_MS: Final = 60_000
 #: How often the gateway drops expired session roles.
 DB_SESSION_REAPER_INTERVAL_MS: Final = DB_SESSION_RENEWAL_WINDOW_MS
 
+#: ``statement_timeout`` of every session role (a role default): the timeout
+#: the store sets on its own connections, so a runner's statements are never
+#: cut shorter than on any other road.
+DB_SESSION_STATEMENT_TIMEOUT_MS: Final = POSTGRES_STATEMENT_TIMEOUT_MS
+
+#: ``idle_in_transaction_session_timeout`` of every session role. The store's
+#: write path runs its statements back to back on a worker thread, so an idle
+#: gap inside one of its transactions is Python work between two statements
+#: (milliseconds). A quarter of the statement timeout: a gateway DDL that waits
+#: behind an idle session (its ``ALTER TABLE`` queues for the lock a ``SELECT``
+#: left) outlives the idle limit and one watchdog pass with room to spare.
+DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS: Final = POSTGRES_STATEMENT_TIMEOUT_MS // 4
+
+#: A session transaction older than one whole store operation is not one the
+#: store runs: the watchdog ends it even when each statement and gap is short,
+#: so no chain of quick statements holds a lock for longer.
+DB_SESSION_TRANSACTION_TIMEOUT_MS: Final = POSTGRES_OPERATION_BUDGET_MS
+
+#: How often the gateway's watchdog looks for session backends past those
+#: limits. A role may ``SET`` its own timeouts away, so the gateway ends such
+#: backends itself (``pg_terminate_backend``), at most one interval late.
+DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS // 5
+
+#: Connections one session role may hold (``CONNECTION LIMIT``): a runner's
+#: session store reads with at most ``READ_BATCH_MAX_IN_FLIGHT`` batch reads at
+#: once, and as many again leaves room for a write beside them.
+DB_SESSION_MAX_CONNECTIONS: Final = 2 * READ_BATCH_MAX_IN_FLIGHT
+
+#: Live (unexpired) sessions one org may hold. With each at
+#: ``DB_SESSION_MAX_CONNECTIONS``, one org holds at most 128 connections, under
+#: the embedded server's 200, so another org (and the gateway's own pool) can
+#: still connect.
+DB_SESSION_MAX_LIVE_PER_ORG: Final = 32
+
+#: Live sessions one executor token may hold: half its org's, so two runners'
+#: tokens of one org can each mint a full set.
+DB_SESSION_MAX_LIVE_PER_TOKEN: Final = DB_SESSION_MAX_LIVE_PER_ORG // 2
+
+#: Retry-After of a refused mint: one watchdog pass frees nothing, but a
+#: session's renewal window is when a runner retires its old sessions.
+DB_SESSION_CAP_RETRY_AFTER_MS: Final = MAX_RETRY_AFTER_MS
+
 # --- Leases ----------------------------------------------------------------------
 
 #: A runner's lease on one sheet attempt. Renewed every
@@ -250,6 +292,21 @@ def _check() -> None:
         ),
         "a reused session outlives the longest store operation": (
             DB_SESSION_RENEWAL_WINDOW_MS >= POSTGRES_OPERATION_BUDGET_MS
+        ),
+        "a DDL behind an idle session outlives the idle limit and one watchdog pass": (
+            DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS + DB_SESSION_WATCHDOG_INTERVAL_MS
+            < POSTGRES_STATEMENT_TIMEOUT_MS
+        ),
+        "a session statement may run as long as the store's own": (
+            DB_SESSION_STATEMENT_TIMEOUT_MS >= POSTGRES_STATEMENT_TIMEOUT_MS
+            and DB_SESSION_TRANSACTION_TIMEOUT_MS >= DB_SESSION_STATEMENT_TIMEOUT_MS
+        ),
+        "one org's sessions cannot take every embedded connection": (
+            DB_SESSION_MAX_LIVE_PER_ORG * DB_SESSION_MAX_CONNECTIONS
+            < EMBEDDED_POSTGRES_MAX_CONNECTIONS
+        ),
+        "a token holds at most its org's sessions": (
+            0 < DB_SESSION_MAX_LIVE_PER_TOKEN <= DB_SESSION_MAX_LIVE_PER_ORG
         ),
         "a session lives past two renewal windows": (
             DB_SESSION_TTL_MS > 2 * DB_SESSION_RENEWAL_WINDOW_MS

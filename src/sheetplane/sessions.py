@@ -46,7 +46,7 @@ import trio
 from . import crypto
 from ._groups import single_leaf
 from ._types import LOGICAL_TABLES, OPERATIONS, PageRequest, SheetContract, canonical_operations
-from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
+from .budgets import DB_SESSION_MAX_CONNECTIONS, DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
 from .errors import GatewayProtocolError, InvalidInputError, SessionError
 
 if TYPE_CHECKING:
@@ -336,7 +336,8 @@ def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
 def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     from .store import open_store
 
-    return open_store(url)
+    # The session's role accepts no more connections than this (CONNECTION LIMIT).
+    return open_store(url, max_connections=DB_SESSION_MAX_CONNECTIONS)
 
 
 @attrs.define(eq=False)

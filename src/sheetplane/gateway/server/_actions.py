@@ -578,7 +578,9 @@ async def _mint(
     """Ensure the sheet, create its scoped role, and build the answer without a URL."""
     await state.store.ensure_sheet(sheet, contract)
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=ttl_ms)
-    minted = await create_session_role(state.store, sheet, operations, expires)
+    minted = await create_session_role(
+        state.store, sheet, operations, expires, bounds=state.config.session_bounds()
+    )
     names = minted.names
     answer: dict[str, Any] = {
         "expiresAt": minted.expires_at,

@@ -65,7 +65,7 @@ from ._auth import TokenTable, check_org
 from ._config import GatewayConfig
 from ._hardening import harden_database
 from ._http import ActionError, bad_request, encode_json, json_bytes_response
-from ._roles import ReaperProgress, run_reaper
+from ._roles import ReaperProgress, run_reaper, run_watchdog
 
 __all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
 
@@ -287,6 +287,9 @@ def create_app(config: GatewayConfig) -> Starlette:
                 reaper=progress,
             )
             await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
+            await nursery.start(
+                run_watchdog, store, config.session_bounds(), config.watchdog_interval_ms, progress
+            )
             try:
                 yield
             finally:

@@ -8,12 +8,18 @@ import attrs
 
 from ... import crypto
 from ...budgets import (
+    DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    DB_SESSION_MAX_CONNECTIONS,
     DB_SESSION_REAPER_INTERVAL_MS,
+    DB_SESSION_STATEMENT_TIMEOUT_MS,
+    DB_SESSION_TRANSACTION_TIMEOUT_MS,
     DB_SESSION_TTL_MS,
+    DB_SESSION_WATCHDOG_INTERVAL_MS,
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
 from ...errors import InvalidInputError
 from ._plays import PlayDefinition
+from ._roles import SessionBounds
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -59,6 +65,28 @@ class GatewayConfig:
         default=DB_SESSION_REAPER_INTERVAL_MS, validator=_positive
     )
     """How often expired session roles are dropped."""
+    session_statement_timeout_ms: int = attrs.field(
+        default=DB_SESSION_STATEMENT_TIMEOUT_MS, validator=_positive
+    )
+    """``statement_timeout`` of every session role; the watchdog ends a session
+    statement running past it (plus one watchdog interval)."""
+    session_idle_timeout_ms: int = attrs.field(
+        default=DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS, validator=_positive
+    )
+    """``idle_in_transaction_session_timeout`` of every session role, enforced
+    by the watchdog too."""
+    session_transaction_timeout_ms: int = attrs.field(
+        default=DB_SESSION_TRANSACTION_TIMEOUT_MS, validator=_positive
+    )
+    """The watchdog ends a session transaction older than this."""
+    session_max_connections: int = attrs.field(
+        default=DB_SESSION_MAX_CONNECTIONS, validator=_positive
+    )
+    """``CONNECTION LIMIT`` of every session role."""
+    watchdog_interval_ms: int = attrs.field(
+        default=DB_SESSION_WATCHDOG_INTERVAL_MS, validator=_positive
+    )
+    """How often the watchdog looks for session backends past their limits."""
     unwrap_key: bytes | None = attrs.field(
         default=None, repr=False, validator=crypto.optional_unwrap_key
     )
@@ -69,3 +97,12 @@ class GatewayConfig:
     400. Only for loopback tests of the reference server."""
     plays: tuple[PlayDefinition, ...] = attrs.field(default=(), converter=_plays)
     """Plays registered when the gateway starts (``sheetplane serve --plays DIR``)."""
+
+    def session_bounds(self) -> SessionBounds:
+        """The time and connection bounds every session role is created with."""
+        return SessionBounds(
+            statement_timeout_ms=self.session_statement_timeout_ms,
+            idle_in_transaction_timeout_ms=self.session_idle_timeout_ms,
+            transaction_timeout_ms=self.session_transaction_timeout_ms,
+            max_connections=self.session_max_connections,
+        )

@@ -31,6 +31,13 @@ The password never reaches the server in the clear: the role is created with
 a SCRAM-SHA-256 verifier computed here, so neither a statement log nor
 ``pg_stat_activity`` shows it. Statements are built with ``psycopg.sql`` only.
 
+Every role is bounded in time and connections: ``CONNECTION LIMIT``, and
+``statement_timeout`` and ``idle_in_transaction_session_timeout`` as role
+defaults (:class:`SessionBounds`, from ``budgets``). A role may ``SET`` (or
+``ALTER ROLE ... SET``) its own timeouts away, so the watchdog
+(:func:`run_watchdog`) also ends every session backend whose statement,
+idle transaction or transaction has outlived its bound.
+
 ``VALID UNTIL`` stops new logins after expiry; the reaper
 (:func:`run_reaper`, a task in the server's nursery) then terminates any
 connection the role still holds and drops it (``REASSIGN OWNED``,
@@ -58,6 +65,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from ..._types import OPERATIONS, Operation, SheetRef, canonical_operations
+from ...budgets import (
+    DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    DB_SESSION_MAX_CONNECTIONS,
+    DB_SESSION_STATEMENT_TIMEOUT_MS,
+    DB_SESSION_TRANSACTION_TIMEOUT_MS,
+)
 from ...errors import InvalidInputError
 from ...store import SheetNames, SheetStore, sheet_names
 
@@ -66,11 +79,14 @@ __all__ = [
     "ROLE_PREFIX",
     "MintedRole",
     "ReaperProgress",
+    "SessionBounds",
     "create_role_statements",
     "create_session_role",
+    "end_overrunning_backends",
     "format_expires_at",
     "reap_expired_roles",
     "run_reaper",
+    "run_watchdog",
     "scoped_url",
 ]
 
@@ -114,26 +130,54 @@ class MintedRole:
     """The granted operations, in canonical order."""
 
 
+@attrs.frozen
+class SessionBounds:
+    """How long and how wide one session role may run (defaults from ``budgets``)."""
+
+    statement_timeout_ms: int = DB_SESSION_STATEMENT_TIMEOUT_MS
+    idle_in_transaction_timeout_ms: int = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS
+    transaction_timeout_ms: int = DB_SESSION_TRANSACTION_TIMEOUT_MS
+    max_connections: int = DB_SESSION_MAX_CONNECTIONS
+
+
 @attrs.define(eq=False)
 class ReaperProgress:
-    """What the reaper has done; tests wait on it instead of sleeping."""
+    """What the reaper and the watchdog have done; tests wait on it instead of sleeping."""
 
     passes: int = 0
-    """Completed passes."""
+    """Completed reaper passes."""
     dropped: int = 0
     """Roles dropped so far."""
+    watchdog_passes: int = 0
+    """Completed watchdog passes."""
+    ended: int = 0
+    """Session backends the watchdog ended so far."""
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
     def record(self, dropped: int) -> None:
-        """Count a finished pass and wake everyone waiting for one."""
+        """Count a finished reaper pass and wake everyone waiting for one."""
         self.passes += 1
         self.dropped += dropped
+        self._wake()
+
+    def record_watchdog(self, ended: int) -> None:
+        """Count a finished watchdog pass."""
+        self.watchdog_passes += 1
+        self.ended += ended
+        self._wake()
+
+    def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
     async def wait_for_pass(self, passes: int) -> None:
-        """Return once at least ``passes`` passes have completed."""
+        """Return once at least ``passes`` reaper passes have completed."""
         while self.passes < passes:
+            await self._changed.wait()
+
+    async def wait_for_ended(self, ended: int) -> None:
+        """Return once the watchdog has ended at least ``ended`` backends."""
+        while self.ended < ended:
             await self._changed.wait()
 
 
@@ -215,14 +259,30 @@ def create_role_statements(
     expires_at: str,
     names: SheetNames,
     operations: Sequence[str],
+    bounds: SessionBounds = SessionBounds(),
 ) -> list[sql.Composed]:
-    """The statements that create and grant one session role (pinned by tests)."""
+    """The statements that create, bound and grant one session role (pinned by tests)."""
     ident = sql.Identifier(role)
     statements = [
         sql.SQL(
             "CREATE ROLE {role} WITH LOGIN NOSUPERUSER NOINHERIT NOCREATEDB NOCREATEROLE"
-            " NOREPLICATION NOBYPASSRLS PASSWORD {verifier} VALID UNTIL {expires}"
-        ).format(role=ident, verifier=sql.Literal(verifier), expires=sql.Literal(expires_at)),
+            " NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {limit} PASSWORD {verifier}"
+            " VALID UNTIL {expires}"
+        ).format(
+            role=ident,
+            limit=sql.Literal(bounds.max_connections),
+            verifier=sql.Literal(verifier),
+            expires=sql.Literal(expires_at),
+        ),
+        *(
+            sql.SQL("ALTER ROLE {role} SET {setting} = {value}").format(
+                role=ident, setting=sql.Identifier(setting), value=sql.Literal(f"{ms}ms")
+            )
+            for setting, ms in (
+                ("statement_timeout", bounds.statement_timeout_ms),
+                ("idle_in_transaction_session_timeout", bounds.idle_in_transaction_timeout_ms),
+            )
+        ),
         sql.SQL("GRANT USAGE ON SCHEMA {schema} TO {role}").format(
             schema=sql.Identifier(names.schema), role=ident
         ),
@@ -250,6 +310,7 @@ async def create_session_role(
     operations: Iterable[str],
     expires: dt.datetime,
     *,
+    bounds: SessionBounds = SessionBounds(),
     acquire_timeout_ms: int | None = None,
 ) -> MintedRole:
     """Create a LOGIN role for ``sheet`` with only ``operations``, valid until ``expires``.
@@ -274,7 +335,7 @@ async def create_session_role(
         # sessions minted at once for one org would fail with "tuple
         # concurrently updated", so grants on one schema take turns.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(names.schema),))
-        for statement in create_role_statements(role, verifier, expires_at, names, ops):
+        for statement in create_role_statements(role, verifier, expires_at, names, ops, bounds):
             conn.execute(statement)
         if writes:
             # The event table's id is a bigserial; an INSERT needs its sequence.
@@ -377,4 +438,66 @@ async def run_reaper(
         except Exception as exc:
             log.warning("session role reaper pass failed: %s", type(exc).__name__)
         progress.record(dropped)
+        await trio.sleep(interval_ms / 1000)
+
+
+_OVERRUNNING = sql.SQL(
+    """
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE starts_with(usename, %(prefix)s) AND pid <> pg_backend_pid() AND (
+        (state = 'active' AND query_start < clock_timestamp() - %(statement)s)
+        OR (state IN ('idle in transaction', 'idle in transaction (aborted)')
+            AND state_change < clock_timestamp() - %(idle)s)
+        OR xact_start < clock_timestamp() - %(transaction)s)
+    """
+)
+
+
+async def end_overrunning_backends(store: SheetStore, bounds: SessionBounds, slack_ms: int) -> int:
+    """Terminate every session backend past its bounds (plus ``slack_ms``); return how many.
+
+    Postgres's own timeouts end a session that kept its role defaults first;
+    this catches the ones that ``SET`` them away.
+    """
+
+    def after(ms: int) -> dt.timedelta:
+        return dt.timedelta(milliseconds=ms + slack_ms)
+
+    params = {
+        "prefix": ROLE_PREFIX,
+        "statement": after(bounds.statement_timeout_ms),
+        "idle": after(bounds.idle_in_transaction_timeout_ms),
+        "transaction": after(bounds.transaction_timeout_ms),
+    }
+
+    def run(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(_OVERRUNNING, params).fetchone()
+        return int(row[0]) if row else 0
+
+    return await store.pool.run(run)
+
+
+async def run_watchdog(
+    store: SheetStore,
+    bounds: SessionBounds,
+    interval_ms: int,
+    progress: ReaperProgress,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """End overrunning session backends every ``interval_ms`` until cancelled.
+
+    A backend is ended at most one interval (plus one interval of slack, so
+    Postgres's own timeout wins when it still applies) after its bound.
+    """
+    task_status.started()
+    while True:
+        ended = 0
+        try:
+            ended = await end_overrunning_backends(store, bounds, interval_ms)
+        except Exception as exc:
+            log.warning("session watchdog pass failed: %s", type(exc).__name__)
+        if ended:
+            log.warning("ended %d session backend(s) past their time bounds", ended)
+        progress.record_watchdog(ended)
         await trio.sleep(interval_ms / 1000)
