@@ -36,6 +36,7 @@ from .errors import ReceiptCompletedError as ReceiptCompletedError
 from .errors import ResponseTooLargeError as ResponseTooLargeError
 from .errors import SessionError as SessionError
 from .errors import SessionExpiredError as SessionExpiredError
+from .errors import SessionPrewarmError as SessionPrewarmError
 from .errors import SheetplaneError as SheetplaneError
 from .errors import StatementTimeoutError as StatementTimeoutError
 from .errors import StoreError as StoreError
@@ -101,6 +102,7 @@ __all__ = [
     "RuntimeContext",
     "SessionError",
     "SessionExpiredError",
+    "SessionPrewarmError",
     "SheetplaneError",
     "SizeMeasurement",
     "StatementTimeoutError",

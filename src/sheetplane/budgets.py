@@ -138,6 +138,14 @@ POSTGRES_CONNECT_TIMEOUT_MS: Final = 5_000
 #: ECONNREFUSED, ETIMEDOUT, SQLSTATE 57P01, "connection terminated/closed/reset").
 POSTGRES_CONNECT_RETRY_DELAYS_MS: Final = (250, 750, 1_500)
 
+#: Delays between tries of prewarming one preloaded session (open a pool,
+#: ``SELECT 1``) on transient connection errors: the seed's prewarm ladder,
+#: the connect ladder's values. Each try connects once (no inner ladder).
+POSTGRES_PREWARM_RETRY_DELAYS_MS: Final = (250, 750, 1_500)
+
+#: Tries prewarming one preloaded session may make.
+POSTGRES_PREWARM_MAX_ATTEMPTS: Final = len(POSTGRES_PREWARM_RETRY_DELAYS_MS) + 1
+
 #: ``statement_timeout`` set on every sheetplane connection.
 POSTGRES_STATEMENT_TIMEOUT_MS: Final = 20_000
 

@@ -36,6 +36,7 @@ The tree::
     │   └── ReceiptCompletedError             the work is already done (its receipt is on it)
     └── SessionError                          scoped DB sessions
         ├── SessionExpiredError
+        ├── SessionPrewarmError               a preloaded session could not be opened and checked
         └── EnvelopeDecryptionError           the encrypted Postgres URL did not open
 
 No message ever contains a secret: tokens and database URLs are redacted
@@ -400,6 +401,15 @@ class SessionExpiredError(SessionError):
     """The session expired (or is inside its renewal window) and cannot be used."""
 
     code = "db_session_expired"
+
+
+class SessionPrewarmError(SessionError):
+    """Prewarming a preloaded session failed: a non-transient error, or the last of
+    ``POSTGRES_PREWARM_MAX_ATTEMPTS`` tries. The message names the session's
+    identity (org, play, namespace, logical table, operations), never its URL;
+    the cause is the last store error (its text redacted by the store)."""
+
+    code = "db_session_prewarm_failed"
 
 
 class EnvelopeDecryptionError(SessionError):

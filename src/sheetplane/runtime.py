@@ -755,6 +755,7 @@ async def open_runtime(
     unwrap_key: bytes | None = None,
     user_email: str | None = None,
     headers: Mapping[str, str] | None = None,
+    prewarm: bool = True,
 ) -> AsyncIterator[Runtime]:
     """Open a run's data plane: ``async with open_runtime(...) as rt:``.
 
@@ -763,6 +764,11 @@ async def open_runtime(
     the reference gateway's faults with them). The block owns the gateway
     client, the session manager (its pools and their tasks) and the page
     reader (its nursery runs every batch read).
+
+    With ``prewarm`` (the default), every usable preloaded session is opened
+    and checked (``SELECT 1``) before the block starts, retrying transient
+    connection errors on ``POSTGRES_PREWARM_RETRY_DELAYS_MS``; a session that
+    cannot be reached raises ``SessionPrewarmError`` naming its identity.
 
     Leaving the block normally lets queued reads finish, then closes every
     pool and the HTTP client. Leaving it by an exception, or by cancellation,
@@ -786,6 +792,8 @@ async def open_runtime(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
     ):
         raise InvalidInputError("headers must be a mapping of strings to strings")
+    if not isinstance(prewarm, bool):
+        raise InvalidInputError(f"prewarm must be a bool, got {prewarm!r}")
     client = GatewayClient(
         context.base_url,
         context.token,
@@ -802,6 +810,8 @@ async def open_runtime(
             ) as sessions,
             PageReader() as reader,
         ):
+            if prewarm:
+                await sessions.prewarm()
             yield Runtime(context, client, sessions, reader)
     except BaseExceptionGroup as group:
         single = single_leaf(group)

@@ -46,8 +46,14 @@ import trio
 from . import crypto
 from ._groups import single_leaf
 from ._types import LOGICAL_TABLES, OPERATIONS, PageRequest, SheetContract, canonical_operations
-from .budgets import DB_SESSION_MAX_CONNECTIONS, DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
-from .errors import GatewayProtocolError, InvalidInputError, SessionError
+from .budgets import (
+    DB_SESSION_MAX_CONNECTIONS,
+    DB_SESSION_RENEWAL_WINDOW_MS,
+    DB_SESSION_TTL_MS,
+    POSTGRES_PREWARM_MAX_ATTEMPTS,
+    POSTGRES_PREWARM_RETRY_DELAYS_MS,
+)
+from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient
@@ -340,6 +346,47 @@ def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     return open_store(url, max_connections=DB_SESSION_MAX_CONNECTIONS)
 
 
+def _check_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
+    """A one-connection pool that connects once: prewarm's own ladder does the retrying."""
+    from .store import open_store
+
+    return open_store(url, max_connections=1, connect_retry_delays_ms=())
+
+
+def _identity(session: DbSession) -> str:
+    return (
+        f"org={session.org_id!r} play={session.play_name!r} "
+        f"namespace={session.table_namespace!r} table={session.logical_table!r} "
+        f"operations={list(session.operations)}"
+    )
+
+
+def _transient(exc: BaseException) -> bool:
+    from .store._pool import is_transient_connect_error
+
+    cause = exc.__cause__
+    return is_transient_connect_error(exc) or (
+        cause is not None and is_transient_connect_error(cause)
+    )
+
+
+async def _prewarm_one(session: DbSession, open_pool: PoolOpener) -> None:
+    """Open a pool on ``session`` and run ``SELECT 1``, on the prewarm ladder."""
+    for attempt in range(1, POSTGRES_PREWARM_MAX_ATTEMPTS + 1):
+        try:
+            async with open_pool(session.postgres_url) as store:
+                await store.pool.run(lambda conn: conn.execute("SELECT 1").fetchone())
+            return
+        except Exception as exc:  # the pool is closed (dropped) by leaving its block
+            if attempt == POSTGRES_PREWARM_MAX_ATTEMPTS or not _transient(exc):
+                transient = "transient " if _transient(exc) else ""
+                raise SessionPrewarmError(
+                    f"prewarming the preloaded DB session {_identity(session)} failed "
+                    f"after {attempt} attempt(s) on a {transient}{type(exc).__name__}"
+                ) from exc
+        await trio.sleep(POSTGRES_PREWARM_RETRY_DELAYS_MS[attempt - 1] / _MS)
+
+
 @attrs.define(eq=False)
 class _Pool:
     """A pool on one session's URL, run by its own task in the manager's nursery."""
@@ -367,9 +414,11 @@ class SessionManager:
     ``clock`` is the wall clock in seconds since the epoch (sessions expire
     at wall-clock instants); tests inject one that follows trio's virtual
     clock. ``open_pool`` opens a pool on a URL (default:
-    ``sheetplane.store.open_store``). ``decryption_key`` is the RSA key
-    minted URLs are sealed to; by default the manager generates one (in a
-    worker thread) on its first mint and keeps it for its lifetime.
+    ``sheetplane.store.open_store``); ``open_check_pool`` opens the
+    one-connection, one-attempt pool ``prewarm`` checks a session with.
+    ``decryption_key`` is the RSA key minted URLs are sealed to; by default
+    the manager generates one (in a worker thread) on its first mint and
+    keeps it for its lifetime.
     """
 
     def __init__(
@@ -380,6 +429,7 @@ class SessionManager:
         unwrap_key: bytes | None = None,
         clock: Callable[[], float] = time.time,
         open_pool: PoolOpener = _default_pool_opener,
+        open_check_pool: PoolOpener = _check_pool_opener,
         decryption_key: crypto.DecryptionKey | None = None,
     ) -> None:
         if unwrap_key is not None:
@@ -389,6 +439,7 @@ class SessionManager:
         self._unwrap_key = unwrap_key
         self._clock = clock
         self._open_pool = open_pool
+        self._open_check_pool = open_check_pool
         self._key = decryption_key
         self._key_lock = trio.Lock()
         self._sessions: dict[str, DbSession] = {}
@@ -489,15 +540,48 @@ class SessionManager:
                 and session.limits.satisfies(shape.limits)
             ):
                 continue
-            if parsed.envelope is None:
-                return session
-            if self._unwrap_key is None:
-                raise SessionError(
-                    "a preloaded DB session is encrypted, but no harness unwrap key was provided"
-                )
-            url = crypto.decrypt_with_unwrap_key(parsed.envelope, self._unwrap_key, parsed.aad)
-            return attrs.evolve(session, postgres_url=url)
+            return self._open_preloaded(parsed)
         return None
+
+    # --- prewarm ------------------------------------------------------------------------
+
+    async def prewarm(self) -> int:
+        """Open and check (``SELECT 1``) a connection on every usable preloaded session.
+
+        Each try opens a pool on the session's URL with a single connect
+        attempt, runs ``SELECT 1`` and closes the pool again; a transient
+        connection error (refused, reset, timed out, 57P01, "connection
+        terminated/closed/reset") drops that pool and tries again after the
+        next rung of ``POSTGRES_PREWARM_RETRY_DELAYS_MS``. A non-transient
+        error, or the last try's failure, raises ``SessionPrewarmError``
+        naming the session's identity, never its URL. Sessions that could not
+        be used any more (inside their renewal window, or unreadable) are
+        skipped. Returns how many sessions were checked. If cancelled, the
+        try in progress is cancelled and its pool closed.
+        """
+        checked = 0
+        now = self._clock()
+        for preloaded in self._preloaded:
+            try:
+                parsed = _parse_answer(preloaded.session)
+            except GatewayProtocolError:
+                continue
+            if not parsed.identity.reusable(now):
+                continue
+            session = self._open_preloaded(parsed)
+            await _prewarm_one(session, self._open_check_pool)
+            checked += 1
+        return checked
+
+    def _open_preloaded(self, parsed: _Answer) -> DbSession:
+        if parsed.envelope is None:
+            return parsed.identity
+        if self._unwrap_key is None:
+            raise SessionError(
+                "a preloaded DB session is encrypted, but no harness unwrap key was provided"
+            )
+        url = crypto.decrypt_with_unwrap_key(parsed.envelope, self._unwrap_key, parsed.aad)
+        return attrs.evolve(parsed.identity, postgres_url=url)
 
     async def _mint(self, shape: AccessShape) -> DbSession:
         # One key for the manager's lifetime: concurrent first mints (of two
