@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -174,6 +175,42 @@ async def test_post_action_sends_action_play_and_bearer(autojump_clock: Any) -> 
     }
     assert headers["authorization"] == f"Bearer {TOKEN}"
     assert headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x": math.nan},
+        {"x": [math.inf]},
+        {"x": {"nested": -math.inf}},
+        {"x": {1: "a non-string key"}},
+        {"x": "a lone \ud800 surrogate"},
+    ],
+)
+async def test_a_body_json_cannot_carry_is_refused_before_sending(bad: Any) -> None:
+    # orjson would write NaN as null and the standard library would write a bare
+    # NaN token: neither may reach the wire.
+    script = Script()
+    async with script.client() as client:
+        with pytest.raises(InvalidInputError):
+            await client.post_action("runtime_sheet_summary", {"tableNamespace": "t", **bad})
+    assert script.seen == []
+
+
+async def test_the_body_is_compact_json(autojump_clock: Any) -> None:
+    sent: list[bytes] = []
+
+    async def record(request: httpx.Request) -> httpx.Response:
+        sent.append(await request.aread())
+        return httpx.Response(200, json={})
+
+    client = GatewayClient(BASE, TOKEN, play_name="p", transport=httpx.MockTransport(record))
+    async with client:
+        await client.post_action("runtime_sheet_summary", {"tableNamespace": "t", "n": 2**70})
+    assert sent == [
+        b'{"tableNamespace":"t","n":1180591620717411303424,'
+        b'"action":"runtime_sheet_summary","playName":"p"}'
+    ]
 
 
 async def test_extra_headers_travel_with_every_request(autojump_clock: Any) -> None:

@@ -8,13 +8,21 @@ sides agree by construction rather than by copy. The enumerations are
 derived from the ``Literal`` types of ``sheetplane._types`` (the domain
 values every part shares), so a value added there is a value on the wire.
 
+Bodies go through :func:`encode_body` and :func:`decode_body` on both sides:
+orjson where it gives the same value as the standard library, the standard
+library where it would not (see each function).
+
 Nothing here does I/O; importing it imports neither httpx nor psycopg.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Final
+import json
+import re
+from typing import Any, Final
+
+import orjson
 
 from .._types import BIGINT_MAX, BIGINT_MIN, LOGICAL_TABLES, OPERATIONS, ROW_MODES, STALE_REASONS
 
@@ -44,6 +52,8 @@ __all__ = [
     "START_SHEET_DATASET",
     "SUMMARY",
     "Code",
+    "decode_body",
+    "encode_body",
     "token_digest",
 ]
 
@@ -124,3 +134,60 @@ def token_digest(token: str) -> str:
     table, the client's session cache keys, and the page reader's scopes.
     """
     return hashlib.sha256(token.strip().encode("utf-8")).hexdigest()
+
+
+# --- bodies ---------------------------------------------------------------------------
+
+#: Nineteen digits in a row: a number that may not fit 64 bits (orjson would
+#: read such an integer as a float), or a digit run inside a string (harmless:
+#: the standard library then reads the body, as before).
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request or answer body.
+
+    orjson reads it when it can read it the way ``json.loads`` would; a body
+    orjson refuses (NaN literals, lone surrogate escapes, deep nesting, UTF-16,
+    invalid JSON) or one that may hold an integer past 64 bits is read by
+    ``json.loads``, so every body means what it meant before, and the errors
+    are ``json.loads``'s own (``ValueError``, ``UnicodeDecodeError``,
+    ``RecursionError``).
+    """
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
+def encode_body(value: Any) -> bytes:
+    """The compact wire form of ``value``: no spaces, UTF-8, ``NaN`` never written.
+
+    orjson writes it; what orjson refuses falls back to the standard library
+    with the same compact separators: an integer past 64 bits is written
+    exactly, and a string holding a lone surrogate (an error that echoes a
+    request's bad text) with ASCII escapes, which JSON can carry. A non-string
+    key raises ``TypeError``; a non-finite float raises ``ValueError`` in the
+    fallback, and is written ``null`` by orjson, so callers refuse non-finite
+    floats first (``json_byte_length_up_to``), or hold values that have none
+    (rows decoded from ``jsonb``).
+
+    The bytes are the ones ``json_byte_length_up_to`` measures, except that a
+    float in exponent form is written without a leading zero in its exponent
+    (``1e-7``, not ``1e-07``): the measure is then an upper bound, off by at
+    most one byte a float.
+    """
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        if str(exc) == "Dict key must be str":
+            raise TypeError("JSON object keys must be strings") from None
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode(
+            "ascii"
+        )

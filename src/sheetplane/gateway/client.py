@@ -97,7 +97,16 @@ from ._retry import (
     retry_after_from_body,
     retry_after_from_header,
 )
-from ._wire import PAGE_READS, READ_ROWS, READ_ROWS_BATCH, RUNTIME_PATH, Code, token_digest
+from ._wire import (
+    PAGE_READS,
+    READ_ROWS,
+    READ_ROWS_BATCH,
+    RUNTIME_PATH,
+    Code,
+    decode_body,
+    encode_body,
+    token_digest,
+)
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
@@ -140,13 +149,20 @@ class _Answer:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """The request body. What ``json_byte_length_up_to`` refuses (a non-finite
+    float, a lone surrogate) is refused first, and so is a non-string key
+    (``InvalidInputError`` for each, nothing sent)."""
+    json_byte_length_up_to(value, TRANSPORT_CEILING_BYTES)
+    try:
+        return encode_body(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"the request cannot be sent as JSON: {exc}") from None
 
 
 def _parse_json(raw: bytes) -> Any:
     """The JSON value of ``raw``, or ``_NOT_JSON``."""
     try:
-        return json.loads(raw)
+        return decode_body(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return _NOT_JSON
 

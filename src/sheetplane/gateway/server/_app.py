@@ -31,7 +31,6 @@ leaving the lifespan cancels the reaper and closes the pool.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -58,7 +57,7 @@ from ...errors import (
 from ...store import SheetStore, TrioPool, open_store
 from ...store._pool import PoolSaturatedError
 from .. import _wire
-from .._wire import RUNTIME_PATH, Code
+from .._wire import RUNTIME_PATH, Code, decode_body
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
 from ._auth import TokenTable, check_org
@@ -137,7 +136,7 @@ def _holds_lone_surrogate(value: object) -> bool:
 
 def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
     try:
-        body = json.loads(raw)
+        body = decode_body(raw)
     except (UnicodeDecodeError, ValueError):
         raise bad_request("request body must be JSON") from None
     except RecursionError:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.responses import Response
 
-from .._wire import Code
+from .._wire import Code, encode_body
 
 
 class ActionError(Exception):
@@ -35,19 +34,9 @@ def bad_request(message: str, code: str = Code.INVALID_REQUEST) -> ActionError:
 
 
 def encode_json(payload: Any) -> bytes:
-    """The compact wire form (the one ``json_byte_length_up_to`` measures).
-
-    A string with a lone surrogate has no UTF-8 form; such a payload (an error
-    that echoes a request's bad text) is sent with ASCII escapes instead,
-    which JSON can carry.
-    """
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(
-            payload, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-        ).encode("ascii")
+    """The compact wire form (``_wire.encode_body``: orjson, the standard library
+    for what orjson refuses, ASCII escapes for a lone surrogate)."""
+    return encode_body(payload)
 
 
 def json_bytes_response(status: int, body: bytes) -> Response:
