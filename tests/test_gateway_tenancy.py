@@ -15,6 +15,7 @@ import trio
 from psycopg import sql
 
 from sheetplane import DatabaseNotHardenedError, crypto
+from sheetplane._types import SheetRef
 from sheetplane.gateway.server import (
     RUNTIME_PATH,
     RunningGateway,
@@ -22,7 +23,7 @@ from sheetplane.gateway.server import (
     running_gateway,
 )
 from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
-from sheetplane.store import open_store
+from sheetplane.store import open_store, sheet_names
 
 TOKEN_A = "tok-tenant-a-7f3e9c1d"
 TOKEN_B = "tok-tenant-b-2a8b4e6f"
@@ -507,3 +508,47 @@ async def test_a_role_cannot_open_more_than_its_connection_limit_and_another_org
     finally:
         for conn in held:
             await trio.to_thread.run_sync(conn.close)
+
+
+# --- finding 10: a write that cannot apply creates nothing ------------------------------
+
+
+async def test_terminal_writes_to_a_sheet_never_admitted_create_no_schema_table_or_summary(
+    database_url: str, namespace: str
+) -> None:
+    org = f"org-fresh-{uuid.uuid4().hex[:8]}"
+    token = f"tok-{uuid.uuid4().hex}"
+    sheet = SheetRef(org, PLAY, namespace)
+    names = sheet_names(sheet)
+    async with running_gateway(database_url, tokens={token: org}) as gw:
+        for action, row in (
+            ("runtime_sheet_complete_map_rows", {"key": "k0", "data": {"score": 1}}),
+            ("runtime_sheet_fail_map_rows", {"key": "k0", "error": "boom"}),
+        ):
+            answer = await act(
+                gw,
+                token,
+                action,
+                tableNamespace=namespace,
+                sheetContract=CONTRACT,
+                runId="run-1",
+                writeVersion=1,
+                rows=[row],
+            )
+            assert answer["committedKeys"] == []
+            assert answer["staleKeys"] == ["k0"]
+            assert answer["staleRows"] == [
+                {"key": "k0", "reason": "newer_write_version", "rowVersionStamp": None}
+            ]
+            assert answer["updated"] == 0
+        assert await act(gw, token, "runtime_sheet_summary", tableNamespace=namespace) == {
+            "total": 0,
+            "queued": 0,
+            "running": 0,
+            "completed": 0,
+            "failed": 0,
+        }
+    schemas = await run_sql(
+        database_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (names.schema,)
+    )
+    assert schemas == []

@@ -92,7 +92,7 @@ from ._rowdata import (
     status_of,
     transition_delta,
 )
-from ._schema import SheetNames
+from ._schema import SheetNames, sheet_exists
 
 __all__ = [
     "Decision",
@@ -391,6 +391,11 @@ async def _terminal_write(
     kind = "complete_map_rows" if target == "enriched" else "fail_map_rows"
 
     def run(conn: psycopg.Connection[Any]) -> TerminalWriteResult:
+        if not sheet_exists(conn, names):
+            # A sheet never admitted holds none of the keys, and a write that cannot
+            # apply creates nothing (no schema, tables or summary row).
+            absent = tuple(StaleRow(row.key, "newer_write_version", None) for row in incoming)
+            return TerminalWriteResult((), absent, 0)
         lock_sheet(conn, names)
         committed: list[str] = []
         stale: list[StaleRow] = []

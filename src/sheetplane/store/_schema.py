@@ -33,6 +33,7 @@ __all__ = [
     "ensure_sheet",
     "org_schema",
     "receipt_names",
+    "sheet_exists",
     "sheet_names",
 ]
 
@@ -190,6 +191,14 @@ def receipt_names(org_id: str, play_name: str) -> SheetNames:
 def org_schema(org_id: str) -> str:
     """The schema of ``org_id``'s tables (its sheets, receipts and plays)."""
     return _base("sp", (_check_logical("org_id", org_id),))
+
+
+def sheet_exists(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
+    """Whether the sheet's tables were created (an admission or ``ensure_sheet`` ran)."""
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (names.ident("summary_table").as_string(conn),)
+    ).fetchone()
+    return bool(row and row[0])
 
 
 # --- DDL ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ call; the work itself lives in the private modules (``_schema``, ``_reads``,
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -79,6 +80,16 @@ class SheetStore:
         self._remember(names, contract)
         return names
 
+    async def _ensure_if_exists(self, sheet: SheetRef, contract: SheetContract) -> SheetNames:
+        """Like ``_ensure_cached``, but a sheet that does not exist stays absent: a
+        terminal write to it cannot apply and must create nothing."""
+        names = sheet_names(sheet)
+        if (names, _column_key(contract)) in self._ensured:
+            return await self._ensure_cached(sheet, contract)
+        if await self.pool.run(functools.partial(_schema.sheet_exists, names=names)):
+            return await self._ensure_cached(sheet, contract)
+        return names
+
     def _remember(self, names: SheetNames, contract: SheetContract) -> None:
         self._ensured[(names, _column_key(contract))] = None
         while len(self._ensured) > _ENSURED_CACHE_ENTRIES:
@@ -149,8 +160,10 @@ class SheetStore:
         run_id: str,
         write_version: int | None,
     ) -> TerminalWriteResult:
-        """Mark rows enriched with their outputs, fenced by ``write_version``."""
-        names = await self._ensure_cached(sheet, contract)
+        """Mark rows enriched with their outputs, fenced by ``write_version``.
+
+        On a sheet never admitted every key is stale and nothing is created."""
+        names = await self._ensure_if_exists(sheet, contract)
         return await _fencing.complete_map_rows(
             self.pool, names, contract, rows, run_id=run_id, write_version=write_version
         )
@@ -165,7 +178,7 @@ class SheetStore:
         write_version: int | None,
     ) -> TerminalWriteResult:
         """Mark rows failed with their errors, fenced by ``write_version``."""
-        names = await self._ensure_cached(sheet, contract)
+        names = await self._ensure_if_exists(sheet, contract)
         return await _fencing.fail_map_rows(
             self.pool, names, contract, rows, run_id=run_id, write_version=write_version
         )
