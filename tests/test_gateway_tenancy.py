@@ -16,6 +16,12 @@ from psycopg import sql
 
 from sheetplane import DatabaseNotHardenedError, crypto
 from sheetplane._types import SheetRef
+from sheetplane.budgets import (
+    MAX_ERROR_TEXT_BYTES,
+    MAX_REQUEST_TEXT_BYTES,
+    MAX_RUN_ID_BYTES,
+    MAX_USER_EMAIL_BYTES,
+)
 from sheetplane.gateway.server import (
     RUNTIME_PATH,
     RunningGateway,
@@ -552,3 +558,73 @@ async def test_terminal_writes_to_a_sheet_never_admitted_create_no_schema_table_
         database_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (names.schema,)
     )
     assert schemas == []
+
+
+# --- finding 5: every stored text is capped ---------------------------------------------
+
+
+async def sheet_bytes(database_url: str, schema: str) -> int:
+    rows = await run_sql(
+        database_url,
+        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+        (schema,),
+    )
+    return int(rows[0][0])
+
+
+async def test_text_past_its_budget_is_400_and_stores_nothing(
+    gateway: RunningGateway, database_url: str, namespace: str
+) -> None:
+    admission = await admit(gateway, TOKEN_A, namespace)
+    schema = sheet_names(SheetRef(ORG_A, PLAY, namespace)).schema
+    before = await sheet_bytes(database_url, schema)
+    big_run_id = "r" * (MAX_RUN_ID_BYTES + 1)
+    version = admission["writeVersion"]
+    rows = [{"_key": f"k{i}", "email": "e"} for i in range(3)]
+    base = {"tableNamespace": namespace, "sheetContract": CONTRACT}
+    refused: list[dict[str, Any]] = [
+        {"action": "start_sheet_dataset", **base, "rows": rows, "runId": big_run_id},
+        {
+            "action": "runtime_sheet_complete_map_rows",
+            **base,
+            "runId": big_run_id,
+            "writeVersion": version,
+            "rows": [{"key": "k0", "data": {"score": 1}}],
+        },
+        {
+            "action": "runtime_sheet_fail_map_rows",
+            **base,
+            "runId": "run-1",
+            "writeVersion": version,
+            "rows": [{"key": "k0", "error": "e" * (MAX_ERROR_TEXT_BYTES + 1)}],
+        },
+        {
+            "action": "runtime_sheet_fail_map_rows",
+            **base,
+            "runId": "run-1",
+            "writeVersion": version,
+            # 4-byte characters: the cap is in UTF-8 bytes, not characters.
+            "rows": [{"key": "k0", "error": "\U0001f600" * (MAX_ERROR_TEXT_BYTES // 4 + 1)}],
+        },
+        {"action": "ensure_sheet", **base, "userEmail": "u" * MAX_USER_EMAIL_BYTES + "@x"},
+        {"action": "complete_work_receipt", "key": "r", "result": 1, "runId": big_run_id},
+        {"action": "complete_work_receipt", "key": "k" * 2049, "result": 1, "runId": "run-1"},
+        {"action": "ensure_sheet", "tableNamespace": "n" * (MAX_REQUEST_TEXT_BYTES + 1)},
+    ]
+    for fields in refused:
+        action = fields.pop("action")
+        response = await post(gateway, TOKEN_A, action, **fields)
+        assert response.status_code == 400, (action, response.text)
+    long_play = {"playName": "p" * (MAX_REQUEST_TEXT_BYTES + 1)}
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=60) as http:
+        response = await http.post(
+            RUNTIME_PATH,
+            json={"action": "ensure_sheet", "tableNamespace": namespace, **long_play},
+            headers={"authorization": f"Bearer {TOKEN_A}"},
+        )
+    assert response.status_code == 400, response.text
+    assert await sheet_bytes(database_url, schema) == before
+    # At the cap, the run id is stored.
+    at_cap = "r" * MAX_RUN_ID_BYTES
+    await act(gateway, TOKEN_A, "start_sheet_dataset", **base, rows=rows, runId=at_cap)

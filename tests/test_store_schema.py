@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from sheetplane._types import ContractColumn, SheetContract, SheetRef
+from sheetplane.budgets import MAX_LOGICAL_NAME_CHARS
 from sheetplane.errors import InvalidInputError
 from sheetplane.store import SheetStore, sheet_names
-from sheetplane.store._schema import MAX_LOGICAL_NAME_CHARS, receipt_names
+from sheetplane.store._schema import receipt_names
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 TABLES = ("sheet_table", "event_table", "summary_table", "column_summary_table", "receipts_table")

@@ -91,6 +91,28 @@ MAX_ROW_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES // 2
 #: error instead of being refused as bad input.
 MAX_ROW_KEY_BYTES: Final = 2 * KiB
 
+#: Longest org id, play name or table namespace, in characters (each is
+#: sanitised and hashed into a physical name, and echoed in answers).
+MAX_LOGICAL_NAME_CHARS: Final = 512
+
+#: Longest run id, in UTF-8 bytes. Chosen: a run id names one attempt (a UUID
+#: is 36 bytes), and it is stored on every row the attempt admits or writes, so
+#: its cap multiplies by the sheet's rows. Work-receipt claim holders share it.
+MAX_RUN_ID_BYTES: Final = 256
+
+#: Longest error text one failed row stores, in UTF-8 bytes: a message with a
+#: short traceback. Stored once per failed row.
+MAX_ERROR_TEXT_BYTES: Final = 16 * KiB
+
+#: Longest user email: RFC 5321's limits, 64 bytes of local part, ``@``, 255
+#: of domain.
+MAX_USER_EMAIL_BYTES: Final = 64 + 1 + 255
+
+#: Longest of any other text a request carries (play names, namespaces,
+#: logical tables, play references...): a logical name at four UTF-8 bytes a
+#: character.
+MAX_REQUEST_TEXT_BYTES: Final = 4 * MAX_LOGICAL_NAME_CHARS
+
 #: Deepest nesting of a value a write stores (arrays and objects inside a row,
 #: a map output, a cell-meta patch or a receipt result). Chosen: Python's json
 #: encoder and decoder recurse once per level and fail at the interpreter's

@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from .._types import SheetContract, SheetRef
+from ..budgets import MAX_LOGICAL_NAME_CHARS
 from ..errors import InvalidInputError
 from ._pool import TrioPool
 
@@ -37,8 +38,6 @@ __all__ = [
     "sheet_names",
 ]
 
-#: Longest org id, play name or table namespace accepted, in characters.
-MAX_LOGICAL_NAME_CHARS = 512
 
 #: Postgres truncates identifiers longer than this many bytes.
 MAX_IDENTIFIER_BYTES = 63

@@ -36,7 +36,16 @@ from ..._types import (
     TerminalWriteResult,
     canonical_operations,
 )
-from ...budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from ...budgets import (
+    MAX_ERROR_TEXT_BYTES,
+    MAX_REQUEST_TEXT_BYTES,
+    MAX_ROW_KEY_BYTES,
+    MAX_RUN_ID_BYTES,
+    MAX_USER_EMAIL_BYTES,
+    READ_BATCH_MAX_PAGES,
+    READ_PAGE_MAX_ROWS,
+    TRANSPORT_CEILING_BYTES,
+)
 from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
 from ...sizes import json_byte_length_up_to
 from ...store import RowCursor, SheetStore
@@ -90,11 +99,31 @@ def unsupported(action: str) -> ActionError:
 # --- request parsing ------------------------------------------------------------------
 
 
+#: The longest text (UTF-8 bytes) each request field may carry; every other text
+#: field stops at ``MAX_REQUEST_TEXT_BYTES``. Whatever the gateway stores is capped
+#: before it reaches the store, so no request grows a table by more than its rows.
+_TEXT_CAPS: Final[Mapping[str, int]] = {
+    "runId": MAX_RUN_ID_BYTES,
+    "holder": MAX_RUN_ID_BYTES,
+    "userEmail": MAX_USER_EMAIL_BYTES,
+    "error": MAX_ERROR_TEXT_BYTES,
+    "key": MAX_ROW_KEY_BYTES,
+}
+
+
+def _capped(value: str, name: str, where: str) -> str:
+    cap = _TEXT_CAPS.get(name, MAX_REQUEST_TEXT_BYTES)
+    # At most 4 bytes a character: only a string that could be past the cap is encoded.
+    if len(value) * 4 > cap and len(value.encode("utf-8", "surrogatepass")) > cap:
+        raise bad_request(f"{where}{name} is longer than {cap} bytes")
+    return value
+
+
 def _text(container: Mapping[str, Any], name: str, *, where: str = "") -> str:
     value = container.get(name)
     if not isinstance(value, str) or not value.strip():
         raise bad_request(f"{where}{name} must be a non-empty string")
-    return value
+    return _capped(value, name, where)
 
 
 def _optional_text(container: Mapping[str, Any], name: str, *, where: str = "") -> str | None:
@@ -103,7 +132,7 @@ def _optional_text(container: Mapping[str, Any], name: str, *, where: str = "") 
         return None
     if not isinstance(value, str):
         raise bad_request(f"{where}{name} must be a string or null")
-    return value
+    return _capped(value, name, where)
 
 
 def _object(container: Mapping[str, Any], name: str, *, where: str = "") -> Mapping[str, Any]:
@@ -306,6 +335,7 @@ async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
         error = row.get("error")
         if not isinstance(error, str):
             raise bad_request(f"rows[{index}].error must be a string")
+        _capped(error, "error", f"rows[{index}].")
         rows.append(FailRow(_text(row, "key", where=f"rows[{index}]."), error, data))
     result = await call.state.store.fail_map_rows(
         sheet, contract, rows, run_id=run_id, write_version=version
