@@ -656,7 +656,14 @@ async def test_unexpected_error_answers_500_without_trace_or_secret(
     assert response.json() == {"error": "internal error", "code": "internal_error"}
     assert database_url not in caplog.text
     assert "RuntimeError" in caplog.text
-    assert "Traceback" not in caplog.text
+    # The log record carries the whole traceback, under the request's id, redacted.
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "internal_error"]
+    trace = record.traceback  # type: ignore[attr-defined]
+    assert "Traceback (most recent call last)" in trace
+    assert "in explode" in trace
+    assert "boom while holding" in trace
+    assert database_url not in trace
+    assert response.headers["x-request-id"]
 
 
 # --- legacy -------------------------------------------------------------------------------------

@@ -254,6 +254,64 @@ DB_SESSION_MAX_LIVE_PER_TOKEN: Final = DB_SESSION_MAX_LIVE_PER_ORG // 2
 #: session's renewal window is when a runner retires its old sessions.
 DB_SESSION_CAP_RETRY_AFTER_MS: Final = MAX_RETRY_AFTER_MS
 
+# --- Operating the reference gateway ----------------------------------------------
+
+#: The longest one action may run on the gateway: the caller's attempt timeout.
+#: Past it no caller is waiting for the answer (the client has timed the
+#: attempt out and retries it), so the gateway cancels the action and answers
+#: 504 instead of finishing work nobody reads.
+GATEWAY_ACTION_BUDGET_MS: Final = REQUEST_TIMEOUT_MS
+
+#: The whole request body must arrive within this (else 408 and the connection
+#: closes): half the caller's attempt timeout, leaving the other half for the
+#: action and its answer. At the transport ceiling that asks for about 1.1 MB/s.
+GATEWAY_BODY_READ_TIMEOUT_MS: Final = REQUEST_TIMEOUT_MS // 2
+
+#: An idle keep-alive connection (and one that never completes its request
+#: head) is closed after this. Chosen: httpx keeps idle connections for 5 s,
+#: so a client's pooled connection is rarely closed under it.
+GATEWAY_KEEP_ALIVE_TIMEOUT_MS: Final = 5_000
+
+#: Open HTTP connections one gateway process serves at once; further
+#: connections wait in the listen backlog until one closes. Chosen: each
+#: connection may hold one body up to the transport ceiling while it is read.
+GATEWAY_MAX_CONNECTIONS: Final = 256
+
+#: Connections the kernel queues for a gateway process past its cap (the
+#: ``listen`` backlog); beyond it new connections are refused and retried.
+GATEWAY_LISTEN_BACKLOG: Final = GATEWAY_MAX_CONNECTIONS // 2
+
+#: ``/readyz`` is 200 only when the store answers ``SELECT 1`` within this: a
+#: fifth of one connect attempt, so a probe finishes well inside the few
+#: seconds a load balancer waits for it.
+GATEWAY_READINESS_BUDGET_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS // 5
+
+#: Retry-After of the 503 a draining gateway answers: the first ladder delay
+#: (another worker behind the load balancer can answer at once).
+GATEWAY_DRAIN_RETRY_AFTER_MS: Final = RETRY_DELAYS_MS[0]
+
+#: After SIGTERM, in-flight requests get this long to finish: a request that
+#: had just started reading its body reads it, runs its whole action budget,
+#: then has one connect timeout to cancel its statement and send its answer.
+#: Past it what is left is cancelled and the process exits non-zero.
+GATEWAY_DRAIN_BUDGET_MS: Final = (
+    GATEWAY_BODY_READ_TIMEOUT_MS + GATEWAY_ACTION_BUDGET_MS + POSTGRES_CONNECT_TIMEOUT_MS
+)
+
+#: A connection that sends nothing for this long is closed, whatever it is
+#: doing (Hypercorn's ``read_timeout``): longer than any request can take.
+GATEWAY_READ_TIMEOUT_MS: Final = GATEWAY_DRAIN_BUDGET_MS
+
+#: Postgres connections one gateway deployment holds, all its workers
+#: together: the store's pool size for one worker. ``--workers N`` gives each
+#: worker ``GATEWAY_DB_CONNECTION_BUDGET // N``.
+GATEWAY_DB_CONNECTION_BUDGET: Final = 8
+
+#: The smallest pool a worker may have: one connection for the role reaper's
+#: pass and one for a request beside it.
+GATEWAY_MIN_WORKER_POOL: Final = 2
+
+
 # --- Leases ----------------------------------------------------------------------
 
 #: A runner's lease on one sheet attempt. Renewed every
@@ -343,6 +401,17 @@ def _check() -> None:
         ),
         "a lease renewal lands before expiry even when it takes a whole call": all(
             renewal > 0 and renewal + CALL_BUDGET_MS <= ttl for ttl, renewal in leases
+        ),
+        "a drain outlives the longest action": GATEWAY_DRAIN_BUDGET_MS > GATEWAY_ACTION_BUDGET_MS,
+        "a body is read within the caller's attempt": (
+            GATEWAY_BODY_READ_TIMEOUT_MS < REQUEST_TIMEOUT_MS
+        ),
+        "no silent connection outlives a drain": GATEWAY_READ_TIMEOUT_MS >= GATEWAY_DRAIN_BUDGET_MS,
+        "a readiness probe is shorter than one connect": (
+            GATEWAY_READINESS_BUDGET_MS < POSTGRES_CONNECT_TIMEOUT_MS
+        ),
+        "one worker gets the whole connection budget": (
+            GATEWAY_DB_CONNECTION_BUDGET >= GATEWAY_MIN_WORKER_POOL
         ),
         "a lease outlives the longest store operation": all(
             ttl > POSTGRES_OPERATION_BUDGET_MS for ttl, _ in leases

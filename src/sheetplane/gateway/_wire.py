@@ -119,6 +119,10 @@ class Code:
     INVALID_TEST_FAULT: Final = "invalid_test_fault"
     TEST_FAULT: Final = "test_fault"
     INTERNAL_ERROR: Final = "internal_error"
+    REQUEST_TIMEOUT: Final = "request_timeout"
+    ACTION_TIMEOUT: Final = "gateway_action_timeout"
+    DRAINING: Final = "gateway_draining"
+    NOT_FOUND: Final = "not_found"
 
 
 #: The logical tables the reference gateway serves. The protocol names three

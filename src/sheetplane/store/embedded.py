@@ -201,12 +201,24 @@ class EmbeddedPostgres:
         the write-ahead log, as after a power cut. Connections open before the
         restart are lost. Blocks until the server accepts connections again.
         """
+        self.halt(mode=mode)
+        self.resume()
+
+    def halt(self, *, mode: Literal["fast", "immediate"] = "fast") -> None:
+        """Stop the server but keep its data directory and port, until :meth:`resume`
+        (an outage: connections are lost and new ones refused meanwhile)."""
         with self._lock:
             self._require_running()
             self._run(
                 ["pg_ctl", "-D", str(self._data), "-m", mode, "-w", "stop"],
                 timeout_ms=EMBEDDED_POSTGRES_START_TIMEOUT_MS,
             )
+
+    def resume(self) -> None:
+        """Start a halted server again on its data directory and port; blocks until
+        it accepts connections."""
+        with self._lock:
+            self._require_running()
             self._pg_ctl_start()
 
     def stop(self) -> None:

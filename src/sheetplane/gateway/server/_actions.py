@@ -55,6 +55,7 @@ from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._config import GatewayConfig
 from ._http import ActionError, bad_request
+from ._metrics import GatewayMetrics
 from ._plays import play_answer, play_from_json
 from ._roles import ReaperProgress, create_session_role, scoped_url
 
@@ -73,6 +74,8 @@ class GatewayState:
     tokens: TokenTable
     faults: FaultSchedule
     reaper: ReaperProgress
+    metrics: GatewayMetrics = attrs.field(factory=GatewayMetrics)
+    """The gateway's Prometheus metrics: count with ``call.state.metrics.<name>``."""
 
 
 @attrs.frozen
@@ -271,6 +274,7 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     store = call.state.store
     await store.ensure_sheet(sheet, contract)
     admission = await store.start_dataset(sheet, rows, run_id, contract, check=_fits_one_answer)
+    call.state.metrics.admissions.inc()
     return _admission_json(admission)
 
 
@@ -611,6 +615,7 @@ async def _mint(
     minted = await create_session_role(
         state.store, sheet, operations, expires, bounds=state.config.session_bounds()
     )
+    state.metrics.sessions_minted.inc()
     names = minted.names
     answer: dict[str, Any] = {
         "expiresAt": minted.expires_at,

@@ -1,17 +1,23 @@
-"""The reference gateway as a Starlette app: one route, ``POST /api/v2/plays/internal/runtime``.
+"""The reference gateway as a Starlette app: ``POST /api/v2/plays/internal/runtime``,
+plus ``GET /healthz``, ``/readyz`` and ``/metrics`` (``_probes``), all inside the
+operations middleware (``_ops``: request ids, access log, metrics, drain).
 
-Each request goes through the same steps, in this order:
+Each runtime request goes through the same steps, in this order:
 
 1. the bearer token names the org (401 when missing or unknown);
 2. the body is read with a byte ceiling (413 ``request_too_large`` past
    ``TRANSPORT_CEILING_BYTES``, refused from ``Content-Length`` before reading
-   when it declares more) and parsed (400 when it is not a JSON object with a
-   string ``action``);
+   when it declares more) and a time limit (408 ``request_timeout`` and the
+   connection closes when the whole body has not arrived within
+   ``body_read_timeout_ms``), then parsed (400 when it is not a JSON object
+   with a string ``action``);
 3. with ``allow_test_faults``, the ``x-sheetplane-test-fault`` header arms
    faults and an armed fault for this action answers instead;
 4. an ``orgId`` other than the token's is refused 403;
 5. the action's handler runs (400 ``Unsupported runtime data-plane action``
-   for an unknown action, or for the batch read on a ``legacy`` gateway).
+   for an unknown action, or for the batch read on a ``legacy`` gateway),
+   within ``GATEWAY_ACTION_BUDGET_MS`` (else 504 ``gateway_action_timeout``:
+   the caller's attempt has timed out by then).
 
 Errors become JSON bodies ``{error, code, ...}``: a saturated pool is 503
 ``runtime_postgres_admission_backpressure`` with ``retry_after_ms``, a batch
@@ -20,8 +26,8 @@ read over its budget 413 ``runtime_sheet_read_batch_too_large`` with
 transport ceiling 413 ``runtime_sheet_admission_too_large`` (decided inside
 the admission's transaction, which it rolls back: nothing is written),
 anything unexpected 500 ``internal_error``. No body ever carries a stack
-trace, a token or a database URL, and the log line of an unexpected error
-names only the exception type.
+trace, a token or a database URL; every 500 writes its whole traceback to
+the log, under the request's id (``x-request-id``, echoed on every answer).
 
 The app's lifespan opens the store (its pool), hardens the database (see
 ``_hardening``: built-in functions a tenant could use against another are
@@ -35,16 +41,22 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Final, TypeVar, cast
 
 import psycopg
 import trio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, TRANSPORT_CEILING_BYTES
+from ...budgets import (
+    GATEWAY_ACTION_BUDGET_MS,
+    POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
+    TRANSPORT_CEILING_BYTES,
+)
 from ...errors import (
     AdmissionTooLargeError,
     InvalidInputError,
@@ -64,6 +76,10 @@ from ._auth import TokenTable, check_org
 from ._config import GatewayConfig
 from ._hardening import harden_database
 from ._http import ActionError, bad_request, encode_json, json_bytes_response
+from ._logs import RequestInfo, internal_error_fields, redact_in_logs
+from ._metrics import action_label, pool_states
+from ._ops import Operations, OperationsMiddleware
+from ._probes import probe_routes
 from ._roles import ReaperProgress, run_reaper, run_watchdog
 
 __all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
@@ -151,9 +167,10 @@ def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
     return body, action
 
 
-def _store_error(exc: StoreError, action: str) -> ActionError:
+def _store_error(exc: StoreError, action: str, state: GatewayState) -> ActionError:
     """Map a store failure to an answer that names no SQL, value or URL."""
     if isinstance(exc, PoolSaturatedError):
+        state.metrics.backpressure.inc()
         return ActionError(
             503,
             Code.BACKPRESSURE,
@@ -175,13 +192,34 @@ def _store_error(exc: StoreError, action: str) -> ActionError:
         return ActionError(
             404, Code.SHEET_NOT_FOUND, "the sheet does not exist (ensure_sheet first)"
         )
-    log.error("store error answering %s: %s", action, type(exc).__name__)
+    log.error(
+        "store error answering %s: %s",
+        action,
+        type(exc).__name__,
+        extra=internal_error_fields(exc),
+    )
     return ActionError(500, exc.code, "Runtime Postgres operation failed")
 
 
-async def _answer(state: GatewayState, request: Request) -> Response:
+def _body_timeout(timeout_ms: int) -> ActionError:
+    return ActionError(
+        408, Code.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms"
+    )
+
+
+async def _answer(state: GatewayState, request: Request, info: RequestInfo | None) -> Response:
     org_id = state.tokens.org_for(request.headers.get("authorization"))
-    body, action = _parse(await _read_body(request))
+    if info is not None:
+        info.org_id = org_id
+    timeout_ms = state.config.body_read_timeout_ms
+    raw = None
+    with trio.move_on_after(timeout_ms / 1000):
+        raw = await _read_body(request)
+    if raw is None:
+        raise _body_timeout(timeout_ms)
+    body, action = _parse(raw)
+    if info is not None:
+        info.action = action_label(action, HANDLERS)
     if state.config.allow_test_faults:
         header = request.headers.get(FAULT_HEADER)
         if header is not None:
@@ -196,14 +234,24 @@ async def _answer(state: GatewayState, request: Request) -> Response:
     handler = HANDLERS.get(action)
     if handler is None or (state.config.legacy and action in LEGACY_UNSUPPORTED):
         raise unsupported(action)
+    payload = None
     try:
-        payload = await handler(Call(state, org_id, body))
+        with trio.move_on_after(GATEWAY_ACTION_BUDGET_MS / 1000):
+            payload = await handler(Call(state, org_id, body))
     except (ReadBatchTooLargeError, AdmissionTooLargeError) as exc:
+        if isinstance(exc, ReadBatchTooLargeError):
+            state.metrics.read_batch_too_large.inc()
         raise ActionError(413, exc.code, str(exc), observed_bytes=exc.observed_bytes) from None
     except InvalidInputError as exc:
         raise ActionError(400, exc.code, str(exc)) from None
     except StoreError as exc:
-        raise _store_error(exc, action) from None
+        raise _store_error(exc, action, state) from None
+    if payload is None:
+        raise ActionError(
+            504,
+            Code.ACTION_TIMEOUT,
+            f"{action} did not finish within {GATEWAY_ACTION_BUDGET_MS} ms",
+        )
     if action in _LARGE_ANSWERS:
         encoded = await trio.to_thread.run_sync(encode_json, payload)
     else:
@@ -239,26 +287,42 @@ class _AdmissionPool:
         return self._pool.stats()
 
 
-def create_app(config: GatewayConfig) -> Starlette:
+def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlette:
     """The reference gateway for ``config``.
 
     Serve it with any ASGI server on trio (``sheetplane.gateway.server.serve``
     uses Hypercorn). Its lifespan opens the store and starts the role reaper;
-    requests are answered only inside the lifespan.
+    requests are answered only inside the lifespan. ``ops`` (default: a new
+    one) holds its metrics and drain state; the server that serves the app
+    drives the drain through it.
     """
     tokens = TokenTable.from_mapping(config.tokens)
+    redact_in_logs(
+        database_url=config.database_url,
+        tokens=[*config.tokens, *([config.metrics_token] if config.metrics_token else [])],
+    )
+    ops = ops if ops is not None else Operations()
+    metrics = ops.metrics
 
     async def runtime(request: Request) -> Response:
         state = gateway_state(request.app)
+        info = request.scope.get("sheetplane.request")
         try:
-            return await _answer(state, request)
+            return await _answer(state, request, info)
         except ActionError as exc:
-            return json_bytes_response(exc.status, encode_json(exc.body()))
+            response = json_bytes_response(exc.status, encode_json(exc.body()))
+            if exc.status == 408:
+                response.headers["connection"] = "close"
+            return response
         except ClientDisconnect:
             # The caller left while sending its body: nobody reads an answer.
             return Response(status_code=400)
         except Exception as exc:
-            log.error("internal error: %s", type(exc).__name__)
+            log.error(
+                "internal error: %s",
+                type(exc).__name__,
+                extra=internal_error_fields(exc),
+            )
             return json_bytes_response(
                 500, encode_json({"error": "internal error", "code": Code.INTERNAL_ERROR})
             )
@@ -284,7 +348,10 @@ def create_app(config: GatewayConfig) -> Starlette:
                 tokens=tokens,
                 faults=FaultSchedule(),
                 reaper=progress,
+                metrics=metrics,
             )
+            metrics.pool_stats = partial(pool_states, opened.pool)
+            metrics.roles_reaped = lambda: progress.dropped
             await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
             await nursery.start(
                 run_watchdog, store, config.session_bounds(), config.watchdog_interval_ms, progress
@@ -294,5 +361,12 @@ def create_app(config: GatewayConfig) -> Starlette:
             finally:
                 nursery.cancel_scope.cancel()
                 app.state.gateway = None
+                metrics.pool_stats = None
 
-    return Starlette(routes=[Route(RUNTIME_PATH, runtime, methods=["POST"])], lifespan=lifespan)
+    app = Starlette(
+        routes=[Route(RUNTIME_PATH, runtime, methods=["POST"]), *probe_routes(ops)],
+        middleware=[Middleware(OperationsMiddleware, ops=ops)],
+        lifespan=lifespan,
+    )
+    app.state.ops = ops
+    return app

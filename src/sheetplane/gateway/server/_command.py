@@ -11,36 +11,69 @@ pair a line; blank lines and lines starting with # are skipped) and --token
 ps: it is accepted, with a warning on stderr that names the option, never
 the secret.
 
+The metrics token (GET /metrics needs "authorization: Bearer TOKEN"; without
+one /metrics answers 404) comes from --metrics-token-file or
+$SHEETPLANE_METRICS_TOKEN.
+
 The first line on stdout is ``listening on http://HOST:PORT`` (flushed),
-printed once the socket listens and the store is open. SIGINT or SIGTERM
-shuts down gracefully.
+printed once the socket listens and the store is open (every worker's).
+Logs go to stderr, one JSON object a line. SIGTERM or SIGINT drains: new
+requests are answered 503 with retry_after_ms, requests in flight get the
+drain budget to finish; the exit status is 0 when they all did, 1 when the
+budget ran out and some were cancelled. A second signal cancels at once.
+
+--workers N runs N worker processes on one listening socket, each with its
+own Postgres pool of --db-connections / N connections; their session-role
+reapers take turns under a lock no tenant can take.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 import trio
 
+from ...budgets import (
+    GATEWAY_BODY_READ_TIMEOUT_MS,
+    GATEWAY_DB_CONNECTION_BUDGET,
+    GATEWAY_DRAIN_BUDGET_MS,
+    GATEWAY_KEEP_ALIVE_TIMEOUT_MS,
+    GATEWAY_MAX_CONNECTIONS,
+    GATEWAY_MIN_WORKER_POOL,
+)
 from ...errors import InvalidInputError
 from ...store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
 from ._config import GatewayConfig
-from ._plays import load_plays
-from ._serve import serve
+from ._logs import configure_logging
+from ._ops import Operations
+from ._plays import PlayDefinition, load_plays
+from ._serve import ServeOptions, bind_socket, serve
 
-__all__ = ["TOKENS_ENV", "add_serve_parser", "run_serve"]
+__all__ = ["METRICS_TOKEN_ENV", "TOKENS_ENV", "add_serve_parser", "run_serve"]
 
 #: Environment variable with comma-separated ``TOKEN=ORG`` pairs.
 TOKENS_ENV: Final = "SHEETPLANE_GATEWAY_TOKENS"
+
+#: Environment variable with the bearer token ``GET /metrics`` requires.
+METRICS_TOKEN_ENV: Final = "SHEETPLANE_METRICS_TOKEN"
+
+#: The command that runs ``sheetplane`` with this interpreter (what workers run).
+_SHEETPLANE: Final = (
+    sys.executable,
+    "-c",
+    "import sys; from sheetplane.cli import main; sys.exit(main())",
+)
 
 
 class ConfigurationError(Exception):
@@ -97,6 +130,81 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         type=Path,
         help="register the play definitions of DIR/*.json (each an object or a list) at start",
     )
+    parser.add_argument(
+        "--metrics-token-file",
+        default=None,
+        metavar="PATH",
+        type=Path,
+        help=f"read the /metrics bearer token from this file (default: ${METRICS_TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes sharing one listening socket (default 1)",
+    )
+    parser.add_argument(
+        "--db-connections",
+        type=int,
+        default=GATEWAY_DB_CONNECTION_BUDGET,
+        metavar="N",
+        help=(
+            "Postgres connections all workers together may hold; each worker's pool is"
+            f" N // workers, at least {GATEWAY_MIN_WORKER_POOL}"
+            f" (default {GATEWAY_DB_CONNECTION_BUDGET})"
+        ),
+    )
+    parser.add_argument(
+        "--max-http-connections",
+        type=int,
+        default=GATEWAY_MAX_CONNECTIONS,
+        metavar="N",
+        help=(
+            "HTTP connections one worker serves at once; more wait in the listen backlog"
+            f" (default {GATEWAY_MAX_CONNECTIONS})"
+        ),
+    )
+    parser.add_argument(
+        "--keep-alive-timeout-ms",
+        type=int,
+        default=GATEWAY_KEEP_ALIVE_TIMEOUT_MS,
+        metavar="MS",
+        help=f"close an idle connection after this (default {GATEWAY_KEEP_ALIVE_TIMEOUT_MS})",
+    )
+    parser.add_argument(
+        "--body-read-timeout-ms",
+        type=int,
+        default=GATEWAY_BODY_READ_TIMEOUT_MS,
+        metavar="MS",
+        help=(
+            "a request body must arrive within this, else 408"
+            f" (default {GATEWAY_BODY_READ_TIMEOUT_MS})"
+        ),
+    )
+    parser.add_argument(
+        "--drain-budget-ms",
+        type=int,
+        default=GATEWAY_DRAIN_BUDGET_MS,
+        metavar="MS",
+        help=(
+            "after SIGTERM, how long requests in flight may take to finish"
+            f" (default {GATEWAY_DRAIN_BUDGET_MS})"
+        ),
+    )
+    parser.add_argument(
+        "--reaper-interval-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="how often expired session roles are dropped (default: the budgets' interval)",
+    )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="bind with SO_REUSEPORT, so a new gateway can listen beside a draining one",
+    )
+    parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--allow-test-faults",
         action="store_true",
@@ -179,49 +287,250 @@ def command_line_secret_warnings(args: argparse.Namespace) -> list[str]:
     return warnings
 
 
-async def _serve_until_signalled(config: GatewayConfig, host: str, port: int) -> None:
+def _metrics_token(args: argparse.Namespace) -> str | None:
+    if args.metrics_token_file is not None:
+        token = _read_secret_file(args.metrics_token_file, "--metrics-token-file").strip()
+        if not token:
+            raise ConfigurationError(f"--metrics-token-file: {args.metrics_token_file} is empty")
+        return token
+    return os.environ.get(METRICS_TOKEN_ENV, "").strip() or None
+
+
+def _pool_size(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ConfigurationError(f"--workers must be >= 1, got {args.workers}")
+    size = int(args.db_connections) // int(args.workers)
+    if size < GATEWAY_MIN_WORKER_POOL:
+        raise ConfigurationError(
+            f"--db-connections {args.db_connections} cannot give {args.workers} workers"
+            f" {GATEWAY_MIN_WORKER_POOL} connections each"
+        )
+    return size
+
+
+def _serve_options(args: argparse.Namespace) -> ServeOptions:
+    try:
+        return ServeOptions(
+            max_connections=args.max_http_connections,
+            keep_alive_timeout_ms=args.keep_alive_timeout_ms,
+            drain_budget_ms=args.drain_budget_ms,
+            reuse_port=args.reuse_port,
+        )
+    except InvalidInputError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+def _gateway_config(
+    args: argparse.Namespace, secrets: dict[str, Any], plays: tuple[PlayDefinition, ...]
+) -> GatewayConfig:
+    extra: dict[str, Any] = {}
+    if args.reaper_interval_ms is not None:
+        extra["reaper_interval_ms"] = args.reaper_interval_ms
+    try:
+        return GatewayConfig(
+            database_url=secrets["database_url"],
+            tokens=secrets["tokens"],
+            metrics_token=secrets["metrics_token"],
+            allow_test_faults=args.allow_test_faults,
+            legacy=args.legacy,
+            max_connections=_pool_size(args),
+            body_read_timeout_ms=args.body_read_timeout_ms,
+            plays=plays,
+            **extra,
+        )
+    except InvalidInputError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+async def _serve_until_signalled(
+    config: GatewayConfig,
+    options: ServeOptions,
+    host: str,
+    port: int,
+    sock: socket.socket | None,
+) -> int:
+    """Serve until SIGTERM/SIGINT, drain, and return the exit status (module docstring)."""
+    ops = Operations()
+    first = trio.Event()
+    forced = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-
-        async def stop() -> None:
-            async for _ in signals:
-                return
-
         async with trio.open_nursery() as nursery:
-            base_url = await nursery.start(
-                partial(serve, config, host=host, port=port, shutdown_trigger=stop)
-            )
+
+            async def watch() -> None:
+                nonlocal forced
+                async for _ in signals:
+                    if first.is_set():
+                        forced = True
+                        nursery.cancel_scope.cancel()
+                    first.set()
+
+            async def serving(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+                await serve(
+                    config,
+                    host=host,
+                    port=port,
+                    shutdown_trigger=first.wait,
+                    options=options,
+                    ops=ops,
+                    sock=sock,
+                    task_status=task_status,
+                )
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            base_url = await nursery.start(serving)
             print(f"listening on {base_url}", flush=True)
+    return 1 if forced or ops.cancelled else 0
+
+
+def _worker_argv(args: argparse.Namespace, fd: int) -> list[str]:
+    """The command line of one worker: this command's options, no secret."""
+    argv = [
+        *_SHEETPLANE,
+        "serve",
+        "--worker-fd",
+        str(fd),
+        "--host",
+        args.host,
+        "--workers",
+        str(args.workers),
+        "--db-connections",
+        str(args.db_connections),
+        "--max-http-connections",
+        str(args.max_http_connections),
+        "--keep-alive-timeout-ms",
+        str(args.keep_alive_timeout_ms),
+        "--body-read-timeout-ms",
+        str(args.body_read_timeout_ms),
+        "--drain-budget-ms",
+        str(args.drain_budget_ms),
+    ]
+    if args.reaper_interval_ms is not None:
+        argv += ["--reaper-interval-ms", str(args.reaper_interval_ms)]
+    if args.plays is not None:
+        argv += ["--plays", str(args.plays)]
+    for flag, on in (("--allow-test-faults", args.allow_test_faults), ("--legacy", args.legacy)):
+        if on:
+            argv.append(flag)
+    return argv
+
+
+async def _first_line(stream: trio.abc.ReceiveStream) -> str | None:
+    buffer = b""
+    while b"\n" not in buffer:
+        chunk = await stream.receive_some()
+        if not chunk:
+            return None
+        buffer += chunk
+    return buffer.split(b"\n", 1)[0].decode()
+
+
+async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int:
+    """``--workers N``: N worker processes serving one listening socket.
+
+    The socket is bound here (so port 0 resolves once) and inherited by every
+    worker; the secrets reach each worker on its stdin, never in its argv or
+    environment. SIGTERM/SIGINT are forwarded to every worker; a worker that
+    exits on its own stops the others. The status is 0 when every worker exited 0.
+    """
+    sock = bind_socket(args.host, args.port, reuse_port=args.reuse_port)
+    os.set_inheritable(sock.fileno(), True)
+    procs: list[trio.Process] = []
+    signalled = False
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            for _ in range(args.workers):
+                proc = await trio.lowlevel.open_process(
+                    _worker_argv(args, sock.fileno()),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    pass_fds=(sock.fileno(),),
+                )
+                procs.append(proc)
+                assert proc.stdin is not None
+                await proc.stdin.send_all(json.dumps(secrets).encode())
+                await proc.stdin.aclose()
+            lines = []
+            for proc in procs:
+                assert proc.stdout is not None
+                lines.append(await _first_line(proc.stdout))
+            if any(line is None for line in lines):
+                print("sheetplane serve: a worker failed to start", file=sys.stderr)
+                for proc in procs:
+                    if proc.returncode is None:
+                        proc.send_signal(signal.SIGTERM)
+                for proc in procs:
+                    await proc.wait()
+                return 1
+            print(lines[0], flush=True)
+
+            async with trio.open_nursery() as nursery:
+
+                async def forward() -> None:
+                    nonlocal signalled
+                    async for signum in signals:
+                        signalled = True
+                        for proc in procs:
+                            if proc.returncode is None:
+                                proc.send_signal(signum)
+
+                async def watch(proc: trio.Process) -> None:
+                    await proc.wait()
+                    if not signalled:
+                        for other in procs:
+                            if other.returncode is None:
+                                other.send_signal(signal.SIGTERM)
+
+                nursery.start_soon(forward)
+                async with trio.open_nursery() as waiting:
+                    for proc in procs:
+                        waiting.start_soon(watch, proc)
+                nursery.cancel_scope.cancel()
+    finally:
+        sock.close()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+    return 0 if signalled and all(proc.returncode == 0 for proc in procs) else 1
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``sheetplane serve`` with parsed ``args``; return the exit status."""
+    configure_logging()
     try:
-        tokens = _tokens(args)
-        url = _database_url(args)
+        if args.worker_fd is not None:
+            secrets = json.loads(sys.stdin.read())
+        else:
+            secrets = {
+                "tokens": _tokens(args),
+                "database_url": _database_url(args),
+                "metrics_token": _metrics_token(args),
+            }
+        options = _serve_options(args)
         plays = () if args.plays is None else load_plays(args.plays)
+        _pool_size(args)
     except (ConfigurationError, InvalidInputError) as exc:
         print(f"sheetplane serve: {exc}", file=sys.stderr)
         return 2
+    if args.worker_fd is not None:
+        config = _gateway_config(args, secrets, plays)
+        sock = socket.socket(fileno=args.worker_fd)
+        return trio.run(_serve_until_signalled, config, options, args.host, args.port, sock)
     for warning in command_line_secret_warnings(args):
         print(f"sheetplane serve: warning: {warning}", file=sys.stderr)
-    if not tokens:
+    if not secrets["tokens"]:
         print(
             "sheetplane serve: no executor token (--token TOKEN=ORG): every request gets 401",
             file=sys.stderr,
         )
     with contextlib.ExitStack() as stack:
-        if url is None:
-            url = stack.enter_context(EmbeddedPostgres()).url
+        if secrets["database_url"] is None:
+            secrets["database_url"] = stack.enter_context(EmbeddedPostgres()).url
         try:
-            config = GatewayConfig(
-                database_url=url,
-                tokens=tokens,
-                allow_test_faults=args.allow_test_faults,
-                legacy=args.legacy,
-                plays=plays,
-            )
-        except InvalidInputError as exc:
+            config = _gateway_config(args, secrets, plays)
+        except ConfigurationError as exc:
             print(f"sheetplane serve: {exc}", file=sys.stderr)
             return 2
-        trio.run(_serve_until_signalled, config, args.host, args.port)
-    return 0
+        if args.workers == 1:
+            return trio.run(_serve_until_signalled, config, options, args.host, args.port, None)
+        return trio.run(_run_workers, args, secrets)

@@ -15,6 +15,7 @@ from ...budgets import (
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
     DB_SESSION_TTL_MS,
     DB_SESSION_WATCHDOG_INTERVAL_MS,
+    GATEWAY_BODY_READ_TIMEOUT_MS,
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
 from ...errors import InvalidInputError
@@ -106,3 +107,10 @@ class GatewayConfig:
             transaction_timeout_ms=self.session_transaction_timeout_ms,
             max_connections=self.session_max_connections,
         )
+
+    body_read_timeout_ms: int = attrs.field(
+        default=GATEWAY_BODY_READ_TIMEOUT_MS, validator=_positive
+    )
+    """A request's whole body must arrive within this, else 408 and the connection closes."""
+    metrics_token: str | None = attrs.field(default=None, repr=False)
+    """The bearer token ``GET /metrics`` requires; None: ``/metrics`` answers 404. A secret."""

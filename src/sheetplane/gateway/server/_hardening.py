@@ -57,7 +57,11 @@ REVOKED_FUNCTION_PATTERN: Final = (
 )
 
 #: Of those, what the gateway itself calls (a non-superuser gateway needs them granted).
-GATEWAY_FUNCTIONS: Final = ("pg_advisory_xact_lock(bigint)", "pg_terminate_backend(integer,bigint)")
+GATEWAY_FUNCTIONS: Final = (
+    "pg_advisory_xact_lock(bigint)",
+    "pg_try_advisory_xact_lock(bigint)",
+    "pg_terminate_backend(integer,bigint)",
+)
 
 #: The key of the lock under which one gateway at a time revokes (REVOKE rewrites
 #: catalog rows; two at once fail with "tuple concurrently updated").

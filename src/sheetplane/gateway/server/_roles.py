@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import functools
 import hashlib
 import hmac
 import logging
@@ -400,22 +399,54 @@ def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {role}").format(role=ident))
 
 
-async def reap_expired_roles(store: SheetStore) -> int:
-    """Drop every session role whose ``VALID UNTIL`` has passed; return how many.
+#: The transaction advisory lock one reaper pass holds, so that across every
+#: worker and gateway process on a database one pass runs at a time and no two
+#: drop the same role. Tenants cannot take it: the hardening revokes every
+#: advisory-lock function from ``PUBLIC``.
+_REAPER_LOCK_KEY: Final = int.from_bytes(
+    hashlib.sha256(b"sheetplane-reaper").digest()[:8], "big", signed=True
+)
 
-    Each role is dropped in its own transaction, so one failure leaves the
-    others reaped (and the failed one is tried again next pass). If cancelled,
-    the role being dropped stays for the next pass.
+
+def _reap(conn: psycopg.Connection[Any]) -> tuple[int, int] | None:
+    """One pass in one transaction: (dropped, failed), or None when another pass holds the lock.
+
+    Each role is dropped under its own savepoint, so one failure leaves the
+    others dropped (the failed one is tried again next pass).
     """
-    roles = await store.pool.run(_expired_roles)
-    dropped = 0
-    for role in roles:
+    row = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (_REAPER_LOCK_KEY,)).fetchone()
+    if row is None or not row[0]:
+        return None
+    dropped = failed = 0
+    for role in _expired_roles(conn):
         try:
-            await store.pool.run(functools.partial(_drop_role, role=role))
-        except Exception as exc:
+            with conn.transaction():
+                _drop_role(conn, role)
+        except psycopg.Error as exc:
+            failed += 1
             log.warning("could not drop expired session role %s: %s", role, type(exc).__name__)
         else:
             dropped += 1
+    return dropped, failed
+
+
+async def reap_expired_roles(store: SheetStore) -> int:
+    """Drop every session role whose ``VALID UNTIL`` has passed; return how many.
+
+    Safe beside other reapers (other workers, other gateways on the database):
+    a pass that finds another one running returns 0 at once. If cancelled, the
+    pass rolls back whole and its roles stay for the next one.
+    """
+    outcome = await store.pool.run(_reap)
+    if outcome is None:
+        return 0
+    dropped, failed = outcome
+    log.info(
+        "session role reaper pass: %d dropped, %d failed",
+        dropped,
+        failed,
+        extra={"event": "reaper_pass", "dropped": dropped, "failed": failed},
+    )
     return dropped
 
 

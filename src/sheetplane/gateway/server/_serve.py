@@ -1,43 +1,130 @@
-"""Serving the reference gateway with Hypercorn's trio worker.
+"""Serving the reference gateway with Hypercorn's HTTP protocol on trio.
 
 :func:`running_gateway` runs it inside the caller's trio run (tests, the
 demo, benchmarks); :func:`serve` runs it until a shutdown trigger fires
 (``sheetplane serve``). Both bind before they report the address, so the
-port a caller sees is the port that is listening: Hypercorn's
-``task_status.started`` hands back the bound addresses, read from the
-listening socket itself, which is how port 0 resolves.
+port a caller sees is the port that is listening (port 0 resolves from the
+bound socket).
+
+The accept loop is the gateway's own (Hypercorn's ``TCPServer`` serves each
+connection), because Hypercorn has no connection cap and no drain that
+answers requests: at most ``ServeOptions.max_connections`` connections are
+served at once, further ones wait in the listen backlog; an idle keep-alive
+connection (or one that never completes its request head) closes after
+``keep_alive_timeout_ms``, and one that sends nothing at all for
+``read_timeout_ms``. When the shutdown trigger fires the gateway drains:
+
+1. new requests on open connections are answered 503 ``gateway_draining``
+   with ``retry_after_ms`` and ``connection: close`` (``Operations``);
+2. the listener closes (no new connection) and idle connections close;
+3. requests in flight get ``drain_budget_ms`` to finish;
+4. what is left then is cancelled (``Operations.cancelled`` counts it: the
+   command exits non-zero), the lifespan ends (reaper, pool).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, cast
 
 import attrs
-import hypercorn.trio
 import trio
+from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.typing import ASGIFramework
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ASGIFramework, ConnectionState
+from hypercorn.utils import repr_socket_addr
 from starlette.applications import Starlette
 
 from ..._types import SheetContract
+from ...budgets import (
+    GATEWAY_DRAIN_BUDGET_MS,
+    GATEWAY_KEEP_ALIVE_TIMEOUT_MS,
+    GATEWAY_LISTEN_BACKLOG,
+    GATEWAY_MAX_CONNECTIONS,
+    GATEWAY_READ_TIMEOUT_MS,
+)
+from ...errors import InvalidInputError
 from ._actions import GatewayState, mint_preloaded_session
 from ._app import create_app, gateway_state
 from ._config import GatewayConfig
+from ._ops import Operations
 
-__all__ = ["RunningGateway", "hypercorn_config", "running_gateway", "serve"]
+__all__ = [
+    "RunningGateway",
+    "ServeOptions",
+    "bind_socket",
+    "hypercorn_config",
+    "running_gateway",
+    "serve",
+]
+
+log = logging.getLogger("sheetplane.gateway.server")
 
 
-def hypercorn_config(host: str, port: int) -> HypercornConfig:
-    """Hypercorn settings for the gateway: one plain-HTTP bind, no access log."""
+def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+@attrs.frozen
+class ServeOptions:
+    """How one gateway process serves HTTP (every default from ``budgets``)."""
+
+    max_connections: int = attrs.field(default=GATEWAY_MAX_CONNECTIONS, validator=_positive)
+    """Connections served at once; further ones wait in the listen backlog."""
+    backlog: int = attrs.field(default=GATEWAY_LISTEN_BACKLOG, validator=_positive)
+    """The listen backlog."""
+    keep_alive_timeout_ms: int = attrs.field(
+        default=GATEWAY_KEEP_ALIVE_TIMEOUT_MS, validator=_positive
+    )
+    """An idle connection (no request, or an incomplete request head) closes after this."""
+    read_timeout_ms: int = attrs.field(default=GATEWAY_READ_TIMEOUT_MS, validator=_positive)
+    """A connection that sends nothing for this long closes."""
+    drain_budget_ms: int = attrs.field(default=GATEWAY_DRAIN_BUDGET_MS, validator=_positive)
+    """After the shutdown trigger, in-flight requests get this long to finish."""
+    reuse_port: bool = False
+    """Bind with ``SO_REUSEPORT``: a second gateway may listen on the same port
+    (a rolling restart starts the new process before draining the old)."""
+
+
+def hypercorn_config(host: str, port: int, options: ServeOptions | None = None) -> HypercornConfig:
+    """Hypercorn settings for the gateway: one plain-HTTP bind, no access log (the
+    gateway writes its own), the keep-alive and read timeouts of ``options``."""
+    options = options or ServeOptions()
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
+    config.keep_alive_timeout = options.keep_alive_timeout_ms / 1000
+    config.read_timeout = math.ceil(options.read_timeout_ms / 1000)
+    config.backlog = options.backlog
+    config.graceful_timeout = options.drain_budget_ms / 1000
     return config
+
+
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound (not yet listening) TCP socket: ``SO_REUSEADDR``, ``TCP_NODELAY``, and
+    ``SO_REUSEPORT`` when asked."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host.strip("[]"), port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve(
@@ -46,34 +133,129 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    options: ServeOptions | None = None,
+    ops: Operations | None = None,
+    sock: socket.socket | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the gateway until ``shutdown_trigger`` returns (or the task is cancelled).
+    """Serve the gateway until ``shutdown_trigger`` returns (or the task is cancelled),
+    then drain (module docstring).
 
     ``task_status.started`` receives the base URL (``http://HOST:PORT``) once
-    the socket listens and the lifespan (store, reaper) has started.
+    the socket listens and the lifespan (store, reaper) has started. ``sock``
+    is an already bound socket to serve instead of binding ``host:port`` (the
+    workers of ``sheetplane serve --workers`` share one). ``ops`` receives the
+    drain's outcome (``ops.cancelled``).
     """
-    app = create_app(config)
-    await _serve_app(app, host, port, shutdown_trigger, task_status)
+    ops = ops if ops is not None else Operations()
+    app = create_app(config, ops)
+    await _serve_app(
+        app, ops, host, port, shutdown_trigger, options or ServeOptions(), sock, task_status
+    )
+
+
+async def _serve_connection(
+    server: Callable[[trio.SocketStream], TCPServer],
+    stream: trio.SocketStream,
+    ops: Operations,
+    slot: trio.CapacityLimiter,
+    borrower: object,
+) -> None:
+    ops.metrics.connections_open.inc()
+    try:
+        await server(stream)
+    finally:
+        ops.metrics.connections_open.dec()
+        slot.release_on_behalf_of(borrower)
+
+
+async def _accept(
+    listener: trio.SocketListener,
+    server: Callable[[trio.SocketStream], TCPServer],
+    ops: Operations,
+    slots: trio.CapacityLimiter,
+    connections: trio.Nursery,
+) -> None:
+    """Accept while a connection slot is free; the rest wait in the kernel's backlog."""
+    while True:
+        borrower = object()
+        await slots.acquire_on_behalf_of(borrower)
+        try:
+            stream = await listener.accept()
+        except BaseException:
+            slots.release_on_behalf_of(borrower)
+            raise
+        connections.start_soon(_serve_connection, server, stream, ops, slots, borrower)
 
 
 async def _serve_app(
     app: Starlette,
+    ops: Operations,
     host: str,
     port: int,
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
+    options: ServeOptions,
+    sock: socket.socket | None,
     task_status: trio.TaskStatus[str],
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            partial(
-                hypercorn.trio.serve,
-                cast(ASGIFramework, app),
-                hypercorn_config(host, port),
-                shutdown_trigger=shutdown_trigger,
-            )
-        )
-        task_status.started(binds[0])
+    config = hypercorn_config(host, port, options)
+    wrapped = ASGIWrapper(cast(ASGIFramework, app))
+    lifespan_state: dict[str, Any] = {}
+    lifespan = Lifespan(wrapped, config, lifespan_state)
+    context = WorkerContext(None)
+    own_socket = sock is None
+    if sock is None:
+        sock = bind_socket(host, port, reuse_port=options.reuse_port)
+    try:
+        async with trio.open_nursery() as lifespan_nursery:
+            await lifespan_nursery.start(lifespan.handle_lifespan)
+            await lifespan.wait_for_startup()
+            sock.listen(options.backlog)
+            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+            server = partial(TCPServer, wrapped, config, context, ConnectionState(lifespan_state))
+            slots = trio.CapacityLimiter(options.max_connections)
+            async with trio.open_nursery() as connections:
+                accepting = trio.CancelScope()
+                accepted_all = trio.Event()
+
+                async def accept_loop() -> None:
+                    try:
+                        with accepting:
+                            await _accept(listener, server, ops, slots, connections)
+                    finally:
+                        accepted_all.set()
+
+                connections.start_soon(accept_loop)
+                bound = repr_socket_addr(sock.family, sock.getsockname())
+                task_status.started(f"http://{bound}")
+                if shutdown_trigger is None:
+                    await trio.sleep_forever()
+                else:
+                    await shutdown_trigger()
+                ops.begin_drain()
+                accepting.cancel()
+                await accepted_all.wait()
+                await listener.aclose()
+                # Idle connections close now, busy ones after their answer.
+                await context.terminated.set()
+                log.info("draining", extra={"event": "drain", "in_flight": ops.in_flight})
+                with trio.move_on_after(options.drain_budget_ms / 1000):
+                    await ops.wait_idle()
+                connections.cancel_scope.cancel()
+            if ops.cancelled:
+                log.error(
+                    "drain budget of %d ms ran out: %d request(s) cancelled",
+                    options.drain_budget_ms,
+                    ops.cancelled,
+                    extra={"event": "drain_incomplete", "cancelled": ops.cancelled},
+                )
+            else:
+                log.info("drained", extra={"event": "drained"})
+            await lifespan.wait_for_shutdown()
+            lifespan_nursery.cancel_scope.cancel()
+    finally:
+        if own_socket:
+            sock.close()
 
 
 @attrs.frozen
@@ -128,6 +310,7 @@ async def running_gateway(
     legacy: bool = False,
     host: str = "127.0.0.1",
     port: int = 0,
+    serve_options: ServeOptions | None = None,
     **options: Any,
 ) -> AsyncIterator[RunningGateway]:
     """Run the reference gateway in this trio run while the block lasts.
@@ -135,9 +318,9 @@ async def running_gateway(
     Binds ``host:port`` (default ``127.0.0.1`` and a free port) and yields a
     :class:`RunningGateway` once it accepts requests. ``options`` are further
     :class:`GatewayConfig` fields (``max_connections``, ``unwrap_key``,
-    ``allow_plain_session_urls``...). Leaving the block shuts the server down
-    gracefully (in-flight requests get Hypercorn's graceful timeout), stops
-    the reaper and closes the pool. If the block is cancelled, so is the server.
+    ``allow_plain_session_urls``...); ``serve_options`` the HTTP side. Leaving
+    the block drains the server (in-flight requests get the drain budget),
+    stops the reaper and closes the pool. If the block is cancelled, so is the server.
     """
     config = GatewayConfig(
         database_url=database_url,
@@ -146,10 +329,13 @@ async def running_gateway(
         legacy=legacy,
         **options,
     )
-    app = create_app(config)
+    ops = Operations()
+    app = create_app(config, ops)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        base_url: str = await nursery.start(_serve_app, app, host, port, stop.wait)
+        base_url: str = await nursery.start(
+            _serve_app, app, ops, host, port, stop.wait, serve_options or ServeOptions(), None
+        )
         try:
             yield RunningGateway(base_url=base_url, app=app, config=config)
         finally:

@@ -1,0 +1,162 @@
+"""Structured logs: the standard ``logging`` module with a JSON formatter.
+
+Why not structlog: the gateway's dependencies (Hypercorn, psycopg_pool) log
+through the standard module already, and a formatter of a few lines turns
+all of it, theirs and ours, into one JSON object a line; structlog would add
+a dependency and still need this bridge for their records.
+
+Every record logged while a request is being answered carries that
+request's id (a context variable set by the operations middleware; trio
+copies it into the request's worker threads). The access line is
+``{"event": "request", "request_id", "method", "path", "action", "status",
+"duration_ms", "org_id"}``; an answer of 500 logs ``"event": "internal_error"``
+with the whole ``traceback``. Nothing here logs a token, a database URL or
+row data: the fields are chosen, never a request's headers or body; and
+since an exception's text may quote anything, every message and traceback
+is passed through the redactor of each secret the process's gateways
+registered (:func:`redact_in_logs`: database URLs and their passwords,
+executor and metrics tokens) and of any URL-shaped credentials.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import re
+import sys
+import traceback
+import uuid
+from collections.abc import Iterable
+from typing import Any, Final, TextIO
+
+import attrs
+
+from ...store._pool import _Redactor
+
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "JsonFormatter",
+    "RequestInfo",
+    "configure_logging",
+    "current_request",
+    "internal_error_fields",
+    "redact_in_logs",
+    "request_id_from",
+]
+
+#: The header a request id is taken from, and echoed in, on every answer.
+REQUEST_ID_HEADER: Final = "x-request-id"
+
+#: What a caller's request id may look like; anything else is replaced by a fresh one
+#: (so a header cannot inject log lines, nor carry a long secret into them).
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+#: The attributes every ``LogRecord`` has; anything else on a record is an ``extra`` field.
+_STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+_REDACTORS: list[_Redactor] = []
+_LITERALS: set[str] = set()
+
+
+def redact_in_logs(*, database_url: str, tokens: Iterable[str]) -> None:
+    """Register a gateway's secrets: no log line formatted here carries them."""
+    _REDACTORS.append(_Redactor(database_url))
+    _LITERALS.update(token for token in tokens if token)
+
+
+def _redact(text: str) -> str:
+    for literal in sorted(_LITERALS, key=len, reverse=True):
+        text = text.replace(literal, "[redacted]")
+    for redactor in _REDACTORS:
+        text = redactor(text)
+    return text
+
+
+def internal_error_fields(exc: BaseException) -> dict[str, str]:
+    """The ``extra`` of a 500's log record: ``event`` and the whole ``traceback``,
+    redacted here, so every handler (not only the JSON one) gets it without secrets."""
+    text = "".join(traceback.format_exception(exc))
+    return {"event": "internal_error", "traceback": _redact(text)}
+
+
+@attrs.define(eq=False)
+class RequestInfo:
+    """What the access line says about one request; the handler fills in the action and org."""
+
+    request_id: str
+    method: str
+    path: str
+    action: str | None = None
+    org_id: str | None = None
+    status: int | None = None
+
+
+_CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
+    "sheetplane_request", default=None
+)
+
+
+def current_request() -> RequestInfo | None:
+    """The request being answered in this task (or its worker thread), if any."""
+    return _CURRENT.get()
+
+
+def set_current_request(info: RequestInfo | None) -> contextvars.Token[RequestInfo | None]:
+    """Make ``info`` the current request; reset with the returned token."""
+    return _CURRENT.set(info)
+
+
+def reset_current_request(token: contextvars.Token[RequestInfo | None]) -> None:
+    """Undo :func:`set_current_request`."""
+    _CURRENT.reset(token)
+
+
+def request_id_from(header: str | None) -> str:
+    """The caller's ``x-request-id`` when it is a plain token of at most 128
+    characters, else a fresh random id."""
+    if header is not None and _REQUEST_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``ts``, ``level``, ``logger``, ``message``, the
+    record's ``extra`` fields, the current request's id, and ``traceback``
+    when the record carries an exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": _redact(record.getMessage()),
+        }
+        info = _CURRENT.get()
+        if info is not None:
+            entry["request_id"] = info.request_id
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["traceback"] = _redact(self.formatException(record.exc_info))
+        elif record.exc_text:
+            entry["traceback"] = _redact(record.exc_text)
+        if record.stack_info:
+            entry["stack"] = _redact(self.formatStack(record.stack_info))
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> None:
+    """Send every log record of the process to ``stream`` (stderr) as JSON lines."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(level)
