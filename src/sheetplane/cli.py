@@ -2,7 +2,8 @@
 
 ``sheetplane demo`` runs the data plane end to end (``sheetplane.demo``);
 ``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``;
-``sheetplane serve`` runs the reference gateway (``sheetplane.gateway.server._command``).
+``sheetplane serve`` runs the reference gateway (``sheetplane.gateway.server._command``);
+``sheetplane openapi`` prints the gateway's OpenAPI document (``sheetplane.gateway._openapi``).
 Each subcommand is one parser plus one function that takes the parsed
 arguments and returns the exit status; add a subcommand by adding both in
 ``build_parser``. Nothing in the package imports this module.
@@ -37,6 +38,16 @@ def _run_bench(args: argparse.Namespace) -> int:
     return int(status or 0)
 
 
+def _print_openapi(args: argparse.Namespace) -> int:
+    import json
+
+    from .gateway._openapi import openapi_document
+
+    json.dump(openapi_document(), sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one subparser per subcommand."""
     parser = argparse.ArgumentParser(
@@ -56,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_parser(commands)
     add_serve_parser(commands)
+
+    openapi = commands.add_parser(
+        "openapi",
+        help="print the runtime gateway's OpenAPI 3.1 document",
+        description="Print the OpenAPI 3.1 document of the runtime route, generated from the "
+        "wire classes (the reference gateway serves the same at RUNTIME_PATH/openapi.json).",
+    )
+    openapi.set_defaults(run=_print_openapi)
 
     return parser
 

@@ -69,6 +69,7 @@ from ...errors import (
 from ...store import SheetStore, TrioPool, open_store
 from ...store._pool import PoolSaturatedError
 from .. import _wire
+from .._openapi import OPENAPI_PATH, openapi_document
 from .._wire import RUNTIME_PATH, Code, decode_body
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
@@ -363,8 +364,17 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 app.state.gateway = None
                 metrics.pool_stats = None
 
+    document = encode_json(openapi_document())
+
+    async def openapi(request: Request) -> Response:
+        return json_bytes_response(200, document)
+
     app = Starlette(
-        routes=[Route(RUNTIME_PATH, runtime, methods=["POST"]), *probe_routes(ops)],
+        routes=[
+            Route(RUNTIME_PATH, runtime, methods=["POST"]),
+            Route(OPENAPI_PATH, openapi, methods=["GET"]),
+            *probe_routes(ops),
+        ],
         middleware=[Middleware(OperationsMiddleware, ops=ops)],
         lifespan=lifespan,
     )

@@ -1,0 +1,266 @@
+"""The wire classes: structure and unstructure are inverse, the names on the wire are
+the seed's camelCase ones, a bad field is named, and the OpenAPI document generated
+from the classes is valid and is what the gateway serves."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+import typing
+from typing import Any, Literal
+
+import attrs
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from openapi_spec_validator import validate
+
+from sheetplane.gateway import _messages
+from sheetplane.gateway._messages import (
+    ABSENT,
+    ANSWERS,
+    REQUESTS,
+    Absent,
+    WireError,
+    structure,
+    unstructure,
+    wire_name,
+)
+from sheetplane.gateway._openapi import OPENAPI_PATH, openapi_document
+from sheetplane.gateway.server import running_gateway
+
+CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+non_empty = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != "")
+
+
+def wire_data(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
+    """Decoded JSON that ``tp`` accepts (its bounds from the field's metadata)."""
+    meta = dict(metadata or {})
+    origin: Any = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return json_values
+    if tp is str:
+        return non_empty if meta.get("minLength") else st.text(max_size=12)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        low = meta.get("minimum", -(2**63))
+        high = meta.get("maximum") or 2**63 - 1
+        return st.integers(low, high)
+    if tp is float:
+        return st.floats(meta.get("minimum", 0), 1e9, allow_nan=False)
+    if origin is Literal:
+        return st.sampled_from(args)
+    if origin is list:
+        return st.lists(
+            wire_data(args[0]), min_size=meta.get("minItems", 0), max_size=meta.get("maxItems") or 3
+        )
+    if origin is dict:
+        values = json_values if args[1] is Any else st.integers(1, 10)
+        return st.dictionaries(st.text(max_size=6), values, max_size=3)
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [a for a in args if a not in (type(None), Absent)]
+        strategy = wire_data(inner, meta)
+        return st.none() | strategy if type(None) in args else strategy
+    if attrs.has(tp):
+        return wire_object(tp)
+    raise TypeError(tp)
+
+
+def wire_object(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    fields = attrs.fields(attrs.resolve_types(cls, vars(_messages)))
+    required = {
+        wire_name(f.name): wire_data(f.type, f.metadata)
+        for f in fields
+        if f.default is attrs.NOTHING
+    }
+    optional = {
+        wire_name(f.name): wire_data(f.type, f.metadata)
+        for f in fields
+        if f.default is not attrs.NOTHING and f.name != "action"
+    }
+    action = [f for f in fields if f.name == "action"]
+    if action:
+        required["action"] = st.just(action[0].default)
+    return st.fixed_dictionaries(required, optional=optional)
+
+
+CLASSES = sorted({*REQUESTS.values(), *ANSWERS.values()}, key=lambda c: c.__name__)
+
+
+def _wire_keys(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [k for k in value] + [k for v in value.values() for k in _wire_keys(v)]
+    if isinstance(value, list):
+        return [k for v in value for k in _wire_keys(v)]
+    return []
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_structure_of_unstructure_is_the_identity(cls: type[Any], data: st.DataObject) -> None:
+    raw = data.draw(wire_object(cls))
+    value = structure(raw, cls)
+    again = unstructure(value)
+    assert structure(again, cls) == value
+    assert unstructure(structure(again, cls)) == again
+    # What goes out is what came in, under the same camelCase names; a request
+    # leaves out a null it does not need, an answer writes it.
+    writes_nulls = cls in _messages._WRITES_NULLS
+    for key, item in raw.items():
+        if item is None and not writes_nulls and key not in again:
+            continue
+        assert key in again
+    assert all(CAMEL.match(key) for key in again)
+
+
+def test_seed_shaped_requests_read_and_write_back_unchanged() -> None:
+    seeds: list[dict[str, Any]] = [
+        {
+            "action": "create_db_session",
+            "playName": "enrich-leads",
+            "target": {"tableNamespace": "leads", "logicalTable": "sheet_rows"},
+            "operations": ["rows.read", "rows.upsert"],
+            "limits": {"maxRows": 100},
+            "ttlSeconds": 600.0,
+        },
+        {
+            "action": "runtime_sheet_read_rows",
+            "playName": "enrich-leads",
+            "input": {"tableNamespace": "leads", "limit": 50, "offset": 0, "after": None},
+        },
+        {
+            "action": "runtime_sheet_complete_map_rows",
+            "playName": "p",
+            "tableNamespace": "leads",
+            "sheetContract": {"columns": [{"id": "a", "sqlName": "a", "source": "output"}]},
+            "runId": "r",
+            "writeVersion": 3,
+            "rows": [{"key": "k", "data": {"a": 1}, "cellMetaPatch": {"a": {"x": 1}}}],
+        },
+    ]
+    for seed in seeds:
+        assert unstructure(structure(seed, REQUESTS[seed["action"]])) == seed
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {
+                "input": {
+                    "tableNamespace": "t",
+                    "pages": [{"limit": 1, "offset": 0}, {"limit": 0, "offset": 0}],
+                }
+            },
+            "input.pages[1].limit must be between 1 and 5000, got 0",
+        ),
+        (
+            {"input": {"tableNamespace": " ", "pages": [{"limit": 1, "offset": 0}]}},
+            "input.tableNamespace must be a non-empty string",
+        ),
+        (
+            {"input": {"tableNamespace": "t", "pages": []}},
+            "input.pages must hold 1 to 4 items, got 0",
+        ),
+        (
+            {"input": {"tableNamespace": "t", "pages": [{"limit": "1", "offset": 0}]}},
+            "input.pages[0].limit must be an integer",
+        ),
+        (
+            {"input": {"tableNamespace": "t", "pages": [{"limit": True, "offset": 0}]}},
+            "input.pages[0].limit must be an integer",
+        ),
+        (
+            {
+                "input": {
+                    "tableNamespace": "t",
+                    "rowMode": "raw",
+                    "pages": [{"limit": 1, "offset": 0}],
+                }
+            },
+            "input.rowMode must be one of ['output', 'all'], got 'raw'",
+        ),
+        ({"input": "x"}, "input must be an object"),
+        ({}, "input is required"),
+    ],
+)
+def test_a_bad_field_is_named(body: dict[str, Any], message: str) -> None:
+    request = {"action": "runtime_sheet_read_rows_batch", "playName": "p", **body}
+    with pytest.raises(WireError) as excinfo:
+        structure(request, REQUESTS["runtime_sheet_read_rows_batch"])
+    assert str(excinfo.value) == message
+
+
+def test_absent_and_null_differ() -> None:
+    cls = REQUESTS["runtime_sheet_read_rows"]
+    base = {"action": "runtime_sheet_read_rows", "playName": "p"}
+    by_offset = structure({**base, "input": {"tableNamespace": "t", "limit": 1, "offset": 0}}, cls)
+    by_keyset = structure(
+        {**base, "input": {"tableNamespace": "t", "limit": 1, "offset": 0, "after": None}}, cls
+    )
+    assert by_offset.input.after is ABSENT and by_keyset.input.after is None  # type: ignore[attr-defined]
+    limits = REQUESTS["create_db_session"]
+    with pytest.raises(WireError, match=r"limits\.maxRows must not be null"):
+        structure(
+            {
+                "action": "create_db_session",
+                "playName": "p",
+                "target": {"tableNamespace": "t", "logicalTable": "sheet_rows"},
+                "operations": ["rows.read"],
+                "limits": {"maxRows": None},
+            },
+            limits,
+        )
+
+
+def test_the_document_is_valid_openapi_with_every_action() -> None:
+    document = openapi_document()
+    validate(document)
+    body = document["paths"]["/api/v2/plays/internal/runtime"]["post"]["requestBody"]
+    schema = body["content"]["application/json"]["schema"]
+    assert set(schema["discriminator"]["mapping"]) == set(REQUESTS)
+    assert len(schema["oneOf"]) == len(REQUESTS)
+    components = document["components"]["schemas"]
+    for action, cls in REQUESTS.items():
+        request = components[cls.__name__]
+        assert request["properties"]["action"] == {"enum": [action]}
+        assert request["x-answer"] == f"#/components/schemas/{ANSWERS[action].__name__}"
+    # The wire names, not the Python ones.
+    assert "sqlName" in components["ContractColumnWire"]["properties"]
+    assert components["SessionLimitsWire"]["additionalProperties"] is False
+
+
+def test_sheetplane_openapi_prints_the_document() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sheetplane.cli", "openapi"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout) == json.loads(json.dumps(openapi_document()))
+
+
+async def test_the_gateway_serves_the_document(sheetplane_database_url: str) -> None:
+    async with (
+        running_gateway(sheetplane_database_url, tokens={"t0ken": "org"}) as gateway,
+        httpx.AsyncClient(base_url=gateway.base_url) as http,
+    ):
+        response = await http.get(OPENAPI_PATH)  # no token: the document is public
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == json.loads(json.dumps(openapi_document()))
