@@ -19,9 +19,13 @@ from typing import Any
 
 import attrs
 import httpx
+import psycopg
 import trio
+from psycopg import sql
 
+from sheetplane._types import SheetRef
 from sheetplane.gateway.server import RUNTIME_PATH
+from sheetplane.store import sheet_names
 
 #: ``sheetplane ...`` through the console script's entry point, with this interpreter.
 SHEETPLANE = [sys.executable, "-c", "import sys; from sheetplane.cli import main; sys.exit(main())"]
@@ -117,3 +121,78 @@ async def post_action(
             json={"action": action, "playName": "p", **body},
             headers={"authorization": f"Bearer {token}", **headers},
         )
+
+
+class SummaryLock:
+    """An ACCESS EXCLUSIVE lock on a sheet's summary table, held by an outside
+    session: every gateway request that reads the summary waits on it, holding
+    its pooled connection."""
+
+    def __init__(self, database_url: str, sheet: SheetRef) -> None:
+        self._url = database_url
+        self._names = sheet_names(sheet)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _take(self) -> None:
+        self._conn = psycopg.connect(self._url)
+        self._conn.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(self._names.schema, self._names.summary_table)
+            )
+        )
+
+    def _waiters(self) -> int:
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    async def take(self) -> None:
+        await trio.to_thread.run_sync(self._take)
+
+    async def wait_for_waiters(self, count: int) -> None:
+        """Poll Postgres until ``count`` backends wait on a lock."""
+        with trio.fail_after(FIRST_LINE_TIMEOUT_S):
+            while True:
+                if await trio.to_thread.run_sync(self._waiters) >= count:
+                    return
+                await trio.sleep(0.05)
+
+    async def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await trio.to_thread.run_sync(conn.close)
+
+
+async def wait_for_log(
+    served: Served, event: str, timeout_s: float = FIRST_LINE_TIMEOUT_S
+) -> dict[str, Any]:
+    """Poll the process's stderr until a JSON record with ``event`` appears."""
+    with trio.fail_after(timeout_s):
+        while True:
+            for record in served.log_records():
+                if record.get("event") == event:
+                    return record
+            await trio.sleep(0.05)
+
+
+def secret_file_options(
+    tmp_path: Path, database_url: str, tokens: dict[str, str], metrics_token: str | None = None
+) -> list[str]:
+    """``serve`` options that read every secret from a file (none on the command line)."""
+    folder = tmp_path / f"secrets-{os.urandom(4).hex()}"
+    folder.mkdir()
+    (folder / "url").write_text(database_url)
+    (folder / "tokens").write_text("".join(f"{t}={o}\n" for t, o in tokens.items()))
+    options = [
+        "--database-url-file",
+        str(folder / "url"),
+        "--tokens-file",
+        str(folder / "tokens"),
+    ]
+    if metrics_token is not None:
+        (folder / "metrics-token").write_text(metrics_token)
+        options += ["--metrics-token-file", str(folder / "metrics-token")]
+    return options

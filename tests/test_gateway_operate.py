@@ -16,7 +16,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from _serve_helpers import Served, post_action, serving
+from _serve_helpers import Served, SummaryLock, post_action, secret_file_options, serving
 from sheetplane import crypto
 from sheetplane._types import SheetRef
 from sheetplane.budgets import GATEWAY_READINESS_BUDGET_MS
@@ -41,20 +41,7 @@ def outage_postgres() -> Iterator[EmbeddedPostgres]:
 
 def secret_files(tmp_path: Path, database_url: str) -> list[str]:
     """``serve`` options that read every secret from a file."""
-    url_file = tmp_path / "url"
-    url_file.write_text(database_url)
-    tokens_file = tmp_path / "tokens"
-    tokens_file.write_text(f"{TOKEN}={ORG}\n")
-    metrics_file = tmp_path / "metrics-token"
-    metrics_file.write_text(METRICS_TOKEN)
-    return [
-        "--database-url-file",
-        str(url_file),
-        "--tokens-file",
-        str(tokens_file),
-        "--metrics-token-file",
-        str(metrics_file),
-    ]
+    return secret_file_options(tmp_path, database_url, {TOKEN: ORG}, METRICS_TOKEN)
 
 
 async def get(base_url: str, path: str, **headers: str) -> httpx.Response:
@@ -105,49 +92,6 @@ async def test_health_and_readiness_follow_postgres_down_and_back(
         assert summary.status_code == 200
         for probe in ("/healthz", "/readyz"):
             assert ORG not in (await get(served.base_url, probe)).text
-
-
-class SummaryLock:
-    """An ACCESS EXCLUSIVE lock on a sheet's summary table, held by an outside
-    session: every gateway request that reads the summary waits on it, holding
-    its pooled connection."""
-
-    def __init__(self, database_url: str, sheet: SheetRef) -> None:
-        self._url = database_url
-        self._names = sheet_names(sheet)
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def _take(self) -> None:
-        self._conn = psycopg.connect(self._url)
-        self._conn.execute(
-            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-                sql.Identifier(self._names.schema, self._names.summary_table)
-            )
-        )
-
-    def _waiters(self) -> int:
-        with psycopg.connect(self._url, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND pid <> pg_backend_pid()"
-            ).fetchone()
-        return int(row[0]) if row else 0
-
-    async def take(self) -> None:
-        await trio.to_thread.run_sync(self._take)
-
-    async def wait_for_waiters(self, count: int) -> None:
-        """Poll Postgres until ``count`` backends wait on a lock."""
-        with trio.fail_after(DEADLINE_S):
-            while True:
-                if await trio.to_thread.run_sync(self._waiters) >= count:
-                    return
-                await trio.sleep(0.05)
-
-    async def release(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await trio.to_thread.run_sync(conn.close)
 
 
 async def test_readiness_reports_a_saturated_pool_and_backpressure_counts(

@@ -123,7 +123,7 @@ def request_id_from(header: str | None) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ``ts``, ``level``, ``logger``, ``message``, the
+    """One JSON object a line: ``ts``, ``level``, ``logger``, ``pid``, ``message``, the
     record's ``extra`` fields, the current request's id, and ``traceback``
     when the record carries an exception."""
 
@@ -134,6 +134,7 @@ class JsonFormatter(logging.Formatter):
             ),
             "level": record.levelname.lower(),
             "logger": record.name,
+            "pid": record.process,
             "message": _redact(record.getMessage()),
         }
         info = _CURRENT.get()

@@ -16,10 +16,12 @@ connection (or one that never completes its request head) closes after
 
 1. new requests on open connections are answered 503 ``gateway_draining``
    with ``retry_after_ms`` and ``connection: close`` (``Operations``);
-2. the listener closes (no new connection) and idle connections close;
+2. the listener closes: no new connection is accepted (connections still in
+   the backlog are reset; their clients retry, on another worker);
 3. requests in flight get ``drain_budget_ms`` to finish;
-4. what is left then is cancelled (``Operations.cancelled`` counts it: the
-   command exits non-zero), the lifespan ends (reaper, pool).
+4. then every connection closes, what is still running is cancelled
+   (``Operations.cancelled`` counts it: the command exits non-zero), and the
+   lifespan ends (reaper, pool).
 """
 
 from __future__ import annotations
@@ -236,11 +238,13 @@ async def _serve_app(
                 accepting.cancel()
                 await accepted_all.wait()
                 await listener.aclose()
-                # Idle connections close now, busy ones after their answer.
-                await context.terminated.set()
                 log.info("draining", extra={"event": "drain", "in_flight": ops.in_flight})
+                # Open connections stay open meanwhile: a request on one is
+                # answered 503 with connection: close, which tells its client
+                # to retry, where a closed connection would leave it guessing.
                 with trio.move_on_after(options.drain_budget_ms / 1000):
                     await ops.wait_idle()
+                await context.terminated.set()
                 connections.cancel_scope.cancel()
             if ops.cancelled:
                 log.error(

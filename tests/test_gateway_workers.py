@@ -1,0 +1,116 @@
+"""``sheetplane serve --workers 2``: two worker processes answer on one port, each
+with its own pool sized from the connection budget, and their session-role
+reapers never drop a role twice nor fail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from _serve_helpers import secret_file_options, serving
+from sheetplane import crypto
+from sheetplane.gateway.server import ROLE_PREFIX
+from sheetplane.store.embedded import EmbeddedPostgres
+
+TOKEN = "tok-workers-3c4d5e6f"
+METRICS_TOKEN = "tok-workers-metrics-7a8b"
+ORG = "org-workers"
+CONTRACT = {"columns": [{"id": "name", "sqlName": "name", "source": "input"}]}
+SESSIONS = 20
+DEADLINE_S = 60
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[EmbeddedPostgres]:
+    """A Postgres no other test mints roles on, so every role reaped here is one of ours."""
+    with EmbeddedPostgres(durable=False) as server:
+        yield server
+
+
+def _session_roles(database_url: str) -> list[str]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)", (ROLE_PREFIX,)
+        ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _parent_pid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("PPid:")).split()[1])
+
+
+async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
+    own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    url = own_postgres.url
+    async with serving(
+        *secret_file_options(tmp_path, url, {TOKEN: ORG}, METRICS_TOKEN),
+        "--workers",
+        "2",
+        "--db-connections",
+        "4",
+        "--reaper-interval-ms",
+        "100",
+        tmp_path=tmp_path,
+    ) as served:
+        # A new connection each time: the kernel hands each to one worker or the other.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(
+            base_url=served.base_url, timeout=DEADLINE_S, limits=fresh
+        ) as http:
+            workers: set[int] = set()
+            with trio.fail_after(DEADLINE_S):
+                while len(workers) < 2:
+                    workers.add((await http.get("/healthz")).json()["worker"])
+            for pid in workers:
+                assert await trio.to_thread.run_sync(_parent_pid, pid) == served.process.pid
+            auth = {"authorization": f"Bearer {METRICS_TOKEN}"}
+            pool_max = (await http.get("/metrics", headers=auth)).text
+            assert 'sheetplane_pool_connections{state="max"} 2.0' in pool_max
+
+            key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+
+            async def mint(index: int) -> None:
+                response = await http.post(
+                    "/api/v2/plays/internal/runtime",
+                    json={
+                        "action": "create_db_session",
+                        "playName": "p",
+                        "target": {
+                            "tableNamespace": f"ns{index % 4}",
+                            "logicalTable": "sheet_rows",
+                        },
+                        "operations": ["rows.read"],
+                        "sheetContract": CONTRACT,
+                        "ttlSeconds": 1,
+                        "postgresUrlEncryption": key.encryption_request(),
+                    },
+                    headers={"authorization": f"Bearer {TOKEN}"},
+                )
+                assert response.status_code == 200, response.text
+
+            async with trio.open_nursery() as nursery:
+                for index in range(SESSIONS):
+                    nursery.start_soon(mint, index)
+        # Every role expires after a second; the reapers drop them all.
+        with trio.fail_after(DEADLINE_S):
+            while True:
+                if not await trio.to_thread.run_sync(_session_roles, url):
+                    break
+                await trio.sleep(0.1)
+    records = served.log_records()
+    passes = [r for r in records if r.get("event") == "reaper_pass"]
+    assert {r["pid"] for r in passes} == workers
+    assert sum(r["dropped"] for r in passes) == SESSIONS
+    assert all(r["failed"] == 0 for r in passes)
+    problems: list[dict[str, Any]] = [r for r in records if r["level"] in {"warning", "error"}]
+    assert problems == []
+    minted = [r for r in records if r.get("action") == "create_db_session" and r["status"] == 200]
+    assert {r["pid"] for r in minted} == workers
