@@ -16,6 +16,7 @@ constructor and helpers, ``AccessShape``/``SessionLimits``/``PreloadedSession``/
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -336,6 +337,28 @@ def test_a_broken_envelope_never_opens_and_fails_typed(envelope: Any, aad: Any) 
     must_refuse(lambda: decrypt_with_unwrap_key(envelope, b"k" * 32, aad))
 
 
+def _b64_int(value: int) -> str:
+    raw = value.to_bytes((value.bit_length() + 7) // 8, "big")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+#: Public JWKs no RSA key has: a modulus past OpenSSL's 16,384 bits, an even one,
+#: one with small factors, or a real public key carrying a private member.
+_BAD_RSA_JWKS = st.one_of(
+    st.builds(
+        lambda n: {"kty": "RSA", "e": "AQAB", "n": _b64_int(n)},
+        st.one_of(
+            st.integers(16_385, 70_000).map(lambda bits: (1 << (bits - 1)) | 1),
+            st.integers(2048, 4096).map(lambda bits: 1 << bits),
+            st.sampled_from([3, 5, 7, 997]).map(lambda p: p ** (2048 // p.bit_length() + 1)),
+        ),
+    ),
+    st.sampled_from(["d", "p", "q", "dp", "dq", "qi", "oth"]).map(
+        lambda member: {**KEY.public_jwk(), member: "AQAB"}
+    ),
+)
+
+
 @FUZZ
 @given(
     jwk=st.one_of(
@@ -347,6 +370,7 @@ def test_a_broken_envelope_never_opens_and_fails_typed(envelope: Any, aad: Any) 
                 "e": wrong_types(),
             }
         ),
+        _BAD_RSA_JWKS,
     ),
     url=st.one_of(st.just("postgresql://u:p@h/db"), wrong_types()),
     unwrap=st.one_of(st.binary(max_size=40), wrong_types()),

@@ -2,8 +2,11 @@
 
 Each example takes a valid request of one action and breaks exactly one part
 of it (a wrong type, an out-of-range or non-finite number, a huge value, an
-empty or NUL-bearing string, an unknown enum, a missing field, nesting past
-``MAX_JSON_DEPTH``), or sends a body that is not a JSON object at all
+empty or NUL-bearing string, text past its cap, an unknown enum, a missing
+field, nesting past ``MAX_JSON_DEPTH``, a Postgres system column as a
+``sqlName``, more contract columns than ``MAX_CONTRACT_COLUMNS``, a
+``ttlSeconds`` past bigint milliseconds, a JWK modulus no RSA key has or a JWK
+carrying private members), or sends a body that is not a JSON object at all
 (malformed, truncated, invalid UTF-8, NaN literals, nesting that would blow
 the decoder's stack). Invariants, for every example:
 
@@ -20,6 +23,7 @@ huge) where the gateway takes free text: they may write, but never answer 5xx.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -34,9 +38,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sheetplane.budgets import MAX_JSON_DEPTH, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from sheetplane.budgets import (
+    MAX_CONTRACT_COLUMNS,
+    MAX_ERROR_TEXT_BYTES,
+    MAX_JSON_DEPTH,
+    READ_PAGE_MAX_ROWS,
+    TRANSPORT_CEILING_BYTES,
+)
 from sheetplane.crypto import generate_decryption_key
 from sheetplane.gateway.server import RUNTIME_PATH
+from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
 from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
 
 from ._threaded_gateway import ThreadedGateway, snapshot
@@ -214,6 +225,30 @@ _NUL_TEXT = st.one_of(
 )
 
 
+#: Text past every cap a request field has (the largest is the error text's), in
+#: one-byte and in four-byte characters.
+_OVER_CAP = st.sampled_from(
+    ["x" * (MAX_ERROR_TEXT_BYTES + 1), "\U0001f600" * (MAX_ERROR_TEXT_BYTES // 4 + 1)]
+)
+
+
+def _b64_int(value: int) -> str:
+    raw = value.to_bytes((value.bit_length() + 7) // 8, "big")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+#: A JWK ``n`` no RSA key has: past OpenSSL's 16,384 bits, even, or with small factors.
+_BAD_MODULI = st.one_of(
+    st.integers(16_385, 70_000).map(lambda bits: _b64_int((1 << (bits - 1)) | 1)),
+    st.integers(2048, 4096).map(lambda bits: _b64_int(1 << bits)),
+    st.sampled_from([3, 5, 7, 997]).map(lambda p: _b64_int(p ** (2048 // p.bit_length() + 1))),
+)
+
+
+def _wide_contract(columns: int) -> list[dict[str, str]]:
+    return [{"id": f"c{i}", "sqlName": f"c{i}", "source": "input"} for i in range(columns)]
+
+
 def _deep(depth: int) -> Any:
     value: Any = 1
     for level in range(depth):
@@ -230,20 +265,36 @@ def _bad_number(minimum: int, maximum: int | None) -> st.SearchStrategy[Any]:
     ]
     if maximum is not None:
         out.append(st.integers(min_value=maximum + 1, max_value=maximum + 10**30))
+        out.append(st.sampled_from([float(maximum) * 4, 1e308]))
     return st.one_of(*out)
 
 
 def _bad(kind: str) -> st.SearchStrategy[Any]:
     """A value that is wrong for a field of ``kind``."""
     name, _, arg = kind.partition(":")
-    if name == "text":  # required, non-empty, no NUL
-        return st.one_of(_NON_STRINGS, st.sampled_from(["", "   ", "\t"]), _NUL_TEXT)
-    if name == "str":  # required, non-empty (whitespace allowed), no NUL
-        return st.one_of(_NON_STRINGS, st.just(""), _NUL_TEXT)
-    if name == "opt_type":  # optional string the gateway does not store: only its type matters
-        return _NON_STRINGS.filter(lambda v: v is not None)
+    if name == "text":  # required, non-empty, no NUL, capped
+        return st.one_of(_NON_STRINGS, st.sampled_from(["", "   ", "\t"]), _NUL_TEXT, _OVER_CAP)
+    if name == "str":  # required, non-empty (whitespace allowed), no NUL, capped
+        return st.one_of(_NON_STRINGS, st.just(""), _NUL_TEXT, _OVER_CAP)
+    if name == "opt_type":  # optional string the gateway does not store: type and cap
+        return st.one_of(_NON_STRINGS.filter(lambda v: v is not None), _OVER_CAP)
     if name == "opt_text":  # optional string
-        return st.one_of(_NON_STRINGS.filter(lambda v: v is not None), _NUL_TEXT)
+        return st.one_of(_NON_STRINGS.filter(lambda v: v is not None), _NUL_TEXT, _OVER_CAP)
+    if name == "number":  # any finite number in range (fractions allowed)
+        low, _, high = arg.partition("..")
+        return st.one_of(
+            _bad_number(int(low), int(high)).filter(
+                lambda v: (
+                    v is not None and not (isinstance(v, float) and int(low) <= v <= int(high))
+                )
+            ),
+        )
+    if name == "present":  # a member whose presence alone is refused
+        return st.one_of(st.just("AQAB"), _NON_STRINGS)
+    if name == "modulus":
+        return _BAD_MODULI
+    if name == "wide":  # more contract columns than the cap
+        return st.integers(MAX_CONTRACT_COLUMNS + 1, 1_700).map(_wide_contract)
     if name == "object":
         return st.one_of(_NON_STRINGS.filter(lambda v: not isinstance(v, dict)), hostile_text())
     if name == "opt_object":
@@ -264,7 +315,9 @@ def _bad(kind: str) -> st.SearchStrategy[Any]:
         )
     if name == "sqlname":
         return st.one_of(
-            _NON_STRINGS, st.sampled_from(["", "a" * 64, "é" * 32, "_key\x00", "x\x00y"])
+            _NON_STRINGS,
+            st.sampled_from(["", "a" * 64, "é" * 32, "_key\x00", "x\x00y"]),
+            st.sampled_from(sorted(POSTGRES_SYSTEM_COLUMNS)),
         )
     if name == "json":  # a value no store may keep
         return st.one_of(
@@ -286,6 +339,7 @@ FIELDS: dict[str, list[tuple[tuple[Any, ...], str, bool]]] = {
         (("sheetContract", "columns", 0, "id"), "str", True),
         (("sheetContract", "columns", 1, "sqlName"), "sqlname", True),
         (("sheetContract", "columns", 1, "source"), "enum:input|mapField|output", True),
+        (("sheetContract", "columns"), "wide", False),
         (("userEmail",), "opt_type", False),
     ],
     "start_sheet_dataset": [
@@ -306,12 +360,17 @@ FIELDS: dict[str, list[tuple[tuple[Any, ...], str, bool]]] = {
         (("operations", 0), "enum:rows.read|rows.upsert|rows.append|rows.replace", True),
         (("limits",), "opt_object", False),
         (("limits", "maxRows"), "int:1..9223372036854775807", False),
-        (("ttlSeconds",), "int:1", False),
+        (("ttlSeconds",), "number:1..9223372036854775", False),
         (("postgresUrlEncryption",), "opt_object", False),
         (("postgresUrlEncryption", "alg"), "enum:RSA-OAEP-256+A256GCM", True),
         (("postgresUrlEncryption", "publicKeyJwk"), "object", True),
         (("postgresUrlEncryption", "publicKeyJwk", "n"), "text", True),
         (("postgresUrlEncryption", "publicKeyJwk", "kty"), "enum:RSA", True),
+        (("postgresUrlEncryption", "publicKeyJwk", "n"), "modulus", True),
+        *(
+            (("postgresUrlEncryption", "publicKeyJwk", member), "present", False)
+            for member in ("d", "p", "q", "dp", "dq", "qi")
+        ),
     ],
     "runtime_sheet_read_rows": [
         (("input",), "object", True),

@@ -3,7 +3,9 @@ org cannot delay, read or forge anything of another org, nor hold the gateway.""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +19,7 @@ from psycopg import sql
 from sheetplane import DatabaseNotHardenedError, crypto
 from sheetplane._types import SheetRef
 from sheetplane.budgets import (
+    MAX_CONTRACT_COLUMNS,
     MAX_ERROR_TEXT_BYTES,
     MAX_REQUEST_TEXT_BYTES,
     MAX_RUN_ID_BYTES,
@@ -30,6 +33,7 @@ from sheetplane.gateway.server import (
 )
 from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
 from sheetplane.store import open_store, sheet_names
+from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
 
 TOKEN_A = "tok-tenant-a-7f3e9c1d"
 TOKEN_B = "tok-tenant-b-2a8b4e6f"
@@ -628,3 +632,99 @@ async def test_text_past_its_budget_is_400_and_stores_nothing(
     # At the cap, the run id is stored.
     at_cap = "r" * MAX_RUN_ID_BYTES
     await act(gateway, TOKEN_A, "start_sheet_dataset", **base, rows=rows, runId=at_cap)
+
+
+# --- finding 8: 400 where a 500 used to be ------------------------------------------------
+
+
+def b64_int(value: int) -> str:
+    raw = value.to_bytes((value.bit_length() + 7) // 8, "big")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+async def session_roles(database_url: str) -> int:
+    rows = await run_sql(
+        database_url, "SELECT count(*) FROM pg_roles WHERE starts_with(rolname, %s)", ("sp_sess_",)
+    )
+    return int(rows[0][0])
+
+
+async def test_every_postgres_system_column_as_a_sqlname_is_400(
+    gateway: RunningGateway, database_url: str, namespace: str
+) -> None:
+    reported = await run_sql(
+        database_url,
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'pg_class'::regclass AND attnum < 0",
+    )
+    assert {row[0] for row in reported} == POSTGRES_SYSTEM_COLUMNS
+    for name in sorted(POSTGRES_SYSTEM_COLUMNS):
+        contract = {"columns": [{"id": "c", "sqlName": name, "source": "output"}]}
+        response = await post(
+            gateway, TOKEN_A, "ensure_sheet", tableNamespace=namespace, sheetContract=contract
+        )
+        assert response.status_code == 400, (name, response.text)
+        assert "system column" in response.json()["error"]
+
+
+def wide_contract(columns: int) -> dict[str, Any]:
+    return {
+        "columns": [{"id": f"c{i}", "sqlName": f"c{i}", "source": "input"} for i in range(columns)]
+    }
+
+
+async def test_a_contract_past_the_column_cap_is_400_and_one_at_the_cap_stores_full_rows(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    for columns in (MAX_CONTRACT_COLUMNS + 1, 1_700):
+        response = await post(
+            gateway,
+            TOKEN_A,
+            "ensure_sheet",
+            tableNamespace=namespace,
+            sheetContract=wide_contract(columns),
+        )
+        assert response.status_code == 400, response.text
+    # At the cap, a row with an incompressible value in every column still fits a page.
+    row = {f"c{i}": os.urandom(100).hex() for i in range(MAX_CONTRACT_COLUMNS)}
+    answer = await act(
+        gateway,
+        TOKEN_A,
+        "start_sheet_dataset",
+        tableNamespace=namespace,
+        sheetContract=wide_contract(MAX_CONTRACT_COLUMNS),
+        rows=[{"_key": "k" * 2000, **row}],
+        runId="r" * MAX_RUN_ID_BYTES,
+    )
+    assert answer["inserted"] == 1
+
+
+async def test_a_ttl_past_bigint_milliseconds_is_400_not_500(
+    gateway: RunningGateway, database_url: str, namespace: str
+) -> None:
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    before = await session_roles(database_url)
+    for ttl in (1e308, 2**63, 10**300):  # 10**300: math.isfinite overflowed (gateway fuzzer)
+        fields = {**session_fields(namespace, ["rows.read"], key), "ttlSeconds": ttl}
+        response = await post(gateway, TOKEN_A, "create_db_session", **fields)
+        assert response.status_code == 400, response.text
+    assert await session_roles(database_url) == before
+
+
+async def test_a_jwk_too_large_not_a_modulus_or_carrying_private_factors_is_400_and_mints_nothing(
+    gateway: RunningGateway, database_url: str, namespace: str
+) -> None:
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    public = key.public_jwk()
+    jwks = [
+        {"kty": "RSA", "e": "AQAB", "n": b64_int((1 << 65_535) | 1)},  # 65,536 bits
+        {"kty": "RSA", "e": "AQAB", "n": b64_int(1 << 2048)},  # even
+        {"kty": "RSA", "e": "AQAB", "n": b64_int(3**1300)},  # small factors
+        *({**public, member: "AQAB"} for member in ("p", "q", "dp", "dq", "qi")),
+    ]
+    before = await session_roles(database_url)
+    for jwk in jwks:
+        fields = session_fields(namespace, ["rows.read"], key)
+        fields["postgresUrlEncryption"] = {"alg": crypto.ENVELOPE_REQUEST_ALG, "publicKeyJwk": jwk}
+        response = await post(gateway, TOKEN_A, "create_db_session", **fields)
+        assert response.status_code == 400, response.text
+    assert await session_roles(database_url) == before

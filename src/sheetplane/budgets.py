@@ -113,6 +113,14 @@ MAX_USER_EMAIL_BYTES: Final = 64 + 1 + 255
 #: character.
 MAX_REQUEST_TEXT_BYTES: Final = 4 * MAX_LOGICAL_NAME_CHARS
 
+#: Most columns one sheet contract may declare. A heap row must fit one 8 KiB
+#: page (8,160 bytes): a jsonb column Postgres cannot compress takes at worst
+#: about 24 bytes of the row (an 18-byte TOAST pointer, or a short value, plus
+#: alignment), so 256 columns take about 6 KiB and leave the rest for the
+#: system columns. Measured on Postgres 18: 350 columns of 200-byte values are
+#: refused "row is too big"; 300 of any size fit.
+MAX_CONTRACT_COLUMNS: Final = 256
+
 #: Deepest nesting of a value a write stores (arrays and objects inside a row,
 #: a map output, a cell-meta patch or a receipt result). Chosen: Python's json
 #: encoder and decoder recurse once per level and fail at the interpreter's

@@ -43,7 +43,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from joserfc import jwe
 from joserfc.errors import JoseError
 from joserfc.jwk import OctKey, RSAKey
@@ -71,6 +72,18 @@ ENVELOPE_REQUEST_ALG: Final = "RSA-OAEP-256+A256GCM"
 
 #: Modulus size of the keys this module generates; smaller public keys are refused.
 RSA_KEY_BITS: Final = 2048
+
+#: The largest public modulus accepted: OpenSSL's ``OPENSSL_RSA_MAX_MODULUS_BITS``,
+#: past which it refuses to encrypt at all.
+RSA_MAX_KEY_BITS: Final = 16384
+
+#: Members of an RSA private JWK (RFC 7518 §6.3.2); a public key carries none.
+_PRIVATE_MEMBERS: Final = ("d", "p", "q", "dp", "dq", "qi", "oth")
+
+#: Small primes a real RSA modulus (a product of two large primes) never divides.
+_SMALL_PRIMES: Final = tuple(
+    p for p in range(3, 1000) if all(p % q for q in range(2, int(p**0.5) + 1))
+)
 
 _RSA_ALG: Final = "RSA-OAEP-256"
 _KW_ALG: Final = "A256KW"
@@ -176,8 +189,9 @@ def _public_key_from_jwk(jwk: object) -> rsa.RSAPublicKey:
         not isinstance(key_ops, list) or not {"wrapKey", "encrypt"} & set(map(str, key_ops))
     ):
         raise InvalidInputError("public key JWK key_ops must allow 'wrapKey' or 'encrypt'")
-    if "d" in jwk:
-        # Refuse a private key sent where a public one belongs: it is a leak.
+    if any(member in jwk for member in _PRIVATE_MEMBERS):
+        # Refuse a private key (or any of its factors) sent where a public one
+        # belongs: it is a leak.
         raise InvalidInputError("public key JWK must not carry private key members")
     n_text, e_text = jwk.get("n"), jwk.get("e")
     try:
@@ -191,12 +205,22 @@ def _public_key_from_jwk(jwk: object) -> rsa.RSAPublicKey:
         raise InvalidInputError(
             f"public key must be at least {RSA_KEY_BITS} bits, got {n.bit_length()}"
         )
-    if e < 3 or e % 2 == 0:
-        raise InvalidInputError(f"public key exponent must be odd and >= 3, got {e}")
+    if n.bit_length() > RSA_MAX_KEY_BITS:
+        raise InvalidInputError(
+            f"public key must be at most {RSA_MAX_KEY_BITS} bits, got {n.bit_length()}"
+        )
+    if e < 3 or e % 2 == 0 or e >= n:
+        raise InvalidInputError(f"public key exponent must be odd, >= 3 and below n, got {e}")
+    if n % 2 == 0 or any(n % p == 0 for p in _SMALL_PRIMES):
+        raise InvalidInputError("public key JWK n is not an RSA modulus (it has a small factor)")
     try:
-        return rsa.RSAPublicNumbers(e, n).public_key()
+        key = rsa.RSAPublicNumbers(e, n).public_key()
+        # What OpenSSL would refuse at sealing time is refused here, before a
+        # session exists for the key.
+        key.encrypt(b"", padding.OAEP(padding.MGF1(hashes.SHA256()), hashes.SHA256(), None))
     except ValueError:
         raise InvalidInputError("public key JWK is not a valid RSA public key") from None
+    return key
 
 
 # --- the session's identity --------------------------------------------------------------

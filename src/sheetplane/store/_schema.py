@@ -23,11 +23,12 @@ import psycopg
 from psycopg import sql
 
 from .._types import SheetContract, SheetRef
-from ..budgets import MAX_LOGICAL_NAME_CHARS
+from ..budgets import MAX_CONTRACT_COLUMNS, MAX_LOGICAL_NAME_CHARS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
 from ._pool import TrioPool
 
 __all__ = [
+    "POSTGRES_SYSTEM_COLUMNS",
     "SYSTEM_COLUMNS",
     "SheetNames",
     "ensure_receipts",
@@ -56,6 +57,12 @@ SYSTEM_COLUMNS: tuple[str, ...] = (
     "_cell_meta",
     "_write_version",
     "_admitted_version",
+)
+
+#: Postgres's own system columns (every table has them); no user column may
+#: take one of these names (``ALTER TABLE`` refuses it).
+POSTGRES_SYSTEM_COLUMNS: frozenset[str] = frozenset(
+    {"tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"}
 )
 
 _HASH_CHARS = 12
@@ -222,6 +229,11 @@ def _storable(text: str) -> bool:
 
 def _physical_columns(contract: SheetContract) -> dict[str, str]:
     """sql name -> column id, for the contract's physical columns (the last one wins)."""
+    if len(contract.columns) > MAX_CONTRACT_COLUMNS:
+        raise InvalidInputError(
+            f"a sheet contract declares at most {MAX_CONTRACT_COLUMNS} columns, "
+            f"got {len(contract.columns)}"
+        )
     columns: dict[str, str] = {}
     for column in contract.columns:
         if not column.is_physical:
@@ -239,7 +251,11 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
                 raise InvalidInputError(
                     f"sheet contract column {what} {text!r} holds NUL or a lone surrogate"
                 )
-        if name in SYSTEM_COLUMNS:
+            if text is not None and len(text.encode("utf-8")) > MAX_REQUEST_TEXT_BYTES:
+                raise InvalidInputError(
+                    f"sheet contract column {what} is longer than {MAX_REQUEST_TEXT_BYTES} bytes"
+                )
+        if name in SYSTEM_COLUMNS or name in POSTGRES_SYSTEM_COLUMNS:
             raise InvalidInputError(f"sheet contract sqlName {name!r} is a system column")
         columns[name] = column.id
     return columns

@@ -63,6 +63,9 @@ __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupp
 
 _LIMIT_NAMES: Final = ("maxRows", "maxBytes", "maxRequests")
 _MS_PER_SECOND: Final = 1_000
+#: The largest ``ttlSeconds`` accepted (then clamped to the session budget): its
+#: milliseconds still fit a ``bigint``, like every other number a request carries.
+_MAX_TTL_SECONDS: Final = BIGINT_MAX // _MS_PER_SECOND
 
 
 @attrs.define(eq=False)
@@ -586,11 +589,17 @@ def _ttl_ms(body: Mapping[str, Any], ceiling_ms: int) -> int:
     value = body.get("ttlSeconds")
     if value is None:
         return ceiling_ms
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad_request("ttlSeconds must be a number")
-    if value < 1:
-        raise bad_request(f"ttlSeconds must be at least 1, got {value}")
-    return min(ceiling_ms, int(value * _MS_PER_SECOND))
+    # math.isfinite would overflow on an int past a float's range: only floats are asked.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request("ttlSeconds must be a number")
+    if not 1 <= value <= _MAX_TTL_SECONDS:
+        raise bad_request(f"ttlSeconds must be between 1 and {_MAX_TTL_SECONDS}, got {value}")
+    # Compared in seconds first: a huge value times 1000 may not be an exact integer.
+    if value >= ceiling_ms / _MS_PER_SECOND:
+        return ceiling_ms
+    return int(value * _MS_PER_SECOND)
 
 
 @attrs.frozen
