@@ -10,6 +10,8 @@ from __future__ import annotations
 import typing
 
 from ._leases import Lease as Lease
+from ._map import MapProgress as MapProgress
+from ._map import MapReport as MapReport
 from ._types import ResolvedPlay as ResolvedPlay
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
@@ -93,6 +95,8 @@ __all__ = [
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "MapProgress",
+    "MapReport",
     "OversizedValueError",
     "ReadBatchTooLargeError",
     "ReceiptCompletedError",

@@ -207,6 +207,33 @@ EMBEDDED_POSTGRES_START_TIMEOUT_MS: Final = 2 * POSTGRES_OPERATION_BUDGET_MS
 #: session or the demo (direct road, gateway, scoped roles) opens at once.
 EMBEDDED_POSTGRES_MAX_CONNECTIONS: Final = 200
 
+# --- Runtime.map ----------------------------------------------------------------
+
+#: Rows ``map`` reads ahead of its ``fn`` calls: one keyset page of the
+#: admission's pending rows, held while the workers take rows from it.
+MAP_READ_AHEAD_ROWS: Final = READ_PAGE_MAX_ROWS
+
+#: Estimated bytes of row data one terminal write batch of ``map`` may carry:
+#: the read budget, so a write request leaves the same envelope headroom under
+#: the transport ceiling as a read answer. One row larger than this (it is at
+#: most ``MAX_ROW_BYTES``) is written alone.
+MAP_WRITE_BATCH_MAX_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES
+
+#: Terminal write batches of ``map`` in flight at once (both kinds together):
+#: one being written while the next one fills.
+MAP_WRITE_MAX_IN_FLIGHT: Final = 2
+
+#: Results ``map`` retains (computed, not yet written) are capped at this many
+#: batches of ``batch_rows``: the batches in flight plus one filling, so the
+#: writes never starve and the results never pile up.
+MAP_RETAINED_BATCHES: Final = MAP_WRITE_MAX_IN_FLIGHT + 1
+
+#: Estimated result bytes ``map`` retains, by the same count of batches.
+MAP_MAX_RETAINED_RESULT_BYTES: Final = MAP_RETAINED_BATCHES * MAP_WRITE_BATCH_MAX_BYTES
+
+#: The largest ``batch_rows`` ``map`` accepts: one write statement's chunk.
+MAP_MAX_BATCH_ROWS: Final = POSTGRES_WRITE_CHUNK_ROWS
+
 # --- DB sessions ---------------------------------------------------------------
 
 #: Lifetime of a scoped database session (and of its Postgres role).
@@ -429,6 +456,14 @@ def _check() -> None:
             and WORK_RECEIPT_LEASE_RENEWAL_MS + CALL_BUDGET_MS + WORK_RECEIPT_LEASE_GUARD_MS
             <= WORK_RECEIPT_LEASE_TTL_MS
         ),
+        "a map write batch fits a request with the envelope's headroom": (
+            MAX_ROW_BYTES <= MAP_WRITE_BATCH_MAX_BYTES <= READ_BATCH_MAX_RESPONSE_BYTES
+        ),
+        "map retains its in-flight write batches plus one filling": (
+            MAP_RETAINED_BATCHES == MAP_WRITE_MAX_IN_FLIGHT + 1
+            and MAP_MAX_RETAINED_RESULT_BYTES >= MAP_WRITE_BATCH_MAX_BYTES
+        ),
+        "a map batch is at most one write chunk": MAP_MAX_BATCH_ROWS <= POSTGRES_WRITE_CHUNK_ROWS,
         "once waits past a whole lease before giving up": (
             WORK_RECEIPT_ONCE_WAIT_MS > WORK_RECEIPT_LEASE_TTL_MS > WORK_RECEIPT_ONCE_POLL_MS > 0
         ),

@@ -62,6 +62,7 @@ import trio
 from . import crypto
 from ._groups import single_leaf
 from ._leases import Lease, acquire_lease, hold_lease, run_once
+from ._map import MapFn, MapProgress, MapReport, check_map_options, run_map
 from ._types import (
     BIGINT_MAX,
     AdmissionCounts,
@@ -93,6 +94,8 @@ __all__ = [
     "CompleteRow",
     "ContractColumn",
     "FailRow",
+    "MapProgress",
+    "MapReport",
     "ReceiptCompletion",
     "ReceiptRecorder",
     "ResolvedPlay",
@@ -690,6 +693,69 @@ class Runtime:
     def receipts(self) -> ReceiptRecorder:
         """A recorder of work receipts for this run."""
         return ReceiptRecorder(self)
+
+    async def map(
+        self,
+        namespace: str,
+        contract: SheetContract,
+        rows: AdmissionInput,
+        fn: MapFn,
+        *,
+        concurrency: int = 16,
+        batch_rows: int = 500,
+        flush_seconds: float = 0.25,
+        receipts: bool = False,
+        progress: Callable[[MapProgress], object] | None = None,
+    ) -> MapReport:
+        """Admit ``rows`` on ``namespace`` and map ``fn`` (``async (row) -> outputs``) over
+        the rows to map; every outcome is written, fenced by the admission's version.
+
+        ``rows``: a sequence, iterable or async iterable of row mappings.
+        At most ``concurrency`` ``fn`` calls run at once. ``fn`` returning its
+        outputs (a mapping by contract column id) completes the row; raising an
+        ``Exception`` fails it with the message; any other ``BaseException``
+        stops the map and propagates. Terminal writes leave in batches of up
+        to ``batch_rows`` rows, after at most ``flush_seconds``; rows read
+        ahead and results not yet written are capped (``MAP_*`` budgets), so
+        memory does not grow with the sheet. ``receipts=True`` runs each row's
+        ``fn`` through ``once`` (key ``map/{namespace}/{row key}``), so a rerun
+        reuses every finished call. ``progress(MapProgress)`` is called as
+        rows settle.
+
+        When a write finds the attempt superseded, every ``fn`` call still
+        running is cancelled at once, no further call starts, and this raises
+        ``AttemptSupersededError``. Cancelling ``map`` cancels everything it
+        started.
+        """
+        _text("namespace", namespace)
+        check_map_options(fn, concurrency, batch_rows, flush_seconds, progress)
+        if not isinstance(receipts, bool):
+            raise InvalidInputError(f"receipts must be a bool, got {receipts!r}")
+        started = trio.current_time()
+        writer = self.writer(namespace, contract)
+        admission = await writer.start(rows)
+        completed, failed, reused = await run_map(
+            admission.pending(),
+            fn,
+            total=admission.pending_count,
+            complete=writer.complete,
+            fail=writer.fail,
+            concurrency=concurrency,
+            batch_rows=batch_rows,
+            flush_seconds=flush_seconds,
+            once=self.receipts()._once if receipts else None,
+            namespace=namespace,
+            progress=progress,
+        )
+        return MapReport(
+            write_version=admission.write_version,
+            admitted=admission.pending_count + admission.completed_count,
+            pending=admission.pending_count,
+            completed=completed,
+            failed=failed,
+            reused=reused,
+            elapsed_seconds=trio.current_time() - started,
+        )
 
     async def resolve_play(self, ref: str) -> ResolvedPlay | None:
         """The play ``ref`` names (its id, else its name) in the run's org, or None.

@@ -1,0 +1,315 @@
+"""``Runtime.map``: the runner's main job as one call.
+
+::
+
+    report = await rt.map(namespace, contract, rows, fn, concurrency=16,
+                          batch_rows=500, flush_seconds=0.25, receipts=False, progress=None)
+
+``Runtime.map`` admits ``rows`` and hands :func:`run_map` the admission's
+pending rows and the writer's two terminal writes. ``run_map`` is the loop,
+free of the runtime (the virtual-time tests drive it with fakes):
+
+* ``concurrency`` worker tasks take rows from one iterator of the pending
+  dataset (read by keyset: one page of at most ``MAP_READ_AHEAD_ROWS`` rows
+  held at a time) and call ``fn`` on each; so at most ``concurrency`` calls
+  run at once.
+* Each outcome is a ``CompleteRow`` (``fn`` returned its outputs) or a
+  ``FailRow`` (``fn`` raised an ``Exception``: its message). A
+  ``BaseException`` other than a cancellation propagates and stops the map.
+  The worker hands the outcome to a write task and takes its next row at once.
+* The write tasks submit to a ``BoundedBatchFunction`` keyed by kind
+  (``complete``, ``fail``): a batch of up to ``batch_rows`` rows and
+  ``MAP_WRITE_BATCH_MAX_BYTES`` leaves when full or after ``flush_seconds``,
+  at most ``MAP_WRITE_MAX_IN_FLIGHT`` at once. Results not yet written are
+  capped at ``MAP_RETAINED_BATCHES * batch_rows`` rows (a worker waits for
+  room before it hands over another) and ``MAP_MAX_RETAINED_RESULT_BYTES``.
+  Memory therefore does not grow with the sheet.
+* When a write reports the attempt superseded, the workers' cancel scope is
+  cancelled in the same step, before any other task runs: every ``fn`` call
+  still running is cancelled at once and none starts after (each worker
+  checks the flag right before calling ``fn``). ``run_map`` then raises
+  ``AttemptSupersededError``. Any other write error stops the map the same
+  way and is raised.
+* With ``receipts``, each row's ``fn`` runs through ``once`` under the key
+  ``map/{namespace}/{row key}`` (a digest when that would be too long): a
+  rerun after a supersession or a crash takes every finished call's result
+  from its receipt (counted in ``reused``) instead of calling ``fn`` again.
+
+Cancelling ``map`` cancels everything it started: ``fn`` calls, the reads,
+and the write batches (a cut write is safe to replay at the same version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+import attrs
+import trio
+
+from ._groups import single_leaf
+from ._types import CompleteRow, FailRow, TerminalWriteResult
+from .batching import Batch, BoundedBatchFunction
+from .budgets import (
+    MAP_MAX_BATCH_ROWS,
+    MAP_MAX_RETAINED_RESULT_BYTES,
+    MAP_RETAINED_BATCHES,
+    MAP_WRITE_BATCH_MAX_BYTES,
+    MAP_WRITE_MAX_IN_FLIGHT,
+    MAX_QUEUE_WAIT_MS,
+    MAX_ROW_BYTES,
+    MAX_ROW_KEY_BYTES,
+)
+from .errors import AttemptSupersededError, InvalidInputError
+from .sizes import json_byte_length_up_to
+
+__all__ = ["MapProgress", "MapReport", "receipt_key", "run_map"]
+
+Row = dict[str, Any]
+MapFn = Callable[[Row], Awaitable[Mapping[str, Any]]]
+Once = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[tuple[Any, bool]]]
+Kind = Literal["complete", "fail"]
+_MS: Final = 1000
+
+
+@attrs.frozen
+class MapReport:
+    """What one ``map`` did."""
+
+    write_version: int
+    """The admission's write version: every write of this map carried it."""
+    admitted: int
+    """Input rows the admission took (to map, or already enriched and kept)."""
+    pending: int
+    """Rows this attempt had to map."""
+    completed: int
+    """Rows written enriched."""
+    failed: int
+    """Rows written failed (``fn`` raised an ``Exception``)."""
+    reused: int
+    """Rows whose outputs came from a receipt of an earlier call (``receipts=True``)."""
+    elapsed_seconds: float
+    """How long the map took, admission included."""
+
+
+@attrs.frozen
+class MapProgress:
+    """A snapshot passed to ``progress`` as rows settle (after each write batch)."""
+
+    settled: int
+    """Rows written so far (completed plus failed)."""
+    completed: int
+    """Rows written enriched so far."""
+    failed: int
+    """Rows written failed so far."""
+    reused: int
+    """Rows so far whose outputs came from a receipt."""
+    total: int
+    """Rows to map in all (the admission's pending rows)."""
+
+
+def receipt_key(namespace: str, row_key: str) -> str:
+    """The receipt key of one row's ``fn`` call: ``map/{namespace}/{row key}``, or its
+    SHA-256 digest when that is longer than ``MAX_ROW_KEY_BYTES``."""
+    key = f"map/{namespace}/{row_key}"
+    if len(key.encode("utf-8", "surrogatepass")) <= MAX_ROW_KEY_BYTES:
+        return key
+    return "map-sha256/" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_map_options(
+    fn: object, concurrency: object, batch_rows: object, flush_seconds: object, progress: object
+) -> None:
+    """Raise ``InvalidInputError`` naming the first bad ``map`` option."""
+    if not callable(fn):
+        raise InvalidInputError(f"fn must be an async callable, got {fn!r}")
+    for name, value, top in (
+        ("concurrency", concurrency, None),
+        ("batch_rows", batch_rows, MAP_MAX_BATCH_ROWS),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < 1
+            or (top is not None and value > top)
+        ):
+            bound = f"from 1 to {top}" if top is not None else ">= 1"
+            raise InvalidInputError(f"{name} must be an integer {bound}, got {value!r}")
+    if (
+        isinstance(flush_seconds, bool)
+        or not isinstance(flush_seconds, int | float)
+        or not math.isfinite(flush_seconds)
+        or flush_seconds < 0
+    ):
+        raise InvalidInputError(f"flush_seconds must be finite and >= 0, got {flush_seconds!r}")
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"progress must be callable or None, got {progress!r}")
+
+
+def _estimate(row: CompleteRow | FailRow) -> int:
+    value = (
+        (row.key, row.data, row.cell_meta_patch)
+        if isinstance(row, CompleteRow)
+        else (
+            row.key,
+            row.error,
+            row.data,
+        )
+    )
+    return json_byte_length_up_to(value, MAX_ROW_BYTES).bytes
+
+
+def _failure_text(exc: Exception) -> str:
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+@attrs.define(eq=False)
+class _MapState:
+    """What the workers, the write tasks and the batch function share."""
+
+    total: int
+    progress: Callable[[MapProgress], object] | None
+    completed: int = 0
+    failed: int = 0
+    reused: int = 0
+    stop: bool = False
+    error: BaseException | None = None
+    workers: trio.CancelScope | None = None
+    everything: trio.CancelScope | None = None
+
+    def halt(self, error: BaseException) -> None:
+        """Stop at once: no ``fn`` call starts after this, running ones are cancelled."""
+        if self.error is None:
+            self.error = error
+        self.stop = True
+        if self.workers is not None:
+            self.workers.cancel()
+        if self.everything is not None:
+            self.everything.cancel()
+
+    def settled(self, kind: Kind, rows: int) -> None:
+        if kind == "complete":
+            self.completed += rows
+        else:
+            self.failed += rows
+        if self.progress is not None:
+            self.progress(
+                MapProgress(
+                    settled=self.completed + self.failed,
+                    completed=self.completed,
+                    failed=self.failed,
+                    reused=self.reused,
+                    total=self.total,
+                )
+            )
+
+
+async def run_map(
+    pending: AsyncIterable[Row],
+    fn: MapFn,
+    *,
+    total: int,
+    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
+    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+    concurrency: int,
+    batch_rows: int,
+    flush_seconds: float,
+    once: Once | None = None,
+    namespace: str = "",
+    progress: Callable[[MapProgress], object] | None = None,
+) -> tuple[int, int, int]:
+    """Map ``fn`` over ``pending`` and write every outcome; ``(completed, failed, reused)``.
+
+    See the module docstring for the rules. Raises ``AttemptSupersededError``
+    when a write finds the attempt superseded (after cancelling every ``fn``
+    call), the first other write error, or a ``BaseException`` from ``fn``.
+    """
+    state = _MapState(total=total, progress=progress)
+
+    async def execute(batch: Batch[Kind, CompleteRow | FailRow]) -> list[None]:
+        rows = batch.values
+        try:
+            if batch.key == "complete":
+                await complete([row for row in rows if isinstance(row, CompleteRow)])
+            else:
+                await fail([row for row in rows if isinstance(row, FailRow)])
+        except AttemptSupersededError as exc:
+            state.halt(exc)  # in this very step: no fn call starts after the supersession
+            raise
+        state.settled(batch.key, len(rows))
+        return [None] * len(rows)
+
+    batcher: BoundedBatchFunction[Kind, CompleteRow | FailRow, None] = BoundedBatchFunction(
+        execute,
+        estimate_bytes=_estimate,
+        max_batch_items=batch_rows,
+        max_batch_bytes=MAP_WRITE_BATCH_MAX_BYTES,
+        max_retained_items=MAP_RETAINED_BATCHES * batch_rows,
+        max_retained_bytes=MAP_MAX_RETAINED_RESULT_BYTES,
+        max_in_flight_batches=MAP_WRITE_MAX_IN_FLIGHT,
+        flush_seconds=flush_seconds,
+    )
+    room = trio.Semaphore(MAP_RETAINED_BATCHES * batch_rows)
+    iterator: AsyncIterator[Row] = aiter(pending)
+    read_lock = trio.Lock()
+
+    async def write(kind: Kind, row: CompleteRow | FailRow) -> None:
+        try:
+            await batcher.submit(kind, row, max_wait=MAX_QUEUE_WAIT_MS / _MS)
+        except Exception as exc:
+            state.halt(exc)
+        finally:
+            room.release()
+
+    async def call(row: Row) -> CompleteRow | FailRow:
+        key = row["_key"]
+        try:
+            if once is None:
+                outputs = await fn(row)
+            else:
+                outputs, reused = await once(receipt_key(namespace, key), lambda: fn(row))
+                if reused:
+                    state.reused += 1
+        except Exception as exc:
+            return FailRow(key, _failure_text(exc))
+        if not isinstance(outputs, Mapping):
+            return FailRow(
+                key, f"fn must return a mapping of outputs, got {type(outputs).__name__}"
+            )
+        return CompleteRow(key, outputs)
+
+    async def worker(writes: trio.Nursery) -> None:
+        while True:
+            async with read_lock:
+                if state.stop:
+                    return
+                row = await anext(iterator, None)
+            if row is None:
+                return
+            if state.stop:  # checked right before fn: nothing starts once superseded
+                return
+            outcome = await call(row)
+            await room.acquire()
+            writes.start_soon(
+                write, "complete" if isinstance(outcome, CompleteRow) else "fail", outcome
+            )
+
+    try:
+        with trio.CancelScope() as everything:
+            state.everything = everything
+            # Exits in order: the workers finish, their writes land, the batcher drains.
+            async with batcher, trio.open_nursery() as writes, trio.open_nursery() as workers:
+                state.workers = workers.cancel_scope
+                for _ in range(concurrency):
+                    workers.start_soon(worker, writes)
+    except BaseExceptionGroup as group:
+        single = single_leaf(group)
+        if single is None:
+            raise
+        raise single from single.__cause__
+    if state.error is not None:
+        raise state.error
+    return state.completed, state.failed, state.reused

@@ -1,0 +1,315 @@
+"""``run_map`` (the loop of ``Runtime.map``) on virtual time, with fake writes: batches
+by kind of up to ``batch_rows``, the flush timer, failures as FailRows, bounded
+read-ahead and retention, progress, supersession cancelling every running ``fn``
+at once with none started after, cancellation, and a BaseException passing through."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from sheetplane import AttemptSupersededError, MapProgress
+from sheetplane._map import receipt_key, run_map
+from sheetplane._types import CompleteRow, FailRow, TerminalWriteResult
+from sheetplane.budgets import MAP_RETAINED_BATCHES, MAX_ROW_KEY_BYTES
+
+
+def rows(n: int) -> list[dict[str, Any]]:
+    return [{"_key": f"k{i:05d}", "n": i} for i in range(n)]
+
+
+@attrs.define
+class Pending:
+    """An async iterable of rows that counts how many were taken from it."""
+
+    items: list[dict[str, Any]]
+    taken: int = 0
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        for item in self.items:
+            await trio.lowlevel.checkpoint()
+            self.taken += 1
+            yield item
+
+
+@attrs.define
+class Writes:
+    """Fake terminal writes: record (time, kind, keys), optionally slow or superseded."""
+
+    delay: float = 0.0
+    supersede_on: int | None = None
+    """The 1-based write call that reports the attempt superseded."""
+    log: list[tuple[float, str, tuple[str, ...]]] = attrs.Factory(list)
+    calls: int = 0
+
+    async def _write(self, kind: str, keys: tuple[str, ...]) -> TerminalWriteResult:
+        self.calls += 1
+        if self.delay:
+            await trio.sleep(self.delay)
+        else:
+            await trio.lowlevel.checkpoint()
+        if self.calls == self.supersede_on:
+            raise AttemptSupersededError([{"key": keys[0], "reason": "newer_write_version"}])
+        self.log.append((trio.current_time(), kind, keys))
+        return TerminalWriteResult(keys, (), len(keys))
+
+    async def complete(self, batch: Sequence[CompleteRow]) -> TerminalWriteResult:
+        return await self._write("complete", tuple(row.key for row in batch))
+
+    async def fail(self, batch: Sequence[FailRow]) -> TerminalWriteResult:
+        return await self._write("fail", tuple(row.key for row in batch))
+
+    def written(self) -> int:
+        return sum(len(keys) for _t, _kind, keys in self.log)
+
+
+async def instant(row: dict[str, Any]) -> dict[str, Any]:
+    await trio.lowlevel.checkpoint()
+    return {"double": 2 * row["n"]}
+
+
+async def test_writes_leave_in_full_batches_and_the_tail_after_the_flush(
+    autojump_clock: Any,
+) -> None:
+    writes = Writes()
+    t0 = trio.current_time()
+    counts = await run_map(
+        Pending(rows(1200)),
+        instant,
+        total=1200,
+        complete=writes.complete,
+        fail=writes.fail,
+        concurrency=16,
+        batch_rows=500,
+        flush_seconds=0.25,
+    )
+    assert counts == (1200, 0, 0)
+    assert [(t - t0, kind, len(keys)) for t, kind, keys in writes.log] == [
+        (0.0, "complete", 500),
+        (0.0, "complete", 500),
+        (0.25, "complete", 200),
+    ]
+    assert sorted(k for _t, _kind, keys in writes.log for k in keys) == [
+        r["_key"] for r in rows(1200)
+    ]
+
+
+async def test_a_trickle_is_flushed_every_flush_seconds(autojump_clock: Any) -> None:
+    writes = Writes()
+
+    async def slow(row: dict[str, Any]) -> dict[str, Any]:
+        await trio.sleep(0.1)
+        return {}
+
+    t0 = trio.current_time()
+    await run_map(
+        Pending(rows(6)),
+        slow,
+        total=6,
+        complete=writes.complete,
+        fail=writes.fail,
+        concurrency=1,
+        batch_rows=100,
+        flush_seconds=0.25,
+    )
+    # Row i is done at 0.1 * (i + 1); a batch leaves 0.25 s after its first row.
+    assert [(round(t - t0, 6), keys) for t, _kind, keys in writes.log] == [
+        (0.35, ("k00000", "k00001", "k00002")),
+        (0.65, ("k00003", "k00004", "k00005")),
+    ]
+
+
+async def test_fn_errors_become_fail_rows_in_their_own_lane(autojump_clock: Any) -> None:
+    writes = Writes()
+
+    async def picky(row: dict[str, Any]) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        if row["n"] % 3 == 0:
+            raise ValueError(f"no thanks: {row['n']}")
+        return {"ok": True}
+
+    counts = await run_map(
+        Pending(rows(9)),
+        picky,
+        total=9,
+        complete=writes.complete,
+        fail=writes.fail,
+        concurrency=4,
+        batch_rows=50,
+        flush_seconds=0.25,
+    )
+    assert counts == (6, 3, 0)
+    by_kind = {kind: sorted(keys) for _t, kind, keys in writes.log}
+    assert by_kind == {
+        "complete": ["k00001", "k00002", "k00004", "k00005", "k00007", "k00008"],
+        "fail": ["k00000", "k00003", "k00006"],
+    }
+
+
+async def test_read_ahead_and_retained_results_stay_bounded(autojump_clock: Any) -> None:
+    writes = Writes(delay=10.0)  # writes far slower than fn
+    pending = Pending(rows(5_000))
+    done = 0
+    worst_unwritten = worst_unstarted = 0
+    started = 0
+
+    async def counting(row: dict[str, Any]) -> dict[str, Any]:
+        nonlocal done, started, worst_unwritten, worst_unstarted
+        started += 1
+        worst_unstarted = max(worst_unstarted, pending.taken - started)
+        await trio.lowlevel.checkpoint()
+        done += 1
+        worst_unwritten = max(worst_unwritten, done - writes.written())
+        return {}
+
+    await run_map(
+        pending,
+        counting,
+        total=5_000,
+        complete=writes.complete,
+        fail=writes.fail,
+        concurrency=8,
+        batch_rows=100,
+        flush_seconds=0.25,
+    )
+    assert writes.written() == 5_000
+    assert worst_unstarted <= 8  # rows are taken only by a worker about to call fn
+    # Computed, not yet written: the retained batches, plus one result per worker in hand.
+    assert worst_unwritten <= MAP_RETAINED_BATCHES * 100 + 8
+
+
+async def test_progress_is_reported_as_batches_settle(autojump_clock: Any) -> None:
+    seen: list[MapProgress] = []
+    writes = Writes()
+    await run_map(
+        Pending(rows(1_050)),
+        instant,
+        total=1_050,
+        complete=writes.complete,
+        fail=writes.fail,
+        concurrency=4,
+        batch_rows=500,
+        flush_seconds=0.25,
+        progress=seen.append,
+    )
+    assert [p.settled for p in seen] == [500, 1_000, 1_050]
+    assert seen[-1] == MapProgress(settled=1_050, completed=1_050, failed=0, reused=0, total=1_050)
+
+
+async def test_supersession_cancels_every_running_call_and_starts_none(
+    autojump_clock: Any,
+) -> None:
+    events: list[str] = []
+
+    class Refusing(Writes):
+        async def _write(self, kind: str, keys: tuple[str, ...]) -> TerminalWriteResult:
+            try:
+                return await super()._write(kind, keys)
+            except AttemptSupersededError:
+                events.append("refused")  # the step the refusal reaches the map in
+                raise
+
+    writes = Refusing(delay=0.5, supersede_on=2)
+    cancelled: list[float] = []
+    finished = 0
+
+    async def slow(row: dict[str, Any]) -> dict[str, Any]:
+        nonlocal finished
+        events.append("start")
+        try:
+            await trio.sleep({0: 1.0, 1: 2.0, 2: 1.5}.get(row["n"] // 10, 100.0))
+        except trio.Cancelled:
+            cancelled.append(trio.current_time())
+            raise
+        finished += 1
+        return {}
+
+    t0 = trio.current_time()
+    with pytest.raises(AttemptSupersededError):
+        await run_map(
+            Pending(rows(1_000)),
+            slow,
+            total=1_000,
+            complete=writes.complete,
+            fail=writes.fail,
+            concurrency=20,
+            batch_rows=10,
+            flush_seconds=0.25,
+        )
+    # Rows 0-9 end at 1.0 (batch 1 written at 1.5) and their workers start rows 20-29,
+    # which end at 2.5: the very instant batch 2 (rows 10-19, sent at 2.0) is refused.
+    # Whichever runs first in that instant, no call may start after the refusal.
+    assert "start" not in events[events.index("refused") :]
+    started = events.count("start")
+    assert started >= 30
+    assert finished >= 20
+    assert cancelled == [t0 + 2.5] * (started - finished)  # every running call, at once
+    assert writes.written() == 10
+
+
+async def test_cancelling_map_cancels_its_calls_and_writes(autojump_clock: Any) -> None:
+    writes = Writes(delay=5.0)
+    running = 0
+
+    async def slow(row: dict[str, Any]) -> dict[str, Any]:
+        nonlocal running
+        running += 1
+        try:
+            await trio.sleep(1.0)
+        finally:
+            running -= 1
+        return {}
+
+    with trio.move_on_after(3.5) as scope:
+        await run_map(
+            Pending(rows(100)),
+            slow,
+            total=100,
+            complete=writes.complete,
+            fail=writes.fail,
+            concurrency=4,
+            batch_rows=2,
+            flush_seconds=0.25,
+        )
+    assert scope.cancelled_caught
+    assert running == 0
+    calls_at_cancel = writes.calls
+    await trio.sleep(60)  # nothing it started is still running
+    assert writes.calls == calls_at_cancel and running == 0
+
+
+class Crash(BaseException):
+    """Not an Exception: stops the map instead of failing a row."""
+
+
+async def test_a_base_exception_from_fn_propagates_as_itself(autojump_clock: Any) -> None:
+    writes = Writes()
+
+    async def crashing(row: dict[str, Any]) -> dict[str, Any]:
+        await trio.sleep(0.01 * row["n"])
+        if row["n"] == 5:
+            raise Crash("the process is going down")
+        return {}
+
+    with pytest.raises(Crash, match="going down"):
+        await run_map(
+            Pending(rows(50)),
+            crashing,
+            total=50,
+            complete=writes.complete,
+            fail=writes.fail,
+            concurrency=3,
+            batch_rows=100,
+            flush_seconds=0.25,
+        )
+
+
+def test_receipt_keys_name_the_row_or_digest_a_long_one() -> None:
+    assert receipt_key("leads", "k1") == "map/leads/k1"
+    long = receipt_key("leads", "x" * MAX_ROW_KEY_BYTES)
+    assert long.startswith("map-sha256/") and len(long) == len("map-sha256/") + 64
+    assert long != receipt_key("leads", "y" * MAX_ROW_KEY_BYTES)
