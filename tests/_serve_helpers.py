@@ -152,11 +152,12 @@ class SummaryLock:
     async def take(self) -> None:
         await trio.to_thread.run_sync(self._take)
 
-    async def wait_for_waiters(self, count: int) -> None:
-        """Poll Postgres until ``count`` backends wait on a lock."""
+    async def wait_for_waiters(self, count: int, *, exactly: bool = False) -> None:
+        """Poll Postgres until ``count`` backends wait on a lock (at least, or ``exactly``)."""
         with trio.fail_after(FIRST_LINE_TIMEOUT_S):
             while True:
-                if await trio.to_thread.run_sync(self._waiters) >= count:
+                waiting = await trio.to_thread.run_sync(self._waiters)
+                if waiting == count or (waiting > count and not exactly):
                     return
                 await trio.sleep(0.05)
 

@@ -101,11 +101,13 @@ async def test_sigterm_finishes_in_flight_answers_new_requests_503_and_exits_0(
         lock = SummaryLock(database_url, SheetRef(ORG, PLAY, namespace))
         await lock.take()
         idle = await trio.open_tcp_stream("127.0.0.1", served.port)
+        probe = await trio.open_tcp_stream("127.0.0.1", served.port)
         in_flight: list[httpx.Response] = []
         try:
-            # An open keep-alive connection, idle after one answer.
-            await idle.send_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert (await _read_answer(idle)).startswith(b"HTTP/1.1 200 ")
+            # Open keep-alive connections, idle after one answer each.
+            for stream in (idle, probe):
+                await stream.send_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert (await _read_answer(stream)).startswith(b"HTTP/1.1 200 ")
             async with trio.open_nursery() as nursery:
 
                 async def slow_summary() -> None:
@@ -134,6 +136,9 @@ async def test_sigterm_finishes_in_flight_answers_new_requests_503_and_exits_0(
                     "code": "gateway_draining",
                     "retry_after_ms": GATEWAY_DRAIN_RETRY_AFTER_MS,
                 }
+                # Readiness too: the load balancer stops sending.
+                await probe.send_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert (await _read_answer(probe)).startswith(b"HTTP/1.1 503 ")
                 await lock.release()
             with trio.fail_after(GATEWAY_DRAIN_BUDGET_MS / 1000):
                 await served.process.wait()
@@ -142,6 +147,7 @@ async def test_sigterm_finishes_in_flight_answers_new_requests_503_and_exits_0(
         finally:
             await lock.release()
             await idle.aclose()
+            await probe.aclose()
         assert [r.status_code for r in in_flight] == [200]
         assert served.process.returncode == 0
         assert elapsed < GATEWAY_DRAIN_BUDGET_MS / 1000
@@ -184,6 +190,38 @@ async def test_past_the_drain_budget_what_is_left_is_cancelled_and_the_exit_is_1
     assert budget_ms / 1000 <= elapsed < budget_ms / 1000 + DEADLINE_S / 4
     incomplete = [r for r in served.log_records() if r.get("event") == "drain_incomplete"]
     assert [r["cancelled"] for r in incomplete] == [1]
+
+
+async def test_a_second_signal_stops_at_once_with_exit_1(database_url: str, tmp_path: Path) -> None:
+    async with (
+        serving(
+            *_secrets(tmp_path, database_url),
+            "--allow-test-faults",
+            tmp_path=tmp_path,
+            expect_status=None,
+        ) as served,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def hanging() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                await post_action(
+                    served.base_url,
+                    TOKEN,
+                    "runtime_sheet_summary",
+                    {"tableNamespace": "n"},
+                    **{"x-sheetplane-test-fault": "runtime_sheet_summary=hang"},
+                )
+
+        nursery.start_soon(hanging)
+        await _in_flight(served, 1)
+        served.process.terminate()
+        await wait_for_log(served, "drain")
+        started = time.monotonic()
+        status = await served.stop(timeout_s=DEADLINE_S)
+        # Well before the 50 s drain budget would have run out.
+        assert time.monotonic() - started < GATEWAY_DRAIN_BUDGET_MS / 1000 / 2
+    assert status == 1
 
 
 async def test_a_rolling_restart_under_a_runners_load_loses_no_request(

@@ -20,6 +20,7 @@ from _serve_helpers import Served, SummaryLock, post_action, secret_file_options
 from sheetplane import crypto
 from sheetplane._types import SheetRef
 from sheetplane.budgets import GATEWAY_READINESS_BUDGET_MS
+from sheetplane.gateway.server import running_gateway
 from sheetplane.store import sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres
 
@@ -257,6 +258,15 @@ async def test_metrics_move_as_requests_are_made(
         assert moved("sheetplane_sessions_minted_total") == 1
         assert sample(after, "sheetplane_session_roles_live") >= 1
         assert moved("sheetplane_requests_total", action="metrics", status="200") >= 1
+        assert sample(after, "sheetplane_connections_open") >= 1  # the scrape's own
+        assert sample(after, "sheetplane_requests_in_flight") == 1  # the scrape itself
+        assert sample(after, "sheetplane_draining") == 0
+        assert (
+            sample(
+                after, "sheetplane_request_seconds_bucket", action="start_sheet_dataset", le="30.0"
+            )
+            == 2
+        )
         # No label value names a tenant, a namespace or a token.
         for name, labels in after:
             for _, value in labels:
@@ -353,3 +363,29 @@ async def test_a_500_logs_its_traceback_under_its_request_id(
     for secret in (TOKEN, METRICS_TOKEN, str(password), database_url):
         assert secret not in text
     assert math.isfinite(line["duration_ms"])
+
+
+async def test_an_action_past_its_budget_is_cancelled_and_answered_504(
+    database_url: str, namespace: str
+) -> None:
+    sheet = SheetRef(ORG, PLAY, namespace)
+    async with running_gateway(database_url, tokens={TOKEN: ORG}, action_budget_ms=300) as gw:
+        ensure = await post_action(
+            gw.base_url, TOKEN, "ensure_sheet", {"tableNamespace": namespace}
+        )
+        assert ensure.status_code == 200
+        lock = SummaryLock(database_url, sheet)
+        await lock.take()
+        try:
+            response = await post_action(
+                gw.base_url, TOKEN, "runtime_sheet_summary", {"tableNamespace": namespace}
+            )
+            assert response.status_code == 504
+            assert response.json() == {
+                "error": "runtime_sheet_summary did not finish within 300 ms",
+                "code": "gateway_action_timeout",
+            }
+            # The cancelled action's statement was cancelled on the server too.
+            await lock.wait_for_waiters(0, exactly=True)
+        finally:
+            await lock.release()

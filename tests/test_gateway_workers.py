@@ -4,6 +4,8 @@ reapers never drop a role twice nor fail."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,8 +71,14 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
             with trio.fail_after(DEADLINE_S):
                 while len(workers) < 2:
                     workers.add((await http.get("/healthz")).json()["worker"])
+            password = str(psycopg.conninfo.conninfo_to_dict(url)["password"])
             for pid in workers:
                 assert await trio.to_thread.run_sync(_parent_pid, pid) == served.process.pid
+                # The secrets reached the worker on its stdin: not in its argv nor environment.
+                for part in ("cmdline", "environ"):
+                    text = await trio.Path(f"/proc/{pid}/{part}").read_bytes()
+                    for secret in (password, TOKEN, METRICS_TOKEN):
+                        assert secret.encode() not in text
             auth = {"authorization": f"Bearer {METRICS_TOKEN}"}
             pool_max = (await http.get("/metrics", headers=auth)).text
             assert 'sheetplane_pool_connections{state="max"} 2.0' in pool_max
@@ -114,3 +122,32 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
     assert problems == []
     minted = [r for r in records if r.get("action") == "create_db_session" and r["status"] == 200]
     assert {r["pid"] for r in minted} == workers
+
+
+async def test_a_worker_that_dies_stops_the_others_and_the_exit_is_1(
+    own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    async with serving(
+        *secret_file_options(tmp_path, own_postgres.url, {TOKEN: ORG}),
+        "--workers",
+        "2",
+        "--db-connections",
+        "4",
+        tmp_path=tmp_path,
+        expect_status=None,
+    ) as served:
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(
+            base_url=served.base_url, timeout=DEADLINE_S, limits=fresh
+        ) as http:
+            workers: set[int] = set()
+            with trio.fail_after(DEADLINE_S):
+                while len(workers) < 2:
+                    workers.add((await http.get("/healthz")).json()["worker"])
+        victim, survivor = sorted(workers)
+        os.kill(victim, signal.SIGKILL)
+        with trio.fail_after(DEADLINE_S):
+            await served.process.wait()
+        served.stopped = True
+        assert served.process.returncode == 1
+        assert not await trio.Path(f"/proc/{survivor}").exists()

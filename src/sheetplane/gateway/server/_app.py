@@ -16,8 +16,8 @@ Each runtime request goes through the same steps, in this order:
 4. an ``orgId`` other than the token's is refused 403;
 5. the action's handler runs (400 ``Unsupported runtime data-plane action``
    for an unknown action, or for the batch read on a ``legacy`` gateway),
-   within ``GATEWAY_ACTION_BUDGET_MS`` (else 504 ``gateway_action_timeout``:
-   the caller's attempt has timed out by then).
+   within ``action_budget_ms`` (``GATEWAY_ACTION_BUDGET_MS``; else 504
+   ``gateway_action_timeout``: the caller's attempt has timed out by then).
 
 Errors become JSON bodies ``{error, code, ...}``: a saturated pool is 503
 ``runtime_postgres_admission_backpressure`` with ``retry_after_ms``, a batch
@@ -53,7 +53,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...budgets import (
-    GATEWAY_ACTION_BUDGET_MS,
     POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
     TRANSPORT_CEILING_BYTES,
 )
@@ -237,7 +236,7 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         raise unsupported(action)
     payload = None
     try:
-        with trio.move_on_after(GATEWAY_ACTION_BUDGET_MS / 1000):
+        with trio.move_on_after(state.config.action_budget_ms / 1000):
             payload = await handler(Call(state, org_id, body))
     except (ReadBatchTooLargeError, AdmissionTooLargeError) as exc:
         if isinstance(exc, ReadBatchTooLargeError):
@@ -251,7 +250,7 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         raise ActionError(
             504,
             Code.ACTION_TIMEOUT,
-            f"{action} did not finish within {GATEWAY_ACTION_BUDGET_MS} ms",
+            f"{action} did not finish within {state.config.action_budget_ms} ms",
         )
     if action in _LARGE_ANSWERS:
         encoded = await trio.to_thread.run_sync(encode_json, payload)

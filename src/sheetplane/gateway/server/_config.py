@@ -15,6 +15,7 @@ from ...budgets import (
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
     DB_SESSION_TTL_MS,
     DB_SESSION_WATCHDOG_INTERVAL_MS,
+    GATEWAY_ACTION_BUDGET_MS,
     GATEWAY_BODY_READ_TIMEOUT_MS,
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
@@ -112,5 +113,7 @@ class GatewayConfig:
         default=GATEWAY_BODY_READ_TIMEOUT_MS, validator=_positive
     )
     """A request's whole body must arrive within this, else 408 and the connection closes."""
+    action_budget_ms: int = attrs.field(default=GATEWAY_ACTION_BUDGET_MS, validator=_positive)
+    """An action still running after this is cancelled and answered 504."""
     metrics_token: str | None = attrs.field(default=None, repr=False)
     """The bearer token ``GET /metrics`` requires; None: ``/metrics`` answers 404. A secret."""

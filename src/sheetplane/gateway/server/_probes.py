@@ -7,8 +7,10 @@
   pooled connection); else 503 ``{"status": "unready", "reason": ...}`` with ``reason``
   ``pool_saturated`` (no connection freed within the budget),
   ``store_unavailable`` (Postgres refused or lost the connection),
-  ``store_timeout`` (no answer within the budget), ``store_error`` or
-  ``draining``. No token; neither body says anything about tenants.
+  ``store_timeout`` (no answer within the budget) or ``store_error``. While
+  the gateway drains, the drain gate answers it 503 like every route but
+  ``/healthz`` and ``/metrics``. No token; neither body says anything about
+  tenants.
 - ``/metrics``: the Prometheus text format, only with ``authorization: Bearer
   <metrics token>`` (401 otherwise); 404 when no metrics token is configured.
   Before rendering, ``sheetplane_session_roles_live`` is read from Postgres
@@ -71,12 +73,8 @@ def _live_roles(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-async def _readiness(state: GatewayState | None, ops: Operations) -> str | None:
+async def _readiness(state: GatewayState) -> str | None:
     """None when ready, else the reason it is not."""
-    if ops.draining:
-        return "draining"
-    if state is None:
-        return "starting"
     reason = "store_timeout"
     with trio.move_on_after(_BUDGET_S):
         try:
@@ -102,7 +100,8 @@ def probe_routes(ops: Operations) -> list[BaseRoute]:
 
     async def readyz(request: Request) -> Response:
         _label(request, "readyz")
-        reason = await _readiness(_state(request), ops)
+        state = _state(request)
+        reason = "store_unavailable" if state is None else await _readiness(state)
         if reason is None:
             return json_bytes_response(200, encode_json({"status": "ready"}))
         return json_bytes_response(
