@@ -42,6 +42,7 @@ from sheetplane.gateway.server import (
     running_gateway,
 )
 from sheetplane.store import sheet_names
+from sheetplane.store._counters import status_counts
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 
 from ._chaos_virtual import seed_trio_scheduler
@@ -441,18 +442,7 @@ def _stored_state(
                 )
             ).fetchall()
         ]
-        summary_row = conn.execute(
-            sql.SQL("SELECT total, queued, running, completed, failed FROM {}").format(
-                names.ident("summary_table")
-            )
-        ).fetchone()
-        summary = dict(
-            zip(
-                ("total", "queued", "running", "completed", "failed"),
-                summary_row or (),
-                strict=False,
-            )
-        )
+        summary = status_counts(conn, names)
         grouped = Counter(r["_status"] for r in stored.values())
         recount = {
             "total": len(stored),

@@ -45,6 +45,7 @@ from sheetplane._types import (
 )
 from sheetplane.errors import WriteConflictError
 from sheetplane.store import SheetStore, open_store, sheet_names
+from sheetplane.store._counters import status_counts
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 from sheetplane.testing.models import ModelWrite, SheetModel
 
@@ -231,11 +232,7 @@ class FencingMachine(RuleBasedStateMachine):
                     names.ident("sheet_table")
                 )
             ).fetchall()
-            summary = conn.execute(
-                sql.SQL("SELECT total, queued, running, completed, failed FROM {}").format(
-                    names.ident("summary_table")
-                )
-            ).fetchone()
+            summary = tuple(status_counts(conn, names).values())
             grouped = dict(
                 conn.execute(
                     sql.SQL("SELECT _status, count(*) FROM {} GROUP BY _status").format(

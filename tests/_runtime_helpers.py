@@ -149,7 +149,13 @@ async def drop_sheet(store: SheetStore, sheet: SheetRef) -> None:
     """Drop a sheet's tables, so big seeded sheets do not slow the rest of the suite
     (other tests digest every sheet table of the shared database)."""
     names = sheet_names(sheet)
-    tables = ("sheet_table", "event_table", "summary_table", "column_summary_table")
+    tables = (
+        "sheet_table",
+        "event_table",
+        "summary_table",
+        "column_summary_table",
+        "counter_table",
+    )
 
     def run(conn: psycopg.Connection[Any]) -> None:
         for table in tables:

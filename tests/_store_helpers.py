@@ -10,11 +10,13 @@ from psycopg import sql
 
 from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, sheet_names
+from sheetplane.store._counters import column_counts, status_counts
 from sheetplane.store._rowdata import STATUS_COUNTER
 
 
 async def snapshot(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
-    """Every row (all columns), the summary row, the events and the column summary."""
+    """Every row (all columns), the summary row, the events, the column summary and
+    the counters as a read sums them (base plus shards)."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -28,6 +30,7 @@ async def snapshot(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
             "summary": rows("summary_table", "id"),
             "events": rows("event_table", "id"),
             "columns": rows("column_summary_table", "column_name"),
+            "counters": (status_counts(conn, names), column_counts(conn, names)),
         }
 
     return await store.pool.run(run)
@@ -49,16 +52,12 @@ async def stored_rows(store: SheetStore, sheet: SheetRef) -> dict[str, dict[str,
 async def counters_match_rows(
     store: SheetStore, sheet: SheetRef
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """The summary counters, and the same counters recomputed with ``GROUP BY _status``."""
+    """The summary counters (base plus shards), and the same counters recomputed
+    with ``GROUP BY _status``."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], dict[str, int]]:
-        summary = conn.execute(
-            sql.SQL("SELECT total, queued, running, completed, failed FROM {}").format(
-                names.ident("summary_table")
-            )
-        ).fetchone()
-        assert summary is not None
+        stored = status_counts(conn, names)
         grouped = conn.execute(
             sql.SQL("SELECT _status, count(*) FROM {} GROUP BY _status").format(
                 names.ident("sheet_table")
@@ -68,9 +67,6 @@ async def counters_match_rows(
         for status, count in grouped:
             recount[STATUS_COUNTER[status]] += count
             recount["total"] += count
-        stored = dict(
-            zip(("total", "queued", "running", "completed", "failed"), summary, strict=True)
-        )
         return stored, recount
 
     return await store.pool.run(run)
@@ -79,17 +75,11 @@ async def counters_match_rows(
 async def column_counts_match(
     store: SheetStore, sheet: SheetRef, columns: list[str]
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """The column summary's non-null counts, and the same counts recomputed."""
+    """The non-null counts (column summary plus shards), and the same counts recomputed."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], dict[str, int]]:
-        stored = dict(
-            conn.execute(
-                sql.SQL("SELECT column_name, non_null FROM {}").format(
-                    names.ident("column_summary_table")
-                )
-            ).fetchall()
-        )
+        stored = column_counts(conn, names)
         recount = {}
         for column in columns:
             row = conn.execute(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,21 +16,38 @@ from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 
 
 @pytest.fixture(scope="session")
-def sheetplane_database_url() -> Iterator[str]:
-    """The session's Postgres, overriding the plugin's (a secret: never print it).
+def embedded_server() -> Iterator[EmbeddedPostgres | None]:
+    """The session's embedded server, or None when ``SHEETPLANE_DATABASE_URL`` names one.
 
-    The embedded server runs with ``durable=False`` (``fsync``,
-    ``synchronous_commit`` and ``full_page_writes`` off) for speed: this
-    suite throws the data away when it ends and never crashes this server.
-    The crash test (``tests/test_store_durability.py``) starts its own
-    durable server, as every other embedded server is by default.
+    It runs with ``durable=False`` (``fsync``, ``synchronous_commit`` and
+    ``full_page_writes`` off) for speed: this suite throws the data away when
+    it ends and never crashes this server. The crash test
+    (``tests/test_store_durability.py``) starts its own durable server, as
+    every other embedded server is by default.
     """
-    url = database_url_from_env()
-    if url is not None:
-        yield url
+    if database_url_from_env() is not None:
+        yield None
         return
     with EmbeddedPostgres(durable=False) as server:
-        yield server.url
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sheetplane_database_url(embedded_server: EmbeddedPostgres | None) -> str:
+    """The session's Postgres, overriding the plugin's (a secret: never print it)."""
+    if embedded_server is None:
+        url = database_url_from_env()
+        assert url is not None
+        return url
+    return embedded_server.url
+
+
+@pytest.fixture
+def server_log(embedded_server: EmbeddedPostgres | None) -> Path | None:
+    """The embedded server's log file (None on an external server)."""
+    if embedded_server is None:
+        return None
+    return embedded_server.data_directory / "server.log"
 
 
 @pytest.fixture(scope="session")

@@ -261,12 +261,14 @@ SUMMARY_COLUMNS = (
     "updated_at",
 )
 COLSUM_COLUMNS = ("column_name", "non_null", "updated_at")
+COUNTER_COLUMNS = ("kind", "name", "shard", "value")
 RECEIPT_COLUMNS = ("key", "result", "run_id", "run_attempt", "completed_at")
 TABLE_COLUMNS = {
     "sheetTable": SHEET_COLUMNS,
     "eventTable": EVENT_COLUMNS,
     "summaryTable": SUMMARY_COLUMNS,
     "columnSummaryTable": COLSUM_COLUMNS,
+    "counterTable": COUNTER_COLUMNS,
     "otherSheetTable": SHEET_COLUMNS,
     "otherSummaryTable": SUMMARY_COLUMNS,
     "receiptsTable": RECEIPT_COLUMNS,
@@ -281,6 +283,7 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
         ("sheetTable", "SELECT", ""),
         ("summaryTable", "SELECT", ""),
         ("columnSummaryTable", "SELECT", ""),
+        ("counterTable", "SELECT", ""),
     }
     if operation == "rows.read":
         return allowed
@@ -288,13 +291,17 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
     allowed |= {("eventTable", "INSERT", c) for c in WRITE_EVENT}
     allowed |= {("summaryTable", "INSERT", "id")}
     allowed |= {("summaryTable", "UPDATE", c) for c in COUNTERS}
-    allowed |= {("columnSummaryTable", "INSERT", c) for c in COLSUM_COLUMNS}
-    allowed |= {("columnSummaryTable", "UPDATE", c) for c in ("non_null", "updated_at")}
+    # The writer lock is LOCK TABLE on the counter table (table-level UPDATE).
+    allowed |= {("counterTable", kind, c) for kind in ("INSERT", "UPDATE") for c in COUNTER_COLUMNS}
     allowed |= {("sheetTable", "INSERT", c) for c in SHEET_COLUMNS}
     if operation in ("rows.upsert", "rows.replace"):
         allowed |= {("sheetTable", "UPDATE", c) for c in SHEET_COLUMNS}
     if operation == "rows.replace":
-        allowed |= {("sheetTable", "DELETE", ""), ("columnSummaryTable", "DELETE", "")}
+        allowed |= {
+            ("sheetTable", "DELETE", ""),
+            ("columnSummaryTable", "DELETE", ""),
+            ("counterTable", "DELETE", ""),
+        }
     return allowed
 
 
@@ -366,6 +373,8 @@ async def test_privilege_matrix_of_every_operation_on_every_table_is_what_postgr
         attr: sql.Identifier(schema, pg[attr])
         for attr in ("sheetTable", "eventTable", "summaryTable", "columnSummaryTable")
     }
+    counters = pg["sheetTable"].removesuffix("_rows") + "_counts"  # not on the wire
+    tables["counterTable"] = sql.Identifier(schema, counters)
     tables["otherSheetTable"] = sql.Identifier(schema, other["postgres"]["sheetTable"])
     tables["otherSummaryTable"] = sql.Identifier(schema, other["postgres"]["summaryTable"])
     tables["receiptsTable"] = sql.Identifier(schema, receipts[0][0])

@@ -20,7 +20,14 @@ from sheetplane.store import SheetStore, sheet_names
 from sheetplane.store._schema import receipt_names
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
-TABLES = ("sheet_table", "event_table", "summary_table", "column_summary_table", "receipts_table")
+TABLES = (
+    "sheet_table",
+    "event_table",
+    "summary_table",
+    "column_summary_table",
+    "counter_table",
+    "receipts_table",
+)
 
 HOSTILE = (
     '"; drop table x; --',

@@ -43,6 +43,7 @@ from .errors import SheetplaneError as SheetplaneError
 from .errors import StatementTimeoutError as StatementTimeoutError
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailableError as StoreUnavailableError
+from .errors import TransactionConflictError as TransactionConflictError
 from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
 from .errors import WorkReceiptFencedError as WorkReceiptFencedError
@@ -112,6 +113,7 @@ __all__ = [
     "StatementTimeoutError",
     "StoreError",
     "StoreUnavailableError",
+    "TransactionConflictError",
     "TransientGatewayError",
     "UnsupportedActionError",
     "WorkReceiptFencedError",

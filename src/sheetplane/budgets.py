@@ -179,13 +179,31 @@ POSTGRES_PREWARM_MAX_ATTEMPTS: Final = len(POSTGRES_PREWARM_RETRY_DELAYS_MS) + 1
 #: ``statement_timeout`` set on every sheetplane connection.
 POSTGRES_STATEMENT_TIMEOUT_MS: Final = 20_000
 
+#: Delays before a transaction Postgres aborted with ``40P01 deadlock_detected``
+#: or ``40001 serialization_failure`` runs again (rolled back, from the start).
+#: Short: the victim of a deadlock has already waited ``deadlock_timeout`` (1 s).
+POSTGRES_CONFLICT_RETRY_DELAYS_MS: Final = (50, 200, 800)
+
+#: A conflicted transaction is run again only if this little time has passed
+#: since its first attempt began: the transaction's budget for retries, so
+#: retrying adds at most this much to one store operation.
+POSTGRES_CONFLICT_RETRY_WINDOW_MS: Final = 5_000
+
 #: The longest one store operation can take: every connect attempt at its
-#: timeout, every delay between them, then one statement at its timeout.
+#: timeout, every delay between them, the conflict-retry window, then one
+#: statement at its timeout (the last attempt, started inside the window).
 POSTGRES_OPERATION_BUDGET_MS: Final = (
     POSTGRES_CONNECT_TIMEOUT_MS * (len(POSTGRES_CONNECT_RETRY_DELAYS_MS) + 1)
     + sum(POSTGRES_CONNECT_RETRY_DELAYS_MS)
+    + POSTGRES_CONFLICT_RETRY_WINDOW_MS
     + POSTGRES_STATEMENT_TIMEOUT_MS
 )
+
+#: Counter rows per counter of a sheet (``store._counters``): each write adds
+#: its changes to one shard drawn at random, so k concurrent writers of one
+#: sheet meet on a counter row with probability about k^2 / (2 * shards), and
+#: then only at the end of the later transaction. A read sums the shards.
+SUMMARY_COUNTER_SHARDS: Final = 32
 
 #: Longest wait for a pooled connection before the gateway answers 503
 #: back-pressure instead of queueing further.
@@ -447,6 +465,9 @@ def _check() -> None:
         ),
         "one worker gets the whole connection budget": (
             GATEWAY_DB_CONNECTION_BUDGET >= GATEWAY_MIN_WORKER_POOL
+        ),
+        "a conflict retry starts inside its window": (
+            POSTGRES_CONFLICT_RETRY_DELAYS_MS[0] < POSTGRES_CONFLICT_RETRY_WINDOW_MS
         ),
         "a lease outlives the longest store operation": all(
             ttl > POSTGRES_OPERATION_BUDGET_MS for ttl, _ in leases

@@ -270,6 +270,13 @@ class StoreUnavailableError(StoreError):
     code = "store_unavailable"
 
 
+class TransactionConflictError(StoreError):
+    """Postgres aborted the transaction (``40P01`` deadlock, ``40001`` serialization
+    failure) on every attempt within its retry budget; nothing was written. Retryable."""
+
+    code = "store_transaction_conflict"
+
+
 class StatementTimeoutError(StoreError):
     """A statement ran past ``POSTGRES_STATEMENT_TIMEOUT_MS`` and was cancelled."""
 

@@ -78,7 +78,13 @@ def _fresh_sheet(tag: str) -> SheetRef:
 
 async def _drop(store: SheetStore, sheet: SheetRef) -> None:
     names = sheet_names(sheet)
-    tables = ("sheet_table", "event_table", "summary_table", "column_summary_table")
+    tables = (
+        "sheet_table",
+        "event_table",
+        "summary_table",
+        "column_summary_table",
+        "counter_table",
+    )
 
     def run(conn: psycopg.Connection[Any]) -> None:
         for attr in tables:

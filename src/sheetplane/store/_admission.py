@@ -52,10 +52,9 @@ from .._types import ContractColumn, InlineAdmission, SheetContract, SheetRef
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import row_key
+from ._counters import apply_deltas
 from ._pool import TrioPool
 from ._rowdata import (
-    apply_column_delta,
-    apply_summary_delta,
     check_row,
     check_text,
     chunked,
@@ -353,8 +352,7 @@ async def start_dataset(
             pending_rows = writer.admit_into_empty(kept)
         else:
             pending_rows, completed_rows = writer.admit_into_sheet(kept)
-        apply_summary_delta(conn, names, writer.summary)
-        apply_column_delta(conn, names, writer.non_null)
+        apply_deltas(conn, names, writer.summary, writer.non_null)
         record_event(
             conn,
             names,

@@ -46,10 +46,13 @@ Decisions where the runtime's contract is silent, and why:
   the write does not carry keeps its stored value; JSON null is stored as SQL
   NULL.
 
-The whole call runs in one transaction under the sheet's writer lock (see
-``_rowdata.lock_sheet``): rows are read ``FOR UPDATE``, decided, written, and
-the summary counters, column summary and one event row move in the same
-transaction. If the caller is cancelled, the transaction is rolled back by the
+The whole call runs in one transaction under the sheet's writer lock taken
+*shared* (``_locking``): terminal writes of one sheet run side by side, and
+an admission (which takes it exclusively, with a new version) excludes them.
+Rows are read ``FOR UPDATE`` in ``_key`` order ("C" collation), chunk after
+chunk, so row locks decide between two writes of one row; they are decided,
+written, and the counters (``_counters.apply_deltas``) and one event row move
+in the same transaction. If the caller is cancelled, the transaction is rolled back by the
 pool and nothing is written.
 """
 
@@ -76,16 +79,15 @@ from .._types import (
 )
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import AttemptSupersededError, InvalidInputError, WriteConflictError
+from ._counters import apply_deltas
+from ._locking import lock_sheet
 from ._pool import TrioPool
 from ._rowdata import (
-    apply_column_delta,
-    apply_summary_delta,
     check_json_value,
     check_key,
     check_text,
     check_write_version,
     chunked,
-    lock_sheet,
     physical_columns,
     project_row,
     record_event,
@@ -283,7 +285,8 @@ def _write_chunk(
     cur = conn.execute(
         sql.SQL(
             "WITH {incoming} SELECT t._key, t._status, t._write_version, {same} "
-            "FROM {sheet} AS t JOIN incoming AS i ON t._key = i.key FOR UPDATE OF t"
+            "FROM {sheet} AS t JOIN incoming AS i ON t._key = i.key "
+            'ORDER BY t._key COLLATE "C" FOR UPDATE OF t'
         ).format(
             incoming=_incoming_cte(names),
             same=_same_values_expr(sql_names, target),
@@ -390,19 +393,26 @@ async def _terminal_write(
     sql_names = [column.sql_name for column in physical_columns(contract)]
     kind = "complete_map_rows" if target == "enriched" else "fail_map_rows"
 
+    # Rows are locked in one order by every terminal write (``_key`` in the "C"
+    # collation, which is code point order, as Python sorts str): chunks go in
+    # that order and each chunk locks its rows in it, so two writes that share
+    # rows wait for each other instead of deadlocking. Answers keep input order.
+    position = {row.key: index for index, row in enumerate(incoming)}
+    in_lock_order = sorted(incoming, key=lambda row: row.key)
+
     def run(conn: psycopg.Connection[Any]) -> TerminalWriteResult:
         if not sheet_exists(conn, names):
             # A sheet never admitted holds none of the keys, and a write that cannot
             # apply creates nothing (no schema, tables or summary row).
             absent = tuple(StaleRow(row.key, "newer_write_version", None) for row in incoming)
             return TerminalWriteResult((), absent, 0)
-        lock_sheet(conn, names)
+        lock_sheet(conn, names, "shared")
         committed: list[str] = []
         stale: list[StaleRow] = []
         conflicts: list[str] = []
         summary: Counter[str] = Counter()
         non_null: Counter[str] = Counter()
-        for chunk in chunked(incoming, POSTGRES_WRITE_CHUNK_ROWS):
+        for chunk in chunked(in_lock_order, POSTGRES_WRITE_CHUNK_ROWS):
             c, s, x, d, n = _write_chunk(
                 conn,
                 names,
@@ -420,14 +430,14 @@ async def _terminal_write(
             if conflicts:
                 break
         if conflicts:
+            conflicts.sort(key=position.__getitem__)
             sample = ", ".join(repr(key) for key in conflicts[:5])
             raise WriteConflictError(
                 f"{len(conflicts)} row(s) already hold a different terminal result at write "
                 f"version {writer_version}; nothing was written (keys: {sample})"
             )
         updated = summary.get("completed" if target == "enriched" else "failed", 0)
-        apply_summary_delta(conn, names, summary)
-        apply_column_delta(conn, names, non_null)
+        apply_deltas(conn, names, summary, non_null)
         if updated:
             record_event(
                 conn,
@@ -437,6 +447,8 @@ async def _terminal_write(
                 run_id=run_id,
                 write_version=writer_version,
             )
+        committed.sort(key=position.__getitem__)
+        stale.sort(key=lambda row: position[row.key])
         return TerminalWriteResult(tuple(committed), tuple(stale), updated)
 
     return await pool.run(run)

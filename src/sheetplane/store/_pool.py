@@ -46,6 +46,7 @@ from ..errors import (
     StatementTimeoutError,
     StoreError,
     StoreUnavailableError,
+    TransactionConflictError,
 )
 
 __all__ = ["PoolSaturatedError", "TrioPool", "is_transient_connect_error", "open_pool"]
@@ -63,6 +64,8 @@ class PoolSaturatedError(StoreError):
 # --- transient errors and redaction ------------------------------------------------------
 
 _TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08001", "08006"})
+#: Aborts that say nothing about the transaction itself: run it again.
+_CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
 _TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ETIMEDOUT, errno.ECONNREFUSED})
 _TRANSIENT_MESSAGE = re.compile(
     r"ECONNRESET|ETIMEDOUT|ECONNREFUSED|connection refused|connection reset|timed out"
@@ -121,6 +124,10 @@ def _translate(exc: psycopg.Error, redact: _Redactor) -> StoreError:
     text = _describe(exc, redact)
     if isinstance(exc, pg_errors.QueryCanceled) and "statement timeout" in str(exc):
         return StatementTimeoutError(f"statement ran past its timeout: {text}")
+    if exc.sqlstate in _CONFLICT_SQLSTATES:
+        return TransactionConflictError(
+            f"Postgres aborted the transaction on every retry within its budget: {text}"
+        )
     if isinstance(exc, psycopg.OperationalError) and (
         exc.sqlstate in _TRANSIENT_SQLSTATES or exc.sqlstate is None
     ):
@@ -164,6 +171,7 @@ class _Call:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cancelled = False
+        self.wake = threading.Event()  # set on cancel: cuts a conflict-retry delay short
         self.conn: Conn | None = None  # set while fn runs: the connection to cancel
         self.done: trio.Event | None = None  # set by the worker when it has finished
         self.token: trio.lowlevel.TrioToken | None = None
@@ -202,6 +210,7 @@ class TrioPool:
         self._cancels = 0
         self._last_connect_error: BaseException | None = None
         self._connect_errors = 0
+        self._conflict_retries = 0
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             url,
             connection_class=self._connection_class(),
@@ -345,6 +354,7 @@ class TrioPool:
         done = trio.Event()
         with call.lock:
             call.cancelled = True
+            call.wake.set()
             conn = call.conn
             if conn is None:
                 # Still waiting for a connection (it will hand it straight back)
@@ -407,12 +417,33 @@ class TrioPool:
             self._pool.check()
 
     def _transaction(self, fn: Callable[[Conn], T], conn: Conn, call: _Call) -> T:
-        with conn.transaction():
-            value = fn(conn)
-            with call.lock:
-                if call.cancelled:
-                    raise _Cancelled()
-            return value
+        """Run ``fn`` in a transaction; run it again (rolled back first) when
+        Postgres aborts it with a deadlock or serialization failure, along
+        ``POSTGRES_CONFLICT_RETRY_DELAYS_MS`` and only while the first attempt
+        began less than ``POSTGRES_CONFLICT_RETRY_WINDOW_MS`` ago."""
+        started = time.monotonic()
+        delays = budgets.POSTGRES_CONFLICT_RETRY_DELAYS_MS
+        window = budgets.POSTGRES_CONFLICT_RETRY_WINDOW_MS / 1000
+        for attempt in range(len(delays) + 1):
+            try:
+                with conn.transaction():
+                    value = fn(conn)
+                    with call.lock:
+                        if call.cancelled:
+                            raise _Cancelled()
+                    return value
+            except psycopg.Error as exc:
+                if exc.sqlstate not in _CONFLICT_SQLSTATES or attempt == len(delays):
+                    raise
+                if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise
+                delay = delays[attempt] / 1000
+                if time.monotonic() + delay >= started + window:
+                    raise
+                self._conflict_retries += 1
+                if call.wake.wait(delay):
+                    raise _Cancelled() from None
+        raise AssertionError("unreachable")
 
     def _give_back(self, conn: Conn) -> None:
         """Return a clean connection to the pool; close any other first (the pool replaces it)."""
@@ -425,12 +456,13 @@ class TrioPool:
 
     def stats(self) -> dict[str, int]:
         """psycopg_pool's counters plus ``in_use`` (callers holding a connection slot),
-        ``runs``, ``cancels`` and ``connect_errors``."""
+        ``runs``, ``cancels``, ``connect_errors`` and ``conflict_retries``."""
         stats = dict(self._pool.get_stats())
         stats["in_use"] = self._limiter.borrowed_tokens
         stats["runs"] = self._runs
         stats["cancels"] = self._cancels
         stats["connect_errors"] = self._connect_errors
+        stats["conflict_retries"] = self._conflict_retries
         return stats
 
     async def _open(self) -> None:

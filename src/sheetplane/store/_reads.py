@@ -43,6 +43,7 @@ from .._types import (
 from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..sizes import json_byte_length_up_to
+from ._counters import status_counts
 from ._pool import TrioPool
 from ._schema import SYSTEM_COLUMNS, SheetNames
 
@@ -589,20 +590,17 @@ async def read_rows_by_keys(
 
 
 async def summary(pool: TrioPool, names: SheetNames) -> Summary:
-    """The sheet's status counters (all zero for a sheet that does not exist yet)."""
+    """The sheet's status counters (all zero for a sheet that does not exist yet):
+    the summary row's base plus the counter shards (``_counters``), one snapshot."""
 
     def run(conn: Conn) -> Summary:
-        qualified = names.ident("summary_table").as_string(conn)
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (qualified,)).fetchone()
-        if not exists or not exists[0]:
-            return Summary(0, 0, 0, 0, 0)
-        row = conn.execute(
-            sql.SQL("SELECT total, queued, running, completed, failed FROM {}").format(
-                names.ident("summary_table")
-            )
+        tables = [names.ident(t).as_string(conn) for t in ("summary_table", "counter_table")]
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL", tables
         ).fetchone()
-        if row is None:
+        if exists is None or not exists[0]:
             return Summary(0, 0, 0, 0, 0)
-        return Summary(*(int(value) for value in row))
+        # A sheet made before the counter table existed keeps every count in its base.
+        return Summary(**status_counts(conn, names, shards=bool(exists[1])))
 
     return await pool.run(run)

@@ -1,5 +1,5 @@
 """What every write path shares: input checks, contract projection, the sheet's
-writer lock, summary deltas and event rows.
+exclusive writer lock, status transitions and event rows (counters: ``_counters``).
 
 The checks and projections are plain functions over plain values. The SQL
 helpers take an open ``psycopg.Connection`` and run inside the caller's
@@ -22,6 +22,7 @@ from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
 from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
+from ._locking import lock_sheet as lock_sheet_in
 from ._schema import SYSTEM_COLUMNS, SheetNames
 
 T = TypeVar("T")
@@ -34,8 +35,6 @@ STATUS_COUNTER: Mapping[str, str] = {
     "enriched": "completed",
     "failed": "failed",
 }
-
-SUMMARY_COUNTERS = ("total", "queued", "running", "completed", "failed")
 
 
 # --- input checks -----------------------------------------------------------------
@@ -348,20 +347,20 @@ def transition_delta(old: Sequence[str | None], new: Sequence[str | None]) -> Co
 
 
 def lock_sheet(conn: psycopg.Connection[Any], names: SheetNames) -> int:
-    """Take the sheet's writer lock (its summary row) and return its write version.
+    """Take the sheet's writer lock exclusively and return its write version.
 
-    Every write path (admission, append/upsert/replace, terminal writes) takes
-    this lock first, so writers of one sheet run one after another and always
-    lock in the same order (summary row, then sheet rows): no deadlock, no
-    unique violation between two admissions inserting the same key, and a
-    terminal write's read-decide-write sees rows no one else is changing.
-    The lock is released when the transaction ends.
+    Admissions and append/upsert/replace take it first (``_locking`` has the
+    whole lock order), so they run one at a time per sheet, exclude terminal
+    writes, never meet a unique violation between two inserts of one key, and
+    see rows no other writer is changing. The summary row is created if it is
+    missing. The lock is released when the transaction ends.
     """
+    lock_sheet_in(conn, names, "exclusive")
     summary = names.ident("summary_table")
     conn.execute(
         sql.SQL("INSERT INTO {} (id) VALUES (true) ON CONFLICT (id) DO NOTHING").format(summary)
     )
-    cur = conn.execute(sql.SQL("SELECT write_version FROM {} WHERE id FOR UPDATE").format(summary))
+    cur = conn.execute(sql.SQL("SELECT write_version FROM {} WHERE id").format(summary))
     row = cur.fetchone()
     assert row is not None
     return int(row[0])
@@ -378,24 +377,6 @@ def next_write_version(conn: psycopg.Connection[Any], names: SheetNames) -> int:
     row = cur.fetchone()
     assert row is not None
     return int(row[0])
-
-
-def apply_summary_delta(
-    conn: psycopg.Connection[Any], names: SheetNames, delta: Mapping[str, int]
-) -> None:
-    """Add ``delta`` to the summary counters (a no-op when every change is zero)."""
-    changes = {name: delta.get(name, 0) for name in SUMMARY_COUNTERS}
-    if not any(changes.values()):
-        return
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{col} = {col} + {val}").format(col=sql.Identifier(name), val=sql.Literal(value))
-        for name, value in changes.items()
-    )
-    conn.execute(
-        sql.SQL("UPDATE {} SET {}, updated_at = now() WHERE id").format(
-            names.ident("summary_table"), assignments
-        )
-    )
 
 
 def record_event(
@@ -444,24 +425,6 @@ def table_columns(conn: psycopg.Connection[Any], names: SheetNames) -> tuple[Con
         for name, comment in rows
         if name not in SYSTEM_COLUMNS
     )
-
-
-def apply_column_delta(
-    conn: psycopg.Connection[Any], names: SheetNames, delta: Mapping[str, int]
-) -> None:
-    """Add per-column non-null changes to the column summary table."""
-    changes = [(name, n) for name, n in delta.items() if n]
-    if not changes:
-        return
-    with conn.cursor() as cur:
-        cur.executemany(
-            sql.SQL(
-                "INSERT INTO {tbl} AS c (column_name, non_null, updated_at) VALUES (%s, %s, now()) "
-                "ON CONFLICT (column_name) DO UPDATE SET "
-                "non_null = c.non_null + EXCLUDED.non_null, updated_at = now()"
-            ).format(tbl=names.ident("column_summary_table")),
-            changes,
-        )
 
 
 def copy_new_rows(

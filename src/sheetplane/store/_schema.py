@@ -25,6 +25,7 @@ from psycopg import sql
 from .._types import SheetContract, SheetRef
 from ..budgets import MAX_CONTRACT_COLUMNS, MAX_LOGICAL_NAME_CHARS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
+from ._locking import lock_sheet
 from ._pool import TrioPool
 
 __all__ = [
@@ -125,7 +126,10 @@ class SheetNames:
     summary_table: str
     """The single row of status counters and the admission counter."""
     column_summary_table: str
-    """Non-null counts per physical column."""
+    """Non-null counts per physical column (the base the counter shards add to)."""
+    counter_table: str
+    """Sharded counter rows: every write's changes to the status counters and the
+    non-null counts, summed on read (``store._counters``)."""
     receipts_table: str
     """The play's work receipts."""
 
@@ -153,6 +157,7 @@ _TABLE_ATTRS = frozenset(
         "event_table",
         "summary_table",
         "column_summary_table",
+        "counter_table",
         "receipts_table",
     }
 )
@@ -167,6 +172,7 @@ def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
         event_table=f"{sheet}_events",
         summary_table=f"{sheet}_summary",
         column_summary_table=f"{sheet}_colsum",
+        counter_table=f"{sheet}_counts",
         receipts_table=f"{_base('r', (play_name,))}_receipts",
     )
 
@@ -367,6 +373,15 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
                 updated_at timestamptz
             )"""
         ).format(names.ident("column_summary_table")),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                kind text NOT NULL CHECK (kind IN ('status', 'column')),
+                name text NOT NULL,
+                shard integer NOT NULL,
+                value bigint NOT NULL DEFAULT 0,
+                PRIMARY KEY (kind, name, shard)
+            )"""
+        ).format(names.ident("counter_table")),
         _receipts_ddl(names),
     ]
     return sql.SQL(";\n").join(statements)
@@ -416,10 +431,16 @@ async def ensure_sheet(
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(names.schema),))
         # Check again under the lock: a racing ensure may have created everything while
-        # this one waited, and its no-op DDL would still take the tables' exclusive
-        # locks, deadlocking with an admission that already holds the writer lock.
+        # this one waited, and its no-op DDL would still take the tables' locks.
         if not _missing_ddl(conn, names, columns):
             return
+        # The lock order (docs/store.md): DDL key, then the sheet's writer lock, then
+        # the rows table. An existing sheet's DDL takes the writer lock exclusively
+        # before ALTER TABLE locks the rows table, as every writer does before it
+        # touches rows; taking them the other way round deadlocked with admissions.
+        counters = names.ident("counter_table").as_string(conn)
+        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (counters,)).fetchone() == (True,):
+            lock_sheet(conn, names, "exclusive")
         conn.execute(_ddl(names, columns, logical))
         conn.execute(_summary_row(names))
 

@@ -54,10 +54,9 @@ from .._types import WriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import derive_row_identity, row_key
+from ._counters import apply_deltas, reset_counters
 from ._pool import TrioPool
 from ._rowdata import (
-    apply_column_delta,
-    apply_summary_delta,
     check_key_size,
     check_row,
     check_text,
@@ -153,8 +152,7 @@ async def _write(
         if _replayed(conn, names, kind, idempotency_key):
             return WriteResult(written=0, replayed=True)
         written, summary, non_null = body(conn)
-        apply_summary_delta(conn, names, summary)
-        apply_column_delta(conn, names, non_null)
+        apply_deltas(conn, names, summary, non_null)
         record_event(conn, names, kind=kind, row_count=written, idempotency_key=idempotency_key)
         return WriteResult(written=written, replayed=False)
 
@@ -197,13 +195,7 @@ async def replace_rows(
 
     def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
         conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("sheet_table")))
-        conn.execute(
-            sql.SQL(
-                "UPDATE {} SET total = 0, queued = 0, running = 0, completed = 0, failed = 0, "
-                "updated_at = now() WHERE id"
-            ).format(names.ident("summary_table"))
-        )
-        conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("column_summary_table")))
+        reset_counters(conn, names)
         return _insert_appended(conn, names, checked, idempotency_key, 0)
 
     return await _write(pool, names, "replace", idempotency_key, body)

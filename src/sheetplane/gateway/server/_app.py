@@ -63,6 +63,7 @@ from ...errors import (
     StatementTimeoutError,
     StoreError,
     StoreUnavailableError,
+    TransactionConflictError,
     WriteConflictError,
 )
 from ...store import SheetStore, TrioPool, open_store
@@ -184,10 +185,17 @@ def _store_error(exc: StoreError, action: str, state: GatewayState) -> ActionErr
             "Runtime Postgres is unavailable",
             retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
         )
+    if isinstance(exc, TransactionConflictError):
+        # Deadlocks and serialization failures were retried inside the
+        # transaction's budget; one that outlasts it is back-pressure, not a 500.
+        return ActionError(
+            503,
+            exc.code,
+            "Runtime Postgres aborted the transaction on conflict; retry later",
+            retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
+        )
     if isinstance(exc, StatementTimeoutError):
         return ActionError(504, exc.code, "Runtime Postgres statement timed out")
-    if isinstance(exc, WriteConflictError):
-        return ActionError(409, exc.code, str(exc))
     if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
         return ActionError(
             404, Code.SHEET_NOT_FOUND, "the sheet does not exist (ensure_sheet first)"
@@ -244,6 +252,9 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         raise ActionError(413, exc.code, str(exc), observed_bytes=exc.observed_bytes) from None
     except InvalidInputError as exc:
         raise ActionError(400, exc.code, str(exc)) from None
+    except WriteConflictError as exc:
+        # Not a StoreError: one row given two results at one version is the caller's.
+        raise ActionError(409, exc.code, str(exc)) from None
     except StoreError as exc:
         raise _store_error(exc, action, state) from None
     if payload is None:

@@ -8,7 +8,7 @@ sheet's tables:
 ==================  ==========================================================
 operation           privileges
 ==================  ==========================================================
-``rows.read``       sheet: SELECT; summary, column summary: SELECT
+``rows.read``       sheet: SELECT; summary, column summary, counters: SELECT
 ``rows.append``     sheet: SELECT, INSERT
 ``rows.upsert``     sheet: SELECT, INSERT, UPDATE
 ``rows.replace``    sheet: SELECT, INSERT, UPDATE, DELETE
@@ -18,14 +18,16 @@ Every write operation also gets what the store's write path touches besides
 the sheet table, column by column: SELECT and INSERT (kind, run_id,
 write_version, idempotency_key, row_count) on the event table (its idempotency
 keys) with USAGE on the event id sequence; SELECT, INSERT (id) and UPDATE of
-the five counters and ``updated_at`` on the summary table (its row is the
-sheet's writer lock, taken with ``SELECT ... FOR UPDATE``), never its
+the five counters and ``updated_at`` on the summary table (a write creates the
+summary row if it is missing; a replace zeroes its counters), never its
 ``write_version``, which only the gateway's admissions move; SELECT, INSERT
-(column_name, non_null, updated_at) and UPDATE (non_null, updated_at) on the
-column summary table (and DELETE for ``rows.replace``, which empties it with
-the sheet). Nothing else: no other sheet, no receipts, no TRUNCATE, no DDL.
-Postgres itself enforces the boundary (``tests/test_gateway_tenancy.py``'s
-privilege matrix).
+and UPDATE on the counter table, whose table lock is the sheet's writer lock
+(``LOCK TABLE`` needs table-level UPDATE; the table holds nothing but
+counters) and whose shard rows carry every write's counter changes; SELECT
+on the column summary table. ``rows.replace`` also gets DELETE on the counter
+and column summary tables (it zeroes every counter with the sheet). Nothing
+else: no other sheet, no receipts, no TRUNCATE, no DDL. Postgres itself
+enforces the boundary (``tests/test_gateway_tenancy.py``'s privilege matrix).
 
 The password never reaches the server in the clear: the role is created with
 a SCRAM-SHA-256 verifier computed here, so neither a statement log nor
@@ -206,8 +208,6 @@ def _scram_verifier(password: str) -> str:
 #: ``id`` and ``created_at``.
 _SUMMARY_COUNTER_COLUMNS: Final = ("total", "queued", "running", "completed", "failed")
 _EVENT_INSERT_COLUMNS: Final = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
-_COLSUM_INSERT_COLUMNS: Final = ("column_name", "non_null", "updated_at")
-_COLSUM_UPDATE_COLUMNS: Final = ("non_null", "updated_at")
 
 #: A privilege on a whole table (``()``) or on the named columns only.
 Grant = tuple[Privilege, tuple[str, ...]]
@@ -222,24 +222,24 @@ def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, lis
         "sheet_table": [(p, ()) for p in _PRIVILEGE_ORDER if p in sheet],
         "summary_table": [("SELECT", ())],
         "column_summary_table": [("SELECT", ())],
+        "counter_table": [("SELECT", ())],
     }
     if any(op != "rows.read" for op in operations):
         # Idempotency keys: the write path reads them and records its own event.
         tables["event_table"] = [("SELECT", ()), ("INSERT", _EVENT_INSERT_COLUMNS)]
-        # The writer lock is the summary row: INSERT (id) ... ON CONFLICT DO NOTHING,
-        # then SELECT ... FOR UPDATE (which needs UPDATE on some column), then the
-        # counter updates. Never write_version.
+        # The summary row is created if missing (INSERT (id) ... ON CONFLICT DO
+        # NOTHING) and a replace zeroes its counters. Never write_version.
         tables["summary_table"] += [
             ("INSERT", ("id",)),
             ("UPDATE", (*_SUMMARY_COUNTER_COLUMNS, "updated_at")),
         ]
-        tables["column_summary_table"] += [
-            ("INSERT", _COLSUM_INSERT_COLUMNS),
-            ("UPDATE", _COLSUM_UPDATE_COLUMNS),
-        ]
+        # The writer lock is LOCK TABLE on the counter table (table-level UPDATE),
+        # and counters move in its shard rows (INSERT ... ON CONFLICT DO UPDATE).
+        tables["counter_table"] += [("INSERT", ()), ("UPDATE", ())]
     if "rows.replace" in operations:
-        # A replace empties the column summary along with the sheet.
+        # A replace zeroes every counter along with the sheet.
         tables["column_summary_table"].append(("DELETE", ()))
+        tables["counter_table"].append(("DELETE", ()))
     return list(tables.items())
 
 
@@ -394,6 +394,20 @@ def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
         " WHERE usename = %s AND pid <> pg_backend_pid()",
         (role,),
     )
+    # DROP OWNED revokes the role's grants, rewriting the same catalog rows (the
+    # tables' and the schema's ACLs) as a GRANT of another session on that org:
+    # take the org's grant key first, as minting does, or one of the two fails
+    # with "tuple concurrently updated". Keys in schema name order (one lock order).
+    schemas = conn.execute(
+        "SELECT DISTINCT n.nspname FROM pg_shdepend d"
+        " JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE d.refclassid = 'pg_authid'::regclass"
+        " AND d.refobjid = (SELECT oid FROM pg_roles WHERE rolname = %s) ORDER BY 1",
+        (role,),
+    ).fetchall()
+    for (schema,) in schemas:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(str(schema)),))
     conn.execute(sql.SQL("REASSIGN OWNED BY {role} TO CURRENT_USER").format(role=ident))
     conn.execute(sql.SQL("DROP OWNED BY {role}").format(role=ident))
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {role}").format(role=ident))

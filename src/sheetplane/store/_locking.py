@@ -1,0 +1,60 @@
+"""The sheet's writer lock, and the one order in which every path takes its locks.
+
+Every transaction that writes a sheet takes its locks in this order, and
+takes nothing out of it (docs/store.md has the table of paths):
+
+1. the org's DDL key (``pg_advisory_xact_lock``), only for DDL (``ensure_sheet``,
+   ``ensure_receipts``); the gateway's role grants take their own grant key;
+2. the sheet's writer lock: a table lock on the sheet's counter table, which
+   nothing else locks (a scoped role may hold table-level UPDATE on it: it
+   holds nothing but counters). ``exclusive`` (``EXCLUSIVE`` mode) for admissions,
+   append/upsert/replace and DDL on an existing sheet; ``shared`` (``ROW
+   SHARE`` mode) for terminal writes, which therefore run side by side while
+   an exclusive holder excludes them all. Plain reads (``ACCESS SHARE``)
+   conflict with neither. Postgres queues table locks fairly: a waiting
+   exclusive request holds back later shared ones, so a stream of terminal
+   writes cannot starve an admission;
+3. the rows table (the statements' own relation locks; ``ALTER TABLE``'s
+   ``ACCESS EXCLUSIVE`` only ever under the exclusive writer lock);
+4. row locks on sheet rows, in ``_key COLLATE "C"`` order (terminal writes,
+   which run side by side, lock the rows they decide on ``FOR UPDATE`` in that
+   order, chunk after chunk);
+5. the counter shard rows (``_counters.apply_deltas``, once per transaction,
+   in ``(kind, name)`` order within one shard);
+6. the event row (an append; under the exclusive lock when it carries an
+   idempotency key).
+
+A transaction that only ever waits for locks later in this order than the
+ones it holds cannot be part of a wait cycle, so none of these paths can
+deadlock with another.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import psycopg
+from psycopg import sql
+
+if TYPE_CHECKING:
+    from ._schema import SheetNames
+
+__all__ = ["SheetLockMode", "lock_sheet"]
+
+SheetLockMode = Literal["exclusive", "shared"]
+
+_MODES: dict[str, sql.SQL] = {
+    "exclusive": sql.SQL("EXCLUSIVE"),
+    "shared": sql.SQL("ROW SHARE"),
+}
+
+
+def lock_sheet(conn: psycopg.Connection[Any], names: SheetNames, mode: SheetLockMode) -> None:
+    """Take the sheet's writer lock in ``mode`` until the transaction ends.
+
+    ``LOCK TABLE`` in these modes needs table-level ``UPDATE`` on the counter
+    table, which every writing role holds.
+    """
+    conn.execute(
+        sql.SQL("LOCK TABLE {} IN {} MODE").format(names.ident("counter_table"), _MODES[mode])
+    )
