@@ -90,6 +90,25 @@ async def _in_flight(served: Served, count: int) -> None:
                 await trio.sleep(0.05)
 
 
+async def _hang_one_request(served: Served, nursery: trio.Nursery) -> None:
+    """Start a request the server never answers (the ``hang`` test fault); return
+    once it is in flight."""
+
+    async def hanging() -> None:
+        # The server closes it unanswered: what a cancelled request gets.
+        with contextlib.suppress(httpx.HTTPError):
+            await post_action(
+                served.base_url,
+                TOKEN,
+                "runtime_sheet_summary",
+                {"tableNamespace": "n"},
+                **{"x-sheetplane-test-fault": "runtime_sheet_summary=hang"},
+            )
+
+    nursery.start_soon(hanging)
+    await _in_flight(served, 1)
+
+
 async def test_sigterm_finishes_in_flight_answers_new_requests_503_and_exits_0(
     database_url: str, tmp_path: Path, namespace: str
 ) -> None:
@@ -169,20 +188,7 @@ async def test_past_the_drain_budget_what_is_left_is_cancelled_and_the_exit_is_1
         ) as served,
         trio.open_nursery() as nursery,
     ):
-
-        async def hanging() -> None:
-            # The server closes it unanswered: what a cancelled request gets.
-            with contextlib.suppress(httpx.HTTPError):
-                await post_action(
-                    served.base_url,
-                    TOKEN,
-                    "runtime_sheet_summary",
-                    {"tableNamespace": "n"},
-                    **{"x-sheetplane-test-fault": "runtime_sheet_summary=hang"},
-                )
-
-        nursery.start_soon(hanging)
-        await _in_flight(served, 1)
+        await _hang_one_request(served, nursery)
         started = time.monotonic()
         status = await served.stop(timeout_s=DEADLINE_S)
         elapsed = time.monotonic() - started
@@ -202,19 +208,7 @@ async def test_a_second_signal_stops_at_once_with_exit_1(database_url: str, tmp_
         ) as served,
         trio.open_nursery() as nursery,
     ):
-
-        async def hanging() -> None:
-            with contextlib.suppress(httpx.HTTPError):
-                await post_action(
-                    served.base_url,
-                    TOKEN,
-                    "runtime_sheet_summary",
-                    {"tableNamespace": "n"},
-                    **{"x-sheetplane-test-fault": "runtime_sheet_summary=hang"},
-                )
-
-        nursery.start_soon(hanging)
-        await _in_flight(served, 1)
+        await _hang_one_request(served, nursery)
         served.process.terminate()
         await wait_for_log(served, "drain")
         started = time.monotonic()

@@ -48,6 +48,16 @@ def _parent_pid(pid: int) -> int:
     return int(next(line for line in status.splitlines() if line.startswith("PPid:")).split()[1])
 
 
+async def _worker_pids(http: httpx.AsyncClient, count: int) -> set[int]:
+    """Ask ``/healthz`` on new connections (``http`` keeps none alive; the kernel
+    hands each to one worker or another) until ``count`` workers have answered."""
+    workers: set[int] = set()
+    with trio.fail_after(DEADLINE_S):
+        while len(workers) < count:
+            workers.add((await http.get("/healthz")).json()["worker"])
+    return workers
+
+
 async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
     own_postgres: EmbeddedPostgres, tmp_path: Path
 ) -> None:
@@ -62,15 +72,11 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
         "100",
         tmp_path=tmp_path,
     ) as served:
-        # A new connection each time: the kernel hands each to one worker or the other.
         fresh = httpx.Limits(max_keepalive_connections=0)
         async with httpx.AsyncClient(
             base_url=served.base_url, timeout=DEADLINE_S, limits=fresh
         ) as http:
-            workers: set[int] = set()
-            with trio.fail_after(DEADLINE_S):
-                while len(workers) < 2:
-                    workers.add((await http.get("/healthz")).json()["worker"])
+            workers = await _worker_pids(http, 2)
             password = str(psycopg.conninfo.conninfo_to_dict(url)["password"])
             for pid in workers:
                 assert await trio.to_thread.run_sync(_parent_pid, pid) == served.process.pid
@@ -140,10 +146,7 @@ async def test_a_worker_that_dies_stops_the_others_and_the_exit_is_1(
         async with httpx.AsyncClient(
             base_url=served.base_url, timeout=DEADLINE_S, limits=fresh
         ) as http:
-            workers: set[int] = set()
-            with trio.fail_after(DEADLINE_S):
-                while len(workers) < 2:
-                    workers.add((await http.get("/healthz")).json()["worker"])
+            workers = await _worker_pids(http, 2)
         victim, survivor = sorted(workers)
         os.kill(victim, signal.SIGKILL)
         with trio.fail_after(DEADLINE_S):

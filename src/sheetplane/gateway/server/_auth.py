@@ -71,16 +71,18 @@ class TokenTable:
         return found
 
 
-def parse_token_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """``["TOKEN=ORG", ...]`` (``--token`` values) as ``{token: org}``.
+def parse_token_pairs(pairs: Iterable[str], *, source: str = "--token") -> dict[str, str]:
+    """``["TOKEN=ORG", ...]`` (``--token`` values, or the pairs of another ``source``)
+    as ``{token: org}``.
 
-    A malformed pair raises ``InvalidInputError`` naming its position, never its text.
+    A malformed pair raises ``InvalidInputError`` naming its source and position,
+    never its text.
     """
     tokens: dict[str, str] = {}
     for index, pair in enumerate(pairs, start=1):
         token, sep, org = pair.partition("=")
         if not sep or not token.strip() or not org.strip():
-            raise InvalidInputError(f"--token #{index} must have the form TOKEN=ORG")
+            raise InvalidInputError(f"{source} #{index} must have the form TOKEN=ORG")
         tokens[token.strip()] = org.strip()
     return tokens
 

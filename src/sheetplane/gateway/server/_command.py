@@ -54,6 +54,7 @@ from ...budgets import (
 )
 from ...errors import InvalidInputError
 from ...store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
+from ._auth import parse_token_pairs
 from ._config import GatewayConfig
 from ._logs import configure_logging
 from ._ops import Operations
@@ -227,13 +228,10 @@ def _read_secret_file(path: Path, option: str) -> str:
 
 def _token_pairs(source: str, pairs: Iterable[str]) -> dict[str, str]:
     """``TOKEN=ORG`` pairs from one source; a malformed one is named by position only."""
-    tokens: dict[str, str] = {}
-    for index, pair in enumerate(pairs, start=1):
-        token, sep, org = pair.partition("=")
-        if not sep or not token.strip() or not org.strip():
-            raise ConfigurationError(f"{source} #{index} must have the form TOKEN=ORG")
-        tokens[token.strip()] = org.strip()
-    return tokens
+    try:
+        return parse_token_pairs(pairs, source=source)
+    except InvalidInputError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def _file_lines(text: str) -> list[str]:
