@@ -29,6 +29,7 @@ from sheetplane.gateway.server import (
     RUNTIME_PATH,
     RunningGateway,
     hardening_statements,
+    reap_expired_roles,
     running_gateway,
 )
 from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
@@ -737,3 +738,72 @@ async def test_a_jwk_too_large_not_a_modulus_or_carrying_private_factors_is_400_
         response = await post(gateway, TOKEN_A, "create_db_session", **fields)
         assert response.status_code == 400, response.text
     assert await session_roles(database_url) == before
+
+
+# --- finding 9: live sessions are capped; the reaper's drop never races a mint ----------
+
+
+async def test_live_sessions_are_capped_per_token_and_per_org_with_retry_after(
+    database_url: str, namespace: str
+) -> None:
+    org = f"org-cap-{uuid.uuid4().hex[:8]}"
+    first, second, other = (f"tok-{uuid.uuid4().hex}" for _ in range(3))
+    tokens = {first: org, second: org, other: f"{org}-other"}
+    caps = {"session_max_live_per_token": 3, "session_max_live_per_org": 4}
+    async with running_gateway(database_url, tokens=tokens, **caps) as gw:
+        await admit(gw, first, namespace)
+        await admit(gw, other, namespace)
+        key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+        fields = session_fields(namespace, ["rows.read"], key)
+        before = await session_roles(database_url)
+
+        async def mint_status(token: str) -> httpx.Response:
+            return await post(gw, token, "create_db_session", **fields)
+
+        assert [(await mint_status(first)).status_code for _ in range(3)] == [200] * 3
+        refused = await mint_status(first)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["code"] == "runtime_db_session_cap"
+        assert refused.json()["retry_after_ms"] > 0
+        # The org's fourth session comes from its other token; then the org is full.
+        assert (await mint_status(second)).status_code == 200
+        assert (await mint_status(second)).status_code == 429
+        # Another org is not affected.
+        assert (await mint_status(other)).status_code == 200
+        assert await session_roles(database_url) == before + 5
+
+
+async def test_the_reapers_drop_owned_does_not_race_concurrent_minting(
+    database_url: str, namespace: str
+) -> None:
+    org = f"org-reap-{uuid.uuid4().hex[:8]}"
+    token = f"tok-{uuid.uuid4().hex}"
+    async with running_gateway(
+        database_url, tokens={token: org}, reaper_interval_ms=3_600_000
+    ) as gw:
+        await admit(gw, token, namespace)
+        key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+        short = {**session_fields(namespace, ["rows.read", "rows.upsert"], key), "ttlSeconds": 1}
+        answers = [await act(gw, token, "create_db_session", **short) for _ in range(12)]
+        # Postgres checks VALID UNTIL against its own clock: wait on that clock.
+        with trio.fail_after(30):
+            await run_sql(
+                database_url, "SELECT pg_sleep_until(%s::timestamptz)", (answers[-1]["expiresAt"],)
+            )
+        fields = session_fields(namespace, ["rows.read", "rows.upsert"], key)
+        statuses: list[int] = []
+        dropped: list[int] = []
+
+        async def reap() -> None:
+            async with open_store(database_url, max_connections=1) as store:
+                dropped.append(await reap_expired_roles(store))
+
+        async def mint() -> None:
+            statuses.append((await post(gw, token, "create_db_session", **fields)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reap)
+            for _ in range(6):
+                nursery.start_soon(mint)
+        assert statuses == [200] * 6
+        assert dropped == [12]

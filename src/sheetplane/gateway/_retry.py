@@ -48,8 +48,9 @@ UNSUPPORTED_ACTION_MESSAGE: Final = re.compile(
     r"Unsupported runtime data-plane action", re.IGNORECASE
 )
 
-#: HTTP statuses retried on the ladder whatever their body says.
-TRANSIENT_STATUSES: Final = frozenset({502, 503, 504})
+#: HTTP statuses retried on the ladder whatever their body says (429: a cap such
+#: as the gateway's live sessions per token, with the body's ``retry_after_ms``).
+TRANSIENT_STATUSES: Final = frozenset({429, 502, 503, 504})
 
 
 @attrs.frozen

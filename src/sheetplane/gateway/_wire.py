@@ -113,6 +113,7 @@ class Code:
     FORBIDDEN: Final = "forbidden"
     REQUEST_TOO_LARGE: Final = "request_too_large"
     BACKPRESSURE: Final = "runtime_postgres_admission_backpressure"
+    SESSION_CAP: Final = "runtime_db_session_cap"
     READ_BATCH_TOO_LARGE: Final = "runtime_sheet_read_batch_too_large"
     ADMISSION_TOO_LARGE: Final = "runtime_sheet_admission_too_large"
     SHEET_NOT_FOUND: Final = "sheet_not_found"

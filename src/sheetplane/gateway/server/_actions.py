@@ -37,6 +37,7 @@ from ..._types import (
     canonical_operations,
 )
 from ...budgets import (
+    DB_SESSION_CAP_RETRY_AFTER_MS,
     MAX_ERROR_TEXT_BYTES,
     MAX_REQUEST_TEXT_BYTES,
     MAX_ROW_KEY_BYTES,
@@ -57,7 +58,7 @@ from ._config import GatewayConfig
 from ._http import ActionError, bad_request
 from ._metrics import GatewayMetrics
 from ._plays import play_answer, play_from_json
-from ._roles import ReaperProgress, create_session_role, scoped_url
+from ._roles import ReaperProgress, SessionCapReachedError, create_session_role, scoped_url
 
 __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
 
@@ -90,6 +91,8 @@ class Call:
     """The token's org."""
     body: Mapping[str, Any]
     """The parsed JSON body."""
+    token_id: str | None = None
+    """The token's id in the session ledger (never the token itself)."""
 
 
 Handler = Callable[[Call], Awaitable[Any]]
@@ -617,13 +620,28 @@ async def _mint(
     limits: Mapping[str, int],
     contract: SheetContract,
     ttl_ms: int,
+    token_id: str | None = None,
 ) -> _Minted:
-    """Ensure the sheet, create its scoped role, and build the answer without a URL."""
+    """Ensure the sheet, create its scoped role, and build the answer without a URL.
+
+    429 (nothing created) when the org or the token holds its cap of live sessions.
+    """
     await state.store.ensure_sheet(sheet, contract)
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=ttl_ms)
-    minted = await create_session_role(
-        state.store, sheet, operations, expires, bounds=state.config.session_bounds()
-    )
+    try:
+        minted = await create_session_role(
+            state.store,
+            sheet,
+            operations,
+            expires,
+            bounds=state.config.session_bounds(),
+            caps=state.config.session_caps(),
+            token_id=token_id,
+        )
+    except SessionCapReachedError as exc:
+        raise ActionError(
+            429, Code.SESSION_CAP, str(exc), retry_after_ms=DB_SESSION_CAP_RETRY_AFTER_MS
+        ) from None
     state.metrics.sessions_minted.inc()
     names = minted.names
     answer: dict[str, Any] = {
@@ -691,7 +709,9 @@ async def create_db_session(call: Call) -> dict[str, Any]:
             "postgresUrlEncryption is required: "
             "this gateway never sends a Postgres URL in the clear",
         )
-    minted = await _mint(call.state, sheet, logical_table, operations, limits, contract, ttl_ms)
+    minted = await _mint(
+        call.state, sheet, logical_table, operations, limits, contract, ttl_ms, call.token_id
+    )
     if encryption is None:
         return {**minted.answer, "postgresUrl": minted.url}
     envelope = crypto.encrypt_postgres_url(minted.url, encryption["publicKeyJwk"], minted.aad)

@@ -216,7 +216,7 @@ def _body_timeout(timeout_ms: int) -> ActionError:
 
 
 async def _answer(state: GatewayState, request: Request, info: RequestInfo | None) -> Response:
-    org_id = state.tokens.org_for(request.headers.get("authorization"))
+    org_id, token_id = state.tokens.identify(request.headers.get("authorization"))
     if info is not None:
         info.org_id = org_id
     timeout_ms = state.config.body_read_timeout_ms
@@ -245,7 +245,7 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
     payload = None
     try:
         with trio.move_on_after(state.config.action_budget_ms / 1000):
-            payload = await handler(Call(state, org_id, body))
+            payload = await handler(Call(state, org_id, body, token_id))
     except (ReadBatchTooLargeError, AdmissionTooLargeError) as exc:
         if isinstance(exc, ReadBatchTooLargeError):
             state.metrics.read_batch_too_large.inc()

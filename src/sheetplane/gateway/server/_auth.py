@@ -13,6 +13,7 @@ token's is answered 403, never silently rewritten.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,6 +25,8 @@ from .._wire import Code, token_digest
 from ._http import ActionError
 
 __all__ = ["TokenTable", "check_org", "parse_token_pairs"]
+
+_TOKEN_ID_CHARS = 32
 
 
 @attrs.frozen(repr=False)
@@ -51,9 +54,15 @@ class TokenTable:
         return len(self._entries)
 
     def org_for(self, authorization: str | None) -> str:
-        """The org of a ``Bearer`` authorization header; 401 if missing or unknown.
+        """The org of a ``Bearer`` authorization header; 401 if missing or unknown."""
+        return self.identify(authorization)[0]
 
-        Every configured digest is compared (no early exit).
+    def identify(self, authorization: str | None) -> tuple[str, str]:
+        """``(org, token id)`` of a ``Bearer`` authorization header; 401 if missing or unknown.
+
+        Every configured digest is compared (no early exit). The token id names
+        the token in the gateway's session ledger (its live-session cap) without
+        holding it: a SHA-256 of its digest under a purpose prefix.
         """
         if authorization is None:
             raise ActionError(401, Code.UNAUTHORIZED, "missing executor token")
@@ -68,7 +77,8 @@ class TokenTable:
                 found = org
         if found is None:
             raise ActionError(401, Code.UNAUTHORIZED, "invalid executor token")
-        return found
+        token_id = hashlib.sha256(f"sheetplane-session-cap:{presented}".encode()).hexdigest()
+        return found, token_id[:_TOKEN_ID_CHARS]
 
 
 def parse_token_pairs(pairs: Iterable[str], *, source: str = "--token") -> dict[str, str]:

@@ -10,6 +10,8 @@ from ... import crypto
 from ...budgets import (
     DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     DB_SESSION_MAX_CONNECTIONS,
+    DB_SESSION_MAX_LIVE_PER_ORG,
+    DB_SESSION_MAX_LIVE_PER_TOKEN,
     DB_SESSION_REAPER_INTERVAL_MS,
     DB_SESSION_STATEMENT_TIMEOUT_MS,
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
@@ -21,7 +23,7 @@ from ...budgets import (
 )
 from ...errors import InvalidInputError
 from ._plays import PlayDefinition
-from ._roles import SessionBounds
+from ._roles import SessionBounds, SessionCaps
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -85,6 +87,14 @@ class GatewayConfig:
         default=DB_SESSION_MAX_CONNECTIONS, validator=_positive
     )
     """``CONNECTION LIMIT`` of every session role."""
+    session_max_live_per_org: int = attrs.field(
+        default=DB_SESSION_MAX_LIVE_PER_ORG, validator=_positive
+    )
+    """Live sessions one org may hold; a mint past it is answered 429."""
+    session_max_live_per_token: int = attrs.field(
+        default=DB_SESSION_MAX_LIVE_PER_TOKEN, validator=_positive
+    )
+    """Live sessions one executor token may hold; a mint past it is answered 429."""
     watchdog_interval_ms: int = attrs.field(
         default=DB_SESSION_WATCHDOG_INTERVAL_MS, validator=_positive
     )
@@ -117,3 +127,9 @@ class GatewayConfig:
     """An action still running after this is cancelled and answered 504."""
     metrics_token: str | None = attrs.field(default=None, repr=False)
     """The bearer token ``GET /metrics`` requires; None: ``/metrics`` answers 404. A secret."""
+
+    def session_caps(self) -> SessionCaps:
+        """How many live sessions one org and one token may hold."""
+        return SessionCaps(
+            per_org=self.session_max_live_per_org, per_token=self.session_max_live_per_token
+        )

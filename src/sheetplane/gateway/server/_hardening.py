@@ -27,6 +27,9 @@ not race. A gateway that is not a superuser cannot revoke them: it checks that
 an operator did (:func:`hardening_statements` prints the SQL, including the
 grants such a gateway needs itself) and refuses to start otherwise, so a
 database where a tenant could lock out another is never served.
+
+Startup also creates the gateway's own schema and session ledger
+(``_roles.ensure_session_ledger``), under the same lock.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from psycopg import sql
 
 from ...errors import DatabaseNotHardenedError
 from ...store import SheetStore
+from ._roles import GATEWAY_SCHEMA, LEDGER_GRANTS, ensure_session_ledger
 
 __all__ = [
     "GATEWAY_FUNCTIONS",
@@ -106,7 +110,8 @@ def hardening_statements(
     """The statements that harden the current database (empty once it is).
 
     With ``gateway_role`` (a non-superuser gateway), they also grant that role
-    the functions the gateway calls itself. An operator runs them as a superuser.
+    the functions the gateway calls itself, and its session ledger when another
+    role created it. An operator runs them as a superuser.
     """
     statements = [
         sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(sql.SQL(signature))
@@ -121,12 +126,21 @@ def hardening_statements(
             )
         )
     if gateway_role is not None:
+        role = sql.Identifier(gateway_role)
         statements.extend(
-            sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
-                sql.SQL(signature), sql.Identifier(gateway_role)
-            )
+            sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(signature), role)
             for signature in GATEWAY_FUNCTIONS
         )
+        ledger = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{GATEWAY_SCHEMA}.sessions",))
+        if ledger.fetchone() == (True,):
+            statements.extend(
+                sql.SQL(grant).format(
+                    schema=sql.Identifier(GATEWAY_SCHEMA),
+                    ledger=sql.Identifier(GATEWAY_SCHEMA, "sessions"),
+                    role=role,
+                )
+                for grant in LEDGER_GRANTS
+            )
     return statements
 
 
@@ -143,6 +157,7 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
             conn.execute(statement)
         if statements:
             log.info("revoked %d built-in privileges from PUBLIC", len(statements))
+        ensure_session_ledger(conn)
         return
     left = public_functions(conn)
     check = "SELECT has_function_privilege(%s::regprocedure, 'EXECUTE')"
@@ -158,6 +173,8 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
             f"{len(missing)} it needs; a superuser must run the statements of "
             "sheetplane.gateway.server.hardening_statements first (docs/gateway.md, Security)"
         )
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_HARDENING_LOCK_KEY,))
+    ensure_session_ledger(conn)
 
 
 async def harden_database(store: SheetStore) -> None:

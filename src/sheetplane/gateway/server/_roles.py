@@ -69,6 +69,8 @@ from ..._types import OPERATIONS, Operation, SheetRef, canonical_operations
 from ...budgets import (
     DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     DB_SESSION_MAX_CONNECTIONS,
+    DB_SESSION_MAX_LIVE_PER_ORG,
+    DB_SESSION_MAX_LIVE_PER_TOKEN,
     DB_SESSION_STATEMENT_TIMEOUT_MS,
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
 )
@@ -76,14 +78,19 @@ from ...errors import InvalidInputError
 from ...store import SheetNames, SheetStore, sheet_names
 
 __all__ = [
+    "GATEWAY_SCHEMA",
+    "LEDGER_GRANTS",
     "OPERATIONS",
     "ROLE_PREFIX",
     "MintedRole",
     "ReaperProgress",
     "SessionBounds",
+    "SessionCapReachedError",
+    "SessionCaps",
     "create_role_statements",
     "create_session_role",
     "end_overrunning_backends",
+    "ensure_session_ledger",
     "format_expires_at",
     "reap_expired_roles",
     "run_reaper",
@@ -139,6 +146,72 @@ class SessionBounds:
     idle_in_transaction_timeout_ms: int = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS
     transaction_timeout_ms: int = DB_SESSION_TRANSACTION_TIMEOUT_MS
     max_connections: int = DB_SESSION_MAX_CONNECTIONS
+
+
+@attrs.frozen
+class SessionCaps:
+    """How many live (unexpired) sessions one org and one token may hold."""
+
+    per_org: int = DB_SESSION_MAX_LIVE_PER_ORG
+    per_token: int = DB_SESSION_MAX_LIVE_PER_TOKEN
+
+
+class SessionCapReachedError(Exception):
+    """A mint refused: the org or the token already holds its cap of live sessions.
+
+    The gateway answers it 429 with ``retry_after_ms``; nothing was created.
+    """
+
+    def __init__(self, which: str, cap: int) -> None:
+        super().__init__(f"this {which} already holds {cap} live DB sessions (the cap)")
+        self.which = which
+        self.cap = cap
+
+
+#: The gateway's own schema: tables no scoped role can read (no grant to
+#: ``PUBLIC``), here the ledger of minted sessions.
+GATEWAY_SCHEMA: Final = "sheetplane_gateway"
+_LEDGER = sql.Identifier(GATEWAY_SCHEMA, "sessions")
+
+
+#: What a gateway needs on a ledger another role created: ``{schema}`` and ``{ledger}``.
+LEDGER_GRANTS: Final = (
+    "GRANT USAGE ON SCHEMA {schema} TO {role}",
+    "GRANT SELECT, INSERT, DELETE ON TABLE {ledger} TO {role}",
+)
+
+
+def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
+    """Create the gateway schema and its session ledger if missing (idempotent).
+
+    One row per minted role: its org, its token's id (never the token), its
+    org schema and its expiry. The caps count live rows; the reaper deletes a
+    row with its role. The caller serialises concurrent creations.
+    ``LEDGER_GRANTS`` are what a gateway role that does not own it needs.
+    """
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (_LEDGER.as_string(conn),))
+    if exists.fetchone() == (True,):
+        return
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(GATEWAY_SCHEMA)))
+    conn.execute(
+        sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(sql.Identifier(GATEWAY_SCHEMA))
+    )
+    conn.execute(
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                role text PRIMARY KEY,
+                org_id text NOT NULL,
+                token_id text,
+                schema_name text NOT NULL,
+                expires_at timestamptz NOT NULL
+            )"""
+        ).format(_LEDGER)
+    )
+    conn.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS sessions_org ON {} (org_id, expires_at)").format(
+            _LEDGER
+        )
+    )
 
 
 @attrs.define(eq=False)
@@ -310,14 +383,20 @@ async def create_session_role(
     expires: dt.datetime,
     *,
     bounds: SessionBounds = SessionBounds(),
+    caps: SessionCaps = SessionCaps(),
+    token_id: str | None = None,
     acquire_timeout_ms: int | None = None,
 ) -> MintedRole:
     """Create a LOGIN role for ``sheet`` with only ``operations``, valid until ``expires``.
 
     The sheet's tables must exist (``store.ensure_sheet`` first). Runs as one
     transaction on the store's pool: either the role exists with every grant
-    or not at all. If cancelled, the statement is cancelled on the server and
-    the transaction rolls back.
+    and its ledger row or not at all. Raises :class:`SessionCapReachedError`
+    (nothing created) when the org, or the token ``token_id`` names, already
+    holds its cap of live sessions: the count and the insert run under the
+    org schema's grant lock, so concurrent mints cannot both pass a full cap.
+    If cancelled, the statement is cancelled on the server and the transaction
+    rolls back.
     """
     names = sheet_names(sheet)
     ops = canonical_operations(operations)
@@ -328,12 +407,33 @@ async def create_session_role(
     expires_at = format_expires_at(expires)
     writes = any(op != "rows.read" for op in ops)
 
-    def create(conn: psycopg.Connection[Any]) -> None:
+    def create(conn: psycopg.Connection[Any]) -> SessionCapReachedError | None:
         verifier = _scram_verifier(password)
         # GRANTs rewrite the schema's and the tables' ACLs in the catalog; two
-        # sessions minted at once for one org would fail with "tuple
-        # concurrently updated", so grants on one schema take turns.
+        # sessions minted at once for one org (or a mint and the reaper's DROP
+        # OWNED) would fail with "tuple concurrently updated", so grants on one
+        # schema take turns. The same lock makes the cap check exact.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(names.schema),))
+        live = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FILTER (WHERE org_id = %(org)s),"
+                " count(*) FILTER (WHERE token_id = %(token)s)"
+                " FROM {} WHERE expires_at > now() AND org_id = %(org)s"
+            ).format(_LEDGER),
+            {"org": sheet.org_id, "token": token_id},
+        ).fetchone()
+        assert live is not None
+        if live[0] >= caps.per_org:
+            return SessionCapReachedError("org", caps.per_org)
+        if token_id is not None and live[1] >= caps.per_token:
+            return SessionCapReachedError("token", caps.per_token)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (role, org_id, token_id, schema_name, expires_at)"
+                " VALUES (%s, %s, %s, %s, %s)"
+            ).format(_LEDGER),
+            (role, sheet.org_id, token_id, names.schema, expires),
+        )
         for statement in create_role_statements(role, verifier, expires_at, names, ops, bounds):
             conn.execute(statement)
         if writes:
@@ -351,8 +451,11 @@ async def create_session_role(
                         role=sql.Identifier(role),
                     )
                 )
+        return None
 
-    await store.pool.run(create, acquire_timeout_ms=acquire_timeout_ms)
+    refused = await store.pool.run(create, acquire_timeout_ms=acquire_timeout_ms)
+    if refused is not None:
+        raise refused
     return MintedRole(role, password, expires_at, names, ops)
 
 
@@ -388,6 +491,16 @@ def _expired_roles(conn: psycopg.Connection[Any]) -> list[str]:
 
 def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
     ident = sql.Identifier(role)
+    # DROP OWNED revokes the role's grants, rewriting the same schema and table
+    # ACLs a concurrent mint's GRANTs rewrite: take each schema's grant lock
+    # first (sorted), as minting does, so neither fails "tuple concurrently updated".
+    schemas = conn.execute(
+        "SELECT DISTINCT n.nspname FROM pg_namespace AS n, aclexplode(n.nspacl) AS a"
+        " WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) ORDER BY 1",
+        (role,),
+    ).fetchall()
+    for (schema,) in schemas:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(str(schema)),))
     # VALID UNTIL only stops new logins: end the connections it still holds.
     conn.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -411,6 +524,7 @@ def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
     conn.execute(sql.SQL("REASSIGN OWNED BY {role} TO CURRENT_USER").format(role=ident))
     conn.execute(sql.SQL("DROP OWNED BY {role}").format(role=ident))
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {role}").format(role=ident))
+    conn.execute(sql.SQL("DELETE FROM {} WHERE role = %s").format(_LEDGER), (role,))
 
 
 #: The transaction advisory lock one reaper pass holds, so that across every
@@ -441,6 +555,13 @@ def _reap(conn: psycopg.Connection[Any]) -> tuple[int, int] | None:
             log.warning("could not drop expired session role %s: %s", role, type(exc).__name__)
         else:
             dropped += 1
+    # Rows of roles dropped some other way (by hand, or before the ledger existed).
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {} AS l WHERE l.expires_at <= now()"
+            " AND NOT EXISTS (SELECT FROM pg_roles WHERE rolname = l.role)"
+        ).format(_LEDGER)
+    )
     return dropped, failed
 
 
