@@ -491,16 +491,6 @@ def _expired_roles(conn: psycopg.Connection[Any]) -> list[str]:
 
 def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
     ident = sql.Identifier(role)
-    # DROP OWNED revokes the role's grants, rewriting the same schema and table
-    # ACLs a concurrent mint's GRANTs rewrite: take each schema's grant lock
-    # first (sorted), as minting does, so neither fails "tuple concurrently updated".
-    schemas = conn.execute(
-        "SELECT DISTINCT n.nspname FROM pg_namespace AS n, aclexplode(n.nspacl) AS a"
-        " WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) ORDER BY 1",
-        (role,),
-    ).fetchall()
-    for (schema,) in schemas:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(str(schema)),))
     # VALID UNTIL only stops new logins: end the connections it still holds.
     conn.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
