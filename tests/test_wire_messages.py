@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
+from sheetplane.crypto import generate_decryption_key
 from sheetplane.gateway import _messages
 from sheetplane.gateway._messages import (
     ABSENT,
@@ -31,6 +32,7 @@ from sheetplane.gateway._messages import (
     wire_name,
 )
 from sheetplane.gateway._openapi import OPENAPI_PATH, openapi_document
+from sheetplane.gateway._wire import RUNTIME_PATH
 from sheetplane.gateway.server import running_gateway
 
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
@@ -175,7 +177,7 @@ def test_seed_shaped_requests_read_and_write_back_unchanged() -> None:
         ),
         (
             {"input": {"tableNamespace": "t", "pages": []}},
-            "input.pages must hold 1 to 4 items, got 0",
+            "Runtime dataset read batch requires 1-4 pages.",
         ),
         (
             {"input": {"tableNamespace": "t", "pages": [{"limit": "1", "offset": 0}]}},
@@ -264,3 +266,29 @@ async def test_the_gateway_serves_the_document(sheetplane_database_url: str) -> 
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     assert response.json() == json.loads(json.dumps(openapi_document()))
+
+
+@pytest.mark.parametrize("ttl", [1.4741525045319855e308, 10**300, 0.5])
+async def test_a_ttl_outside_its_range_is_a_400_not_a_500(
+    sheetplane_database_url: str, ttl: float
+) -> None:
+    # schemathesis found it: ttlSeconds 1.47e308 overflowed int(ttl * 1000) into a 500.
+    key = generate_decryption_key()
+    async with (
+        running_gateway(sheetplane_database_url, tokens={"t0ken": "org"}) as gateway,
+        httpx.AsyncClient(base_url=gateway.base_url) as http,
+    ):
+        response = await http.post(
+            RUNTIME_PATH,
+            headers={"authorization": "Bearer t0ken"},
+            json={
+                "action": "create_db_session",
+                "playName": "p",
+                "target": {"tableNamespace": "huge-ttl", "logicalTable": "sheet_rows"},
+                "operations": ["rows.read"],
+                "ttlSeconds": ttl,
+                "postgresUrlEncryption": key.encryption_request(),
+            },
+        )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith("ttlSeconds must be between 1 and ")

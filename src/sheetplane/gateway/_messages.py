@@ -29,8 +29,24 @@ from typing import Any, Final, Literal, TypeVar
 import attrs
 import cattrs
 
-from .._types import BIGINT_MAX, BIGINT_MIN, LogicalTable, Operation, RowMode, StaleReason
-from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from .._types import (
+    BIGINT_MAX,
+    BIGINT_MIN,
+    CodeFormat,
+    LogicalTable,
+    Operation,
+    RowMode,
+    StaleReason,
+)
+from ..budgets import (
+    MAX_ERROR_TEXT_BYTES,
+    MAX_REQUEST_TEXT_BYTES,
+    MAX_ROW_KEY_BYTES,
+    MAX_RUN_ID_BYTES,
+    MAX_USER_EMAIL_BYTES,
+    READ_BATCH_MAX_PAGES,
+    READ_PAGE_MAX_ROWS,
+)
 from . import _wire
 
 __all__ = [
@@ -46,6 +62,10 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: The largest ``ttlSeconds`` accepted (then clamped to the session budget): its
+#: milliseconds still fit a ``bigint``, like every other number a request carries.
+MAX_TTL_SECONDS: Final = BIGINT_MAX // 1_000
+
 
 class Absent(enum.Enum):
     """The type of :data:`ABSENT`."""
@@ -59,6 +79,32 @@ ABSENT: Final = Absent.ABSENT
 
 class WireError(ValueError):
     """A message that does not have its class's shape; the text names the field."""
+
+
+class Verbatim(ValueError):
+    """A rule whose message is the whole answer (a seed error text), not a field's."""
+
+
+#: The longest text (UTF-8 bytes) a request member may carry, by wire name; every
+#: other text member of a request stops at ``MAX_REQUEST_TEXT_BYTES``. What the
+#: gateway stores is capped before it reaches the store, so no request grows a
+#: table by more than its rows.
+TEXT_CAPS: Final[Mapping[str, int]] = {
+    "runId": MAX_RUN_ID_BYTES,
+    "holder": MAX_RUN_ID_BYTES,
+    "userEmail": MAX_USER_EMAIL_BYTES,
+    "error": MAX_ERROR_TEXT_BYTES,
+    "key": MAX_ROW_KEY_BYTES,
+}
+
+
+def check_text_cap(value: str, name: str) -> str | None:
+    """Why ``value`` (the member ``name``) is too long, or None."""
+    cap = TEXT_CAPS.get(name, MAX_REQUEST_TEXT_BYTES)
+    # At most 4 bytes a character: only a string that could be past the cap is encoded.
+    if len(value) * 4 > cap and len(value.encode("utf-8", "surrogatepass")) > cap:
+        return f"is longer than {cap} bytes"
+    return None
 
 
 # --- field rules (attrs validators); each message starts after the field's name ----------
@@ -89,13 +135,14 @@ def _between(minimum: int, maximum: int | None = None) -> Any:
     return _rule(check)
 
 
-def _count(minimum: int, maximum: int) -> Any:
-    def check(value: list[Any]) -> str | None:
+def _count(minimum: int, maximum: int, verbatim: str | None = None) -> Any:
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         if not minimum <= len(value) <= maximum:
-            return f"must hold {minimum} to {maximum} items, got {len(value)}"
-        return None
+            if verbatim is not None:
+                raise Verbatim(verbatim)
+            raise ValueError(f"must hold {minimum} to {maximum} items, got {len(value)}")
 
-    return _rule(check)
+    return validate
 
 
 _TEXT = _rule(_non_empty)
@@ -239,9 +286,10 @@ class CreateDbSessionRequest(Request):
     sheet_contract: SheetContractWire | None = None
     ttl_seconds: float | None = attrs.field(
         default=None,
-        validator=_rule(lambda v: None if v >= 1 else f"must be at least 1, got {v}"),
-        metadata={"minimum": 1},
+        validator=_between(1, MAX_TTL_SECONDS),
+        metadata={"minimum": 1, "maximum": MAX_TTL_SECONDS},
     )
+    """Clamped to the gateway's session budget; its milliseconds must fit a ``bigint``."""
     user_email: str | None = _optional_text()
     postgres_url_encryption: UrlEncryptionWire | None = None
 
@@ -274,7 +322,11 @@ class ReadRowsRequest(Request):
 @attrs.frozen(kw_only=True)
 class ReadRowsBatchInput(ReadInput):
     pages: list[PageRequestWire] = attrs.field(
-        validator=_count(1, READ_BATCH_MAX_PAGES),
+        validator=_count(
+            1,
+            READ_BATCH_MAX_PAGES,
+            f"Runtime dataset read batch requires 1-{READ_BATCH_MAX_PAGES} pages.",
+        ),
         metadata={"minItems": 1, "maxItems": READ_BATCH_MAX_PAGES},
     )
 
@@ -359,22 +411,28 @@ class ReleaseWorkReceiptRequest(Request):
 @attrs.frozen(kw_only=True)
 class ResolvePlayRequest(Request):
     action: Literal["resolve_play"] = "resolve_play"
+    play_name: str | None = None  # type: ignore[assignment]
+    """A play is resolved before its name is known: ``playName`` is optional here."""
     play_ref: str = _text()
 
 
 @attrs.frozen(kw_only=True)
 class PlayDefinitionWire:
+    """A play to register (``_plays.play_from_json`` reads it); no other members."""
+
+    org_id: str | None = None
     play_id: str = _text()
     name: str | None = None
     source_code: str | None = None
     artifact: Any = None
-    code_format: str | None = None
-    contract_snapshot: Any = None
+    code_format: CodeFormat | None = None
+    contract_snapshot: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
 class RegisterPlayRequest(Request):
     action: Literal["register_play"] = "register_play"
+    play_name: str | None = None  # type: ignore[assignment]
     play: PlayDefinitionWire
 
 
@@ -513,10 +571,10 @@ class ReleaseAnswer:
 @attrs.frozen(kw_only=True)
 class PlayWire:
     play_id: str
-    source_code: str | None = None
-    artifact: Any = None
-    code_format: str | None = None
-    contract_snapshot: Any = None
+    source_code: str | None
+    artifact: Any
+    code_format: CodeFormat | None
+    contract_snapshot: dict[str, Any] | None
 
 
 @attrs.frozen(kw_only=True)
@@ -586,8 +644,12 @@ ANSWERS: Final[Mapping[str, type[Any]]] = {
     _wire.SUMMARY: SummaryAnswer,
 }
 
+#: Classes whose texts are not capped: answers whose texts the gateway wrote.
+UNCAPPED: Final = frozenset(
+    {PlayWire, PlayDefinitionWire, ReceiptWire, ErrorBody, EnvelopeWire, *ANSWERS.values()}
+)
 #: Classes whose unknown members are refused rather than ignored.
-CLOSED: Final = frozenset({SessionLimitsWire})
+CLOSED: Final = frozenset({SessionLimitsWire, PlayDefinitionWire})
 #: Answers write a null they hold (``rowVersionStamp: null``); requests leave it out.
 _WRITES_NULLS: Final = frozenset(
     {
@@ -634,9 +696,12 @@ def _strict_int(value: object, _: type) -> int:
 
 
 def _strict_float(value: object, _: type) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """A finite JSON number. An integer stays exact (10**300 has no float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("must be a number")
-    return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a number")
+    return value
 
 
 def _strict_bool(value: object, _: type) -> bool:
@@ -758,6 +823,7 @@ def _class_hook(cls: type[Any]) -> Callable[[Any, Any], Any]:
     names = {f.name: wire_name(f.name) for f in fields}
     hooks = {f.name: converter.get_structure_hook(f.type) for f in fields}
     closed = cls in CLOSED
+    capped = {f.name for f in fields if cls not in UNCAPPED and f.type in (str, str | None)}
 
     def structure(value: Any, _: Any) -> Any:
         data = _object(value, cls)
@@ -773,13 +839,19 @@ def _class_hook(cls: type[Any]) -> Callable[[Any, Any], Any]:
                     raise _Located(key, ValueError("is required"))
                 continue
             try:
-                kwargs[field.name] = hooks[field.name](data[key], field.type)
+                kwargs[field.name] = item = hooks[field.name](data[key], field.type)
+                if field.name in capped and item is not None:
+                    problem = check_text_cap(item, key)
+                    if problem is not None:
+                        raise ValueError(problem)
             except _Located as exc:
                 raise _Located(_join(key, exc.where), exc.error) from None
             except (ValueError, TypeError) as exc:
                 raise _Located(key, exc) from None
         try:
             return cls(**kwargs)
+        except Verbatim as exc:
+            raise _Located("", exc) from None
         except ValueError as exc:
             # A field rule: attrs runs validators in field order; find the field named.
             raise _Located(_failing_field(cls, kwargs), exc) from None
@@ -832,11 +904,14 @@ def structure(value: object, cls: type[T]) -> T:
     try:
         return converter.structure(value, cls)
     except _Located as exc:
+        if isinstance(exc.error, Verbatim):
+            raise WireError(str(exc.error)) from None
         raise WireError(f"{exc.where} {exc.error}") from None
     except (ValueError, TypeError) as exc:
         raise WireError(f"the body {exc}") from None
 
 
-def unstructure(value: Any) -> Any:
+def unstructure(value: Any) -> dict[str, Any]:
     """The wire form of a message (camelCase, absent members left out)."""
-    return converter.unstructure(value)
+    out: dict[str, Any] = converter.unstructure(value)
+    return out
