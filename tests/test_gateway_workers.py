@@ -14,6 +14,7 @@ import httpx
 import psycopg
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from _serve_helpers import secret_file_options, serving
 from sheetplane import crypto
@@ -46,6 +47,14 @@ def _session_roles(database_url: str) -> list[str]:
 def _parent_pid(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("PPid:")).split()[1])
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 async def _worker_pids(http: httpx.AsyncClient, count: int) -> set[int]:
@@ -86,8 +95,13 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
                     for secret in (password, TOKEN, METRICS_TOKEN):
                         assert secret.encode() not in text
             auth = {"authorization": f"Bearer {METRICS_TOKEN}"}
-            pool_max = (await http.get("/metrics", headers=auth)).text
-            assert 'sheetplane_pool_connections{state="max"} 2.0' in pool_max
+            # Any worker's scrape answers for both: their pools of 4 // 2 sum to 4.
+            assert (
+                _samples((await http.get("/metrics", headers=auth)).text)[
+                    ("sheetplane_pool_connections", (("state", "max"),))
+                ]
+                == 4
+            )
 
             key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
 
@@ -113,6 +127,17 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
             async with trio.open_nursery() as nursery:
                 for index in range(SESSIONS):
                     nursery.start_soon(mint, index)
+            totals = _samples((await http.get("/metrics", headers=auth)).text)
+            assert totals[("sheetplane_sessions_minted_total", ())] == SESSIONS
+            assert (
+                totals[
+                    (
+                        "sheetplane_requests_total",
+                        (("action", "create_db_session"), ("status", "200")),
+                    )
+                ]
+                == SESSIONS
+            )
         # Every role expires after a second; the reapers drop them all.
         with trio.fail_after(DEADLINE_S):
             while True:

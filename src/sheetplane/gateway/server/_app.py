@@ -44,6 +44,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Final, TypeVar, cast
 
+import attrs
 import psycopg
 import trio
 from starlette.applications import Starlette
@@ -270,6 +271,17 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
     return json_bytes_response(200, encoded)
 
 
+@attrs.define(eq=False)
+class _MeteredProgress(ReaperProgress):
+    """The reaper's progress, also counted in ``sheetplane_session_roles_reaped_total``."""
+
+    on_reaped: Callable[[int], object] = attrs.field(kw_only=True)
+
+    def record(self, dropped: int) -> None:
+        super().record(dropped)
+        self.on_reaped(dropped)
+
+
 class _AdmissionPool:
     """The store's pool as the gateway uses it: every ``run`` waits at most
     ``acquire_timeout_ms`` for a connection, then raises ``PoolSaturatedError``
@@ -352,7 +364,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             await harden_database(store)
             for definition in config.plays:
                 await store.register_play(definition.org_id, definition.play, name=definition.name)
-            progress = ReaperProgress()
+            progress = _MeteredProgress(on_reaped=metrics.session_roles_reaped.inc)
             app.state.gateway = GatewayState(
                 config=config,
                 store=store,
@@ -362,7 +374,6 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 metrics=metrics,
             )
             metrics.pool_stats = partial(pool_states, opened.pool)
-            metrics.roles_reaped = lambda: progress.dropped
             await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
             await nursery.start(
                 run_watchdog, store, config.session_bounds(), config.watchdog_interval_ms, progress

@@ -33,16 +33,19 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import psycopg
 import trio
+from prometheus_client.multiprocess import mark_process_dead
 
 from ...budgets import (
     GATEWAY_BODY_READ_TIMEOUT_MS,
@@ -57,6 +60,7 @@ from ...store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_f
 from ._auth import parse_token_pairs
 from ._config import GatewayConfig
 from ._logs import configure_logging
+from ._metrics import MULTIPROCESS_DIR_ENV
 from ._ops import Operations
 from ._plays import PlayDefinition, load_plays
 from ._serve import ServeOptions, bind_socket, serve
@@ -435,6 +439,9 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
     os.set_inheritable(sock.fileno(), True)
     procs: list[trio.Process] = []
     signalled = False
+    # The workers' metrics meet in one directory, so any worker's scrape answers for all.
+    metrics_dir = tempfile.mkdtemp(prefix="sheetplane-metrics-")
+    env = {**os.environ, MULTIPROCESS_DIR_ENV: metrics_dir}
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             for _ in range(args.workers):
@@ -443,6 +450,7 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     pass_fds=(sock.fileno(),),
+                    env=env,
                 )
                 procs.append(proc)
                 assert proc.stdin is not None
@@ -474,6 +482,7 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
 
                 async def watch(proc: trio.Process) -> None:
                     await proc.wait()
+                    mark_process_dead(proc.pid, metrics_dir)  # type: ignore[no-untyped-call]
                     if not signalled:
                         for other in procs:
                             if other.returncode is None:
@@ -489,6 +498,7 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
         for proc in procs:
             if proc.returncode is None:
                 proc.kill()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0 if signalled and all(proc.returncode == 0 for proc in procs) else 1
 
 

@@ -8,20 +8,20 @@ commits. A new action needs nothing: ``sheetplane_requests_total`` and
 
 No label value ever names a tenant: ``action`` is one of the gateway's own
 action names (:func:`action_label` folds anything else to ``unknown``), and
-``status`` an HTTP status code. Gauges read live state when scraped
-(the pool's counters, the reaper's progress), so they cannot drift.
+``status`` an HTTP status code. The pool's gauges are read at each request's
+end and at each scrape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterator, Mapping
+import os
+from collections.abc import Callable, Collection, Mapping
 from typing import Final, Protocol
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from ...budgets import REQUEST_TIMEOUT_MS
 
@@ -37,6 +37,9 @@ REQUEST_SECONDS_BUCKETS: Final = (
     REQUEST_TIMEOUT_MS / 1000,
     math.inf,
 )
+
+#: Where prometheus-client keeps the values of several processes (its own variable).
+MULTIPROCESS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Label of requests that never named an action (a body that did not parse).
 NO_ACTION: Final = "none"
@@ -69,49 +72,28 @@ def pool_states(pool: _Pool) -> dict[str, int]:
     }
 
 
-class _LiveState(Collector):
-    """Gauges read when scraped: the Postgres pool and the session-role reaper."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        pool = GaugeMetricFamily(
-            "sheetplane_pool_connections",
-            "Postgres connections of this worker's pool by state (in_use: held by a"
-            " request or the reaper; idle: open and free; open; max: the pool's size)",
-            labels=["state"],
-        )
-        stats = self._metrics.pool_stats() if self._metrics.pool_stats else None
-        if stats is not None:
-            for state, value in stats.items():
-                pool.add_metric([state], value)
-        yield pool
-        reaped = CounterMetricFamily(
-            "sheetplane_session_roles_reaped",
-            "Expired session roles this worker's reaper dropped",
-        )
-        reaped.add_metric([], self._metrics.roles_reaped() if self._metrics.roles_reaped else 0)
-        yield reaped
-
-
 @attrs.define(eq=False)
 class GatewayMetrics:
     """Every metric of one gateway, in its own registry (several gateways may
-    share a process: tests, the demo)."""
+    share a process: tests, the demo).
+
+    When ``$PROMETHEUS_MULTIPROC_DIR`` is set (``sheetplane serve --workers N``
+    sets it for its workers), prometheus-client keeps every value in that
+    directory and :meth:`exposition` answers for all the processes that write
+    there: gauges say how they combine (``multiprocess_mode``)."""
 
     registry: CollectorRegistry = attrs.field(factory=lambda: CollectorRegistry(auto_describe=True))
     pool_stats: Callable[[], Mapping[str, int]] | None = None
-    """Set by the app once its store is open: the pool's gauges."""
-    roles_reaped: Callable[[], int] | None = None
-    """Set by the app once its reaper runs: roles dropped so far."""
+    """Set by the app once its store is open: the pool's gauges, read by :meth:`refresh`."""
     requests: Counter = attrs.field(init=False)
     request_seconds: Histogram = attrs.field(init=False)
     requests_in_flight: Gauge = attrs.field(init=False)
     connections_open: Gauge = attrs.field(init=False)
+    pool_connections: Gauge = attrs.field(init=False)
     backpressure: Counter = attrs.field(init=False)
     sessions_minted: Counter = attrs.field(init=False)
     session_roles_live: Gauge = attrs.field(init=False)
+    session_roles_reaped: Counter = attrs.field(init=False)
     read_batch_too_large: Counter = attrs.field(init=False)
     admissions: Counter = attrs.field(init=False)
     draining: Gauge = attrs.field(init=False)
@@ -132,10 +114,24 @@ class GatewayMetrics:
             registry=registry,
         )
         self.requests_in_flight = Gauge(
-            "sheetplane_requests_in_flight", "Requests being answered now", registry=registry
+            "sheetplane_requests_in_flight",
+            "Requests being answered now",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.connections_open = Gauge(
-            "sheetplane_connections_open", "Open HTTP connections", registry=registry
+            "sheetplane_connections_open",
+            "Open HTTP connections",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.pool_connections = Gauge(
+            "sheetplane_pool_connections",
+            "Postgres pool connections by state (in_use: held by a request or the reaper;"
+            " idle: open and free; open; max: the pool's size), summed over workers",
+            ["state"],
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.backpressure = Counter(
             "sheetplane_backpressure",
@@ -149,6 +145,12 @@ class GatewayMetrics:
             "sheetplane_session_roles_live",
             "Session roles in Postgres that have not expired (all workers'), read when scraped",
             registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.session_roles_reaped = Counter(
+            "sheetplane_session_roles_reaped",
+            "Expired session roles the reaper dropped",
+            registry=registry,
         )
         self.read_batch_too_large = Counter(
             "sheetplane_read_batch_too_large",
@@ -161,9 +163,18 @@ class GatewayMetrics:
             registry=registry,
         )
         self.draining = Gauge(
-            "sheetplane_draining", "1 once SIGTERM started the drain", registry=registry
+            "sheetplane_draining",
+            "1 once SIGTERM started the drain",
+            registry=registry,
+            multiprocess_mode="livemax",
         )
-        registry.register(_LiveState(self))
+
+    def refresh(self) -> None:
+        """Read the pool's gauges now (at each request's end and each scrape)."""
+        stats = self.pool_stats() if self.pool_stats is not None else None
+        if stats is not None:
+            for state, value in stats.items():
+                self.pool_connections.labels(state=state).set(value)
 
     def observe(self, action: str, status: int, seconds: float) -> None:
         """Count one finished request."""
@@ -171,5 +182,12 @@ class GatewayMetrics:
         self.request_seconds.labels(action=action).observe(seconds)
 
     def exposition(self) -> bytes:
-        """The registry in the Prometheus text format."""
-        return generate_latest(self.registry)
+        """The metrics in the Prometheus text format: this gateway's registry, or
+        every process's in the multiprocess directory when one is set."""
+        self.refresh()
+        directory = os.environ.get(MULTIPROCESS_DIR_ENV)
+        if not directory:
+            return generate_latest(self.registry)
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined, path=directory)  # type: ignore[no-untyped-call]
+        return generate_latest(combined)

@@ -165,6 +165,7 @@ class OperationsMiddleware:
         action = info.action or NO_ACTION
         status = info.status if info.status is not None else 0
         self.ops.metrics.observe(action, status, seconds)
+        self.ops.metrics.refresh()
         fields = {
             "event": "request",
             "request_id": info.request_id,
