@@ -22,6 +22,8 @@ from sheetplane.gateway.server import ROLE_PREFIX
 from sheetplane.store.embedded import EmbeddedPostgres
 
 TOKEN = "tok-workers-3c4d5e6f"
+#: A second token of the org: one token may hold only DB_SESSION_MAX_LIVE_PER_TOKEN sessions.
+TOKEN_2 = "tok-workers-2-9e0f1a2b"
 METRICS_TOKEN = "tok-workers-metrics-7a8b"
 ORG = "org-workers"
 CONTRACT = {"columns": [{"id": "name", "sqlName": "name", "source": "input"}]}
@@ -72,7 +74,7 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
 ) -> None:
     url = own_postgres.url
     async with serving(
-        *secret_file_options(tmp_path, url, {TOKEN: ORG}, METRICS_TOKEN),
+        *secret_file_options(tmp_path, url, {TOKEN: ORG, TOKEN_2: ORG}, METRICS_TOKEN),
         "--workers",
         "2",
         "--db-connections",
@@ -92,7 +94,7 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
                 # The secrets reached the worker on its stdin: not in its argv nor environment.
                 for part in ("cmdline", "environ"):
                     text = await trio.Path(f"/proc/{pid}/{part}").read_bytes()
-                    for secret in (password, TOKEN, METRICS_TOKEN):
+                    for secret in (password, TOKEN, TOKEN_2, METRICS_TOKEN):
                         assert secret.encode() not in text
             auth = {"authorization": f"Bearer {METRICS_TOKEN}"}
             # Any worker's scrape answers for both: their pools of 4 // 2 sum to 4.
@@ -120,7 +122,7 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
                         "ttlSeconds": 1,
                         "postgresUrlEncryption": key.encryption_request(),
                     },
-                    headers={"authorization": f"Bearer {TOKEN}"},
+                    headers={"authorization": f"Bearer {(TOKEN, TOKEN_2)[index % 2]}"},
                 )
                 assert response.status_code == 200, response.text
 
