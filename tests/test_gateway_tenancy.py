@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,13 +18,15 @@ import trio
 from psycopg import sql
 
 from sheetplane import DatabaseNotHardenedError, crypto
-from sheetplane._types import SheetRef
+from sheetplane._types import SheetContract, SheetRef
 from sheetplane.budgets import (
     MAX_CONTRACT_COLUMNS,
     MAX_ERROR_TEXT_BYTES,
     MAX_REQUEST_TEXT_BYTES,
     MAX_RUN_ID_BYTES,
     MAX_USER_EMAIL_BYTES,
+    READ_BATCH_MAX_RESPONSE_BYTES,
+    MiB,
 )
 from sheetplane.gateway.server import (
     RUNTIME_PATH,
@@ -807,3 +810,39 @@ async def test_the_reapers_drop_owned_does_not_race_concurrent_minting(
                 nursery.start_soon(mint)
         assert statuses == [200] * 6
         assert dropped == [12]
+
+
+# --- finding 6: a refused read holds about its budget, not the page ---------------------
+
+
+async def test_a_refused_batch_read_decodes_about_its_budget_not_the_whole_page(
+    gateway: RunningGateway, database_url: str, namespace: str
+) -> None:
+    """Forty 1 MiB rows asked in one page: the read is refused 413, and the gateway
+    decoded (Python allocations, all threads) well under the page's 40 MiB."""
+    rows = [{"_key": f"big{i}", "email": os.urandom(MiB // 2).hex()} for i in range(40)]
+    sheet = SheetRef(ORG_A, PLAY, namespace)
+    contract = SheetContract.from_json(CONTRACT)
+    async with open_store(database_url, max_connections=1) as store:
+        await store.ensure_sheet(sheet, contract)
+        await store.start_dataset(sheet, rows, "run-1", contract)
+    del rows
+    read = {
+        "input": {
+            "tableNamespace": namespace,
+            "rowMode": "all",
+            "pages": [{"limit": 40, "offset": 0}],
+        }
+    }
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        response = await post(gateway, TOKEN_A, "runtime_sheet_read_rows_batch", **read)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 413, response.text
+    assert response.json()["code"] == "runtime_sheet_read_batch_too_large"
+    # The budget (12 MiB of answer) plus one bounded fetch, with room for the
+    # interpreter's own allocations; the whole page is 40 MiB.
+    assert peak < READ_BATCH_MAX_RESPONSE_BYTES + 12 * MiB, peak

@@ -60,8 +60,16 @@ __all__ = [
 
 Conn = psycopg.Connection[Any]
 
-#: Rows decoded (and measured) at a time.
+#: Most rows fetched from the server (and decoded, and measured) at a time.
 _FETCH_ROWS = 500
+
+#: Rows of the first fetch of a measured read, before any row size is known.
+_FIRST_FETCH_ROWS = 1
+
+#: A measured read fetches at most this fraction of its remaining budget at once
+#: (at the rows' average size so far), so a read refused 413 holds about its
+#: budget, not the page it asked for.
+_FETCH_BUDGET_SHARE = 4
 
 #: The read order, written once.
 ORDER_BY = sql.SQL("ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC")
@@ -291,6 +299,14 @@ class _Budget:
         self._row_bytes_measured += measured
         self._add(size)
 
+    def rows_to_fetch(self, most: int, share: int) -> int:
+        """How many rows the next fetch may ask for: about ``1 / share`` of the
+        remaining budget at the average row size measured so far (1 to ``most``)."""
+        if not self._rows_measured:
+            return most
+        average = max(1, self._row_bytes_measured // self._rows_measured)
+        return max(1, min(most, (self.limit - self.used) // (share * average)))
+
     def _small_enough(self, rows: int, room: int) -> bool:
         if not self._rows_measured:
             return False
@@ -310,18 +326,28 @@ def _fetch(
     projection: _Projection,
     budget: _Budget | None,
 ) -> tuple[list[dict[str, Any]], Sequence[Any] | None]:
-    """Run a page query; its rows as dicts (measured into ``budget``) and the last raw row."""
+    """Run a page query; its rows as dicts (measured into ``budget``) and the last raw row.
+
+    The rows come through a server-side cursor, a bounded fetch at a time: a
+    client-side cursor would hold the whole page in the client before the first
+    row is measured. With a budget, each fetch asks for about a
+    ``1 / _FETCH_BUDGET_SHARE`` of what remains at the rows' average size so far
+    (``_FIRST_FETCH_ROWS`` first), so a read refused ``ReadBatchTooLargeError``
+    has held about its budget and one fetch, whatever the page's size.
+    """
     rows: list[dict[str, Any]] = []
     keys = projection.keys
     last: Sequence[Any] | None = None
-    with conn.cursor() as cursor:
+    want = _FETCH_ROWS if budget is None else _FIRST_FETCH_ROWS
+    with conn.cursor(name="sheetplane_page") as cursor:
         cursor.execute(query, params)
-        while chunk := cursor.fetchmany(_FETCH_ROWS):
+        while chunk := cursor.fetchmany(want):
             if budget is not None:
                 # Hidden position columns (past the keys) are not part of the answer.
                 width = len(keys)
                 shown = chunk if len(chunk[0]) == width else [row[:width] for row in chunk]
                 budget.add_rows(shown, projection.key_bytes)
+                want = budget.rows_to_fetch(_FETCH_ROWS, _FETCH_BUDGET_SHARE)
             # zip stops at the keys: hidden position columns are left out.
             rows += [dict(zip(keys, row)) for row in chunk]  # noqa: B905
             last = chunk[-1]
