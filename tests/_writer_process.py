@@ -15,8 +15,10 @@ After each acknowledged call the process appends the call's committed keys to
 the acknowledgement file, one per line, and flushes: a key is in that file only
 once the store answered that it is committed. A call that fails is retried
 (the same rows, the same version: terminal writes are idempotent replays) until
-``deadline_s``; the process writes each failure as ``!<error code>`` so the test
-can count them, and exits 1 if any key is left unacknowledged.
+``deadline_s`` (unless ``"retry": false``: the library's own recovery is
+under test, and a failed call stays failed); the process writes each failure
+as ``!<error code>`` so the test can count them, and exits 1 if any key is left
+unacknowledged.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ async def _drive(config: dict[str, Any], complete: Any, out: TextIO) -> int:
             except SheetplaneError as exc:
                 out.write(f"!{exc.code}\n")
                 out.flush()
-                if time.monotonic() >= deadline:
+                if not config.get("retry", True) or time.monotonic() >= deadline:
                     left += len(chunk)
                     return
                 await trio.lowlevel.checkpoint()

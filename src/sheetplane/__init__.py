@@ -21,6 +21,7 @@ from .errors import BackpressureError as BackpressureError
 from .errors import BatchContractError as BatchContractError
 from .errors import BatcherClosedError as BatcherClosedError
 from .errors import BatchingError as BatchingError
+from .errors import ConnectionSlotsExhaustedError as ConnectionSlotsExhaustedError
 from .errors import DatabaseNotHardenedError as DatabaseNotHardenedError
 from .errors import EnvelopeDecryptionError as EnvelopeDecryptionError
 from .errors import GatewayAuthError as GatewayAuthError
@@ -84,6 +85,7 @@ __all__ = [
     "BatcherStatistics",
     "BatchingError",
     "BoundedBatchFunction",
+    "ConnectionSlotsExhaustedError",
     "DatabaseNotHardenedError",
     "EnvelopeDecryptionError",
     "GatewayAuthError",

@@ -205,6 +205,12 @@ POSTGRES_OPERATION_BUDGET_MS: Final = (
 #: then only at the end of the later transaction. A read sums the shards.
 SUMMARY_COUNTER_SHARDS: Final = 32
 
+#: Connections of a ``SheetStore``'s pool unless its opener says otherwise
+#: (``open_store``); the gateway sizes its own from
+#: ``GATEWAY_DB_CONNECTION_BUDGET`` and a runner's session pools from
+#: ``DB_SESSION_MAX_CONNECTIONS``.
+STORE_POOL_MAX_CONNECTIONS: Final = 8
+
 #: Longest wait for a pooled connection before the gateway answers 503
 #: back-pressure instead of queueing further.
 POSTGRES_POOL_ACQUIRE_TIMEOUT_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS

@@ -25,6 +25,7 @@ The tree::
     │   └── GatewayProtocolError              a malformed or inconsistent answer
     ├── StoreError                            Postgres failed an operation
     │   ├── StoreUnavailableError             could not connect within the ladder
+    │   │   └── ConnectionSlotsExhaustedError no connection slot freed within the ladder
     │   ├── StatementTimeoutError             a statement ran past its timeout
     │   └── DatabaseNotHardenedError          PUBLIC keeps privileges a tenant could abuse
     ├── AttemptSupersededError                a newer admission fenced this attempt
@@ -268,6 +269,15 @@ class StoreUnavailableError(StoreError):
     """No connection could be made within the connect-retry ladder."""
 
     code = "store_unavailable"
+
+
+class ConnectionSlotsExhaustedError(StoreUnavailableError):
+    """Postgres refused every connect within the connect budget for lack of
+    connection slots (SQLSTATE 53300, "too many connections", "remaining
+    connection slots are reserved"): back-pressure, waited for and then given
+    up on; nothing ran. Retryable."""
+
+    code = "store_connection_slots_exhausted"
 
 
 class TransactionConflictError(StoreError):

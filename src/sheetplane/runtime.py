@@ -63,6 +63,7 @@ from . import crypto
 from ._groups import single_leaf
 from ._leases import Lease, acquire_lease, hold_lease, run_once
 from ._map import MapFn, MapProgress, MapReport, check_map_options, run_map
+from ._recovery import retry_idempotent
 from ._types import (
     BIGINT_MAX,
     AdmissionCounts,
@@ -428,14 +429,19 @@ class RowWriter:
             return TerminalWriteResult((), (), 0)
         rt, ns = self._runtime, self.table_namespace
         if rt.context.strategy == "direct":
-            async with rt._terminal_store(ns, self.contract, len(checked)) as store:
-                result = await on_store(store)(
-                    rt._sheet(ns),
-                    self.contract,
-                    checked,
-                    run_id=rt.context.run_id,
-                    write_version=version,
-                )
+
+            async def attempt() -> TerminalWriteResult:
+                async with rt._terminal_store(ns, self.contract, len(checked)) as store:
+                    return await on_store(store)(
+                        rt._sheet(ns),
+                        self.contract,
+                        checked,
+                        run_id=rt.context.run_id,
+                        write_version=version,
+                    )
+
+            # A replay by write version: safe to send again after a lost connection.
+            result = await retry_idempotent(attempt)
         else:
             result = await on_gateway(
                 ns, self.contract, checked, run_id=rt.context.run_id, write_version=version
@@ -456,10 +462,12 @@ class RowWriter:
         """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
         checked = _rows("rows", rows)
         key = _text("idempotency_key", idempotency_key)
-        async with self._runtime._write_store(self, "rows.append", len(checked)) as store:
-            return await store.append_rows(
-                self._runtime._sheet(self.table_namespace), checked, idempotency_key=key
-            )
+        sheet = self._runtime._sheet(self.table_namespace)
+        return await self._direct_write(
+            "rows.append",
+            len(checked),
+            lambda store: store.append_rows(sheet, checked, idempotency_key=key),
+        )
 
     async def upsert(
         self,
@@ -472,13 +480,12 @@ class RowWriter:
         checked = _rows("rows", rows)
         key = _text("idempotency_key", idempotency_key)
         field = _optional_text("key_field", key_field)
-        async with self._runtime._write_store(self, "rows.upsert", len(checked)) as store:
-            return await store.upsert_rows(
-                self._runtime._sheet(self.table_namespace),
-                checked,
-                idempotency_key=key,
-                key_field=field,
-            )
+        sheet = self._runtime._sheet(self.table_namespace)
+        return await self._direct_write(
+            "rows.upsert",
+            len(checked),
+            lambda store: store.upsert_rows(sheet, checked, idempotency_key=key, key_field=field),
+        )
 
     async def replace(
         self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
@@ -486,10 +493,24 @@ class RowWriter:
         """Replace every row of the sheet; idempotent per ``idempotency_key``."""
         checked = _rows("rows", rows)
         key = _text("idempotency_key", idempotency_key)
-        async with self._runtime._write_store(self, "rows.replace", len(checked)) as store:
-            return await store.replace_rows(
-                self._runtime._sheet(self.table_namespace), checked, idempotency_key=key
-            )
+        sheet = self._runtime._sheet(self.table_namespace)
+        return await self._direct_write(
+            "rows.replace",
+            len(checked),
+            lambda store: store.replace_rows(sheet, checked, idempotency_key=key),
+        )
+
+    async def _direct_write(
+        self, operation: str, rows: int, write: Callable[[SheetStore], Awaitable[WriteResult]]
+    ) -> WriteResult:
+        """Run ``write`` on a session store for ``operation``; keyed by an idempotency
+        key, so it is retried after a lost connection (``retry_idempotent``)."""
+
+        async def attempt() -> WriteResult:
+            async with self._runtime._write_store(self, operation, rows) as store:
+                return await write(store)
+
+        return await retry_idempotent(attempt)
 
 
 class _GatewayReceipts:

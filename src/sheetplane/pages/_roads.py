@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from .._recovery import retry_idempotent
 from .._types import Page, PageRequest, SheetRef, check_page_limit
 from ..budgets import READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError, SessionError
@@ -121,8 +122,9 @@ class DirectRoad(_ScopedRoad):
         self.stats.batch_reads += 1
         self.stats.pages_read += len(requests)
         await self._checked_session(shape)
-        async with self._sessions.store(shape) as store:
-            try:
+
+        async def attempt() -> list[Page]:
+            async with self._sessions.store(shape) as store:
                 return await store.read_rows_batch(
                     self._sheet,
                     requests,
@@ -130,9 +132,13 @@ class DirectRoad(_ScopedRoad):
                     row_mode=self._scope.row_mode,
                     admitted=self._scope.admitted,
                 )
-            except ReadBatchTooLargeError:
-                self.stats.too_large += 1
-                raise
+
+        try:
+            # Reads change nothing: retried after a lost connection (``retry_idempotent``).
+            return await retry_idempotent(attempt)
+        except ReadBatchTooLargeError:
+            self.stats.too_large += 1
+            raise
 
     async def read_after(
         self, cursor: object | None, limit: int
@@ -149,9 +155,10 @@ class DirectRoad(_ScopedRoad):
         shape = self._shape(limit)
         self.stats.keyset_reads += 1
         await self._checked_session(shape)
-        store: SheetStore
-        async with self._sessions.store(shape) as store:
-            try:
+
+        async def attempt() -> tuple[list[dict[str, Any]], RowCursor | None]:
+            store: SheetStore
+            async with self._sessions.store(shape) as store:
                 return await store.read_rows_after(
                     self._sheet,
                     cursor,
@@ -160,19 +167,26 @@ class DirectRoad(_ScopedRoad):
                     row_mode=self._scope.row_mode,
                     admitted=self._scope.admitted,
                 )
-            except ReadBatchTooLargeError:
-                self.stats.too_large += 1
-                raise
+
+        try:
+            return await retry_idempotent(attempt)
+        except ReadBatchTooLargeError:
+            self.stats.too_large += 1
+            raise
 
     async def count(self) -> int:
         """How many rows the scope reads (``count(*)``, limited to the scope's run)."""
         shape = self._shape(None)
         self.stats.counts += 1
         await self._checked_session(shape)
-        async with self._sessions.store(shape) as store:
-            return await store.count(
-                self._sheet, run_id=self._scope.run_id, admitted=self._scope.admitted
-            )
+
+        async def attempt() -> int:
+            async with self._sessions.store(shape) as store:
+                return await store.count(
+                    self._sheet, run_id=self._scope.run_id, admitted=self._scope.admitted
+                )
+
+        return await retry_idempotent(attempt)
 
 
 @attrs.frozen

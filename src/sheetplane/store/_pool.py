@@ -42,6 +42,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import budgets
 from ..errors import (
+    ConnectionSlotsExhaustedError,
     InvalidInputError,
     StatementTimeoutError,
     StoreError,
@@ -49,7 +50,14 @@ from ..errors import (
     TransactionConflictError,
 )
 
-__all__ = ["PoolSaturatedError", "TrioPool", "is_transient_connect_error", "open_pool"]
+__all__ = [
+    "PoolSaturatedError",
+    "TrioPool",
+    "is_slot_exhaustion",
+    "is_transient_connect_error",
+    "next_connect_delay_ms",
+    "open_pool",
+]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -73,6 +81,45 @@ _TRANSIENT_MESSAGE = re.compile(
     r"|server closed the connection unexpectedly|the database system is (?:starting|shutting)",
     re.IGNORECASE,
 )
+
+
+#: A server out of connection slots (SQLSTATE 53300, and the texts it sends
+#: before a session exists, when psycopg may not carry the SQLSTATE).
+_SLOTS_MESSAGE = re.compile(
+    r"remaining connection slots are reserved|too many connections|sorry, too many clients",
+    re.IGNORECASE,
+)
+
+
+def is_slot_exhaustion(exc: BaseException) -> bool:
+    """Whether a connect was refused for lack of connection slots: back-pressure."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == "53300":
+        return True
+    return isinstance(exc, psycopg.OperationalError) and bool(_SLOTS_MESSAGE.search(str(exc)))
+
+
+def next_connect_delay_ms(
+    exc: BaseException, failures: int, elapsed_ms: float, delays_ms: Sequence[int], budget_ms: int
+) -> int | None:
+    """The wait before the next connect attempt after ``failures`` failed ones, or None to stop.
+
+    Transient errors take the ladder ``delays_ms``, one attempt per rung. A
+    refused connection for lack of slots is back-pressure: it waits on the
+    same ladder and then goes on at its last delay, for as long as the whole
+    connect budget (``budget_ms``, the ladder's attempts at their timeout plus
+    its delays) allows, since a refused connect returns at once. Anything
+    else stops at once, and so does a wait that would end past the budget.
+    """
+    slots = is_slot_exhaustion(exc)
+    if not slots and not is_transient_connect_error(exc):
+        return None
+    if failures <= len(delays_ms):
+        delay = delays_ms[failures - 1]
+    elif slots and delays_ms:
+        delay = delays_ms[-1]
+    else:
+        return None
+    return delay if elapsed_ms + delay < budget_ms else None
 
 
 def is_transient_connect_error(exc: BaseException) -> bool:
@@ -211,6 +258,7 @@ class TrioPool:
         self._last_connect_error: BaseException | None = None
         self._connect_errors = 0
         self._conflict_retries = 0
+        self._slot_refusals = 0
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             url,
             connection_class=self._connection_class(),
@@ -247,20 +295,23 @@ class TrioPool:
             @classmethod
             def connect(cls, conninfo: str = "", **kwargs: Any) -> LadderConnection:
                 kwargs = {**pool._connect_kwargs(), **kwargs}
-                delays = pool.connect_retry_delays_ms
-                for attempt in range(len(delays) + 1):
+                started = time.monotonic()
+                failures = 0
+                while True:
                     try:
                         conn = super().connect(conninfo, **kwargs)
                     except Exception as exc:
                         pool._last_connect_error = exc
                         pool._connect_errors += 1
-                        if attempt == len(delays) or not is_transient_connect_error(exc):
+                        failures += 1
+                        pool._slot_refusals += is_slot_exhaustion(exc)
+                        delay = pool._next_delay_ms(exc, failures, started, time.monotonic())
+                        if delay is None:
                             raise
-                        time.sleep(delays[attempt] / 1000)
+                        time.sleep(delay / 1000)
                     else:
                         pool._last_connect_error = None
                         return conn
-                raise AssertionError("unreachable")
 
         return LadderConnection
 
@@ -272,21 +323,34 @@ class TrioPool:
             (f"{self.statement_timeout_ms}ms",),
         )
 
+    def _next_delay_ms(
+        self, exc: BaseException, failures: int, started: float, now: float
+    ) -> int | None:
+        return next_connect_delay_ms(
+            exc,
+            failures,
+            (now - started) * 1000,
+            self.connect_retry_delays_ms,
+            self.connect_budget_ms,
+        )
+
     async def _probe(self) -> None:
         """Connect once along the ladder (trio sleeps between attempts, so it is cancellable)."""
-        delays = self.connect_retry_delays_ms
-        for attempt in range(len(delays) + 1):
+        started = time.monotonic()
+        failures = 0
+        while True:
             try:
                 conn = await trio.to_thread.run_sync(self._connect_once)
             except Exception as exc:
-                transient = is_transient_connect_error(exc)
-                if attempt == len(delays) or not transient:
-                    tries = attempt + 1
-                    raise StoreUnavailableError(
-                        f"could not connect to Postgres ({tries} attempt(s)): "
+                failures += 1
+                delay = self._next_delay_ms(exc, failures, started, time.monotonic())
+                if delay is None:
+                    error = ConnectionSlotsExhaustedError if is_slot_exhaustion(exc) else None
+                    raise (error or StoreUnavailableError)(
+                        f"could not connect to Postgres ({failures} attempt(s)): "
                         f"{_describe(exc, self._redact)}"
                     ) from exc
-                await trio.sleep(delays[attempt] / 1000)
+                await trio.sleep(delay / 1000)
             else:
                 conn.close()
                 return
@@ -378,9 +442,12 @@ class TrioPool:
         except PoolTimeout:
             error = self._last_connect_error
             message = f"no Postgres connection within {self.connect_budget_ms} ms"
+            kind = StoreUnavailableError
             if error is not None:
                 message = f"{message}: {_describe(error, self._redact)}"
-            return outcome.Error(StoreUnavailableError(message).with_traceback(None))
+                if is_slot_exhaustion(error):
+                    kind = ConnectionSlotsExhaustedError
+            return outcome.Error(kind(message).with_traceback(None))
         except psycopg.Error as exc:
             return outcome.Error(_chain(_translate(exc, self._redact), exc))
         with call.lock:
@@ -456,13 +523,15 @@ class TrioPool:
 
     def stats(self) -> dict[str, int]:
         """psycopg_pool's counters plus ``in_use`` (callers holding a connection slot),
-        ``runs``, ``cancels``, ``connect_errors`` and ``conflict_retries``."""
+        ``runs``, ``cancels``, ``connect_errors``, ``conflict_retries`` and
+        ``slot_refusals`` (connects refused for lack of connection slots)."""
         stats = dict(self._pool.get_stats())
         stats["in_use"] = self._limiter.borrowed_tokens
         stats["runs"] = self._runs
         stats["cancels"] = self._cancels
         stats["connect_errors"] = self._connect_errors
         stats["conflict_retries"] = self._conflict_retries
+        stats["slot_refusals"] = self._slot_refusals
         return stats
 
     async def _open(self) -> None:

@@ -347,7 +347,7 @@ def _column_key(contract: SheetContract) -> frozenset[tuple[str, str]]:
 async def open_store(
     database_url: str,
     *,
-    max_connections: int = 8,
+    max_connections: int = budgets.STORE_POOL_MAX_CONNECTIONS,
     statement_timeout_ms: int = budgets.POSTGRES_STATEMENT_TIMEOUT_MS,
     connect_timeout_ms: int = budgets.POSTGRES_CONNECT_TIMEOUT_MS,
     connect_retry_delays_ms: Sequence[int] = budgets.POSTGRES_CONNECT_RETRY_DELAYS_MS,
