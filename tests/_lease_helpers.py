@@ -47,6 +47,8 @@ class LeaseTable:
     completions: list[tuple[float, str, str]] = attrs.Factory(list)
     releases: list[tuple[float, str, str]] = attrs.Factory(list)
     before_claim: ClaimHook | None = None
+    after_claim: ClaimHook | None = None
+    """Runs once a claim took effect, before it is answered (a slow answer)."""
 
     def holds(self, key: str, holder: str) -> bool:
         row = self.rows.get(key)
@@ -68,7 +70,10 @@ class LeaseTable:
             or (row.expires is not None and row.expires <= now)
         ):
             row.holder, row.expires = holder, now + TTL
-            return ReceiptClaim(True, holder, instant(row.expires).isoformat(), None)
+            answer = ReceiptClaim(True, holder, instant(row.expires).isoformat(), None)
+            if self.after_claim is not None:
+                await self.after_claim(self, key, holder)
+            return answer
         assert row.expires is not None
         return ReceiptClaim(False, row.holder, instant(row.expires).isoformat(), None)
 

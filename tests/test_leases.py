@@ -241,3 +241,15 @@ async def test_once_runs_fn_once_and_reuses_its_result(autojump_clock: Any) -> N
     assert await run_once(table, "k", "a", work) == (42, False)
     assert await run_once(table, "k", "b", work) == (42, True)
     assert calls == 1
+
+
+async def test_a_claim_cancelled_before_its_answer_is_released(autojump_clock: Any) -> None:
+    async def slow_answer(table: LeaseTable, key: str, holder: str) -> None:
+        assert table.holds(key, holder)  # the claim landed...
+        await trio.sleep(10)  # ...but its answer comes after the caller gave up
+
+    table = LeaseTable(after_claim=slow_answer)
+    with trio.move_on_after(1):
+        await acquire_lease(table, "k", "a")
+    assert [(key, holder) for _t, key, holder in table.releases] == [("k", "a")]
+    assert table.rows["k"].holder is None  # the next holder need not wait for the expiry

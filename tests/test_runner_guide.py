@@ -65,6 +65,7 @@ async def test_the_guide_example_runs_as_written(gateway: RunningGateway, strate
         "superseded": False,
         "admitted": 250,
         "mapped": 250,
+        "failed": 25,
         "statuses": {"enriched": 225, "failed": 25},
         "top_domain": "domain0.example",
         "first_key": first["first_key"],
@@ -73,9 +74,9 @@ async def test_the_guide_example_runs_as_written(gateway: RunningGateway, strate
     assert first["first_key"]
 
     again = await run(**arguments(gateway, play, rows=leads(250), strategy=strategy))
-    # Enriched rows are not admitted again; the failed ones are retried (and fail again).
-    assert again["admitted"] == 0
-    assert again["mapped"] == 25
+    # Enriched rows are kept, not mapped again; the failed ones are retried (and fail again).
+    assert again["admitted"] == 250
+    assert again["mapped"] == 25 and again["failed"] == 25
     assert again["statuses"] == {"enriched": 225, "failed": 25}
     assert again["receipt"] == "existing"
 
@@ -100,5 +101,5 @@ async def test_the_guide_example_stops_when_a_retry_supersedes_it(
 
     monkeypatch.setattr(sheetplane.runtime.RowWriter, "complete", complete_after_a_retry)
     result = await example["run_enrichment"](**arguments(gateway, play, rows=rows))
-    assert result["superseded"] is True
-    assert retried and result["write_version"] < retried[0]
+    assert retried
+    assert result["superseded"] is True and result["stale_rows"] > 0

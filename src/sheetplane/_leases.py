@@ -20,7 +20,8 @@ it. Either way the block raises ``LeaseLostError``, and no other holder can
 have taken the lease while the body ran.
 
 Leaving the block without a completion (the body raised, was cancelled, or
-simply returned) releases the lease, shielded and bounded by
+simply returned) releases the lease, as does a claim cut short before its
+answer arrived (it may have landed), shielded and bounded by
 ``WORK_RECEIPT_RELEASE_TIMEOUT_MS``, so the next holder need not wait for it
 to expire; a release that does not land only costs that wait.
 
@@ -208,7 +209,14 @@ async def acquire_lease(backend: ReceiptBackend, key: str, holder: str) -> Lease
     ``LeaseHeldError`` while another holder's lease is live.
     """
     sent = trio.current_time()
-    claim = await backend.claim(key, holder)
+    try:
+        claim = await backend.claim(key, holder)
+    except BaseException:
+        # Cut short (cancelled, or a lost answer): the claim may have landed, and
+        # nobody would release it before it expires. The holder is this call's own,
+        # so giving it up is safe whether or not it landed.
+        await _release_for(backend, key, holder)
+        raise
     if claim.receipt is not None:
         raise ReceiptCompletedError(claim.receipt)
     if not claim.acquired:
@@ -253,13 +261,17 @@ async def hold_lease(lease: Lease) -> AsyncIterator[Lease]:
 
 
 async def _release(lease: Lease) -> None:
+    await _release_for(lease._backend, lease.key, lease.holder)
+
+
+async def _release_for(backend: ReceiptBackend, key: str, holder: str) -> None:
     # Shielded: a cancelled block still gives its lease back; bounded: a release
     # that does not land costs only the wait for the lease to expire.
     with (
         trio.CancelScope(shield=True, relative_deadline=WORK_RECEIPT_RELEASE_TIMEOUT_MS / _MS),
         contextlib.suppress(SheetplaneError),
     ):
-        await lease._backend.release(lease.key, lease.holder)
+        await backend.release(key, holder)
 
 
 async def run_once(

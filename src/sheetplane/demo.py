@@ -7,15 +7,18 @@ What it does, in order:
    with a freshly generated executor token, and opens two runtimes for one
    run: one on the ``direct`` strategy, one ``gateway_only``.
 2. **Admission**: attempt 1 admits N rows (default 10,000) with ``start``.
-3. **Map**: an enrichment (a word count and a short hash of each row's email)
-   is written in batches, alternately through the direct road (a scoped
-   Postgres session) and the gateway road, both under attempt 1's write
-   version. The last tenth of the batches is left unwritten, as a worker
-   that stalled would leave them.
-4. **Fencing**: a retry (attempt 2) admits the same input again. Attempt 1's
-   remaining writes now come back ``newer_write_version``: each raises
-   ``AttemptSupersededError``, which is caught and shown, and attempt 2 maps
-   the rows that were still pending.
+3. **Map**: attempt 1 maps an enrichment (a word count and a short hash of
+   each row's email, behind a simulated provider call) with ``Runtime.map`` on
+   the direct road. Once most rows have settled, a retry (attempt 2) admits
+   the same input again through the gateway.
+4. **Fencing**: attempt 1's next write comes back ``newer_write_version``:
+   ``map`` cancels every provider call still in flight at once, starts no
+   more, and raises ``AttemptSupersededError``, which is caught and shown. A
+   rerun with ``map`` on the gateway road maps the rows still pending. Then a
+   smaller sheet shows receipts: a map with ``receipts=True`` is stopped
+   mid-run as a crashing worker would be, and its rerun with
+   ``receipts=True`` takes every finished provider call from its receipt
+   instead of calling the provider again.
 5. **Read-back**: the sheet is read through the lazy dataset on both roads
    (``async for``, by keyset), each row checked against the enrichment, and
    concurrent ``at(i)`` calls show the page reader coalescing them.
@@ -28,11 +31,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import random
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import attrs
@@ -48,14 +52,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ._map import MapProgress
 from .budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
-from .dataset import Dataset
 from .errors import AttemptSupersededError, InvalidInputError, SheetplaneError
 from .gateway.server import running_gateway
 from .runtime import (
-    CompleteRow,
     ContractColumn,
-    RowWriter,
     Runtime,
     RuntimeStats,
     SheetContract,
@@ -83,8 +85,15 @@ CONTRACT: Final = SheetContract(
 )
 #: Rows a map write carries at most (a tenth of a page).
 MAP_BATCH_ROWS: Final = READ_PAGE_MAX_ROWS // 10
-#: Map batches written concurrently.
-MAP_CONCURRENCY: Final = 2 * READ_BATCH_MAX_PAGES
+#: Provider calls in flight at once.
+MAP_CONCURRENCY: Final = 64
+#: The simulated provider's latency, seconds.
+PROVIDER_LATENCY_S: Final = 0.02
+#: Attempt 1 is superseded once its provider has been called for this share of its rows.
+SUPERSEDE_AT: Final = 0.6
+#: Rows of the receipts sheet (each provider call there is two gateway calls).
+RECEIPT_ROWS: Final = 200
+RECEIPT_NAMESPACE: Final = "provider_calls"
 #: Concurrent ``at(i)`` calls per road in the read-back.
 RANDOM_READS: Final = 16 * READ_BATCH_MAX_PAGES
 #: The admission request may use this share of the transport ceiling (its answer
@@ -129,13 +138,16 @@ class DemoReport:
     rows: int = 0
     inserted: int = 0
     batch_rows: int = 0
-    direct_batches: int = 0
-    gateway_batches: int = 0
-    fenced_attempts: int = 0
+    attempt1_settled: int = 0
     fenced_rows: int = 0
     fenced_reasons: set[str] = attrs.field(factory=set)
+    cancelled_in_flight: int = 0
     retry_pending: int = 0
     retry_completed: int = 0
+    receipt_rows: int = 0
+    receipt_first_calls: int = 0
+    receipt_rerun_calls: int = 0
+    receipt_reused: int = 0
     rows_read: dict[str, int] = attrs.field(factory=dict)
     stats: dict[str, RuntimeStats] = attrs.field(factory=dict)
     random_reads: dict[str, tuple[int, int]] = attrs.field(factory=dict)
@@ -148,38 +160,44 @@ class DemoCheckFailed(SheetplaneError):
     code = "demo_check_failed"
 
 
-async def _batches(dataset: Dataset, size: int) -> list[list[dict[str, Any]]]:
-    """The dataset's rows, read by keyset (``async for``), in batches of ``size``."""
-    batches: list[list[dict[str, Any]]] = [[]]
-    async for row in dataset:
-        if len(batches[-1]) == size:
-            batches.append([])
-        batches[-1].append(row)
-    return batches if batches[0] else []
+@attrs.define
+class Provider:
+    """The simulated enrichment provider: counts calls started, in flight and cancelled.
 
+    With ``supersede``, the call numbered ``supersede_after`` starts it (a retry's
+    admission) in ``nursery``, and every call from then on returns only once it
+    is done: so the attempt's later writes are certain to meet the newer version.
+    """
 
-async def _map_batches(
-    batches: list[list[dict[str, Any]]],
-    writers: tuple[RowWriter, RowWriter],
-    report: DemoReport,
-    advance: Callable[[int], None],
-) -> None:
-    """Write each batch's outputs, alternately on the direct and the gateway writer."""
-    limiter = trio.CapacityLimiter(MAP_CONCURRENCY)
+    supersede: Callable[[], Awaitable[object]] | None = None
+    supersede_after: int = 0
+    nursery: trio.Nursery | None = None
+    superseded: trio.Event = attrs.Factory(trio.Event)
+    started: int = 0
+    in_flight: int = 0
+    cancelled: int = 0
 
-    async def write(index: int, batch: list[dict[str, Any]]) -> None:
-        async with limiter:
-            writer = writers[index % 2]
-            await writer.complete([CompleteRow(row["_key"], enrich(row)) for row in batch])
-            if index % 2 == 0:
-                report.direct_batches += 1
-            else:
-                report.gateway_batches += 1
-            advance(len(batch))
+    async def _supersede(self) -> None:
+        assert self.supersede is not None
+        await self.supersede()
+        self.superseded.set()
 
-    async with trio.open_nursery() as nursery:
-        for index, batch in enumerate(batches):
-            nursery.start_soon(write, index, batch)
+    async def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        self.started += 1
+        self.in_flight += 1
+        try:
+            if self.supersede is not None and self.started >= self.supersede_after:
+                if self.started == self.supersede_after:
+                    assert self.nursery is not None
+                    self.nursery.start_soon(self._supersede)
+                await self.superseded.wait()
+            await trio.sleep(PROVIDER_LATENCY_S)
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+        return enrich(row)
 
 
 def _check_row(row: dict[str, Any], index: int, expected: dict[str, Any]) -> None:
@@ -302,53 +320,116 @@ async def _run_phases(
     report.timings["admission"] = clock() - t0
     version1 = admission.write_version
 
-    # 2. Map, alternating roads, leaving the last tenth unwritten.
+    # 2. Attempt 1 maps on the direct road; a retry supersedes it mid-map.
     size = max(1, min(MAP_BATCH_ROWS, rows // 20))
     report.batch_rows = size
-    batches = await _batches(admission.pending(), size)
-    unfinished = max(1, len(batches) // 10)
-    mapped, left = batches[:-unfinished], batches[-unfinished:]
     task = progress.add_task("map (attempt 1)", total=rows)
+    retry: list[int] = []
     t0 = clock()
-    attempt1_direct = direct.writer(NAMESPACE, CONTRACT, write_version=version1)
-    await _map_batches(mapped, (attempt1_direct, attempt1), report, _advancer(progress, task))
-    report.timings["map"] = clock() - t0
 
-    # 3. A retry admits the input again; attempt 1's remaining writes are fenced.
-    t0 = clock()
-    attempt2 = via_gateway.writer(NAMESPACE, CONTRACT)
-    retry = await attempt2.start(inputs)
-    report.retry_pending = retry.pending_count
-    report.retry_completed = retry.completed_count
-    progress.console.print(
-        f"retry admitted as write version {retry.write_version} (attempt 1 had {version1}): "
-        f"{retry.pending_count} rows still to map, {retry.completed_count} kept"
-    )
-    for writer, road, batch in zip(
-        (attempt1_direct, attempt1), ("direct", "gateway"), left[:2], strict=False
-    ):
+    async with trio.open_nursery() as nursery:
+
+        async def admit_retry() -> None:
+            admission = await via_gateway.writer(NAMESPACE, CONTRACT).start(inputs)
+            retry.append(admission.write_version)
+
+        provider = Provider(admit_retry, max(1, math.ceil(SUPERSEDE_AT * rows)), nursery)
+
+        def settled(p: MapProgress) -> None:
+            progress.update(task, completed=p.settled)
+            report.attempt1_settled = p.settled
+
         try:
-            await writer.complete([CompleteRow(row["_key"], enrich(row)) for row in batch])
+            await direct.map(
+                NAMESPACE,
+                CONTRACT,
+                inputs,
+                provider,
+                concurrency=MAP_CONCURRENCY,
+                batch_rows=size,
+                progress=settled,
+            )
         except AttemptSupersededError as exc:
             reasons = {str(r.get("reason")) for r in exc.stale_rows}
-            report.fenced_attempts += 1
-            report.fenced_rows += len(exc.stale_rows)
-            report.fenced_reasons |= reasons
+            report.fenced_rows = len(exc.stale_rows)
+            report.fenced_reasons = reasons
+            report.cancelled_in_flight = provider.cancelled
+            if provider.in_flight:
+                raise DemoCheckFailed("provider calls outlived the superseded map") from None
             progress.console.print(
-                f"[yellow]attempt 1 fenced on the {road} road:[/] {len(exc.stale_rows)} rows "
-                f"{', '.join(sorted(reasons))} -> AttemptSupersededError; the attempt stops"
+                f"[yellow]attempt 1 fenced on the direct road:[/] {len(exc.stale_rows)} rows "
+                f"{', '.join(sorted(reasons))} -> AttemptSupersededError"
+            )
+            progress.console.print(
+                f"map stopped at once: {provider.cancelled} provider calls cancelled "
+                "in flight, none left running"
             )
         else:
-            raise DemoCheckFailed(f"attempt 1's stale write on the {road} road was not fenced")
-    task = progress.add_task("map (retry)", total=retry.pending_count)
-    attempt2_direct = direct.writer(NAMESPACE, CONTRACT, write_version=retry.write_version)
-    await _map_batches(
-        await _batches(retry.pending(), size),
-        (attempt2_direct, attempt2),
-        report,
-        _advancer(progress, task),
+            raise DemoCheckFailed("attempt 1 was never superseded")
+    report.timings["map (attempt 1)"] = clock() - t0
+    progress.console.print(
+        f"retry admitted as write version {retry[0]} (attempt 1 had {version1}) "
+        f"after {report.attempt1_settled:,} of attempt 1's rows were written"
     )
-    report.timings["fence + retry"] = clock() - t0
+
+    # 3. A rerun on the gateway road maps what is still pending.
+    t0 = clock()
+    task = progress.add_task("map (rerun)", total=rows)
+    rerun = await via_gateway.map(
+        NAMESPACE,
+        CONTRACT,
+        inputs,
+        Provider(),
+        concurrency=MAP_CONCURRENCY,
+        batch_rows=size,
+        progress=lambda p: progress.update(task, completed=rows - p.total + p.settled),
+    )
+    progress.update(task, completed=rows)
+    report.retry_pending = rerun.pending
+    report.retry_completed = rerun.admitted - rerun.pending
+    report.timings["map (rerun)"] = clock() - t0
+
+    # 4. Receipts: a map stopped mid-run, and its rerun reusing every finished call.
+    t0 = clock()
+    calls = inputs[:RECEIPT_ROWS]
+    report.receipt_rows = len(calls)
+    first = Provider()
+    task = progress.add_task("receipts", total=len(calls))
+    with trio.CancelScope() as crash:
+
+        def stop_half_way(p: MapProgress) -> None:
+            progress.update(task, completed=p.settled)
+            if p.settled * 2 >= p.total:
+                crash.cancel()  # the worker dies here, as a crashing process would
+
+        await direct.map(
+            RECEIPT_NAMESPACE,
+            CONTRACT,
+            calls,
+            first,
+            concurrency=8,
+            batch_rows=max(1, len(calls) // 10),
+            receipts=True,
+            progress=stop_half_way,
+        )
+    again = Provider()
+    rerun = await via_gateway.map(
+        RECEIPT_NAMESPACE, CONTRACT, calls, again, concurrency=8, receipts=True
+    )
+    progress.update(task, completed=len(calls))
+    report.receipt_first_calls = first.started - first.cancelled
+    report.receipt_rerun_calls = again.started
+    report.receipt_reused = rerun.reused
+    if again.started + rerun.reused != rerun.pending:
+        raise DemoCheckFailed("the rerun neither reused nor called some rows")
+    progress.console.print(
+        f"receipts: a map stopped half way finished {report.receipt_first_calls} provider calls"
+    )
+    progress.console.print(
+        f"its rerun reused {rerun.reused} from their receipts, "
+        f"called the provider {again.started} times"
+    )
+    report.timings["receipts"] = clock() - t0
 
     # 4. Read-back through the lazy dataset on both roads.
     digests = {}
@@ -371,23 +452,30 @@ def report_table(report: DemoReport) -> Table:
     direct, gateway = report.stats["direct"], report.stats["gateway"]
     table.add_row("rows admitted", "", f"{report.inserted:,}", "one start(), write version 1")
     table.add_row(
-        "map write batches",
-        f"{report.direct_batches:,}",
-        f"{report.gateway_batches:,}",
-        f"up to {report.batch_rows} rows each, fenced by write version",
+        "map (attempt 1)",
+        f"{report.attempt1_settled:,}",
+        "",
+        f"rows settled in batches of up to {report.batch_rows}, then superseded",
     )
     table.add_row(
         "fenced writes",
+        f"{report.fenced_rows:,}",
         "",
-        "",
-        f"{report.fenced_attempts} stale batches, {report.fenced_rows} rows "
-        f"({', '.join(sorted(report.fenced_reasons))}): AttemptSupersededError",
+        f"{', '.join(sorted(report.fenced_reasons))}: AttemptSupersededError; "
+        f"{report.cancelled_in_flight} calls cancelled in flight",
     )
     table.add_row(
-        "retry",
+        "map (rerun)",
         "",
-        "",
-        f"{report.retry_pending:,} rows re-mapped, {report.retry_completed:,} kept as enriched",
+        f"{report.retry_pending:,}",
+        f"rows mapped, {report.retry_completed:,} kept as enriched",
+    )
+    table.add_row(
+        "receipts (rerun)",
+        f"{report.receipt_first_calls}",
+        f"{report.receipt_rerun_calls}",
+        f"provider calls; {report.receipt_reused} reused from receipts "
+        f"of {report.receipt_rows} rows",
     )
     table.add_row(
         "rows read back",
