@@ -183,3 +183,15 @@ async def test_bad_options_are_refused_before_admitting(gateway: CountingGateway
         with pytest.raises(InvalidInputError, match="fn must be"):
             await rt.map("ns", CONTRACT, inputs(2), "not callable")  # type: ignore[arg-type]
         assert gateway.requests == before
+
+
+async def test_map_writes_of_every_batch_size_share_one_session(gateway: CountingGateway) -> None:
+    play = new_play()
+    async with runtime(gateway, "direct", play=play) as rt:
+        # flush_seconds=0: every batch leaves with whatever is queued, of many sizes.
+        report = await rt.map(
+            "ns", CONTRACT, inputs(1_000), count_words, batch_rows=37, flush_seconds=0
+        )
+        assert report.completed + report.failed == 1_000
+        # One session reads the pending rows, one writes every batch.
+        assert rt.stats().sessions_minted == 2

@@ -81,7 +81,7 @@ from ._types import (
     WriteResult,
 )
 from .admission import Admission
-from .budgets import READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
+from .budgets import POSTGRES_WRITE_CHUNK_ROWS, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
 from .dataset import Dataset
 from .errors import AttemptSupersededError, InvalidInputError
 from .gateway.client import GatewayClient
@@ -810,7 +810,7 @@ class Runtime:
         shape = AccessShape(
             table_namespace=table_namespace,
             operations=("rows.read", "rows.upsert"),
-            limits=SessionLimits(max_rows=max(rows, 1)),
+            limits=SessionLimits(max_rows=_session_rows(rows)),
             contract=contract,
             user_email=self.context.user_email,
         )
@@ -822,11 +822,23 @@ class Runtime:
         shape = AccessShape(
             table_namespace=writer.table_namespace,
             operations=(operation,),
-            limits=SessionLimits(max_rows=max(rows, 1)),
+            limits=SessionLimits(max_rows=_session_rows(rows)),
             contract=writer.contract,
             user_email=self.context.user_email,
         )
         return self.sessions.store(shape)
+
+
+def _session_rows(rows: int) -> int:
+    """A write session's ``max_rows``: ``rows`` rounded up to whole write chunks.
+
+    The limit is part of the session's cache key, so the exact row count would
+    mint a session (a role, an RSA round trip) for every distinct batch size a
+    map's flushes produce; whole chunks let every write of up to one chunk
+    share one session, and the limit still bounds what one write may touch.
+    """
+    chunks = -(-max(rows, 1) // POSTGRES_WRITE_CHUNK_ROWS)
+    return chunks * POSTGRES_WRITE_CHUNK_ROWS
 
 
 @asynccontextmanager
