@@ -82,15 +82,25 @@ def wire_data(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
     raise TypeError(tp)
 
 
+#: Members whose rule the types do not say: an admission's rows carry a string _key.
+keyed_rows = st.lists(
+    st.fixed_dictionaries({"_key": st.text(max_size=6)}, optional={"email": st.text(max_size=6)}),
+    max_size=3,
+)
+RULES = {"pending_rows": keyed_rows, "completed_rows": keyed_rows}
+
+
+def _field_data(field: attrs.Attribute[Any]) -> st.SearchStrategy[Any]:
+    if field.name in RULES:
+        return RULES[field.name]
+    return wire_data(field.type, field.metadata)
+
+
 def wire_object(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
     fields = attrs.fields(attrs.resolve_types(cls, vars(_messages)))
-    required = {
-        wire_name(f.name): wire_data(f.type, f.metadata)
-        for f in fields
-        if f.default is attrs.NOTHING
-    }
+    required = {wire_name(f.name): _field_data(f) for f in fields if f.default is attrs.NOTHING}
     optional = {
-        wire_name(f.name): wire_data(f.type, f.metadata)
+        wire_name(f.name): _field_data(f)
         for f in fields
         if f.default is not attrs.NOTHING and f.name != "action"
     }

@@ -1,19 +1,22 @@
 """Checking gateway answers and turning them into sheetplane values.
 
-Every parser takes the decoded JSON object of a successful answer and either
-returns a value or raises ``GatewayProtocolError`` naming the action and what
-was wrong. No parser retries or reads again: a malformed answer to an
-accepted request is a gateway bug, and reading again could hide it.
+Every parser takes the decoded JSON object of a successful answer, reads it
+as its wire class (``gateway/_messages.py``: the shape, under the camelCase
+names), checks what the class cannot know (that a page echoes the request it
+answers, that an acquired lease names its holder), and either returns a value
+or raises ``GatewayProtocolError`` naming the action and what was wrong. No
+parser retries or reads again: a malformed answer to an accepted request is a
+gateway bug, and reading again could hide it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import Any, TypeVar
+
+import attrs
 
 from .._types import (
-    CODE_FORMATS,
-    STALE_REASONS,
     InlineAdmission,
     Page,
     PageRequest,
@@ -21,12 +24,14 @@ from .._types import (
     ReceiptClaim,
     ReceiptCompletion,
     ResolvedPlay,
-    StaleReason,
     StaleRow,
     Summary,
     TerminalWriteResult,
 )
 from ..errors import GatewayProtocolError
+from . import _messages as m
+
+T = TypeVar("T")
 
 
 def protocol_error(action: str, what: str, status: int = 200) -> GatewayProtocolError:
@@ -34,56 +39,28 @@ def protocol_error(action: str, what: str, status: int = 200) -> GatewayProtocol
     return GatewayProtocolError(status, None, f"{action} answer is malformed: {what}")
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(answer: Mapping[str, Any], name: str, action: str) -> int:
-    value = answer.get(name)
-    if not _is_int(value) or value < 0:
-        raise protocol_error(action, f"{name} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _str(answer: Mapping[str, Any], name: str, action: str) -> str:
-    value = answer.get(name)
-    if not isinstance(value, str):
-        raise protocol_error(action, f"{name} must be a string, got {type(value).__name__}")
-    return value
-
-
-def _str_list(answer: Mapping[str, Any], name: str, action: str) -> tuple[str, ...]:
-    value = answer.get(name)
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise protocol_error(action, f"{name} must be a list of strings")
-    return tuple(value)
-
-
-def _keyed_rows(answer: Mapping[str, Any], name: str, action: str) -> tuple[dict[str, Any], ...]:
-    value = answer.get(name)
-    if not isinstance(value, list):
-        raise protocol_error(action, f"{name} must be a list")
-    for index, row in enumerate(value):
-        if not isinstance(row, dict) or not isinstance(row.get("_key"), str):
-            raise protocol_error(action, f"{name}[{index}] must be an object with a string _key")
-    return tuple(value)
+def _read(value: object, cls: type[T], action: str, where: str = "") -> T:
+    try:
+        return m.structure(value, cls)
+    except m.WireError as exc:
+        raise protocol_error(action, f"{where}{exc}") from None
 
 
 def parse_ok(answer: Mapping[str, Any], action: str) -> None:
     """``{ok: true}``."""
-    if answer.get("ok") is not True:
-        raise protocol_error(action, "expected {ok: true}")
+    _read(answer, m.OkAnswer, action)
 
 
 def parse_admission(answer: Mapping[str, Any], action: str) -> InlineAdmission:
     """``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
+    read = _read(answer, m.AdmissionAnswer, action)
     return InlineAdmission(
-        inserted=_int(answer, "inserted", action),
-        skipped=_int(answer, "skipped", action),
-        pending_rows=_keyed_rows(answer, "pendingRows", action),
-        completed_rows=_keyed_rows(answer, "completedRows", action),
-        write_version=_int(answer, "writeVersion", action),
-        table_namespace=_str(answer, "tableNamespace", action),
+        inserted=read.inserted,
+        skipped=read.skipped,
+        pending_rows=tuple(read.pending_rows),
+        completed_rows=tuple(read.completed_rows),
+        write_version=read.write_version,
+        table_namespace=read.table_namespace,
     )
 
 
@@ -93,31 +70,16 @@ def check_page(value: object, request: PageRequest, action: str, where: str) -> 
     It must echo the request's ``limit`` and ``offset`` and hold at most
     ``limit`` rows, each a JSON object.
     """
-    if not isinstance(value, dict):
-        raise protocol_error(action, f"{where} must be an object")
-    limit, offset, rows = value.get("limit"), value.get("offset"), value.get("rows")
-    if (
-        not _is_int(limit)
-        or not _is_int(offset)
-        or (limit, offset)
-        != (
-            request.limit,
-            request.offset,
-        )
-    ):
+    page = _read(value, m.PageWire, action, f"{where}: ")
+    if (page.limit, page.offset) != (request.limit, request.offset):
         raise protocol_error(
             action,
-            f"{where} answers limit={limit!r} offset={offset!r}, "
+            f"{where} answers limit={page.limit!r} offset={page.offset!r}, "
             f"but limit={request.limit} offset={request.offset} was requested",
         )
-    if not isinstance(rows, list):
-        raise protocol_error(action, f"{where} rows must be a list")
-    if len(rows) > request.limit:
-        raise protocol_error(action, f"{where} holds {len(rows)} rows, over its limit {limit}")
-    for index, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise protocol_error(action, f"{where} row {index} is not an object")
-    return Page(rows=tuple(rows), limit=request.limit, offset=request.offset)
+    if len(page.rows) > request.limit:
+        raise protocol_error(action, f"{where} holds {len(page.rows)} rows, over its limit")
+    return Page(rows=tuple(page.rows), limit=request.limit, offset=request.offset)
 
 
 def parse_pages(
@@ -136,25 +98,10 @@ def parse_pages(
 
 def parse_row_keys(answer: Mapping[str, Any], request: PageRequest, action: str) -> list[str]:
     """``{keys: [str]}``, at most ``limit`` of them."""
-    keys = _str_list(answer, "keys", action)
+    keys = _read(answer, m.ReadRowKeysAnswer, action).keys
     if len(keys) > request.limit:
         raise protocol_error(action, f"{len(keys)} keys over the limit {request.limit}")
-    return list(keys)
-
-
-def _stale_row(value: object, action: str) -> StaleRow:
-    if not isinstance(value, dict):
-        raise protocol_error(action, "staleRows entries must be objects")
-    key, reason, stamp = value.get("key"), value.get("reason"), value.get("rowVersionStamp")
-    if not isinstance(key, str) or not _is_stale_reason(reason):
-        raise protocol_error(action, f"malformed stale row {value!r}")
-    if stamp is not None and not _is_int(stamp):
-        raise protocol_error(action, f"stale row {key!r} has rowVersionStamp {stamp!r}")
-    return StaleRow(key=key, reason=reason, row_version_stamp=stamp)
-
-
-def _is_stale_reason(value: object) -> TypeGuard[StaleReason]:
-    return isinstance(value, str) and value in STALE_REASONS
+    return keys
 
 
 def parse_terminal_write(answer: Mapping[str, Any], action: str) -> TerminalWriteResult:
@@ -164,36 +111,22 @@ def parse_terminal_write(answer: Mapping[str, Any], action: str) -> TerminalWrit
     one that listed fewer rows than keys) is reported as ``unreported``,
     which counts as superseded.
     """
-    committed = _str_list(answer, "committedKeys", action)
-    stale_keys = _str_list(answer, "staleKeys", action)
-    raw_rows = answer.get("staleRows")
-    if raw_rows is not None and not isinstance(raw_rows, list):
-        raise protocol_error(action, "staleRows must be a list")
+    read = _read(answer, m.TerminalWriteAnswer, action)
     reported: dict[str, StaleRow] = {}
-    for raw in raw_rows or ():
-        row = _stale_row(raw, action)
-        reported.setdefault(row.key, row)
+    for row in [] if read.stale_rows is m.ABSENT else read.stale_rows:
+        reported.setdefault(row.key, StaleRow(row.key, row.reason, row.row_version_stamp))
     stale_rows = dict(reported)
-    for key in stale_keys:
+    for key in read.stale_keys:
         stale_rows.setdefault(key, StaleRow(key=key, reason="unreported", row_version_stamp=None))
     return TerminalWriteResult(
-        committed_keys=tuple(dict.fromkeys(k for k in committed if k not in stale_rows)),
+        committed_keys=tuple(dict.fromkeys(k for k in read.committed_keys if k not in stale_rows)),
         stale_rows=tuple(stale_rows.values()),
-        updated=_int(answer, "updated", action),
+        updated=read.updated,
     )
 
 
-def _receipt(receipt: object, action: str) -> Receipt:
-    if not isinstance(receipt, dict):
-        raise protocol_error(action, "receipt must be an object")
-    if "result" not in receipt:
-        raise protocol_error(action, "receipt has no result")
-    return Receipt(
-        key=_str(receipt, "key", action),
-        result=receipt["result"],
-        run_id=_str(receipt, "runId", action),
-        completed_at=_str(receipt, "completedAt", action),
-    )
+def _receipt(receipt: m.ReceiptWire) -> Receipt:
+    return Receipt(**attrs.asdict(receipt, recurse=False))
 
 
 def parse_receipt_completion(
@@ -204,80 +137,43 @@ def parse_receipt_completion(
     A gateway that predates ``completionDisposition`` is answered by
     comparing run ids: the receipt is ``persisted`` when this run wrote it.
     """
-    value = _receipt(answer.get("receipt"), action)
-    disposition = answer.get("completionDisposition")
-    if disposition is None:
-        disposition = "persisted" if value.run_id == run_id else "existing"
-    if disposition == "persisted":
-        return ReceiptCompletion(receipt=value, completion_disposition="persisted")
-    if disposition == "existing":
-        return ReceiptCompletion(receipt=value, completion_disposition="existing")
-    raise protocol_error(action, f"unknown completionDisposition {disposition!r}")
-
-
-def _optional_str(answer: Mapping[str, Any], name: str, action: str) -> str | None:
-    value = answer.get(name)
-    if value is not None and not isinstance(value, str):
-        raise protocol_error(action, f"{name} must be a string or null")
-    return value
+    read = _read(answer, m.ReceiptAnswer, action)
+    receipt = _receipt(read.receipt)
+    disposition = read.completion_disposition
+    if disposition is m.ABSENT:
+        disposition = "persisted" if receipt.run_id == run_id else "existing"
+    return ReceiptCompletion(receipt=receipt, completion_disposition=disposition)
 
 
 def parse_receipt_claim(answer: Mapping[str, Any], action: str, holder: str) -> ReceiptClaim:
     """``{acquired, holder, expiresAt, receipt?}``; an acquired lease must name ``holder``
     and an expiry, and a completed one carries no lease."""
-    acquired = answer.get("acquired")
-    if not isinstance(acquired, bool):
-        raise protocol_error(action, "acquired must be a boolean")
-    current = _optional_str(answer, "holder", action)
-    expires_at = _optional_str(answer, "expiresAt", action)
-    raw = answer.get("receipt")
-    receipt = None if raw is None else _receipt(raw, action)
-    if acquired and (current != holder or expires_at is None or receipt is not None):
+    read = _read(answer, m.ClaimAnswer, action)
+    receipt = None if read.receipt is m.ABSENT else _receipt(read.receipt)
+    if read.acquired and (read.holder != holder or read.expires_at is None or receipt is not None):
         raise protocol_error(action, "an acquired lease must name its holder and expiry")
-    return ReceiptClaim(acquired, current, expires_at, receipt)
+    return ReceiptClaim(read.acquired, read.holder, read.expires_at, receipt)
 
 
 def parse_released(answer: Mapping[str, Any], action: str) -> bool:
     """``{released}``."""
-    released = answer.get("released")
-    if not isinstance(released, bool):
-        raise protocol_error(action, "released must be a boolean")
-    return released
+    return _read(answer, m.ReleaseAnswer, action).released
 
 
 def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay | None:
     """``{play: {playId, sourceCode?, artifact?, codeFormat?, contractSnapshot?} | null}``."""
-    if "play" not in answer:
-        raise protocol_error(action, "the answer has no play (null when none resolves)")
-    play = answer["play"]
+    play = _read(answer, m.ResolvePlayAnswer, action).play
     if play is None:
         return None
-    if not isinstance(play, dict):
-        raise protocol_error(action, "play must be an object or null")
-    snapshot = play.get("contractSnapshot")
-    code_format = play.get("codeFormat")
-    if snapshot is not None and not isinstance(snapshot, dict):
-        raise protocol_error(action, "play.contractSnapshot must be an object or null")
-    if code_format is not None and code_format not in CODE_FORMATS:
-        raise protocol_error(action, f"play.codeFormat {code_format!r} is not a code format")
-    play_id = _str(play, "playId", action)
-    if not play_id.strip():
-        raise protocol_error(action, "play.playId is empty")
     return ResolvedPlay(
-        play_id=play_id,
-        source_code=_optional_str(play, "sourceCode", action),
-        artifact=play.get("artifact"),
-        code_format=code_format,
-        contract_snapshot=snapshot,
+        play_id=play.play_id,
+        source_code=play.source_code,
+        artifact=play.artifact,
+        code_format=play.code_format,
+        contract_snapshot=play.contract_snapshot,
     )
 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:
     """``{total, queued, running, completed, failed}``."""
-    return Summary(
-        total=_int(answer, "total", action),
-        queued=_int(answer, "queued", action),
-        running=_int(answer, "running", action),
-        completed=_int(answer, "completed", action),
-        failed=_int(answer, "failed", action),
-    )
+    return Summary(**attrs.asdict(_read(answer, m.SummaryAnswer, action)))

@@ -445,6 +445,13 @@ class SummaryRequest(Request):
 # --- answers -----------------------------------------------------------------------------------
 
 
+def _keyed(rows: list[dict[str, Any]]) -> str | None:
+    for index, row in enumerate(rows):
+        if not isinstance(row.get("_key"), str):
+            return f"must hold objects with a string _key (item {index} has none)"
+    return None
+
+
 @attrs.frozen(kw_only=True)
 class OkAnswer:
     ok: Literal[True] = True
@@ -454,8 +461,8 @@ class OkAnswer:
 class AdmissionAnswer:
     inserted: int = _int(0)
     skipped: int = _int(0)
-    pending_rows: list[dict[str, Any]]
-    completed_rows: list[dict[str, Any]]
+    pending_rows: list[dict[str, Any]] = attrs.field(validator=_rule(lambda rows: _keyed(rows)))
+    completed_rows: list[dict[str, Any]] = attrs.field(validator=_rule(lambda rows: _keyed(rows)))
     table_namespace: str
     write_version: int = _int(0)
 
@@ -521,8 +528,13 @@ class ReadRowsBatchAnswer:
 @attrs.frozen(kw_only=True)
 class ReadRowKeysAnswer:
     keys: list[str]
-    limit: int = _int(0)
-    offset: int = _int(0)
+    limit: int | Absent = attrs.field(
+        default=ABSENT, validator=_between(0), metadata={"minimum": 0}
+    )
+    """Echoed by this gateway; the client reads only the keys."""
+    offset: int | Absent = attrs.field(
+        default=ABSENT, validator=_between(0), metadata={"minimum": 0}
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -552,7 +564,8 @@ class ReceiptWire:
 @attrs.frozen(kw_only=True)
 class ReceiptAnswer:
     receipt: ReceiptWire
-    completion_disposition: Literal["persisted", "existing"]
+    completion_disposition: Literal["persisted", "existing"] | Absent = ABSENT
+    """Always written by this gateway; an older one leaves it out."""
 
 
 @attrs.frozen(kw_only=True)
@@ -570,11 +583,11 @@ class ReleaseAnswer:
 
 @attrs.frozen(kw_only=True)
 class PlayWire:
-    play_id: str
-    source_code: str | None
-    artifact: Any
-    code_format: CodeFormat | None
-    contract_snapshot: dict[str, Any] | None
+    play_id: str = _text()
+    source_code: str | None = None
+    artifact: Any = None
+    code_format: CodeFormat | None = None
+    contract_snapshot: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
