@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Final
 
 import orjson
@@ -143,10 +142,13 @@ def token_digest(token: str) -> str:
 
 # --- bodies ---------------------------------------------------------------------------
 
-#: Nineteen digits in a row: a number that may not fit 64 bits (orjson would
-#: read such an integer as a float), or a digit run inside a string (harmless:
-#: the standard library then reads the body, as before).
-_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
+#: Every digit byte to ``1``, every other byte to ``0``: ``_LONG_DIGITS`` found in
+#: the translated body is nineteen digits in a row, a number that may not fit 64
+#: bits (orjson would read such an integer as a float), or a digit run inside a
+#: string (harmless: the standard library then reads the body, as before). One
+#: ``translate`` and one ``find`` cost a few ms for 3 MB, a third of a regex scan.
+_DIGITS: Final = bytes(0x31 if 0x30 <= c <= 0x39 else 0x30 for c in range(256))
+_LONG_DIGITS: Final = b"1" * 19
 
 
 def decode_body(raw: bytes) -> Any:
@@ -159,7 +161,7 @@ def decode_body(raw: bytes) -> Any:
     are ``json.loads``'s own (``ValueError``, ``UnicodeDecodeError``,
     ``RecursionError``).
     """
-    if _LONG_DIGITS.search(raw) is None:
+    if raw.translate(_DIGITS).find(_LONG_DIGITS) < 0:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
