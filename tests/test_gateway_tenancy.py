@@ -276,6 +276,8 @@ TABLE_COLUMNS = {
     "otherSheetTable": SHEET_COLUMNS,
     "otherSummaryTable": SUMMARY_COLUMNS,
     "receiptsTable": RECEIPT_COLUMNS,
+    "metaTable": ("kind", "name", "value"),
+    "otherMetaTable": ("kind", "name", "value"),
 }
 WRITE_EVENT = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
 COUNTERS = ("total", "queued", "running", "completed", "failed", "updated_at")
@@ -288,6 +290,7 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
         ("summaryTable", "SELECT", ""),
         ("columnSummaryTable", "SELECT", ""),
         ("counterTable", "SELECT", ""),
+        ("metaTable", "SELECT", ""),
     }
     if operation == "rows.read":
         return allowed
@@ -382,6 +385,10 @@ async def test_privilege_matrix_of_every_operation_on_every_table_is_what_postgr
     tables["otherSheetTable"] = sql.Identifier(schema, other["postgres"]["sheetTable"])
     tables["otherSummaryTable"] = sql.Identifier(schema, other["postgres"]["summaryTable"])
     tables["receiptsTable"] = sql.Identifier(schema, receipts[0][0])
+    meta = sheet_names(SheetRef(ORG_A, PLAY, namespace)).meta_table  # not on the wire
+    tables["metaTable"] = sql.Identifier(schema, meta)
+    other_meta = sheet_names(SheetRef(ORG_A, PLAY, f"{namespace}_other")).meta_table
+    tables["otherMetaTable"] = sql.Identifier(schema, other_meta)
     allowed = await trio.to_thread.run_sync(probe_matrix, url, tables)
     assert allowed == expected_matrix(operation)
 
@@ -846,3 +853,45 @@ async def test_a_refused_batch_read_decodes_about_its_budget_not_the_whole_page(
     # The budget (12 MiB of answer) plus one bounded fetch, with room for the
     # interpreter's own allocations; the whole page is 40 MiB.
     assert peak < READ_BATCH_MAX_RESPONSE_BYTES + 12 * MiB, peak
+
+
+# --- finding 4: no org's metadata in what every role can read ---------------------------
+
+
+async def test_a_scoped_role_finds_no_other_orgs_metadata_sizes_or_row_counts(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_B, namespace)
+    await admit(gateway, TOKEN_A, namespace)
+    schema_b = sheet_names(SheetRef(ORG_B, PLAY, namespace)).schema
+    names_b = sheet_names(SheetRef(ORG_B, PLAY, namespace))
+    _, url = await mint(gateway, TOKEN_A, namespace, ["rows.read", "rows.upsert"])
+    # Table and column comments of every sheetplane table carry nothing.
+    described = await run_sql(
+        url,
+        "SELECT c.relname, obj_description(c.oid, 'pg_class'),"
+        " (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid"
+        "  AND col_description(c.oid, a.attnum) IS NOT NULL)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname LIKE 'sp\\_%%' AND c.relkind = 'r'",
+    )
+    assert any(row[0] == names_b.sheet_table for row in described)
+    assert all(row[1] is None and row[2] == 0 for row in described), described
+    # The other org's metadata table, sizes and row statistics are refused.
+    for statement in (
+        sql.SQL("SELECT * FROM {}").format(names_b.ident("meta_table")),
+        sql.SQL("SELECT pg_total_relation_size(%s::regclass)"),
+        sql.SQL("SELECT pg_stat_get_live_tuples(%s::regclass)"),
+        sql.SQL("SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = %s::regclass"),
+    ):
+        params = (
+            () if "meta" in statement.as_string(None) else (f"{schema_b}.{names_b.sheet_table}",)
+        )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await run_sql(url, statement, params)
+    # A direct write with no contract still finds its own sheet's column ids.
+    async with open_store(url, max_connections=1) as store:
+        sheet = SheetRef(ORG_A, PLAY, namespace)
+        await store.upsert_rows(sheet, [{"_key": "k0", "email": "new@x"}], idempotency_key="u1")
+        rows = await store.read_rows_by_keys(sheet, ["k0"])
+    assert rows[0]["email"] == "new@x"

@@ -27,6 +27,7 @@ TABLES = (
     "column_summary_table",
     "counter_table",
     "receipts_table",
+    "meta_table",
 )
 
 HOSTILE = (
@@ -133,11 +134,22 @@ def test_identifiers_render_quoted() -> None:
 
 
 def _columns(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[str, str | None]:
+    """Every column of the sheet table, with the id its metadata table records (or None)."""
+    meta = sql.Identifier(schema, table.removesuffix("_rows") + "_meta")
     rows = conn.execute(
-        "SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute a"
-        " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+        sql.SQL(
+            "SELECT a.attname, m.value FROM pg_attribute a"
+            " LEFT JOIN {} m ON m.kind = 'column' AND m.name = a.attname"
+            " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"
+        ).format(meta),
         (sql.Identifier(schema, table).as_string(conn),),
     ).fetchall()
+    comments = conn.execute(
+        "SELECT count(*) FROM pg_attribute a WHERE a.attrelid = to_regclass(%s)"
+        " AND col_description(a.attrelid, a.attnum) IS NOT NULL",
+        (sql.Identifier(schema, table).as_string(conn),),
+    ).fetchone()
+    assert comments == (0,)  # the ids are never kept in catalog comments
     return dict(rows)
 
 
@@ -244,7 +256,13 @@ async def test_hostile_names_work_and_stay_isolated(store: SheetStore, database_
                 "SELECT obj_description(to_regclass(%s), 'pg_class')",
                 (first.ident("sheet_table").as_string(admin),),
             ).fetchone()
-        assert comment is not None and HOSTILE[0] in comment[0]
+            logical = admin.execute(
+                sql.SQL("SELECT name, value FROM {} WHERE kind = 'sheet'").format(
+                    first.ident("meta_table")
+                )
+            ).fetchall()
+        assert comment == (None,)  # logical names stay out of catalog comments
+        assert dict(logical)["play_name"] == HOSTILE[0]
     finally:
         with psycopg.connect(database_url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(victim)))

@@ -45,7 +45,7 @@ from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
 from ._pool import TrioPool
-from ._schema import SYSTEM_COLUMNS, SheetNames
+from ._schema import SheetNames, column_ids
 
 __all__ = [
     "RowCursor",
@@ -173,21 +173,9 @@ def _projection(
     return _Projection(sql.SQL(", ").join(parts), keys, key_bytes)
 
 
-_COLUMNS = """
-    SELECT a.attname, coalesce(col_description(a.attrelid, a.attnum), a.attname)
-    FROM pg_attribute a
-    WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
-    ORDER BY a.attnum
-"""
-
-
 def _physical_columns(conn: Conn, names: SheetNames) -> list[tuple[str, str]] | None:
     """(sql name, column id) of the sheet table's physical columns; None if it does not exist."""
-    qualified = names.ident("sheet_table").as_string(conn)
-    rows = conn.execute(_COLUMNS, (qualified,)).fetchall()
-    if not rows:
-        return None
-    return [(name, column_id) for name, column_id in rows if name not in SYSTEM_COLUMNS]
+    return column_ids(conn, names)
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
 from ._locking import lock_sheet as lock_sheet_in
-from ._schema import SYSTEM_COLUMNS, SheetNames
+from ._schema import SheetNames, column_ids
 
 T = TypeVar("T")
 
@@ -410,20 +410,17 @@ def table_columns(conn: psycopg.Connection[Any], names: SheetNames) -> tuple[Con
     """The sheet table's physical columns as the catalog knows them.
 
     Used by writes that carry no contract (append, upsert, replace): each jsonb
-    column the table has beyond the system columns, its id taken from the
-    column comment ``ensure_sheet`` leaves (else its name). A row carries a
-    column's value under the column id or its sql name.
+    column the table has beyond the system columns, its id the one
+    ``ensure_sheet`` recorded in the sheet's metadata table (else its name). A
+    row carries a column's value under the column id or its sql name.
     """
-    rows = conn.execute(
-        "SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute AS a "
-        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
-        "ORDER BY a.attnum",
-        (names.ident("sheet_table").as_string(conn),),
-    ).fetchall()
+    found = column_ids(conn, names)
+    if found is None:
+        # No such sheet: fail as a query on it does (UndefinedTable, answered 404).
+        conn.execute("SELECT %s::regclass", (names.ident("sheet_table").as_string(conn),))
     return tuple(
-        ContractColumn(id=comment or name, sql_name=name, source="input")
-        for name, comment in rows
-        if name not in SYSTEM_COLUMNS
+        ContractColumn(id=column_id, sql_name=name, source="input")
+        for name, column_id in found or ()
     )
 
 

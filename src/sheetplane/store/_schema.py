@@ -1,19 +1,21 @@
 """The physical layout of a sheet: names, and the idempotent DDL that creates it.
 
 One schema per org (``sp_<org>_<hash>``); in it, per sheet (play + table
-namespace) a sheet table, an event table, a summary table and a column-summary
-table, and per play a work-receipts table. Logical names can be any text (quotes,
-unicode, SQL-looking strings): the physical names are a sanitised ASCII prefix
-plus a SHA-256 suffix of the exact logical name, so they are always valid
-identifiers of at most 63 bytes and two distinct sheets never share a table.
+namespace) a sheet table, an event table, a summary table, a column-summary
+table, a counter table and a metadata table, and per play a work-receipts
+table. Logical names can be any text (quotes, unicode, SQL-looking strings):
+the physical names are a sanitised ASCII prefix plus a SHA-256 suffix of the
+exact logical name, so they are always valid identifiers of at most 63 bytes
+and two distinct sheets never share a table.
 Every identifier reaches SQL through ``psycopg.sql.Identifier``; the logical
-names are kept as table comments, through ``sql.Literal``.
+names and the contract's column ids are kept in the sheet's metadata table
+(readable only by the sheet's own session roles), never in catalog comments,
+through ``sql.Literal``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = [
     "POSTGRES_SYSTEM_COLUMNS",
     "SYSTEM_COLUMNS",
     "SheetNames",
+    "column_ids",
     "ensure_receipts",
     "ensure_sheet",
     "org_schema",
@@ -132,6 +135,10 @@ class SheetNames:
     non-null counts, summed on read (``store._counters``)."""
     receipts_table: str
     """The play's work receipts."""
+    meta_table: str
+    """The sheet's metadata: its logical names and its columns' ids. Granted
+    only to the sheet's own session roles, never kept in catalog comments
+    (which every role of the database can read)."""
 
     def ident(self, table_attr: str) -> sql.Identifier:
         """The schema-qualified identifier of ``getattr(self, table_attr)``."""
@@ -159,6 +166,7 @@ _TABLE_ATTRS = frozenset(
         "column_summary_table",
         "counter_table",
         "receipts_table",
+        "meta_table",
     }
 )
 
@@ -174,6 +182,7 @@ def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
         column_summary_table=f"{sheet}_colsum",
         counter_table=f"{sheet}_counts",
         receipts_table=f"{_base('r', (play_name,))}_receipts",
+        meta_table=f"{sheet}_meta",
     )
 
 
@@ -203,6 +212,68 @@ def receipt_names(org_id: str, play_name: str) -> SheetNames:
 def org_schema(org_id: str) -> str:
     """The schema of ``org_id``'s tables (its sheets, receipts and plays)."""
     return _base("sp", (_check_logical("org_id", org_id),))
+
+
+_LEGACY_COMMENTS = """
+    SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute AS a
+    WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+      AND col_description(a.attrelid, a.attnum) IS NOT NULL
+"""
+
+
+def _move_legacy_comments(conn: psycopg.Connection[Any], names: SheetNames) -> None:
+    """Column ids a sheet kept in column comments move to its metadata table."""
+    sheet = names.ident("sheet_table")
+    for name, column_id in conn.execute(_LEGACY_COMMENTS, (sheet.as_string(conn),)).fetchall():
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (kind, name, value) VALUES ('column', %s, %s) "
+                "ON CONFLICT (kind, name) DO NOTHING"
+            ).format(names.ident("meta_table")),
+            (name, column_id),
+        )
+        conn.execute(sql.SQL("COMMENT ON COLUMN {}.{} IS NULL").format(sheet, sql.Identifier(name)))
+
+
+_COLUMN_IDS = """
+    SELECT a.attname, coalesce(m.value, a.attname)
+    FROM pg_attribute AS a LEFT JOIN {meta} AS m ON m.kind = 'column' AND m.name = a.attname
+    WHERE a.attrelid = to_regclass(%(sheet)s) AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum
+"""
+
+_COLUMN_IDS_LEGACY = """
+    SELECT a.attname, coalesce(col_description(a.attrelid, a.attnum), a.attname)
+    FROM pg_attribute AS a
+    WHERE a.attrelid = to_regclass(%(sheet)s) AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum
+"""
+
+
+def column_ids(conn: psycopg.Connection[Any], names: SheetNames) -> list[tuple[str, str]] | None:
+    """``(sql name, column id)`` of the sheet table's physical columns, in table
+    order; None when the sheet does not exist.
+
+    The ids come from the sheet's metadata table (readable by the sheet's own
+    session roles); a sheet not ensured since the ids lived in column comments
+    is read from those.
+    """
+    qualified = {
+        "sheet": names.ident("sheet_table").as_string(conn),
+        "meta": names.ident("meta_table").as_string(conn),
+    }
+    found = conn.execute(
+        "SELECT to_regclass(%(sheet)s) IS NOT NULL, to_regclass(%(meta)s) IS NOT NULL", qualified
+    ).fetchone()
+    if found is None or not found[0]:
+        return None
+    query: sql.Composed | sql.SQL = (
+        sql.SQL(_COLUMN_IDS).format(meta=names.ident("meta_table"))
+        if found[1]
+        else sql.SQL(_COLUMN_IDS_LEGACY)
+    )
+    rows = conn.execute(query, qualified).fetchall()
+    return [(str(name), str(column_id)) for name, column_id in rows if name not in SYSTEM_COLUMNS]
 
 
 def sheet_exists(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
@@ -269,7 +340,7 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
 
 _CATALOG = sql.SQL(
     """
-    SELECT c.relname, a.attname, col_description(c.oid, a.attnum)
+    SELECT c.relname, a.attname
     FROM pg_class c
     JOIN pg_namespace n ON n.oid = c.relnamespace
     LEFT JOIN pg_attribute a
@@ -283,16 +354,25 @@ _CATALOG = sql.SQL(
 def _missing_ddl(
     conn: psycopg.Connection[Any], names: SheetNames, columns: Mapping[str, str]
 ) -> bool:
-    """Whether anything of the layout (a table, a column, a column comment) is missing."""
+    """Whether anything of the layout (a table, a column, a column's id) is missing."""
     tables = [getattr(names, attr) for attr in sorted(_TABLE_ATTRS)]
     rows = conn.execute(
         _CATALOG, {"sheet": names.sheet_table, "schema": names.schema, "tables": tables}
     ).fetchall()
     found_tables = {row[0] for row in rows}
-    comments = {row[1]: row[2] for row in rows if row[1] is not None}
-    if found_tables != set(tables) or "_admitted_version" not in comments:
+    attributes = {row[1] for row in rows if row[1] is not None}
+    if found_tables != set(tables) or "_admitted_version" not in attributes:
         return True
-    return any(comments.get(name, "\x00") != column_id for name, column_id in columns.items())
+    if any(name not in attributes for name in columns):
+        return True
+    ids = dict(
+        conn.execute(
+            sql.SQL("SELECT name, value FROM {} WHERE kind = 'column'").format(
+                names.ident("meta_table")
+            )
+        ).fetchall()
+    )
+    return any(ids.get(name) != column_id for name, column_id in columns.items())
 
 
 def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, str]) -> sql.Composed:
@@ -329,14 +409,29 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
                 ),
             )
         )
-        statements.extend(
-            sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
-                sheet, sql.Identifier(name), sql.Literal(column_id)
-            )
-            for name, column_id in columns.items()
-        )
+    meta = names.ident("meta_table")
+    entries = [("sheet", key, value) for key, value in logical.items()]
+    entries += [("column", name, column_id) for name, column_id in columns.items()]
     statements += [
-        sql.SQL("COMMENT ON TABLE {} IS {}").format(sheet, sql.Literal(json.dumps(logical))),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                kind text NOT NULL,
+                name text NOT NULL,
+                value text NOT NULL,
+                PRIMARY KEY (kind, name)
+            )"""
+        ).format(meta),
+        sql.SQL(
+            "INSERT INTO {} (kind, name, value) VALUES {} "
+            "ON CONFLICT (kind, name) DO UPDATE SET value = EXCLUDED.value"
+        ).format(
+            meta,
+            sql.SQL(", ").join(
+                sql.SQL("({}, {}, {})").format(*map(sql.Literal, entry)) for entry in entries
+            ),
+        ),
+        # A sheet made when this metadata lived in catalog comments loses them.
+        sql.SQL("COMMENT ON TABLE {} IS NULL").format(sheet),
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_input_index, _created_at, _key)").format(
             sql.Identifier(names.order_index), sheet
         ),
@@ -442,6 +537,7 @@ async def ensure_sheet(
         if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (counters,)).fetchone() == (True,):
             lock_sheet(conn, names, "exclusive")
         conn.execute(_ddl(names, columns, logical))
+        _move_legacy_comments(conn, names)
         conn.execute(_summary_row(names))
 
     await pool.run(run)

@@ -19,7 +19,13 @@ could call them. Some let one tenant reach past its sheet:
   ``REASSIGN OWNED`` would hand to the gateway;
 * ``pg_notify``: a channel every role of the database shares;
 * ``pg_logical_emit_message``: WAL of any size;
-* ``TEMPORARY`` on the database: temporary tables outside every grant.
+* ``TEMPORARY`` on the database: temporary tables outside every grant;
+* the relation size functions (``pg_relation_size``, ``pg_total_relation_size``,
+  ``pg_table_size``, ``pg_indexes_size``) and the per-relation statistics
+  functions behind ``pg_stat_*_tables`` / ``pg_statio_*`` (live and dead
+  tuples, scans, vacuums): they tell one tenant how big another's sheets are
+  and how busy. (``pg_class.reltuples`` and ``relpages`` stay readable: the
+  catalog has no row-level privileges, see docs/gateway.md.)
 
 At startup a superuser gateway revokes all of these from ``PUBLIC`` (in the
 current database only), once, under a lock so gateways starting together do
@@ -57,7 +63,12 @@ log = logging.getLogger("sheetplane.gateway.server")
 #: Built-in functions (``pg_catalog``, by name) no scoped session may execute.
 REVOKED_FUNCTION_PATTERN: Final = (
     r"^(pg_(try_)?advisory_.*|pg_sleep(_for|_until)?|pg_(cancel|terminate)_backend"
-    r"|lo_.*|loread|lowrite|pg_notify|pg_logical_emit_message)$"
+    r"|lo_.*|loread|lowrite|pg_notify|pg_logical_emit_message"
+    # Other orgs' table sizes and row counts, by relation.
+    r"|pg_(relation|total_relation|table|indexes)_size"
+    r"|pg_stat_get_(xact_)?(numscans|lastscan|tuples_.*|live_tuples|dead_tuples"
+    r"|mod_since_analyze|ins_since_vacuum|blocks_fetched|blocks_hit|last_.*_time"
+    r"|(auto)?(vacuum|analyze)_count|total_(auto)?(vacuum|analyze)_time))$"
 )
 
 #: Of those, what the gateway itself calls (a non-superuser gateway needs them granted).

@@ -296,6 +296,8 @@ def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, lis
         "summary_table": [("SELECT", ())],
         "column_summary_table": [("SELECT", ())],
         "counter_table": [("SELECT", ())],
+        # The sheet's column ids and logical names (kept out of catalog comments).
+        "meta_table": [("SELECT", ())],
     }
     if any(op != "rows.read" for op in operations):
         # Idempotency keys: the write path reads them and records its own event.
