@@ -15,7 +15,7 @@ import trio
 from sheetplane import AttemptSupersededError, MapProgress
 from sheetplane._map import receipt_key, run_map
 from sheetplane._types import CompleteRow, FailRow, TerminalWriteResult
-from sheetplane.budgets import MAP_RETAINED_BATCHES, MAX_ROW_KEY_BYTES
+from sheetplane.budgets import MAP_RETAINED_BATCHES, MAX_ERROR_TEXT_BYTES, MAX_ROW_KEY_BYTES
 
 
 def rows(n: int) -> list[dict[str, Any]]:
@@ -313,3 +313,45 @@ def test_receipt_keys_name_the_row_or_digest_a_long_one() -> None:
     long = receipt_key("leads", "x" * MAX_ROW_KEY_BYTES)
     assert long.startswith("map-sha256/") and len(long) == len("map-sha256/") + 64
     assert long != receipt_key("leads", "y" * MAX_ROW_KEY_BYTES)
+
+
+async def test_outputs_that_cannot_be_written_fail_their_row_alone(autojump_clock: Any) -> None:
+    writes = Writes()
+    failures: dict[str, str] = {}
+
+    async def record(batch: Sequence[FailRow]) -> TerminalWriteResult:
+        failures.update((row.key, row.error) for row in batch)
+        return await writes.fail(batch)
+
+    async def odd(row: dict[str, Any]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return (
+            [
+                {"ok": 1},
+                {"bad": object()},
+                {"nan": float("nan")},
+                "not a mapping",
+            ][row["n"] % 4]
+            if row["n"] != 4
+            else _raise_long()
+        )
+
+    counts = await run_map(
+        Pending(rows(8)),
+        odd,
+        total=8,
+        complete=writes.complete,
+        fail=record,
+        concurrency=2,
+        batch_rows=10,
+        flush_seconds=0.25,
+    )
+    assert counts == (1, 7, 0)  # row 0 completes; row 4 raised; the rest cannot be written
+    assert "not JSON" in failures["k00001"] and "not JSON" in failures["k00002"]
+    assert "must return a mapping" in failures["k00003"]
+    assert len(failures["k00004"].encode()) <= MAX_ERROR_TEXT_BYTES
+    assert failures["k00004"].endswith("...")
+
+
+def _raise_long() -> Any:
+    raise ValueError("x" * (2 * MAX_ERROR_TEXT_BYTES))

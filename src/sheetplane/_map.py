@@ -14,7 +14,9 @@ free of the runtime (the virtual-time tests drive it with fakes):
   held at a time) and call ``fn`` on each; so at most ``concurrency`` calls
   run at once.
 * Each outcome is a ``CompleteRow`` (``fn`` returned its outputs) or a
-  ``FailRow`` (``fn`` raised an ``Exception``: its message). A
+  ``FailRow`` (``fn`` raised an ``Exception``: its message, cut to
+  ``MAX_ERROR_TEXT_BYTES``; or returned outputs that are not JSON or are
+  larger than ``MAX_ROW_BYTES``: one bad row fails alone, never its batch). A
   ``BaseException`` other than a cancellation propagates and stops the map.
   The worker hands the outcome to a write task and takes its next row at once.
 * The write tasks submit to a ``BoundedBatchFunction`` keyed by kind
@@ -58,6 +60,7 @@ from .budgets import (
     MAP_RETAINED_BATCHES,
     MAP_WRITE_BATCH_MAX_BYTES,
     MAP_WRITE_MAX_IN_FLIGHT,
+    MAX_ERROR_TEXT_BYTES,
     MAX_QUEUE_WAIT_MS,
     MAX_ROW_BYTES,
     MAX_ROW_KEY_BYTES,
@@ -148,17 +151,32 @@ def check_map_options(
         raise InvalidInputError(f"progress must be callable or None, got {progress!r}")
 
 
-def _estimate(row: CompleteRow | FailRow) -> int:
-    value = (
-        (row.key, row.data, row.cell_meta_patch)
-        if isinstance(row, CompleteRow)
-        else (
-            row.key,
-            row.error,
-            row.data,
-        )
-    )
-    return json_byte_length_up_to(value, MAX_ROW_BYTES).bytes
+#: A worker's outcome and its estimated bytes (measured once, by the worker).
+Outcome = tuple[CompleteRow | FailRow, int]
+
+
+def _estimate(outcome: Outcome) -> int:
+    return outcome[1]
+
+
+def _fail(key: str, text: str) -> Outcome:
+    """A FailRow whose message fits the gateway's error cap (cut at a character)."""
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) > MAX_ERROR_TEXT_BYTES:
+        text = encoded[: MAX_ERROR_TEXT_BYTES - 3].decode("utf-8", "ignore") + "..."
+    return FailRow(key, text), len(key) + len(text.encode("utf-8", "replace"))
+
+
+def _complete(key: str, outputs: Mapping[str, Any]) -> Outcome:
+    """A CompleteRow, or a FailRow when the outputs cannot be written (not JSON, too big):
+    one bad row fails alone instead of failing its whole batch's write."""
+    try:
+        size = json_byte_length_up_to(outputs, MAX_ROW_BYTES)
+    except (TypeError, InvalidInputError) as exc:
+        return _fail(key, f"fn returned outputs that are not JSON: {exc}")
+    if size.exceeded:
+        return _fail(key, f"fn returned outputs larger than {MAX_ROW_BYTES} bytes as JSON")
+    return CompleteRow(key, outputs), len(key) + size.bytes
 
 
 def _failure_text(exc: Exception) -> str:
@@ -229,8 +247,8 @@ async def run_map(
     """
     state = _MapState(total=total, progress=progress)
 
-    async def execute(batch: Batch[Kind, CompleteRow | FailRow]) -> list[None]:
-        rows = batch.values
+    async def execute(batch: Batch[Kind, Outcome]) -> list[None]:
+        rows = [row for row, _size in batch.values]
         try:
             if batch.key == "complete":
                 await complete([row for row in rows if isinstance(row, CompleteRow)])
@@ -242,7 +260,7 @@ async def run_map(
         state.settled(batch.key, len(rows))
         return [None] * len(rows)
 
-    batcher: BoundedBatchFunction[Kind, CompleteRow | FailRow, None] = BoundedBatchFunction(
+    batcher: BoundedBatchFunction[Kind, Outcome, None] = BoundedBatchFunction(
         execute,
         estimate_bytes=_estimate,
         max_batch_items=batch_rows,
@@ -256,15 +274,15 @@ async def run_map(
     iterator: AsyncIterator[Row] = aiter(pending)
     read_lock = trio.Lock()
 
-    async def write(kind: Kind, row: CompleteRow | FailRow) -> None:
+    async def write(kind: Kind, outcome: Outcome) -> None:
         try:
-            await batcher.submit(kind, row, max_wait=MAX_QUEUE_WAIT_MS / _MS)
+            await batcher.submit(kind, outcome, max_wait=MAX_QUEUE_WAIT_MS / _MS)
         except Exception as exc:
             state.halt(exc)
         finally:
             room.release()
 
-    async def call(row: Row) -> CompleteRow | FailRow:
+    async def call(row: Row) -> Outcome:
         key = row["_key"]
         try:
             if once is None:
@@ -274,12 +292,11 @@ async def run_map(
                 if reused:
                     state.reused += 1
         except Exception as exc:
-            return FailRow(key, _failure_text(exc))
+            return _fail(key, _failure_text(exc))
         if not isinstance(outputs, Mapping):
-            return FailRow(
-                key, f"fn must return a mapping of outputs, got {type(outputs).__name__}"
-            )
-        return CompleteRow(key, outputs)
+            what = type(outputs).__name__
+            return _fail(key, f"fn must return a mapping of outputs, got {what}")
+        return _complete(key, outputs)
 
     async def worker(writes: trio.Nursery) -> None:
         while True:
@@ -294,7 +311,7 @@ async def run_map(
             outcome = await call(row)
             await room.acquire()
             writes.start_soon(
-                write, "complete" if isinstance(outcome, CompleteRow) else "fail", outcome
+                write, "complete" if isinstance(outcome[0], CompleteRow) else "fail", outcome
             )
 
     try:
