@@ -98,9 +98,9 @@ def _field_data(field: attrs.Attribute[Any]) -> st.SearchStrategy[Any]:
 
 def wire_object(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
     fields = attrs.fields(attrs.resolve_types(cls, vars(_messages)))
-    required = {wire_name(f.name): _field_data(f) for f in fields if f.default is attrs.NOTHING}
+    required = {wire_name(f): _field_data(f) for f in fields if f.default is attrs.NOTHING}
     optional = {
-        wire_name(f.name): _field_data(f)
+        wire_name(f): _field_data(f)
         for f in fields
         if f.default is not attrs.NOTHING and f.name != "action"
     }
@@ -137,7 +137,7 @@ def test_structure_of_unstructure_is_the_identity(cls: type[Any], data: st.DataO
         if item is None and not writes_nulls and key not in again:
             continue
         assert key in again
-    assert all(CAMEL.match(key) for key in again)
+    assert all(CAMEL.match(key) or key == "encrypted_key" for key in again)
 
 
 def test_seed_shaped_requests_read_and_write_back_unchanged() -> None:

@@ -54,6 +54,7 @@ from .budgets import (
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
 from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
+from .gateway import _messages
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient
@@ -275,57 +276,33 @@ class _Answer:
 
 
 def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
-    """Check a ``create_db_session`` answer's shape; raise ``GatewayProtocolError`` if off."""
+    """Read a ``create_db_session`` answer (its wire class); ``GatewayProtocolError`` if off."""
 
     def bad(what: str) -> GatewayProtocolError:
         return GatewayProtocolError(200, None, f"create_db_session answer is malformed: {what}")
 
-    target = answer.get("target")
-    postgres = answer.get("postgres")
-    if not isinstance(target, Mapping) or not isinstance(postgres, Mapping):
-        raise bad("target and postgres must be objects")
-    texts = {
-        "expiresAt": answer.get("expiresAt"),
-        "playName": answer.get("playName"),
-        "orgId": target.get("orgId"),
-        "tableNamespace": target.get("tableNamespace"),
-        "logicalTable": target.get("logicalTable"),
-    }
-    for name in ("schema", "sheetTable", "eventTable", "summaryTable", "columnSummaryTable"):
-        texts[name] = postgres.get(name)
-    missing = [name for name, value in texts.items() if not isinstance(value, str)]
-    if missing:
-        raise bad(f"{', '.join(missing)} must be strings")
-    operations = answer.get("operations")
-    if not isinstance(operations, list) or not all(isinstance(op, str) for op in operations):
-        raise bad("operations must be a list of strings")
     try:
-        expires = dt.datetime.fromisoformat(str(texts["expiresAt"]))
-        limits = SessionLimits.from_json(answer.get("limits"))
-        ops = _operations(operations)
-    except (ValueError, InvalidInputError) as exc:
+        read = _messages.structure(answer, _messages.CreateDbSessionAnswer)
+        expires = dt.datetime.fromisoformat(read.expires_at)
+        limits = SessionLimits.from_json(read.limits)
+        ops = _operations(read.operations)
+    except (ValueError, InvalidInputError) as exc:  # WireError is a ValueError
         raise bad(str(exc)) from None
     if expires.tzinfo is None:
         raise bad("expiresAt must carry a time zone")
-    url, envelope = answer.get("postgresUrl"), answer.get("encryptedPostgresUrl")
-    if isinstance(url, str) == isinstance(envelope, Mapping):
+    url, sealed = read.postgres_url, read.encrypted_postgres_url
+    if (url is _messages.ABSENT) == (sealed is _messages.ABSENT):
         raise bad("exactly one of postgresUrl and encryptedPostgresUrl must be present")
     identity = DbSession(
-        org_id=str(texts["orgId"]),
-        play_name=str(texts["playName"]),
-        table_namespace=str(texts["tableNamespace"]),
-        logical_table=str(texts["logicalTable"]),
+        org_id=read.target.org_id,
+        play_name=read.play_name,
+        table_namespace=read.target.table_namespace,
+        logical_table=read.target.logical_table,
         operations=ops,
         limits=limits,
-        expires_at=str(texts["expiresAt"]),
+        expires_at=read.expires_at,
         expires_at_epoch=expires.timestamp(),
-        postgres=PostgresTables(
-            schema=str(texts["schema"]),
-            sheet_table=str(texts["sheetTable"]),
-            event_table=str(texts["eventTable"]),
-            summary_table=str(texts["summaryTable"]),
-            column_summary_table=str(texts["columnSummaryTable"]),
-        ),
+        postgres=PostgresTables(**attrs.asdict(read.postgres)),
         postgres_url=url if isinstance(url, str) else "",
     )
     aad = crypto.session_aad(
@@ -336,7 +313,10 @@ def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
         operations=identity.operations,
         expires_at=identity.expires_at,
     )
-    return _Answer(identity, envelope if isinstance(envelope, Mapping) else None, aad)
+    # The envelope goes to crypto as it came: its strict reading refuses what the
+    # class would have ignored.
+    envelope = None if sealed is _messages.ABSENT else answer["encryptedPostgresUrl"]
+    return _Answer(identity, envelope, aad)
 
 
 def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:

@@ -488,7 +488,7 @@ class EnvelopeWire:
     """A flattened JWE (RFC 7516 §7.2.2)."""
 
     protected: str
-    encrypted_key: str
+    encrypted_key: str = attrs.field(metadata={"wire": "encrypted_key"})
     iv: str
     ciphertext: str
     tag: str
@@ -680,8 +680,11 @@ _WRITES_NULLS: Final = frozenset(
 )
 
 
-def wire_name(name: str) -> str:
-    """The camelCase wire name of a Python field name (``sql_name`` -> ``sqlName``)."""
+def wire_name(name: str | attrs.Attribute[Any]) -> str:
+    """The wire name of a field: its ``wire`` metadata (a JWE member keeps its
+    RFC 7516 name), else the camelCase of its Python name (``sql_name`` -> ``sqlName``)."""
+    if not isinstance(name, str):
+        return str(name.metadata.get("wire") or wire_name(name.name))
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
@@ -833,7 +836,7 @@ class _Located(Exception):
 
 def _class_hook(cls: type[Any]) -> Callable[[Any, Any], Any]:
     fields = attrs.fields(attrs.resolve_types(cls, globals()))
-    names = {f.name: wire_name(f.name) for f in fields}
+    names = {f.name: wire_name(f) for f in fields}
     hooks = {f.name: converter.get_structure_hook(f.type) for f in fields}
     closed = cls in CLOSED
     capped = {f.name for f in fields if cls not in UNCAPPED and f.type in (str, str | None)}
@@ -879,7 +882,7 @@ def _failing_field(cls: type[Any], kwargs: dict[str, Any]) -> str:
         try:
             field.validator(None, field, kwargs[field.name])
         except ValueError:
-            return wire_name(field.name)
+            return wire_name(field)
     return cls.__name__
 
 
@@ -903,7 +906,7 @@ def _unstructure_hook(cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
                 continue
             if item is None and omit_nulls and field.default is None:
                 continue
-            out[wire_name(field.name)] = inner[field.name](item)
+            out[wire_name(field)] = inner[field.name](item)
         return out
 
     return unstructure

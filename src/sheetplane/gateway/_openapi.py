@@ -70,9 +70,9 @@ class _Builder:
                 value = field.metadata.get(key)
                 if value is not None:
                     schema = self._constrain(schema, key, value)
-            properties[wire_name(field.name)] = schema
+            properties[wire_name(field)] = schema
             if field.default is attrs.NOTHING:
-                required.append(wire_name(field.name))
+                required.append(wire_name(field))
         out: dict[str, Any] = {"type": "object", "properties": properties}
         if required:
             out["required"] = required
