@@ -37,16 +37,18 @@ from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetR
 from sheetplane.errors import SheetplaneError
 from sheetplane.store import open_store
 
+
+def _chunks(keys: Sequence[str], size: int) -> list[list[str]]:
+    return [list(keys[start : start + size]) for start in range(0, len(keys), size)]
+
+
+#: The sheet every runner writes (the benchmark's writers use the same shape).
 CONTRACT = SheetContract(
     (
         ContractColumn("company", "company", "input"),
         ContractColumn("score", "score", "output"),
     )
 )
-
-
-def _chunks(keys: Sequence[str], size: int) -> list[list[str]]:
-    return [list(keys[start : start + size]) for start in range(0, len(keys), size)]
 
 
 async def _drive(config: dict[str, Any], complete: Any, out: TextIO) -> int:

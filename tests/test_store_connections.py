@@ -41,9 +41,9 @@ DEADLINE_S = 300
 POLL_S = 0.02
 #: The issue's 25 runners x 8 concurrent writes against max_connections=100,
 #: scaled to a two-core CI machine with the same ratio of calls to slots (2).
-RUNNERS = 10
+RUNNERS = 6
 CONCURRENCY = 8
-MAX_CONNECTIONS = 40
+MAX_CONNECTIONS = 24
 CHUNK = 25
 CHUNKS_PER_RUNNER = 32
 #: What Postgres logs when it refuses a connection for lack of slots.
@@ -67,7 +67,7 @@ class Fleet:
 
 @pytest.fixture
 def small_server() -> Iterator[EmbeddedPostgres]:
-    """``max_connections=40``; not durable: nothing here crashes the server."""
+    """``max_connections=24``; not durable: nothing here crashes the server."""
     with EmbeddedPostgres(max_connections=MAX_CONNECTIONS, durable=False) as server:
         yield server
 

@@ -21,7 +21,8 @@ that are safe to run twice:
 * reads and counts: they change nothing.
 
 Nothing else on the direct road is retried here. Every other error (bad
-input, a statement timeout, a conflict the caller made) leaves at once.
+input, a statement timeout, a conflict the caller made, a connect the server
+refused for good: a bad password, an expired role) leaves at once.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ async def retry_idempotent(attempt: Callable[[], Awaitable[T]]) -> T:
     while True:
         try:
             return await attempt()
-        except RETRIED_ERRORS:
+        except RETRIED_ERRORS as exc:
+            if isinstance(exc, StoreUnavailableError) and not exc.transient:
+                raise
             failures += 1
             wake = budget.next_attempt_at(trio.current_time(), failures, None)
             if wake is None:

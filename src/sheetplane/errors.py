@@ -266,9 +266,19 @@ class StoreError(SheetplaneError):
 
 
 class StoreUnavailableError(StoreError):
-    """No connection could be made within the connect-retry ladder."""
+    """No connection could be made within the connect-retry ladder, or the
+    connection was lost.
+
+    ``transient`` is False when the server answered with something another
+    attempt will not change (a refused password, an unknown database): the
+    direct road retries only transient ones.
+    """
 
     code = "store_unavailable"
+
+    def __init__(self, *args: object, transient: bool = True) -> None:
+        super().__init__(*args)
+        self.transient = transient
 
 
 class ConnectionSlotsExhaustedError(StoreUnavailableError):

@@ -122,6 +122,10 @@ def next_connect_delay_ms(
     return delay if elapsed_ms + delay < budget_ms else None
 
 
+def _worth_retrying(exc: BaseException) -> bool:
+    return is_slot_exhaustion(exc) or is_transient_connect_error(exc)
+
+
 def is_transient_connect_error(exc: BaseException) -> bool:
     """Whether a connect failure is worth another attempt (refused, reset, timed out, 57P01)."""
     if isinstance(exc, psycopg.Error) and exc.sqlstate in _TRANSIENT_SQLSTATES:
@@ -348,7 +352,8 @@ class TrioPool:
                     error = ConnectionSlotsExhaustedError if is_slot_exhaustion(exc) else None
                     raise (error or StoreUnavailableError)(
                         f"could not connect to Postgres ({failures} attempt(s)): "
-                        f"{_describe(exc, self._redact)}"
+                        f"{_describe(exc, self._redact)}",
+                        transient=_worth_retrying(exc),
                     ) from exc
                 await trio.sleep(delay / 1000)
             else:
@@ -443,11 +448,13 @@ class TrioPool:
             error = self._last_connect_error
             message = f"no Postgres connection within {self.connect_budget_ms} ms"
             kind = StoreUnavailableError
+            transient = True
             if error is not None:
                 message = f"{message}: {_describe(error, self._redact)}"
+                transient = _worth_retrying(error)
                 if is_slot_exhaustion(error):
                     kind = ConnectionSlotsExhaustedError
-            return outcome.Error(kind(message).with_traceback(None))
+            return outcome.Error(kind(message, transient=transient).with_traceback(None))
         except psycopg.Error as exc:
             return outcome.Error(_chain(_translate(exc, self._redact), exc))
         with call.lock:
