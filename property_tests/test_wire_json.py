@@ -1,11 +1,12 @@
-"""The wire's JSON (``gateway._wire.encode_body``/``decode_body``, orjson with a
-standard-library fallback) against the measure budgets use (``json_byte_length_up_to``)
-and against ``json.loads``."""
+"""The wire's JSON (``gateway._wire.encode_body``/``decode_body``: orjson writes,
+msgspec reads, each with a standard-library fallback) against the measure budgets
+use (``json_byte_length_up_to``) and against ``json.loads``."""
 
 from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -69,7 +70,7 @@ def test_decoding_agrees_with_json_loads(value: Any) -> None:
     raw = json.dumps(value, ensure_ascii=False).encode("utf-8")  # spaced, as other producers write
     decoded = decode_body(raw)
     assert decoded == json.loads(raw)
-    # Integers stay integers, however long (orjson alone would read 2**70 as a float).
+    # Integers stay integers, however long (orjson would read 2**70 as a float).
     assert [type(v) for v in _leaves(decoded)] == [type(v) for v in _leaves(value)]
 
 
@@ -83,9 +84,16 @@ def _leaves(value: Any) -> list[Any]:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"NaN", b'{"a":Infinity}', b'"\\ud800"', b"[" * 5000 + b"]" * 5000, b"\xef\xbb\xbf{}"],
+    [
+        b"NaN",
+        b'{"a":Infinity}',
+        b"1e400",
+        b'"\\ud800"',
+        b"[" * 5000 + b"]" * 5000,
+        b"\xef\xbb\xbf{}",
+    ],
 )
-def test_what_orjson_refuses_reads_as_json_loads_reads_it(raw: bytes) -> None:
+def test_what_msgspec_refuses_reads_as_json_loads_reads_it(raw: bytes) -> None:
     try:
         expected: Any = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -108,3 +116,23 @@ def test_non_string_keys_and_non_finite_floats_are_not_written() -> None:
 def test_a_lone_surrogate_goes_out_escaped() -> None:
     assert encode_body({"error": "bad \ud800"}) == b'{"error":"bad \\ud800"}'
     assert encode_body({"big": 2**70}) == b'{"big":1180591620717411303424}'
+
+
+def test_decoding_a_page_holds_little_more_than_its_result() -> None:
+    """A page answer decoded in the client is the runner's largest allocation; the
+    reader must not hold a parse document beside the result (orjson's held about
+    about its body again, up to
+    fifteen times it for pages of short strings)."""
+    rows = [
+        {"_key": f"r{i:032x}", "company": f"Company {i}", "employees": i, "_error": None}
+        for i in range(20_000)
+    ]
+    raw = encode_body({"pages": [{"rows": rows, "limit": 20_000, "offset": 0}]})
+    tracemalloc.start()
+    try:
+        decoded = decode_body(raw)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert decoded["pages"][0]["rows"] == rows
+    assert peak - held <= len(raw) // 8

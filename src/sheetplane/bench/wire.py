@@ -7,7 +7,7 @@ alternating the two codecs run by run:
 
 * **stdlib**: ``json.dumps(separators=(",", ":"), ensure_ascii=False)`` and
   ``json.loads``, what both sides used before;
-* **wire**: ``gateway._wire.encode_body`` / ``decode_body`` (orjson, with the
+* **wire**: ``gateway._wire.encode_body`` / ``decode_body`` (orjson writes, msgspec reads, with the
   standard library where orjson would read or write otherwise).
 
 It also times ``json_byte_length_up_to`` over the same pages (what the server
