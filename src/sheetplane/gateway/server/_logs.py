@@ -57,20 +57,23 @@ _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
-_REDACTORS: list[_Redactor] = []
+#: Per database URL its redactor (a process that builds many gateways on one
+#: database, as the test suite does, keeps one).
+_REDACTORS: dict[str, _Redactor] = {}
 _LITERALS: set[str] = set()
 
 
 def redact_in_logs(*, database_url: str, tokens: Iterable[str]) -> None:
     """Register a gateway's secrets: no log line formatted here carries them."""
-    _REDACTORS.append(_Redactor(database_url))
+    if database_url not in _REDACTORS:
+        _REDACTORS[database_url] = _Redactor(database_url)
     _LITERALS.update(token for token in tokens if token)
 
 
 def _redact(text: str) -> str:
     for literal in sorted(_LITERALS, key=len, reverse=True):
         text = text.replace(literal, "[redacted]")
-    for redactor in _REDACTORS:
+    for redactor in _REDACTORS.values():
         text = redactor(text)
     return text
 
