@@ -17,6 +17,7 @@ from joserfc import jwe
 from joserfc.jwk import OctKey, RSAKey
 from psycopg import sql
 
+from _session_helpers import aad_of, run_sql
 from sheetplane import EnvelopeDecryptionError, GatewayAuthError, crypto
 from sheetplane._types import CompleteRow, SheetContract, SheetRef
 from sheetplane.gateway.client import GatewayClient
@@ -93,17 +94,6 @@ class Session:
         return user
 
 
-def aad_of(answer: dict[str, Any]) -> bytes:
-    return crypto.session_aad(
-        org_id=answer["target"]["orgId"],
-        play_name=answer["playName"],
-        table_namespace=answer["target"]["tableNamespace"],
-        logical_table=answer["target"]["logicalTable"],
-        operations=answer["operations"],
-        expires_at=answer["expiresAt"],
-    )
-
-
 async def open_session(
     gw: RunningGateway, namespace: str, operations: list[str], ttl_seconds: int | None = None
 ) -> Session:
@@ -119,15 +109,6 @@ async def open_session(
     answer = await act(gw, "create_db_session", **fields)
     url = crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad_of(answer))
     return Session(answer, url, key)
-
-
-async def run_sql(url: str, statement: sql.Composable, params: tuple[Any, ...] = ()) -> Any:
-    def work() -> Any:
-        with psycopg.connect(url, autocommit=True) as conn:
-            cur = conn.execute(statement, params)
-            return cur.fetchall() if cur.description else None
-
-    return await trio.to_thread.run_sync(work)
 
 
 # --- Postgres enforces the grants -------------------------------------------------------

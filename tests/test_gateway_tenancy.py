@@ -17,6 +17,7 @@ import pytest
 import trio
 from psycopg import sql
 
+from _session_helpers import aad_of, run_sql
 from sheetplane import DatabaseNotHardenedError, crypto
 from sheetplane._types import SheetContract, SheetRef
 from sheetplane.budgets import (
@@ -99,24 +100,8 @@ async def mint(gw: RunningGateway, token: str, namespace: str, operations: list[
     """``(answer, url)`` of a new scoped session."""
     key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
     answer = await act(gw, token, "create_db_session", **session_fields(namespace, operations, key))
-    aad = crypto.session_aad(
-        org_id=answer["target"]["orgId"],
-        play_name=answer["playName"],
-        table_namespace=answer["target"]["tableNamespace"],
-        logical_table=answer["target"]["logicalTable"],
-        operations=answer["operations"],
-        expires_at=answer["expiresAt"],
-    )
+    aad = aad_of(answer)
     return answer, crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad)
-
-
-async def run_sql(url: str, statement: sql.Composable | str, params: Any = ()) -> Any:
-    def work() -> Any:
-        with psycopg.connect(url, autocommit=True) as conn:
-            cur = conn.execute(statement, params)  # type: ignore[arg-type]
-            return cur.fetchall() if cur.description else None
-
-    return await trio.to_thread.run_sync(work)
 
 
 def _lock_key(prefix: str, schema: str) -> int:

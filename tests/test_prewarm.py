@@ -9,7 +9,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import trio
 
+from _session_helpers import aad_of
 from sheetplane import SessionPrewarmError, crypto
 from sheetplane.budgets import POSTGRES_PREWARM_MAX_ATTEMPTS, POSTGRES_PREWARM_RETRY_DELAYS_MS
 from sheetplane.gateway.server import RunningGateway, running_gateway
@@ -87,17 +88,6 @@ async def proxied_session(
         "encryptedPostgresUrl": crypto.encrypt_with_unwrap_key(proxied, UNWRAP_KEY, aad),
     }
     return PreloadedSession(table_namespace=NAMESPACE, operations=("rows.read",), session=sealed)
-
-
-def aad_of(answer: Mapping[str, Any]) -> bytes:
-    return crypto.session_aad(
-        org_id=answer["target"]["orgId"],
-        play_name=answer["playName"],
-        table_namespace=answer["target"]["tableNamespace"],
-        logical_table=answer["target"]["logicalTable"],
-        operations=answer["operations"],
-        expires_at=answer["expiresAt"],
-    )
 
 
 def runtime_on(gateway: RunningGateway, session: PreloadedSession) -> Any:
