@@ -240,6 +240,12 @@ def test_absent_and_null_differ() -> None:
         )
 
 
+def test_every_action_the_gateway_answers_has_its_wire_classes() -> None:
+    from sheetplane.gateway.server._actions import HANDLERS
+
+    assert set(HANDLERS) == set(REQUESTS) == set(ANSWERS)
+
+
 def test_the_document_is_valid_openapi_with_every_action() -> None:
     document = openapi_document()
     validate(document)

@@ -364,22 +364,24 @@ class FailRowWire:
 
 
 @attrs.frozen(kw_only=True)
-class CompleteMapRowsRequest(Request):
-    action: Literal["runtime_sheet_complete_map_rows"] = "runtime_sheet_complete_map_rows"
+class TerminalWriteRequest(Request):
+    """What a complete and a fail request share: the sheet, the attempt and its fence."""
+
     table_namespace: str = _text()
     sheet_contract: SheetContractWire
     run_id: str = _text()
     write_version: int | None = _optional_int(0, BIGINT_MAX)
+
+
+@attrs.frozen(kw_only=True)
+class CompleteMapRowsRequest(TerminalWriteRequest):
+    action: Literal["runtime_sheet_complete_map_rows"] = "runtime_sheet_complete_map_rows"
     rows: list[CompleteRowWire]
 
 
 @attrs.frozen(kw_only=True)
-class FailMapRowsRequest(Request):
+class FailMapRowsRequest(TerminalWriteRequest):
     action: Literal["runtime_sheet_fail_map_rows"] = "runtime_sheet_fail_map_rows"
-    table_namespace: str = _text()
-    sheet_contract: SheetContractWire
-    run_id: str = _text()
-    write_version: int | None = _optional_int(0, BIGINT_MAX)
     rows: list[FailRowWire]
 
 
