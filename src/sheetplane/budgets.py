@@ -231,33 +231,6 @@ EMBEDDED_POSTGRES_START_TIMEOUT_MS: Final = 2 * POSTGRES_OPERATION_BUDGET_MS
 #: session or the demo (direct road, gateway, scoped roles) opens at once.
 EMBEDDED_POSTGRES_MAX_CONNECTIONS: Final = 200
 
-# --- Runtime.map ----------------------------------------------------------------
-
-#: Rows ``map`` reads ahead of its ``fn`` calls: one keyset page of the
-#: admission's pending rows, held while the workers take rows from it.
-MAP_READ_AHEAD_ROWS: Final = READ_PAGE_MAX_ROWS
-
-#: Estimated bytes of row data one terminal write batch of ``map`` may carry:
-#: the read budget, so a write request leaves the same envelope headroom under
-#: the transport ceiling as a read answer. One row larger than this (it is at
-#: most ``MAX_ROW_BYTES``) is written alone.
-MAP_WRITE_BATCH_MAX_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES
-
-#: Terminal write batches of ``map`` in flight at once (both kinds together):
-#: one being written while the next one fills.
-MAP_WRITE_MAX_IN_FLIGHT: Final = 2
-
-#: Results ``map`` retains (computed, not yet written) are capped at this many
-#: batches of ``batch_rows``: the batches in flight plus one filling, so the
-#: writes never starve and the results never pile up.
-MAP_RETAINED_BATCHES: Final = MAP_WRITE_MAX_IN_FLIGHT + 1
-
-#: Estimated result bytes ``map`` retains, by the same count of batches.
-MAP_MAX_RETAINED_RESULT_BYTES: Final = MAP_RETAINED_BATCHES * MAP_WRITE_BATCH_MAX_BYTES
-
-#: The largest ``batch_rows`` ``map`` accepts: one write statement's chunk.
-MAP_MAX_BATCH_ROWS: Final = POSTGRES_WRITE_CHUNK_ROWS
-
 # --- DB sessions ---------------------------------------------------------------
 
 #: Lifetime of a scoped database session (and of its Postgres role).
@@ -313,6 +286,34 @@ DB_SESSION_MAX_LIVE_PER_TOKEN: Final = DB_SESSION_MAX_LIVE_PER_ORG // 2
 #: Retry-After of a refused mint: one watchdog pass frees nothing, but a
 #: session's renewal window is when a runner retires its old sessions.
 DB_SESSION_CAP_RETRY_AFTER_MS: Final = MAX_RETRY_AFTER_MS
+
+# --- Runtime.map ----------------------------------------------------------------
+
+#: Rows ``map`` reads ahead of its ``fn`` calls: one keyset page of the
+#: admission's pending rows, held while the workers take rows from it.
+MAP_READ_AHEAD_ROWS: Final = READ_PAGE_MAX_ROWS
+
+#: Estimated bytes of row data one terminal write batch of ``map`` may carry:
+#: the read budget, so a write request leaves the same envelope headroom under
+#: the transport ceiling as a read answer. One row larger than this (it is at
+#: most ``MAX_ROW_BYTES``) is written alone.
+MAP_WRITE_BATCH_MAX_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES
+
+#: Terminal write batches of ``map`` in flight at once (both kinds together):
+#: as many as the write session's pool has connections, so Postgres writes
+#: that many batches side by side while the next one fills.
+MAP_WRITE_MAX_IN_FLIGHT: Final = DB_SESSION_MAX_CONNECTIONS
+
+#: Results ``map`` retains (computed, not yet written) are capped at this many
+#: batches of ``batch_rows``: the batches in flight plus one filling, so the
+#: writes never starve and the results never pile up.
+MAP_RETAINED_BATCHES: Final = MAP_WRITE_MAX_IN_FLIGHT + 1
+
+#: Estimated result bytes ``map`` retains, by the same count of batches.
+MAP_MAX_RETAINED_RESULT_BYTES: Final = MAP_RETAINED_BATCHES * MAP_WRITE_BATCH_MAX_BYTES
+
+#: The largest ``batch_rows`` ``map`` accepts: one write statement's chunk.
+MAP_MAX_BATCH_ROWS: Final = POSTGRES_WRITE_CHUNK_ROWS
 
 # --- Operating the reference gateway ----------------------------------------------
 
