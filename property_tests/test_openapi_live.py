@@ -52,11 +52,16 @@ def served(sheetplane_database_url: str) -> Iterator[tuple[str, dict[str, Any]]]
 
 
 def _one_action(document: dict[str, Any], action: str) -> dict[str, Any]:
-    """The served document with the request body narrowed to one action's schema."""
+    """The served document narrowed to one action: its request and its answer."""
     narrowed = copy.deepcopy(document)
     del narrowed["paths"][OPENAPI_PATH]
     body = narrowed["paths"][RUNTIME_PATH]["post"]["requestBody"]["content"]["application/json"]
-    body["schema"] = {"$ref": f"#/components/schemas/{REQUESTS[action].__name__}"}
+    request = REQUESTS[action].__name__
+    body["schema"] = {"$ref": f"#/components/schemas/{request}"}
+    # The 200 answer narrowed too: each action's answer must be its own class's.
+    answer = narrowed["components"]["schemas"][request]["x-answer"]
+    ok = narrowed["paths"][RUNTIME_PATH]["post"]["responses"]["200"]["content"]
+    ok["application/json"]["schema"] = {"$ref": answer}
     return narrowed
 
 
