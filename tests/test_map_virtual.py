@@ -72,21 +72,29 @@ async def instant(row: dict[str, Any]) -> dict[str, Any]:
     return {"double": 2 * row["n"]}
 
 
+async def mapped(
+    items: Pending | list[dict[str, Any]], fn: Any, writes: Writes, **options: Any
+) -> tuple[int, int, int]:
+    """``run_map`` over ``items`` into ``writes``; options override the defaults here."""
+    pending = items if isinstance(items, Pending) else Pending(items)
+    settings: dict[str, Any] = {
+        "total": len(pending.items),
+        "complete": writes.complete,
+        "fail": writes.fail,
+        "concurrency": 4,
+        "batch_rows": 500,
+        "flush_seconds": 0.25,
+        **options,
+    }
+    return await run_map(pending, fn, **settings)
+
+
 async def test_writes_leave_in_full_batches_and_the_tail_after_the_flush(
     autojump_clock: Any,
 ) -> None:
     writes = Writes()
     t0 = trio.current_time()
-    counts = await run_map(
-        Pending(rows(1200)),
-        instant,
-        total=1200,
-        complete=writes.complete,
-        fail=writes.fail,
-        concurrency=16,
-        batch_rows=500,
-        flush_seconds=0.25,
-    )
+    counts = await mapped(Pending(rows(1200)), instant, writes, concurrency=16)
     assert counts == (1200, 0, 0)
     assert [(t - t0, kind, len(keys)) for t, kind, keys in writes.log] == [
         (0.0, "complete", 500),
@@ -106,16 +114,7 @@ async def test_a_trickle_is_flushed_every_flush_seconds(autojump_clock: Any) -> 
         return {}
 
     t0 = trio.current_time()
-    await run_map(
-        Pending(rows(6)),
-        slow,
-        total=6,
-        complete=writes.complete,
-        fail=writes.fail,
-        concurrency=1,
-        batch_rows=100,
-        flush_seconds=0.25,
-    )
+    await mapped(Pending(rows(6)), slow, writes, concurrency=1, batch_rows=100)
     # Row i is done at 0.1 * (i + 1); a batch leaves 0.25 s after its first row.
     assert [(round(t - t0, 6), keys) for t, _kind, keys in writes.log] == [
         (0.35, ("k00000", "k00001", "k00002")),
@@ -132,16 +131,7 @@ async def test_fn_errors_become_fail_rows_in_their_own_lane(autojump_clock: Any)
             raise ValueError(f"no thanks: {row['n']}")
         return {"ok": True}
 
-    counts = await run_map(
-        Pending(rows(9)),
-        picky,
-        total=9,
-        complete=writes.complete,
-        fail=writes.fail,
-        concurrency=4,
-        batch_rows=50,
-        flush_seconds=0.25,
-    )
+    counts = await mapped(Pending(rows(9)), picky, writes, batch_rows=50)
     assert counts == (6, 3, 0)
     by_kind = {kind: sorted(keys) for _t, kind, keys in writes.log}
     assert by_kind == {
@@ -166,16 +156,7 @@ async def test_read_ahead_and_retained_results_stay_bounded(autojump_clock: Any)
         worst_unwritten = max(worst_unwritten, done - writes.written())
         return {}
 
-    await run_map(
-        pending,
-        counting,
-        total=5_000,
-        complete=writes.complete,
-        fail=writes.fail,
-        concurrency=8,
-        batch_rows=100,
-        flush_seconds=0.25,
-    )
+    await mapped(pending, counting, writes, concurrency=8, batch_rows=100)
     assert writes.written() == 5_000
     assert worst_unstarted <= 8  # rows are taken only by a worker about to call fn
     # Computed, not yet written: the retained batches, plus one result per worker in hand.
@@ -185,17 +166,7 @@ async def test_read_ahead_and_retained_results_stay_bounded(autojump_clock: Any)
 async def test_progress_is_reported_as_batches_settle(autojump_clock: Any) -> None:
     seen: list[MapProgress] = []
     writes = Writes()
-    await run_map(
-        Pending(rows(1_050)),
-        instant,
-        total=1_050,
-        complete=writes.complete,
-        fail=writes.fail,
-        concurrency=4,
-        batch_rows=500,
-        flush_seconds=0.25,
-        progress=seen.append,
-    )
+    await mapped(Pending(rows(1_050)), instant, writes, progress=seen.append)
     assert [p.settled for p in seen] == [500, 1_000, 1_050]
     assert seen[-1] == MapProgress(settled=1_050, completed=1_050, failed=0, reused=0, total=1_050)
 
@@ -230,16 +201,7 @@ async def test_supersession_cancels_every_running_call_and_starts_none(
 
     t0 = trio.current_time()
     with pytest.raises(AttemptSupersededError):
-        await run_map(
-            Pending(rows(1_000)),
-            slow,
-            total=1_000,
-            complete=writes.complete,
-            fail=writes.fail,
-            concurrency=20,
-            batch_rows=10,
-            flush_seconds=0.25,
-        )
+        await mapped(Pending(rows(1_000)), slow, writes, concurrency=20, batch_rows=10)
     # Rows 0-9 end at 1.0 (batch 1 written at 1.5) and their workers start rows 20-29,
     # which end at 2.5: the very instant batch 2 (rows 10-19, sent at 2.0) is refused.
     # Whichever runs first in that instant, no call may start after the refusal.
@@ -265,16 +227,7 @@ async def test_cancelling_map_cancels_its_calls_and_writes(autojump_clock: Any) 
         return {}
 
     with trio.move_on_after(3.5) as scope:
-        await run_map(
-            Pending(rows(100)),
-            slow,
-            total=100,
-            complete=writes.complete,
-            fail=writes.fail,
-            concurrency=4,
-            batch_rows=2,
-            flush_seconds=0.25,
-        )
+        await mapped(Pending(rows(100)), slow, writes, batch_rows=2)
     assert scope.cancelled_caught
     assert running == 0
     calls_at_cancel = writes.calls
@@ -296,16 +249,7 @@ async def test_a_base_exception_from_fn_propagates_as_itself(autojump_clock: Any
         return {}
 
     with pytest.raises(Crash, match="going down"):
-        await run_map(
-            Pending(rows(50)),
-            crashing,
-            total=50,
-            complete=writes.complete,
-            fail=writes.fail,
-            concurrency=3,
-            batch_rows=100,
-            flush_seconds=0.25,
-        )
+        await mapped(Pending(rows(50)), crashing, writes, concurrency=3, batch_rows=100)
 
 
 def test_receipt_keys_name_the_row_or_digest_a_long_one() -> None:
@@ -336,16 +280,7 @@ async def test_outputs_that_cannot_be_written_fail_their_row_alone(autojump_cloc
             else _raise_long()
         )
 
-    counts = await run_map(
-        Pending(rows(8)),
-        odd,
-        total=8,
-        complete=writes.complete,
-        fail=record,
-        concurrency=2,
-        batch_rows=10,
-        flush_seconds=0.25,
-    )
+    counts = await mapped(Pending(rows(8)), odd, writes, fail=record, concurrency=2, batch_rows=10)
     assert counts == (1, 7, 0)  # row 0 completes; row 4 raised; the rest cannot be written
     assert "not JSON" in failures["k00001"] and "not JSON" in failures["k00002"]
     assert "must return a mapping" in failures["k00003"]

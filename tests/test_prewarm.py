@@ -90,7 +90,7 @@ async def proxied_session(
     return PreloadedSession(table_namespace=NAMESPACE, operations=("rows.read",), session=sealed)
 
 
-def runtime_on(gateway: RunningGateway, session: PreloadedSession) -> Any:
+def runtime_on(gateway: RunningGateway, session: PreloadedSession, **options: Any) -> Any:
     return open_runtime(
         base_url=gateway.base_url,
         token=TOKEN,
@@ -99,6 +99,7 @@ def runtime_on(gateway: RunningGateway, session: PreloadedSession) -> Any:
         run_id="run-1",
         preloaded_sessions=[session],
         unwrap_key=UNWRAP_KEY,
+        **options,
     )
 
 
@@ -157,15 +158,6 @@ async def test_prewarm_false_opens_nothing_before_the_block(gateway: RunningGate
     proxy = RefusingProxy(("", 0), refusals=0)
     async with trio.open_nursery() as nursery:
         session = await proxied_session(gateway, nursery, proxy)
-        async with open_runtime(
-            base_url=gateway.base_url,
-            token=TOKEN,
-            org_id=ORG,
-            play_name=PLAY,
-            run_id="run-1",
-            preloaded_sessions=[session],
-            unwrap_key=UNWRAP_KEY,
-            prewarm=False,
-        ):
+        async with runtime_on(gateway, session, prewarm=False):
             assert proxy.attempts == []
         nursery.cancel_scope.cancel()
