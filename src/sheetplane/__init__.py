@@ -15,6 +15,7 @@ from ._map import MapReport as MapReport
 from ._types import ResolvedPlay as ResolvedPlay
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
+from .errors import AdmissionStateError as AdmissionStateError
 from .errors import AdmissionTooLargeError as AdmissionTooLargeError
 from .errors import AttemptSupersededError as AttemptSupersededError
 from .errors import BackpressureError as BackpressureError
@@ -77,6 +78,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AdmissionStateError",
     "AdmissionTooLargeError",
     "AttemptSupersededError",
     "BackpressureError",

@@ -24,8 +24,10 @@ StaleReason = Literal[
     "newer_write_version", "older_write_version", "already_terminal", "unreported"
 ]
 ColumnSource = Literal["input", "mapField", "output"]
-#: In the one canonical order: from the least privilege to the most.
-Operation = Literal["rows.read", "rows.append", "rows.upsert", "rows.replace"]
+#: In the one canonical order: from the least privilege to the most on the sheet's
+#: rows, then ``rows.stage`` (staged admission's chunks: insert-only on the staging
+#: tables, nothing on the rows).
+Operation = Literal["rows.read", "rows.append", "rows.upsert", "rows.replace", "rows.stage"]
 LogicalTable = Literal["sheet_rows", "dataset_rows", "play_output"]
 
 #: Every operation a session may be granted, in the one canonical order.

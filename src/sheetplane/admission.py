@@ -20,14 +20,32 @@ Each row carries ``_key``, the contract's columns under their column ids,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Final
 
 import attrs
+import trio
 
-from ._types import AdmissionCounts, AdmittedPart
+from ._groups import single_leaf
+from ._types import AdmissionCounts, AdmittedPart, SheetContract, SheetRef
+from .budgets import (
+    ADMISSION_ABORT_TIMEOUT_MS,
+    ADMISSION_CHUNK_BYTES,
+    ADMISSION_CHUNK_ROWS,
+    MAX_ROW_BYTES,
+    RETRY_DELAYS_MS,
+)
 from .dataset import Dataset
+from .errors import InvalidInputError, SheetplaneError, StoreUnavailableError
+from .gateway.client import GatewayClient
+from .sessions import AccessShape, SessionLimits, SessionManager
+from .store._rowdata import physical_columns
+from .store._staging import prepare_chunk
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "AdmissionInput", "StagedAdmission", "check_input"]
 
 
 @attrs.frozen(eq=False)
@@ -71,3 +89,206 @@ class Admission:
     def completed(self) -> Dataset:
         """The already-enriched input rows with their outputs, in input order (read lazily)."""
         return self._open(AdmittedPart(self.write_version, "completed"))
+
+
+# --- the staged path, on the runner's side --------------------------------------------------
+
+AdmissionInput = Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]]
+"""What ``RowWriter.start`` takes: a sequence, any iterable or any async iterable of rows."""
+
+_ENCODE: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def check_input(rows: object) -> AdmissionInput:
+    """``rows`` if it is an iterable or async iterable of rows (not text or one mapping)."""
+    if isinstance(rows, str | bytes | bytearray | Mapping) or not isinstance(
+        rows, Iterable | AsyncIterable
+    ):
+        raise InvalidInputError(
+            "rows must be a sequence, an iterable or an async iterable of row objects, "
+            f"got {type(rows).__name__}"
+        )
+    return rows
+
+
+async def _each(rows: AdmissionInput) -> AsyncIterator[Mapping[str, Any]]:
+    if isinstance(rows, AsyncIterable):
+        async for row in rows:
+            yield row
+    else:
+        for row in rows:
+            yield row
+
+
+@attrs.frozen
+class _Chunk:
+    seq: int
+    first_position: int
+    rows: list[Any]
+    """Row mappings (direct road) or their compact JSON (gateway road)."""
+
+
+def _encoded(row: object, position: int) -> bytes:
+    """One row as the compact JSON a chunk carries; refuses what no admission accepts."""
+    if not isinstance(row, Mapping):
+        raise InvalidInputError(f"row {position} must be a JSON object, got {type(row).__name__}")
+    try:
+        data = _ENCODE(row if isinstance(row, dict) else dict(row)).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
+        raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
+    if len(data) > MAX_ROW_BYTES:
+        raise InvalidInputError(
+            f"row {position} is larger than the {MAX_ROW_BYTES} byte row budget "
+            f"({len(data)} bytes): a row must fit in one page read"
+        )
+    return data
+
+
+async def _chunks(
+    rows: AdmissionInput, send: trio.MemorySendChannel[_Chunk], *, encode: bool
+) -> tuple[int, int]:
+    """Cut ``rows`` into chunks (at most ``ADMISSION_CHUNK_ROWS`` rows and, encoded,
+    ``ADMISSION_CHUNK_BYTES``) and hand each to ``send``; returns (chunks, rows)."""
+    seq = position = first = size = 0
+    held: list[Any] = []
+    async with send:
+        async for row in _each(rows):
+            if encode:
+                item: Any = _encoded(row, position)
+                grown = size + len(item) + 1
+            else:
+                if not isinstance(row, Mapping):
+                    raise InvalidInputError(
+                        f"row {position} must be a JSON object, got {type(row).__name__}"
+                    )
+                item, grown = row, 0
+            if held and (len(held) >= ADMISSION_CHUNK_ROWS or grown > ADMISSION_CHUNK_BYTES):
+                await send.send(_Chunk(seq, first, held))
+                seq, first, held = seq + 1, position, []
+                grown -= size
+            held.append(item)
+            size = grown
+            position += 1
+        if held:
+            await send.send(_Chunk(seq, first, held))
+            seq += 1
+    return seq, position
+
+
+@attrs.frozen
+class StagedAdmission:
+    """One staged admission of one runner: where it goes and by which road."""
+
+    client: GatewayClient
+    sessions: SessionManager
+    sheet: SheetRef
+    contract: SheetContract
+    run_id: str
+    direct: bool
+    """Stage through a scoped session (``rows.stage``, ``COPY``) instead of the gateway."""
+    user_email: str | None = None
+
+    async def run(self, rows: AdmissionInput) -> AdmissionCounts:
+        """Begin, stage every chunk, commit; the counts of the committed admission.
+
+        A chunk goes out while the next one is cut, so the runner holds at most
+        two chunks and the gateway one per admission. Bad input (a row that is
+        not an object, not JSON, or over ``MAX_ROW_BYTES``) raises
+        ``InvalidInputError`` naming its position in the input; then, or on any
+        other failure or a cancellation before the commit, nothing is committed
+        and the admission is aborted (its staging rows dropped) on a best-effort
+        call bounded by ``ADMISSION_ABORT_TIMEOUT_MS``; an admission that could
+        not be aborted expires after ``ADMISSION_IDLE_MS``.
+        """
+        check_input(rows)
+        admission_id = uuid.uuid4().hex
+        ns = self.sheet.table_namespace
+        begun: list[bool] = []
+        try:
+            send, receive = trio.open_memory_channel[_Chunk](0)
+            counted: list[tuple[int, int]] = []
+
+            async def cut() -> None:
+                counted.append(await _chunks(rows, send, encode=not self.direct))
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(cut)
+                    async with receive:
+                        async for chunk in receive:
+                            await self._stage(admission_id, chunk, begun)
+            except BaseExceptionGroup as group:
+                single = single_leaf(group)
+                if single is None:
+                    raise
+                raise single from single.__cause__
+            chunks, total = counted[0]
+            await self._begin(admission_id, begun)  # an empty input still takes a version
+            return await self.client.commit_admission(
+                ns, self.contract, admission_id, self.run_id, chunks=chunks, rows=total
+            )
+        except BaseException:
+            if not begun:
+                raise
+            # An admission that cannot be aborted expires after ADMISSION_IDLE_MS instead.
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(ADMISSION_ABORT_TIMEOUT_MS / 1000),
+                contextlib.suppress(SheetplaneError),
+            ):
+                await self.client.abort_admission(ns, admission_id)
+            raise
+
+    async def _begin(self, admission_id: str, begun: list[bool]) -> None:
+        """Register the admission before its first chunk: an input whose first chunk is
+        bad is refused without a request (and without creating the sheet)."""
+        if not begun:
+            await self.client.begin_admission(
+                self.sheet.table_namespace, self.contract, admission_id, self.run_id
+            )
+            begun.append(True)
+
+    async def _stage(self, admission_id: str, chunk: _Chunk, begun: list[bool]) -> None:
+        if not self.direct:
+            body = self.client.admission_chunk_body(
+                self.sheet.table_namespace,
+                self.contract,
+                admission_id,
+                chunk.seq,
+                chunk.first_position,
+                chunk.rows,
+            )
+            await self._begin(admission_id, begun)
+            await self.client.stage_admission_chunk(body)
+            return
+        columns = physical_columns(self.contract)
+        prepared = await trio.to_thread.run_sync(
+            prepare_chunk, chunk.rows, chunk.first_position, columns
+        )
+        await self._begin(admission_id, begun)
+        shape = AccessShape(
+            table_namespace=self.sheet.table_namespace,
+            operations=("rows.stage",),
+            limits=SessionLimits(max_rows=ADMISSION_CHUNK_ROWS),
+            contract=self.contract,
+            user_email=self.user_email,
+        )
+        for delay_ms in (0, *RETRY_DELAYS_MS):
+            await trio.sleep(delay_ms / 1000)
+            try:
+                async with self.sessions.store(shape) as store:
+                    await store.stage_chunk(
+                        self.sheet,
+                        self.contract,
+                        admission_id,
+                        chunk.seq,
+                        chunk.first_position,
+                        prepared,
+                        check_state=False,
+                    )
+                return
+            except StoreUnavailableError:
+                # The connection went away mid-chunk: a chunk is recorded and
+                # copied in one transaction, so sending it again applies it once.
+                if delay_ms == RETRY_DELAYS_MS[-1]:
+                    raise

@@ -231,6 +231,49 @@ EMBEDDED_POSTGRES_START_TIMEOUT_MS: Final = 2 * POSTGRES_OPERATION_BUDGET_MS
 #: session or the demo (direct road, gateway, scoped roles) opens at once.
 EMBEDDED_POSTGRES_MAX_CONNECTIONS: Final = 200
 
+# --- Staged admission ----------------------------------------------------------
+
+#: Row bytes (compact JSON) one staged chunk request may carry: half the
+#: transport ceiling. It holds the largest row a write accepts
+#: (``MAX_ROW_BYTES``) and leaves the other half for the envelope (action,
+#: names, contract, positions), which is checked to fit when a chunk is sent.
+ADMISSION_CHUNK_BYTES: Final = TRANSPORT_CEILING_BYTES // 2
+
+#: Room a staged chunk's envelope may take beside its rows.
+ADMISSION_CHUNK_ENVELOPE_BYTES: Final = TRANSPORT_CEILING_BYTES - ADMISSION_CHUNK_BYTES
+
+#: Rows one staged chunk may carry: four write statements' worth. It bounds
+#: what the runner builds and the gateway parses per chunk when rows are small
+#: (at about 100 bytes a row the byte budget alone would allow ~80,000).
+ADMISSION_CHUNK_ROWS: Final = 4 * POSTGRES_WRITE_CHUNK_ROWS
+
+#: Staged rows one statement of a commit admits: ten write statements' worth,
+#: so each statement of a million-row commit stays far under
+#: ``POSTGRES_STATEMENT_TIMEOUT_MS``.
+ADMISSION_COMMIT_RANGE_ROWS: Final = 10 * POSTGRES_WRITE_CHUNK_ROWS
+
+#: An open staged admission with no chunk for this long is abandoned (its
+#: runner died): the next admission of its sheet, or the reaper, expires it and
+#: deletes its staging rows. A closed admission's record (kept so a retried
+#: commit answers its counts) is forgotten this long after it closed.
+ADMISSION_IDLE_MS: Final = 10 * 60 * 1_000
+
+#: The per-attempt timeout of a staged commit: a million-row commit is one
+#: transaction that may take longer than an ordinary request. A commit cut
+#: short is retried (it is idempotent, and waits for the first to finish).
+ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS: Final = 4 * REQUEST_TIMEOUT_MS
+
+#: The whole budget of a staged commit call: two whole attempts and the ladder.
+ADMISSION_COMMIT_CALL_BUDGET_MS: Final = 2 * ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS + sum(
+    RETRY_DELAYS_MS
+)
+
+#: How long a runner that failed or was cancelled before its commit spends
+#: aborting the admission (one best-effort call, shielded from the
+#: cancellation): the longest ladder delay, so a cancelled runner stops promptly.
+#: An admission it could not abort expires after ``ADMISSION_IDLE_MS``.
+ADMISSION_ABORT_TIMEOUT_MS: Final = RETRY_DELAYS_MS[-1]
+
 # --- DB sessions ---------------------------------------------------------------
 
 #: Lifetime of a scoped database session (and of its Postgres role).
@@ -491,6 +534,13 @@ def _check() -> None:
         "a map batch is at most one write chunk": MAP_MAX_BATCH_ROWS <= POSTGRES_WRITE_CHUNK_ROWS,
         "once waits past a whole lease before giving up": (
             WORK_RECEIPT_ONCE_WAIT_MS > WORK_RECEIPT_LEASE_TTL_MS > WORK_RECEIPT_ONCE_POLL_MS > 0
+        ),
+        "a staged chunk holds the largest row": MAX_ROW_BYTES <= ADMISSION_CHUNK_BYTES,
+        "a staged chunk and its envelope fit the transport ceiling": (
+            ADMISSION_CHUNK_BYTES + ADMISSION_CHUNK_ENVELOPE_BYTES <= TRANSPORT_CEILING_BYTES
+        ),
+        "an abandoned admission outlives a whole call of its runner": (
+            ADMISSION_IDLE_MS > CALL_BUDGET_MS
         ),
     }
     broken = [name for name, holds in relations.items() if not holds]

@@ -53,8 +53,8 @@ from rich.progress import (
 from rich.table import Table
 
 from ._map import MapProgress
-from .budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
-from .errors import AttemptSupersededError, InvalidInputError, SheetplaneError
+from .budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from .errors import AttemptSupersededError, SheetplaneError
 from .gateway.server import running_gateway
 from .runtime import (
     ContractColumn,
@@ -63,7 +63,6 @@ from .runtime import (
     SheetContract,
     open_runtime,
 )
-from .sizes import json_byte_length_up_to
 from .store import open_store
 from .store.embedded import EmbeddedPostgres, database_url_from_env
 
@@ -96,9 +95,6 @@ RECEIPT_ROWS: Final = 200
 RECEIPT_NAMESPACE: Final = "provider_calls"
 #: Concurrent ``at(i)`` calls per road in the read-back.
 RANDOM_READS: Final = 16 * READ_BATCH_MAX_PAGES
-#: The admission request may use this share of the transport ceiling (its answer
-#: repeats every row with its key, so it needs the rest).
-ADMISSION_REQUEST_BYTES: Final = TRANSPORT_CEILING_BYTES // 2
 
 #: Console columns when the output is not a terminal.
 _PIPED_WIDTH: Final = 120
@@ -255,10 +251,6 @@ async def demo(database_url: str, rows: int, console: Console) -> DemoReport:
     """Run the demo against ``database_url`` (a superuser URL; a secret, never printed)."""
     report = DemoReport(rows=rows)
     inputs = make_inputs(rows)
-    if json_byte_length_up_to(inputs, ADMISSION_REQUEST_BYTES).exceeded:
-        raise InvalidInputError(
-            f"{rows} rows do not fit one admission request; try fewer with --rows"
-        )
     token = secrets.token_urlsafe(24)
     started = time.perf_counter()
     # Reach the database first, so an unreachable one fails with the store's own
@@ -310,7 +302,7 @@ async def _run_phases(
     rows = len(inputs)
     clock = time.perf_counter
 
-    # 1. Admission (always through the gateway).
+    # 1. Admission (staged in chunks through the gateway, committed whole).
     task = progress.add_task("admission", total=rows)
     t0 = clock()
     attempt1 = via_gateway.writer(NAMESPACE, CONTRACT)

@@ -16,6 +16,7 @@ The tree::
     ├── ReadBatchTooLargeError                a batch read exceeds the response budget
     ├── ResponseTooLargeError                 a response exceeds its action's budget
     ├── AdmissionTooLargeError                a one-request admission would pass the ceiling
+    ├── AdmissionStateError                   a staged admission that cannot go on
     ├── GatewayError                          the gateway answered an error
     │   ├── GatewayAuthError                  401 / 403
     │   ├── UnsupportedActionError            a gateway that predates the action
@@ -165,6 +166,15 @@ class AdmissionTooLargeError(SheetplaneError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.observed_bytes,))
+
+
+class AdmissionStateError(SheetplaneError):
+    """A staged admission that cannot take this step: unknown, of another run,
+    aborted, expired (idle past ``ADMISSION_IDLE_MS``), or committed with chunks
+    that do not add up. Nothing of it was committed; start the admission again.
+    """
+
+    code = "runtime_sheet_admission_state"
 
 
 # --- gateway ----------------------------------------------------------------------

@@ -24,16 +24,20 @@ Which road each operation takes:
 operation                              ``direct``                  ``gateway_only``
 =====================================  ==========================  =====================
 dataset reads                          scoped session (rows.read)  gateway
-``start`` (admission)                  gateway                     gateway
+``start``: begin, commit                gateway                     gateway
+``start``: the input's chunks          scoped session (rows.stage,  gateway
+                                       COPY into staging)
 ``complete`` / ``fail``                scoped session              gateway
                                        (rows.read + rows.upsert)
 ``append`` / ``upsert`` / ``replace``  scoped session              scoped session
 receipts                               gateway                     gateway
 =====================================  ==========================  =====================
 
-Admission stays with the gateway on both strategies: deciding what an attempt
-owns is the gateway's job. The gateway has no action for ``append``,
-``upsert`` and ``replace``, so they always write through a session the
+Admission is staged (see ``sheetplane.admission``): the input goes in chunks
+into the sheet's staging area, by ``COPY`` on a scoped session on ``direct``
+and by request on ``gateway_only``, and the gateway commits it whole on both
+strategies: deciding what an attempt owns is the gateway's job. The gateway
+has no action for ``append``, ``upsert`` and ``replace``, so they always write through a session the
 gateway mints for exactly that operation, as the runtime this library
 re-creates does. Receipts live outside every sheet, where no session role is
 granted, so they go through the gateway too.
@@ -43,11 +47,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import (
-    AsyncIterable,
     AsyncIterator,
     Awaitable,
     Callable,
-    Iterable,
     Mapping,
     Sequence,
 )
@@ -66,7 +68,6 @@ from ._map import MapFn, MapProgress, MapReport, check_map_options, run_map
 from ._recovery import retry_idempotent
 from ._types import (
     BIGINT_MAX,
-    AdmissionCounts,
     AdmittedPart,
     CompleteRow,
     ContractColumn,
@@ -80,7 +81,7 @@ from ._types import (
     TerminalWriteResult,
     WriteResult,
 )
-from .admission import Admission
+from .admission import Admission, AdmissionInput, StagedAdmission, check_input
 from .budgets import POSTGRES_WRITE_CHUNK_ROWS, READ_PAGE_MAX_ROWS, TRANSPORT_CEILING_BYTES
 from .dataset import Dataset
 from .errors import AttemptSupersededError, InvalidInputError
@@ -163,29 +164,6 @@ def _sequence(name: str, rows: object, what: str) -> Sequence[object]:
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
         raise InvalidInputError(f"{name} must be a sequence of {what}, got {rows!r}")
     return rows
-
-
-AdmissionInput = Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]]
-"""What ``RowWriter.start`` takes: a sequence, any iterable or any async iterable of rows."""
-
-
-def _input_rows(rows: object) -> Iterable[Any] | AsyncIterable[Any]:
-    """``rows`` if it is an iterable or async iterable of rows (not text or one mapping)."""
-    if isinstance(rows, str | bytes | bytearray | Mapping) or not isinstance(
-        rows, Iterable | AsyncIterable
-    ):
-        raise InvalidInputError(
-            f"rows must be a sequence, an iterable or an async iterable of row objects, "
-            f"got {type(rows).__name__}"
-        )
-    return rows
-
-
-async def _collect(rows: object) -> list[Any]:
-    checked = _input_rows(rows)
-    if isinstance(checked, AsyncIterable):
-        return [row async for row in checked]
-    return list(checked)
 
 
 def _rows(name: str, rows: object) -> list[Mapping[str, Any]]:
@@ -368,20 +346,18 @@ class RowWriter:
         and keep their input order; ``admission.pending()`` reads the rows to
         map and ``admission.completed()`` the already-enriched ones, lazily.
         """
-        collected = await _collect(rows)
-        checked = _rows("rows", collected)
+        check_input(rows)
         rt = self._runtime
-        inline = await rt.client.start_sheet_dataset(
-            self.table_namespace, self.contract, checked, rt.context.run_id
+        staged = StagedAdmission(
+            client=rt.client,
+            sessions=rt.sessions,
+            sheet=rt._sheet(self.table_namespace),
+            contract=self.contract,
+            run_id=rt.context.run_id,
+            direct=rt.context.strategy == "direct",
+            user_email=rt.context.user_email,
         )
-        counts = AdmissionCounts(
-            write_version=inline.write_version,
-            inserted=inline.inserted,
-            skipped=inline.skipped,
-            pending_count=len(inline.pending_rows),
-            completed_count=len(inline.completed_rows),
-            table_namespace=inline.table_namespace,
-        )
+        counts = await staged.run(rows)
         self._write_version = counts.write_version
         self._superseded = None
         return Admission.from_counts(counts, partial(rt._admitted_dataset, self.table_namespace))

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .._types import (
+    AdmissionCounts,
     InlineAdmission,
     Page,
     PageRequest,
@@ -62,6 +63,35 @@ def parse_admission(answer: Mapping[str, Any], action: str) -> InlineAdmission:
         write_version=read.write_version,
         table_namespace=read.table_namespace,
     )
+
+
+def parse_admission_counts(answer: Mapping[str, Any], action: str) -> AdmissionCounts:
+    """``{writeVersion, inserted, skipped, pendingCount, completedCount, tableNamespace}``."""
+    counts: dict[str, int] = {}
+    for name in ("writeVersion", "inserted", "skipped", "pendingCount", "completedCount"):
+        value = answer.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise protocol_error(action, f"{name} must be an integer >= 0")
+        counts[name] = value
+    namespace = answer.get("tableNamespace")
+    if not isinstance(namespace, str):
+        raise protocol_error(action, "tableNamespace must be a string")
+    return AdmissionCounts(
+        write_version=counts["writeVersion"],
+        inserted=counts["inserted"],
+        skipped=counts["skipped"],
+        pending_count=counts["pendingCount"],
+        completed_count=counts["completedCount"],
+        table_namespace=namespace,
+    )
+
+
+def parse_staged(answer: Mapping[str, Any], action: str) -> bool:
+    """``{staged: bool}``: whether this request staged the chunk (False: a replay)."""
+    staged = answer.get("staged")
+    if not isinstance(staged, bool):
+        raise protocol_error(action, "staged must be a boolean")
+    return staged
 
 
 def check_page(value: object, request: PageRequest, action: str, where: str) -> Page:

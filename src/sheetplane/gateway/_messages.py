@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ from .._types import (
     StaleReason,
 )
 from ..budgets import (
+    ADMISSION_CHUNK_ROWS,
     MAX_ERROR_TEXT_BYTES,
     MAX_REQUEST_TEXT_BYTES,
     MAX_ROW_KEY_BYTES,
@@ -151,6 +153,19 @@ _TEXT = _rule(_non_empty)
 def _text() -> Any:
     """A required non-empty string."""
     return attrs.field(validator=_TEXT, metadata={"minLength": 1, "pattern": r"\S"})
+
+
+def _admission_id() -> Any:
+    """A staged admission's id: 32 lowercase hex digits (``uuid.uuid4().hex``)."""
+    return attrs.field(
+        validator=_rule(_hex_id), metadata={"pattern": "^[0-9a-f]{32}$", "minLength": 32}
+    )
+
+
+def _hex_id(value: object) -> str | None:
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value):
+        return None
+    return "must be 32 lowercase hex digits"
 
 
 def _optional_text() -> Any:
@@ -444,6 +459,47 @@ class SummaryRequest(Request):
     table_namespace: str = _text()
 
 
+@attrs.frozen(kw_only=True)
+class BeginAdmissionRequest(Request):
+    action: Literal["begin_sheet_admission"] = "begin_sheet_admission"
+    table_namespace: str = _text()
+    sheet_contract: SheetContractWire
+    admission_id: str = _admission_id()
+    run_id: str = _text()
+    user_email: str | None = _optional_text()
+
+
+@attrs.frozen(kw_only=True)
+class StageAdmissionChunkRequest(Request):
+    action: Literal["stage_sheet_admission_chunk"] = "stage_sheet_admission_chunk"
+    table_namespace: str = _text()
+    sheet_contract: SheetContractWire
+    admission_id: str = _admission_id()
+    seq: int = _int(0, BIGINT_MAX)
+    first_position: int = _int(0, BIGINT_MAX)
+    rows: list[Any] = attrs.field(validator=_count(1, ADMISSION_CHUNK_ROWS))
+    """The chunk's rows; each is checked (an object, JSON, the row budget) by the store,
+    which names a bad one by its position in the whole input."""
+
+
+@attrs.frozen(kw_only=True)
+class CommitAdmissionRequest(Request):
+    action: Literal["commit_sheet_admission"] = "commit_sheet_admission"
+    table_namespace: str = _text()
+    sheet_contract: SheetContractWire
+    admission_id: str = _admission_id()
+    run_id: str = _text()
+    chunks: int = _int(0, BIGINT_MAX)
+    rows: int = _int(0, BIGINT_MAX)
+
+
+@attrs.frozen(kw_only=True)
+class AbortAdmissionRequest(Request):
+    action: Literal["abort_sheet_admission"] = "abort_sheet_admission"
+    table_namespace: str = _text()
+    admission_id: str = _admission_id()
+
+
 # --- answers -----------------------------------------------------------------------------------
 
 
@@ -467,6 +523,37 @@ class AdmissionAnswer:
     completed_rows: list[dict[str, Any]] = attrs.field(validator=_rule(lambda rows: _keyed(rows)))
     table_namespace: str
     write_version: int = _int(0)
+
+
+@attrs.frozen(kw_only=True)
+class BeginAdmissionAnswer:
+    admission_id: str
+    chunk_rows: int = _int(1)
+    chunk_bytes: int = _int(1)
+
+
+@attrs.frozen(kw_only=True)
+class StageAdmissionChunkAnswer:
+    admission_id: str
+    seq: int = _int(0)
+    staged: bool
+    """False when the chunk had been staged before (a retry): nothing was written."""
+
+
+@attrs.frozen(kw_only=True)
+class CommitAdmissionAnswer:
+    admission_id: str
+    write_version: int = _int(1)
+    inserted: int = _int(0)
+    skipped: int = _int(0)
+    pending_count: int = _int(0)
+    completed_count: int = _int(0)
+    table_namespace: str
+
+
+@attrs.frozen(kw_only=True)
+class AbortAdmissionAnswer:
+    aborted: bool
 
 
 @attrs.frozen(kw_only=True)
@@ -639,6 +726,10 @@ REQUESTS: Final[Mapping[str, type[Request]]] = {
     _wire.RESOLVE_PLAY: ResolvePlayRequest,
     _wire.REGISTER_PLAY: RegisterPlayRequest,
     _wire.SUMMARY: SummaryRequest,
+    _wire.BEGIN_ADMISSION: BeginAdmissionRequest,
+    _wire.STAGE_ADMISSION_CHUNK: StageAdmissionChunkRequest,
+    _wire.COMMIT_ADMISSION: CommitAdmissionRequest,
+    _wire.ABORT_ADMISSION: AbortAdmissionRequest,
 }
 
 #: Each action's answer class (its 200 body).
@@ -657,6 +748,10 @@ ANSWERS: Final[Mapping[str, type[Any]]] = {
     _wire.RESOLVE_PLAY: ResolvePlayAnswer,
     _wire.REGISTER_PLAY: RegisterPlayAnswer,
     _wire.SUMMARY: SummaryAnswer,
+    _wire.BEGIN_ADMISSION: BeginAdmissionAnswer,
+    _wire.STAGE_ADMISSION_CHUNK: StageAdmissionChunkAnswer,
+    _wire.COMMIT_ADMISSION: CommitAdmissionAnswer,
+    _wire.ABORT_ADMISSION: AbortAdmissionAnswer,
 }
 
 #: Classes whose texts are not capped: answers whose texts the gateway wrote.

@@ -63,6 +63,8 @@ class CallBudget:
     """The call's ladder: the delay after each failed attempt."""
     budget_ms: int = CALL_BUDGET_MS
     """The whole call's budget (its attempts at their timeout plus the ladder)."""
+    attempt_ms: int = REQUEST_TIMEOUT_MS
+    """One attempt's timeout (a staged commit takes ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``)."""
 
     @property
     def deadline(self) -> float:
@@ -71,7 +73,7 @@ class CallBudget:
 
     def attempt_deadline(self, now: float) -> float:
         """When an attempt started at ``now`` must have finished."""
-        return min(now + REQUEST_TIMEOUT_MS / 1000, self.deadline)
+        return min(now + self.attempt_ms / 1000, self.deadline)
 
     def next_attempt_at(
         self, now: float, failures: int, retry_after_ms: int | None

@@ -27,10 +27,13 @@ import orjson
 from .._types import BIGINT_MAX, BIGINT_MIN, LOGICAL_TABLES, OPERATIONS, ROW_MODES, STALE_REASONS
 
 __all__ = [
+    "ABORT_ADMISSION",
     "ACTIONS",
+    "BEGIN_ADMISSION",
     "BIGINT_MAX",
     "BIGINT_MIN",
     "CLAIM_WORK_RECEIPT",
+    "COMMIT_ADMISSION",
     "COMPLETE_MAP_ROWS",
     "COMPLETE_WORK_RECEIPT",
     "CREATE_DB_SESSION",
@@ -48,6 +51,7 @@ __all__ = [
     "ROW_MODES",
     "RUNTIME_PATH",
     "SERVED_LOGICAL_TABLES",
+    "STAGE_ADMISSION_CHUNK",
     "STALE_REASONS",
     "START_SHEET_DATASET",
     "SUMMARY",
@@ -76,6 +80,10 @@ RELEASE_WORK_RECEIPT: Final = "release_work_receipt"
 SUMMARY: Final = "runtime_sheet_summary"
 RESOLVE_PLAY: Final = "resolve_play"
 REGISTER_PLAY: Final = "register_play"
+BEGIN_ADMISSION: Final = "begin_sheet_admission"
+STAGE_ADMISSION_CHUNK: Final = "stage_sheet_admission_chunk"
+COMMIT_ADMISSION: Final = "commit_sheet_admission"
+ABORT_ADMISSION: Final = "abort_sheet_admission"
 
 #: Every action of the runtime route, in the order the documents list them.
 ACTIONS: Final = (
@@ -93,6 +101,10 @@ ACTIONS: Final = (
     SUMMARY,
     RESOLVE_PLAY,
     REGISTER_PLAY,
+    BEGIN_ADMISSION,
+    STAGE_ADMISSION_CHUNK,
+    COMMIT_ADMISSION,
+    ABORT_ADMISSION,
 )
 
 #: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
@@ -116,6 +128,7 @@ class Code:
     SESSION_CAP: Final = "runtime_db_session_cap"
     READ_BATCH_TOO_LARGE: Final = "runtime_sheet_read_batch_too_large"
     ADMISSION_TOO_LARGE: Final = "runtime_sheet_admission_too_large"
+    ADMISSION_STATE: Final = "runtime_sheet_admission_state"
     SHEET_NOT_FOUND: Final = "sheet_not_found"
     INVALID_TEST_FAULT: Final = "invalid_test_fault"
     TEST_FAULT: Final = "test_fault"

@@ -43,6 +43,7 @@ import httpx
 import trio
 
 from .._types import (
+    AdmissionCounts,
     AdmittedPart,
     CompleteRow,
     FailRow,
@@ -59,15 +60,20 @@ from .._types import (
     check_page_request,
 )
 from ..budgets import (
+    ADMISSION_CHUNK_ENVELOPE_BYTES,
+    ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
+    ADMISSION_COMMIT_CALL_BUDGET_MS,
     DEFAULT_RETRY_AFTER_MS,
     READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT_MS,
     RESOLVE_PLAY_CALL_BUDGET_MS,
     RESOLVE_PLAY_RETRY_DELAYS_MS,
+    RETRY_DELAYS_MS,
     TRANSPORT_CEILING_BYTES,
 )
 from ..errors import (
+    AdmissionStateError,
     AdmissionTooLargeError,
     BackpressureError,
     GatewayAuthError,
@@ -111,11 +117,14 @@ from ._wire import (
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
 _REDACTED: Final = "[redacted]"
+#: Staged-admission actions, whose 400 ``invalid_input`` is a bad input row.
+_STAGED: Final = frozenset({_wire.STAGE_ADMISSION_CHUNK, _wire.COMMIT_ADMISSION})
 
 
 #: Actions with a ladder of their own: (delays, whole call budget).
 _LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
     _wire.RESOLVE_PLAY: (RESOLVE_PLAY_RETRY_DELAYS_MS, RESOLVE_PLAY_CALL_BUDGET_MS),
+    _wire.COMMIT_ADMISSION: (RETRY_DELAYS_MS, ADMISSION_COMMIT_CALL_BUDGET_MS),
 }
 
 
@@ -257,11 +266,24 @@ class GatewayClient:
         """
         return (await self._call(action, payload)).body
 
-    async def _call(self, action: str, payload: Mapping[str, Any]) -> _Answer:
+    async def _call(
+        self,
+        action: str,
+        payload: Mapping[str, Any],
+        *,
+        attempt_ms: int = REQUEST_TIMEOUT_MS,
+    ) -> _Answer:
+        content = _dumps({**payload, "action": action, "playName": self.play_name})
+        return await self._call_content(action, content, attempt_ms=attempt_ms)
+
+    async def _call_content(
+        self, action: str, content: bytes, *, attempt_ms: int = REQUEST_TIMEOUT_MS
+    ) -> _Answer:
+        """``_call`` with the request body already encoded (it must name ``action``
+        and ``playName``)."""
         http = self._http
         if http is None:
             raise RuntimeError("use GatewayClient inside 'async with'")
-        content = _dumps({**payload, "action": action, "playName": self.play_name})
         headers = {
             **self._extra_headers,
             "authorization": f"Bearer {self._token}",
@@ -269,7 +291,7 @@ class GatewayClient:
             "accept": "application/json",
             "accept-encoding": ACCEPT_ENCODING,
         }
-        budget = CallBudget(trio.current_time(), *_LADDERS.get(action, ()))
+        budget = CallBudget(trio.current_time(), *_LADDERS.get(action, ()), attempt_ms=attempt_ms)
         failures = 0
         while True:
             outcome = await self._attempt(http, action, content, headers, budget)
@@ -355,6 +377,11 @@ class GatewayClient:
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
                 observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
             raise ReadBatchTooLargeError(observed)
+        if code == Code.ADMISSION_STATE:
+            raise AdmissionStateError(message)
+        if status == 400 and code == InvalidInputError.code and action in _STAGED:
+            # A bad row of a staged chunk: the message names its position in the input.
+            raise InvalidInputError(error_text if isinstance(error_text, str) else message)
         if status == 413 and code == Code.ADMISSION_TOO_LARGE:
             observed = body.get("observed_bytes")
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
@@ -454,6 +481,97 @@ class GatewayClient:
             raise AdmissionTooLargeError(measured.bytes)
         answer = await self.post_action(action, self._with_user(payload))
         return _answers.parse_admission(answer, action)
+
+    # --- staged admission ----------------------------------------------------------------
+
+    async def begin_admission(
+        self, table_namespace: str, contract: SheetContract, admission_id: str, run_id: str
+    ) -> None:
+        """Register the staged admission ``admission_id`` (idempotent: safe to retry)."""
+        self._check_sheet_args(table_namespace, contract)
+        payload = {
+            "tableNamespace": table_namespace,
+            "sheetContract": contract.to_json(),
+            "admissionId": admission_id,
+            "runId": run_id,
+        }
+        answer = await self.post_action(_wire.BEGIN_ADMISSION, self._with_user(payload))
+        if answer.get("admissionId") != admission_id:
+            raise _answers.protocol_error(_wire.BEGIN_ADMISSION, "admissionId does not match")
+
+    def admission_chunk_body(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        admission_id: str,
+        seq: int,
+        first_position: int,
+        encoded_rows: Sequence[bytes],
+    ) -> bytes:
+        """The request body of one staged chunk, around rows already encoded as compact
+        JSON objects (so a row is encoded once, to measure it and to send it)."""
+        envelope = _dumps(
+            {
+                "tableNamespace": table_namespace,
+                "sheetContract": contract.to_json(),
+                "admissionId": admission_id,
+                "seq": seq,
+                "firstPosition": first_position,
+                "action": _wire.STAGE_ADMISSION_CHUNK,
+                "playName": self.play_name,
+            }
+        )
+        if len(envelope) > ADMISSION_CHUNK_ENVELOPE_BYTES:
+            raise InvalidInputError(
+                f"the chunk envelope (names and contract) takes {len(envelope)} bytes, "
+                f"over {ADMISSION_CHUNK_ENVELOPE_BYTES}"
+            )
+        return b"".join((envelope[:-1], b',"rows":[', b",".join(encoded_rows), b"]}"))
+
+    async def stage_admission_chunk(self, body: bytes) -> bool:
+        """Send one chunk built by ``admission_chunk_body``; False when the gateway had
+        staged it before (a retry after a lost answer)."""
+        answer = await self._call_content(_wire.STAGE_ADMISSION_CHUNK, body)
+        return _answers.parse_staged(answer.body, _wire.STAGE_ADMISSION_CHUNK)
+
+    async def commit_admission(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        admission_id: str,
+        run_id: str,
+        *,
+        chunks: int,
+        rows: int,
+    ) -> AdmissionCounts:
+        """Commit the staged admission whole, as one new write version (idempotent).
+
+        Each attempt may take ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``: a large
+        commit is one transaction. A retried commit waits for the first one
+        and answers its counts.
+        """
+        self._check_sheet_args(table_namespace, contract)
+        payload = {
+            "tableNamespace": table_namespace,
+            "sheetContract": contract.to_json(),
+            "admissionId": admission_id,
+            "runId": run_id,
+            "chunks": chunks,
+            "rows": rows,
+        }
+        answer = await self._call(
+            _wire.COMMIT_ADMISSION, payload, attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
+        )
+        return _answers.parse_admission_counts(answer.body, _wire.COMMIT_ADMISSION)
+
+    async def abort_admission(self, table_namespace: str, admission_id: str) -> bool:
+        """Drop an open staged admission's rows; False when it was not open."""
+        payload = {"tableNamespace": table_namespace, "admissionId": admission_id}
+        answer = await self.post_action(_wire.ABORT_ADMISSION, payload)
+        aborted = answer.get("aborted")
+        if not isinstance(aborted, bool):
+            raise _answers.protocol_error(_wire.ABORT_ADMISSION, "aborted must be a boolean")
+        return aborted
 
     async def create_db_session(
         self,

@@ -70,8 +70,8 @@ POSTGRES_SYSTEM_COLUMNS: frozenset[str] = frozenset(
 )
 
 _HASH_CHARS = 12
-# Table names are <base><suffix>; the longest derived name is the event key
-# index (_events_key, 11 bytes), so a base of 49 bytes keeps every name <= 60.
+# Table names are <base><suffix>; the longest derived name is the staging
+# index (_staging_pos, 12 bytes), so a base of 49 bytes keeps every name <= 61.
 _MAX_BASE_BYTES = 49
 _SANITISE = re.compile(r"[^a-z0-9]+")
 
@@ -139,6 +139,12 @@ class SheetNames:
     """The sheet's metadata: its logical names and its columns' ids. Granted
     only to the sheet's own session roles, never kept in catalog comments
     (which every role of the database can read)."""
+    staging_table: str
+    """Staged admissions' rows, until their commit (``UNLOGGED``: scratch space)."""
+    admissions_table: str
+    """One row per staged admission: its state and, once committed, its counts."""
+    stage_chunks_table: str
+    """One row per staged chunk: what makes a retried chunk a no-op."""
 
     def ident(self, table_attr: str) -> sql.Identifier:
         """The schema-qualified identifier of ``getattr(self, table_attr)``."""
@@ -151,6 +157,11 @@ class SheetNames:
     def order_index(self) -> str:
         """The sheet table's read-order index."""
         return f"{self.sheet_table}_order"
+
+    @property
+    def staging_index(self) -> str:
+        """The staging table's ``(admission_id, position)`` index."""
+        return f"{self.staging_table}_pos"
 
     @property
     def event_key_index(self) -> str:
@@ -167,6 +178,9 @@ _TABLE_ATTRS = frozenset(
         "counter_table",
         "receipts_table",
         "meta_table",
+        "staging_table",
+        "admissions_table",
+        "stage_chunks_table",
     }
 )
 
@@ -183,6 +197,9 @@ def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
         counter_table=f"{sheet}_counts",
         receipts_table=f"{_base('r', (play_name,))}_receipts",
         meta_table=f"{sheet}_meta",
+        staging_table=f"{sheet}_staging",
+        admissions_table=f"{sheet}_admissions",
+        stage_chunks_table=f"{sheet}_chunks",
     )
 
 
@@ -478,8 +495,70 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
             )"""
         ).format(names.ident("counter_table")),
         _receipts_ddl(names),
+        *_staging_ddl(names, columns),
     ]
     return sql.SQL(";\n").join(statements)
+
+
+def _staging_ddl(names: SheetNames, columns: Mapping[str, str]) -> list[sql.Composable]:
+    """The staged-admission tables: an admission registry, its chunks, and the rows.
+
+    The rows are ``UNLOGGED`` (scratch space: a crash empties them, and a commit
+    counts them against the chunks before it writes anything). A chunk row's
+    foreign key makes staging into an unknown admission fail, and its check
+    takes a key-share lock on the admission, which the commit's ``FOR UPDATE``
+    waits for: no chunk lands while its admission commits.
+    """
+    staging = names.ident("staging_table")
+    statements: list[sql.Composable] = [
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                admission_id text PRIMARY KEY,
+                run_id text NOT NULL,
+                state text NOT NULL DEFAULT 'open'
+                    CHECK (state IN ('open', 'committed', 'aborted', 'expired')),
+                created_at timestamptz NOT NULL DEFAULT now(),
+                closed_at timestamptz,
+                input_rows bigint,
+                write_version bigint,
+                inserted bigint,
+                skipped bigint,
+                pending_count bigint,
+                completed_count bigint
+            )"""
+        ).format(names.ident("admissions_table")),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                admission_id text NOT NULL REFERENCES {} ON DELETE CASCADE,
+                seq integer NOT NULL,
+                first_position bigint NOT NULL,
+                row_count integer NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (admission_id, seq)
+            )"""
+        ).format(names.ident("stage_chunks_table"), names.ident("admissions_table")),
+        sql.SQL(
+            """CREATE UNLOGGED TABLE IF NOT EXISTS {} (
+                _admission_id text NOT NULL,
+                _position bigint NOT NULL,
+                _key text NOT NULL
+            )"""
+        ).format(staging),
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_admission_id, _position)").format(
+            sql.Identifier(names.staging_index), staging
+        ),
+    ]
+    if columns:
+        statements.append(
+            sql.SQL("ALTER TABLE {} {}").format(
+                staging,
+                sql.SQL(", ").join(
+                    sql.SQL("ADD COLUMN IF NOT EXISTS {} jsonb").format(sql.Identifier(name))
+                    for name in columns
+                ),
+            )
+        )
+    return statements
 
 
 def _receipts_ddl(names: SheetNames) -> sql.Composed:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import budgets
 from .._types import (
+    AdmissionCounts,
     AdmittedPart,
     CompleteRow,
     FailRow,
@@ -31,10 +32,12 @@ from .._types import (
     TerminalWriteResult,
     WriteResult,
 )
-from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _writes
+from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _staging, _writes
 from ._pool import TrioPool, open_pool
 from ._reads import RowCursor
+from ._rowdata import physical_columns
 from ._schema import SheetNames, sheet_names
+from ._staging import StagedRow
 
 __all__ = ["SheetStore", "open_store"]
 
@@ -117,6 +120,65 @@ class SheetStore:
         return await _admission.start_dataset(
             self.pool, names, sheet, rows, run_id, contract, key_field=key_field, check=check
         )
+
+    # --- staged admission (see store/_staging.py) ----------------------------------------
+
+    async def begin_admission(
+        self, sheet: SheetRef, contract: SheetContract, admission_id: str, run_id: str
+    ) -> None:
+        """Register a staged admission (idempotent); ensures the sheet's layout first."""
+        names = await self._ensure_cached(sheet, contract)
+        await _staging.begin_admission(self.pool, names, admission_id, run_id)
+
+    async def stage_chunk(
+        self,
+        sheet: SheetRef,
+        contract: SheetContract,
+        admission_id: str,
+        seq: int,
+        first_position: int,
+        rows: Sequence[StagedRow],
+        *,
+        check_state: bool = True,
+    ) -> bool:
+        """Stage one prepared chunk; False when it had been staged before (a replay)."""
+        return await _staging.stage_chunk(
+            self.pool,
+            sheet_names(sheet),
+            admission_id,
+            seq,
+            first_position,
+            rows,
+            physical_columns(contract),
+            check_state=check_state,
+        )
+
+    async def commit_admission(
+        self,
+        sheet: SheetRef,
+        contract: SheetContract,
+        admission_id: str,
+        run_id: str,
+        *,
+        chunks: int,
+        rows: int,
+    ) -> AdmissionCounts:
+        """Commit a staged admission as one new write version (a replay answers the same)."""
+        names = await self._ensure_cached(sheet, contract)
+        return await _staging.commit_admission(
+            self.pool,
+            names,
+            sheet.table_namespace,
+            admission_id,
+            run_id,
+            physical_columns(contract),
+            chunks=chunks,
+            rows=rows,
+        )
+
+    async def abort_admission(self, sheet: SheetRef, admission_id: str) -> bool:
+        """Drop an open staged admission's rows; False if it was not open."""
+        return await _staging.abort_admission(self.pool, sheet_names(sheet), admission_id)
 
     async def append_rows(
         self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str

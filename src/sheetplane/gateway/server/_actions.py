@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import attrs
+import trio
 
 from ... import crypto
 from ..._types import (
@@ -34,12 +35,16 @@ from ..._types import (
     canonical_operations,
 )
 from ...budgets import (
+    ADMISSION_CHUNK_BYTES,
+    ADMISSION_CHUNK_ROWS,
     DB_SESSION_CAP_RETRY_AFTER_MS,
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
 from ...sizes import json_byte_length_up_to
 from ...store import RowCursor, SheetStore
+from ...store._rowdata import physical_columns
+from ...store._staging import prepare_chunk
 from .. import _messages as m
 from .. import _wire
 from .._wire import SERVED_LOGICAL_TABLES, Code
@@ -582,6 +587,92 @@ async def mint_preloaded_session(
     return {**minted.answer, "encryptedPostgresUrl": envelope}
 
 
+# --- staged admission ---------------------------------------------------------------
+
+
+async def begin_sheet_admission(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, sheetContract, admissionId, runId, userEmail?}`` →
+    ``{admissionId, chunkRows, chunkBytes}``: registers a staged admission
+    (idempotent), after expiring the sheet's abandoned ones."""
+    request = _read(call, m.BeginAdmissionRequest)
+    sheet = _sheet(call, request.play_name, request.table_namespace)
+    contract = _contract(request.sheet_contract)
+    await call.state.store.begin_admission(sheet, contract, request.admission_id, request.run_id)
+    return m.unstructure(
+        m.BeginAdmissionAnswer(
+            admission_id=request.admission_id,
+            chunk_rows=ADMISSION_CHUNK_ROWS,
+            chunk_bytes=ADMISSION_CHUNK_BYTES,
+        )
+    )
+
+
+async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, sheetContract, admissionId, seq, firstPosition, rows}`` →
+    ``{admissionId, seq, staged}``.
+
+    The rows are checked and keyed on a worker thread; a bad row answers 400
+    naming its position in the whole input and aborts the admission (its
+    staging rows are dropped). A chunk staged before answers ``staged: false``
+    and writes nothing.
+    """
+    request = _read(call, m.StageAdmissionChunkRequest)
+    sheet = _sheet(call, request.play_name, request.table_namespace)
+    contract = _contract(request.sheet_contract)
+    store = call.state.store
+    try:
+        prepared = await trio.to_thread.run_sync(
+            prepare_chunk, request.rows, request.first_position, physical_columns(contract)
+        )
+    except InvalidInputError:
+        await store.abort_admission(sheet, request.admission_id)
+        raise
+    staged = await store.stage_chunk(
+        sheet, contract, request.admission_id, request.seq, request.first_position, prepared
+    )
+    return m.unstructure(
+        m.StageAdmissionChunkAnswer(
+            admission_id=request.admission_id, seq=request.seq, staged=staged
+        )
+    )
+
+
+async def commit_sheet_admission(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, sheetContract, admissionId, runId, chunks, rows}`` →
+    ``{admissionId, writeVersion, inserted, skipped, pendingCount, completedCount,
+    tableNamespace}``; a commit made before answers the same counts."""
+    request = _read(call, m.CommitAdmissionRequest)
+    sheet = _sheet(call, request.play_name, request.table_namespace)
+    counts = await call.state.store.commit_admission(
+        sheet,
+        _contract(request.sheet_contract),
+        request.admission_id,
+        request.run_id,
+        chunks=request.chunks,
+        rows=request.rows,
+    )
+    return m.unstructure(
+        m.CommitAdmissionAnswer(
+            admission_id=request.admission_id,
+            write_version=counts.write_version,
+            inserted=counts.inserted,
+            skipped=counts.skipped,
+            pending_count=counts.pending_count,
+            completed_count=counts.completed_count,
+            table_namespace=counts.table_namespace,
+        )
+    )
+
+
+async def abort_sheet_admission(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, admissionId}`` → ``{aborted}``: drops an open admission's
+    staging rows (False when it was not open)."""
+    request = _read(call, m.AbortAdmissionRequest)
+    sheet = _sheet(call, request.play_name, request.table_namespace)
+    aborted = await call.state.store.abort_admission(sheet, request.admission_id)
+    return m.unstructure(m.AbortAdmissionAnswer(aborted=aborted))
+
+
 #: Every action this gateway answers, by name.
 HANDLERS: Final[Mapping[str, Handler]] = {
     _wire.ENSURE_SHEET: ensure_sheet,
@@ -598,6 +689,10 @@ HANDLERS: Final[Mapping[str, Handler]] = {
     _wire.RESOLVE_PLAY: resolve_play,
     _wire.REGISTER_PLAY: register_play,
     _wire.SUMMARY: runtime_sheet_summary,
+    _wire.BEGIN_ADMISSION: begin_sheet_admission,
+    _wire.STAGE_ADMISSION_CHUNK: stage_sheet_admission_chunk,
+    _wire.COMMIT_ADMISSION: commit_sheet_admission,
+    _wire.ABORT_ADMISSION: abort_sheet_admission,
 }
 
 #: Actions a legacy gateway (``legacy=True``) does not know.

@@ -58,6 +58,7 @@ from ...budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import (
+    AdmissionStateError,
     AdmissionTooLargeError,
     InvalidInputError,
     ReadBatchTooLargeError,
@@ -251,6 +252,8 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         if isinstance(exc, ReadBatchTooLargeError):
             state.metrics.read_batch_too_large.inc()
         raise ActionError(413, exc.code, str(exc), observed_bytes=exc.observed_bytes) from None
+    except AdmissionStateError as exc:
+        raise ActionError(409, exc.code, str(exc)) from None
     except InvalidInputError as exc:
         raise ActionError(400, exc.code, str(exc)) from None
     except WriteConflictError as exc:

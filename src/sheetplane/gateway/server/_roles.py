@@ -112,7 +112,12 @@ _SHEET_PRIVILEGES: Final[dict[str, frozenset[Privilege]]] = {
     "rows.append": frozenset({"SELECT", "INSERT"}),
     "rows.upsert": frozenset({"SELECT", "INSERT", "UPDATE"}),
     "rows.replace": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
+    "rows.stage": frozenset(),
 }
+#: Operations that write the sheet's rows (and so its events and counters).
+_ROW_WRITES: Final = frozenset({"rows.append", "rows.upsert", "rows.replace"})
+#: What ``rows.stage`` inserts into the chunk table (``created_at`` is the server's).
+_CHUNK_INSERT_COLUMNS: Final = ("admission_id", "seq", "first_position", "row_count")
 _PRIVILEGE_ORDER: Final[tuple[Privilege, ...]] = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 #: PBKDF2 iterations of the SCRAM verifier (Postgres' own default).
@@ -299,7 +304,15 @@ def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, lis
         # The sheet's column ids and logical names (kept out of catalog comments).
         "meta_table": [("SELECT", ())],
     }
-    if any(op != "rows.read" for op in operations):
+    if not tables["sheet_table"]:
+        del tables["sheet_table"]
+    if "rows.stage" in operations:
+        # Staged admission's chunks: record the chunk (ON CONFLICT DO NOTHING needs
+        # INSERT only; its foreign key is checked as the table owner), COPY the rows.
+        # Nothing to read, nothing on the sheet's rows: the commit is the gateway's.
+        tables["stage_chunks_table"] = [("INSERT", _CHUNK_INSERT_COLUMNS)]
+        tables["staging_table"] = [("INSERT", ())]
+    if any(op in _ROW_WRITES for op in operations):
         # Idempotency keys: the write path reads them and records its own event.
         tables["event_table"] = [("SELECT", ()), ("INSERT", _EVENT_INSERT_COLUMNS)]
         # The summary row is created if missing (INSERT (id) ... ON CONFLICT DO

@@ -1,0 +1,578 @@
+"""Staged admission: an input of any size, sent in chunks, committed whole or not at all.
+
+The path, in order:
+
+1. ``begin_admission``: register an admission id (chosen by the runner, a
+   random 128-bit hex string, so a retried begin is a no-op) for one run.
+   Abandoned admissions of the sheet (open, idle past ``ADMISSION_IDLE_MS``)
+   are expired on the way and their staging rows deleted.
+2. ``stage_chunk`` (once per chunk, any number of times): record the chunk
+   ``(admission id, seq)`` with ``INSERT ... ON CONFLICT DO NOTHING`` and,
+   only if that inserted it, ``COPY`` its rows into the sheet's staging
+   table, in one transaction. A chunk retried after a lost answer finds its
+   row and writes nothing; two copies racing serialise on the primary key.
+   Rows arrive checked and keyed (``prepare_chunk``): the gateway prepares
+   them from a request, the direct road in the runner, which then needs only
+   ``INSERT`` on the staging and chunk tables (operation ``rows.stage``).
+3. ``commit_admission``: one transaction. Lock the admission row, check the
+   chunks are exactly ``0..n-1``, contiguous, with the row count the runner
+   sent and every staged row present; take the sheet's writer lock and a new
+   write version; then admit the staged rows in input order, a range of
+   positions per statement: dedupe keeping the first occurrence (within a
+   range by ``DISTINCT ON``, across ranges because a key taken in by an
+   earlier range already carries this ``_admitted_version``), insert new keys
+   as ``pending``, re-admit ``stale``/``pending``/``running``/``failed`` rows,
+   re-order and stamp ``enriched`` ones, exactly as ``start_dataset`` does.
+   Summary counters, column summary and one ``admission`` event move in the
+   same transaction; the staging rows are deleted and the counts stored on
+   the admission row, so a retried commit answers the same counts without
+   writing. Readers never see a half-admitted version: the rows appear at
+   the commit.
+4. ``abort_admission``: an admission that will not be committed (bad input,
+   a cancelled runner) drops its staging rows at once.
+
+A runner that dies between chunks leaves an open admission: the sheet is
+unchanged, and the next admission of the sheet (or the gateway's reaper,
+``sweep_admissions``) expires it once idle and deletes its rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from .._types import AdmissionCounts, ContractColumn
+from ..budgets import ADMISSION_COMMIT_RANGE_ROWS, ADMISSION_IDLE_MS
+from ..errors import AdmissionStateError, InvalidInputError
+from ..identity import row_key
+from ._counters import apply_deltas
+from ._pool import TrioPool
+from ._rowdata import (
+    check_row,
+    column_lookups,
+    jsonb_text,
+    lock_sheet,
+    next_write_version,
+    record_event,
+    transition_delta,
+)
+from ._schema import SheetNames
+
+__all__ = [
+    "ADMISSION_ID_PATTERN",
+    "StagedRow",
+    "abort_admission",
+    "begin_admission",
+    "check_admission_id",
+    "commit_admission",
+    "prepare_chunk",
+    "stage_chunk",
+    "sweep_admissions",
+]
+
+Conn = psycopg.Connection[Any]
+
+#: What an admission id looks like: ``uuid.uuid4().hex``.
+ADMISSION_ID_PATTERN: Final = re.compile(r"[0-9a-f]{32}")
+_READMITTED: Final = ("stale", "pending", "running", "failed")
+_INPUT_SOURCES: Final = ("input", "mapField")
+
+
+def check_admission_id(value: object) -> str:
+    """An admission id: 32 lowercase hex digits (``uuid.uuid4().hex``)."""
+    if not isinstance(value, str) or not ADMISSION_ID_PATTERN.fullmatch(value):
+        raise InvalidInputError(f"admission id must be 32 lowercase hex digits, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class StagedRow:
+    """One checked, keyed input row as the staging table holds it."""
+
+    key: str
+    """The row key."""
+    texts: tuple[str | None, ...]
+    """Per physical column: SQL NULL (the row does not carry it), ``'null'`` (it
+    carries JSON null) or the value's jsonb text."""
+
+
+def _staging_text(value: Any) -> str:
+    text = jsonb_text(value)
+    return "null" if text is None else text
+
+
+def prepare_chunk(
+    rows: Iterable[object], first_position: int, columns: Sequence[ContractColumn]
+) -> list[StagedRow]:
+    """Check and key a chunk's rows (``InvalidInputError`` names the row's position in
+    the whole input: ``first_position`` + its index in the chunk)."""
+    lookups = column_lookups(columns)
+    prepared: list[StagedRow] = []
+    for offset, raw in enumerate(rows):
+        position = first_position + offset
+        row = check_row(raw, position)
+        try:
+            key = row_key(row, None)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"row {position}: {exc}") from None
+        texts: list[str | None] = []
+        for names in lookups:
+            for name in names:
+                if name in row:
+                    texts.append(_staging_text(row[name]))
+                    break
+            else:
+                texts.append(None)
+        prepared.append(StagedRow(key, tuple(texts)))
+    return prepared
+
+
+# --- begin, stage, abort ------------------------------------------------------------------
+
+
+def _expire_idle(conn: Conn, names: SheetNames) -> int:
+    """Expire the sheet's open admissions idle past ``ADMISSION_IDLE_MS`` and drop their rows;
+    forget closed admissions older than that. Returns how many were expired."""
+    admissions = names.ident("admissions_table")
+    chunks = names.ident("stage_chunks_table")
+    cur = conn.execute(
+        sql.SQL(
+            "UPDATE {a} AS a SET state = 'expired', closed_at = now() "
+            "WHERE a.state = 'open' AND greatest(a.created_at, "
+            "  (SELECT max(c.created_at) FROM {c} AS c WHERE c.admission_id = a.admission_id)) "
+            "  < now() - make_interval(secs => %(idle)s) "
+            "RETURNING a.admission_id"
+        ).format(a=admissions, c=chunks),
+        {"idle": ADMISSION_IDLE_MS / 1000},
+    )
+    expired = [row[0] for row in cur.fetchall()]
+    if expired:
+        _drop_staged(conn, names, expired)
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {} WHERE state <> 'open' "
+            "AND closed_at < now() - make_interval(secs => %(idle)s)"
+        ).format(admissions),
+        {"idle": ADMISSION_IDLE_MS / 1000},
+    )
+    return len(expired)
+
+
+def _drop_staged(conn: Conn, names: SheetNames, admission_ids: Sequence[str]) -> None:
+    """Delete the staging rows and chunks of ``admission_ids``."""
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE _admission_id = ANY(%s)").format(
+            names.ident("staging_table")
+        ),
+        (list(admission_ids),),
+    )
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE admission_id = ANY(%s)").format(
+            names.ident("stage_chunks_table")
+        ),
+        (list(admission_ids),),
+    )
+
+
+async def begin_admission(
+    pool: TrioPool, names: SheetNames, admission_id: str, run_id: str
+) -> None:
+    """Register ``admission_id`` for ``run_id`` (a no-op if it exists for the same run).
+
+    Raises ``AdmissionStateError`` if the id is registered for another run.
+    """
+    check_admission_id(admission_id)
+
+    def run(conn: Conn) -> None:
+        _expire_idle(conn, names)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (admission_id, run_id) VALUES (%s, %s) "
+                "ON CONFLICT (admission_id) DO NOTHING"
+            ).format(names.ident("admissions_table")),
+            (admission_id, run_id),
+        )
+        found = conn.execute(
+            sql.SQL("SELECT run_id FROM {} WHERE admission_id = %s").format(
+                names.ident("admissions_table")
+            ),
+            (admission_id,),
+        ).fetchone()
+        if found is None or found[0] != run_id:
+            raise AdmissionStateError(f"admission {admission_id} belongs to another run")
+
+    await pool.run(run)
+
+
+def _state(conn: Conn, names: SheetNames, admission_id: str, *, lock: str = "") -> Any:
+    return conn.execute(
+        sql.SQL(
+            "SELECT state, run_id, write_version, inserted, skipped, pending_count, "
+            "completed_count FROM {} WHERE admission_id = %s {}"
+        ).format(names.ident("admissions_table"), sql.SQL(lock)),
+        (admission_id,),
+    ).fetchone()
+
+
+def write_chunk(
+    conn: Conn,
+    names: SheetNames,
+    admission_id: str,
+    seq: int,
+    first_position: int,
+    rows: Sequence[StagedRow],
+    sql_names: Sequence[str],
+) -> bool:
+    """Record the chunk and ``COPY`` its rows in, unless it was recorded before.
+
+    Needs only ``INSERT`` on the chunk and staging tables (the direct road's
+    scoped role runs it). Returns whether this call staged the rows.
+    """
+    # No conflict target: naming one needs SELECT on its columns, and the primary
+    # key is the only constraint that can conflict.
+    cur = conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (admission_id, seq, first_position, row_count) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(names.ident("stage_chunks_table")),
+        (admission_id, seq, first_position, len(rows)),
+    )
+    if cur.rowcount != 1:
+        return False
+    targets = sql.SQL(", ").join(
+        sql.Identifier(name) for name in ["_admission_id", "_position", "_key", *sql_names]
+    )
+    with (
+        conn.cursor() as copy_cur,
+        copy_cur.copy(
+            sql.SQL("COPY {} ({}) FROM STDIN").format(names.ident("staging_table"), targets)
+        ) as copy,
+    ):
+        write_row = copy.write_row
+        for offset, row in enumerate(rows):
+            write_row((admission_id, first_position + offset, row.key, *row.texts))
+    return True
+
+
+def _check_chunk_args(seq: object, first_position: object) -> None:
+    for what, value in (("seq", seq), ("first_position", first_position)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+            raise InvalidInputError(f"{what} must be an integer >= 0, got {value!r}")
+
+
+async def stage_chunk(
+    pool: TrioPool,
+    names: SheetNames,
+    admission_id: str,
+    seq: int,
+    first_position: int,
+    rows: Sequence[StagedRow],
+    columns: Sequence[ContractColumn],
+    *,
+    check_state: bool = True,
+) -> bool:
+    """Stage one chunk (see the module docstring); returns False for a replay.
+
+    With ``check_state`` (the gateway, which may read the registry) a chunk for an
+    admission that is not open raises ``AdmissionStateError``; the direct road's
+    role cannot read it, and a chunk for an unknown admission fails its foreign key.
+    """
+    check_admission_id(admission_id)
+    _check_chunk_args(seq, first_position)
+    sql_names = [c.sql_name for c in columns]
+
+    def run(conn: Conn) -> bool:
+        if check_state:
+            state = _state(conn, names, admission_id)
+            if state is None:
+                raise AdmissionStateError(f"admission {admission_id} does not exist")
+            if state[0] != "open":
+                raise AdmissionStateError(f"admission {admission_id} is {state[0]}")
+        try:
+            return write_chunk(conn, names, admission_id, seq, first_position, rows, sql_names)
+        except psycopg.errors.ForeignKeyViolation:
+            raise AdmissionStateError(f"admission {admission_id} does not exist") from None
+
+    return await pool.run(run)
+
+
+async def abort_admission(pool: TrioPool, names: SheetNames, admission_id: str) -> bool:
+    """Drop an open admission's staging rows; returns False if it was not open."""
+    check_admission_id(admission_id)
+
+    def run(conn: Conn) -> bool:
+        state = _state(conn, names, admission_id, lock="FOR UPDATE")
+        if state is None or state[0] != "open":
+            return False
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET state = 'aborted', closed_at = now() WHERE admission_id = %s"
+            ).format(names.ident("admissions_table")),
+            (admission_id,),
+        )
+        _drop_staged(conn, names, [admission_id])
+        return True
+
+    return await pool.run(run)
+
+
+async def sweep_admissions(pool: TrioPool, names: SheetNames) -> int:
+    """The reaper's pass over one sheet: expire idle admissions; returns how many."""
+    return await pool.run(lambda conn: _expire_idle(conn, names))
+
+
+# --- commit -------------------------------------------------------------------------------
+
+
+def _counts(state: Any, table_namespace: str) -> AdmissionCounts:
+    return AdmissionCounts(
+        write_version=int(state[2]),
+        inserted=int(state[3]),
+        skipped=int(state[4]),
+        pending_count=int(state[5]),
+        completed_count=int(state[6]),
+        table_namespace=table_namespace,
+    )
+
+
+def _check_chunks(conn: Conn, names: SheetNames, admission_id: str, chunks: int, rows: int) -> None:
+    """The staged chunks are exactly 0..chunks-1, contiguous from position 0, and hold
+    ``rows`` rows, all of them present in the staging table."""
+    found = conn.execute(
+        sql.SQL(
+            "SELECT count(*), coalesce(max(seq), -1), coalesce(sum(row_count), 0), "
+            "  coalesce(bool_and(first_position = before), true) "
+            "FROM (SELECT seq, row_count, first_position, coalesce(sum(row_count) OVER "
+            "  (ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before "
+            "  FROM {} WHERE admission_id = %s) AS c"
+        ).format(names.ident("stage_chunks_table")),
+        (admission_id,),
+    ).fetchone()
+    assert found is not None
+    count, last, total, contiguous = int(found[0]), int(found[1]), int(found[2]), found[3]
+    if count != chunks or last != chunks - 1 or total != rows or not contiguous:
+        raise AdmissionStateError(
+            f"admission {admission_id} staged {count} chunks holding {total} rows, "
+            f"but its commit names {chunks} chunks and {rows} rows"
+        )
+    staged = conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE _admission_id = %s").format(
+            names.ident("staging_table")
+        ),
+        (admission_id,),
+    ).fetchone()
+    if staged is None or int(staged[0]) != rows:
+        raise AdmissionStateError(
+            f"admission {admission_id}'s staging rows are gone (the database restarted?): "
+            "start the admission again"
+        )
+
+
+@attrs.define
+class _Tally:
+    """What the range statements did, summed."""
+
+    kept: int = 0
+    inserted: int = 0
+    by_old_status: Counter[str] = attrs.Factory(Counter)
+    non_null: Counter[str] = attrs.Factory(Counter)
+
+
+def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sql.Composed:
+    """Admit the staged rows at positions ``[lo, hi)``; answers one row of tallies."""
+    ident = sql.Identifier
+    sql_names = [c.sql_name for c in columns]
+    inputs = [c.sql_name for c in columns if c.source in _INPUT_SOURCES]
+    staged_cols = sql.SQL("").join(sql.SQL(", s.{}").format(ident(n)) for n in sql_names)
+    old = {n: ident(f"_old_{i}") for i, n in enumerate(inputs)}
+    old_flags = sql.SQL("").join(
+        sql.SQL(", (t.{c} IS NOT NULL)::int AS {o}").format(c=ident(n), o=old[n]) for n in inputs
+    )
+    insert_cols = sql.SQL("").join(sql.SQL(", {}").format(ident(n)) for n in sql_names)
+    insert_vals = sql.SQL("").join(
+        sql.SQL(", NULLIF(n.{}, 'null'::jsonb)").format(ident(n)) for n in sql_names
+    )
+    refresh = sql.SQL("").join(
+        sql.SQL(
+            ", {c} = CASE WHEN n.{c} IS NULL THEN t.{c} ELSE NULLIF(n.{c}, 'null'::jsonb) END"
+        ).format(c=ident(n))
+        for n in inputs
+    )
+    tallies: list[sql.Composable] = [
+        sql.SQL("count(*)"),
+        sql.SQL("count(*) FILTER (WHERE NOT n._present)"),
+        *(
+            sql.SQL("count(*) FILTER (WHERE n._old_status = {})").format(sql.Literal(status))
+            for status in (*_READMITTED, "enriched")
+        ),
+    ]
+    for name in sql_names:
+        new = sql.SQL("(n.{c} IS NOT NULL AND n.{c} <> 'null'::jsonb)").format(c=ident(name))
+        inserted = sql.SQL("count(*) FILTER (WHERE NOT n._present AND {})").format(new)
+        if name in inputs:
+            # A re-admitted row's input column: the new value if the row carries the
+            # field, else the old one kept.
+            after = sql.SQL("CASE WHEN n.{c} IS NULL THEN n.{o} ELSE {new}::int END").format(
+                c=ident(name), o=old[name], new=new
+            )
+            readmitted = sql.SQL(
+                "coalesce(sum({after} - n.{o}) FILTER (WHERE n._old_status IN {st}), 0)"
+            ).format(
+                after=after,
+                o=old[name],
+                st=sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Literal, _READMITTED))),
+            )
+            tallies.append(sql.SQL("{} + {}").format(inserted, readmitted))
+        else:
+            tallies.append(inserted)
+    readmitted_in = sql.SQL(", ").join(map(sql.Literal, _READMITTED))
+    return sql.SQL(
+        """WITH r AS (
+            SELECT DISTINCT ON (s._key) s._key AS _s_key, s._position AS _s_pos{staged_cols}
+            FROM {staging} AS s
+            WHERE s._admission_id = %(admission)s
+              AND s._position >= %(lo)s AND s._position < %(hi)s
+            ORDER BY s._key, s._position
+        ), k AS (
+            SELECT r.*, t._key IS NOT NULL AS _present, t._status AS _old_status{old_flags}
+            FROM r LEFT JOIN {sheet} AS t ON t._key = r._s_key
+            WHERE t._admitted_version IS DISTINCT FROM %(version)s
+        ), n AS (
+            SELECT k.*, %(base)s + row_number() OVER (ORDER BY k._s_pos) - 1 AS _idx FROM k
+        ), ins AS (
+            INSERT INTO {sheet}
+                (_key, _status, _run_id, _input_index, _write_version, _admitted_version
+                 {insert_cols})
+            SELECT n._s_key, 'pending', %(run_id)s, n._idx, %(version)s, %(version)s{insert_vals}
+            FROM n WHERE NOT n._present
+        ), upd AS (
+            UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s,
+                _admitted_version = %(version)s, _run_id = %(run_id)s, _error = NULL,
+                _input_index = n._idx, _updated_at = clock_timestamp(){refresh}
+            FROM n WHERE t._key = n._s_key AND n._old_status IN ({readmitted_in})
+        ), enr AS (
+            UPDATE {sheet} AS t SET _input_index = n._idx, _admitted_version = %(version)s,
+                _updated_at = clock_timestamp()
+            FROM n WHERE t._key = n._s_key AND n._old_status = 'enriched'
+        )
+        SELECT {tallies} FROM n"""
+    ).format(
+        staged_cols=staged_cols,
+        staging=names.ident("staging_table"),
+        old_flags=old_flags,
+        sheet=names.ident("sheet_table"),
+        insert_cols=insert_cols,
+        insert_vals=insert_vals,
+        refresh=refresh,
+        readmitted_in=readmitted_in,
+        tallies=sql.SQL(", ").join(tallies),
+    )
+
+
+async def commit_admission(
+    pool: TrioPool,
+    names: SheetNames,
+    table_namespace: str,
+    admission_id: str,
+    run_id: str,
+    columns: Sequence[ContractColumn],
+    *,
+    chunks: int,
+    rows: int,
+) -> AdmissionCounts:
+    """Commit a staged admission as one new write version (see the module docstring).
+
+    A commit already made answers its stored counts and writes nothing. Raises
+    ``AdmissionStateError`` for an unknown, aborted or expired admission, one
+    of another run, or chunks that do not add up to what the runner sent. If
+    cancelled, the transaction rolls back and the admission stays open.
+    """
+    check_admission_id(admission_id)
+    _check_chunk_args(chunks, rows)
+
+    def run(conn: Conn) -> AdmissionCounts:
+        state = _state(conn, names, admission_id, lock="FOR UPDATE")
+        if state is None:
+            raise AdmissionStateError(f"admission {admission_id} does not exist")
+        if state[1] != run_id:
+            raise AdmissionStateError(f"admission {admission_id} belongs to another run")
+        if state[0] == "committed":
+            return _counts(state, table_namespace)
+        if state[0] != "open":
+            raise AdmissionStateError(f"admission {admission_id} is {state[0]}")
+        _check_chunks(conn, names, admission_id, chunks, rows)
+        lock_sheet(conn, names)
+        version = next_write_version(conn, names)
+        statement = _range_statement(names, columns)
+        tally = _Tally()
+        for lo in range(0, rows, ADMISSION_COMMIT_RANGE_ROWS):
+            found = conn.execute(
+                statement,
+                {
+                    "admission": admission_id,
+                    "lo": lo,
+                    "hi": lo + ADMISSION_COMMIT_RANGE_ROWS,
+                    "version": version,
+                    "base": tally.kept,
+                    "run_id": run_id,
+                },
+            ).fetchone()
+            assert found is not None
+            kept, inserted, *by_status = (int(value) for value in found)
+            tally.kept += kept
+            tally.inserted += inserted
+            for status, count in zip((*_READMITTED, "enriched"), by_status, strict=False):
+                tally.by_old_status[status] += count
+            for column, change in zip(columns, by_status[len(_READMITTED) + 1 :], strict=True):
+                tally.non_null[column.sql_name] += change
+        readmitted = sum(tally.by_old_status[s] for s in _READMITTED)
+        summary: Counter[str] = Counter()
+        for name, change in transition_delta([None], ["pending"]).items():
+            summary[name] += change * tally.inserted
+        for status in _READMITTED:
+            for name, change in transition_delta([status], ["pending"]).items():
+                summary[name] += change * tally.by_old_status[status]
+        apply_deltas(conn, names, summary, tally.non_null)
+        record_event(
+            conn,
+            names,
+            kind="admission",
+            row_count=tally.inserted + readmitted,
+            run_id=run_id,
+            write_version=version,
+        )
+        pending = tally.inserted + readmitted
+        counts = AdmissionCounts(
+            write_version=version,
+            inserted=tally.inserted,
+            skipped=rows - pending,
+            pending_count=pending,
+            completed_count=tally.by_old_status["enriched"],
+            table_namespace=table_namespace,
+        )
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET state = 'committed', closed_at = now(), input_rows = %s, "
+                "write_version = %s, inserted = %s, skipped = %s, pending_count = %s, "
+                "completed_count = %s WHERE admission_id = %s"
+            ).format(names.ident("admissions_table")),
+            (
+                rows,
+                counts.write_version,
+                counts.inserted,
+                counts.skipped,
+                counts.pending_count,
+                counts.completed_count,
+                admission_id,
+            ),
+        )
+        _drop_staged(conn, names, [admission_id])
+        return counts
+
+    return await pool.run(run)

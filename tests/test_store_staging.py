@@ -1,0 +1,163 @@
+"""Staged admission in the store: chunks then one commit give exactly what one
+``start_dataset`` of the same input gives (rows, versions, counters, column summary,
+events), and the commit is all or nothing, once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from _store_helpers import snapshot
+from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
+from sheetplane.errors import AdmissionStateError, InvalidInputError
+from sheetplane.store import SheetStore
+from sheetplane.store._staging import prepare_chunk
+
+CONTRACT = SheetContract(
+    (
+        ContractColumn("company", "company", "input"),
+        ContractColumn("domain", "domain_col", "input", field="site"),
+        ContractColumn("score", "score", "output"),
+    )
+)
+COLUMNS = CONTRACT.columns
+
+
+def new_sheet() -> SheetRef:
+    return SheetRef("org-staging", "play", f"ns-{uuid.uuid4().hex[:10]}")
+
+
+async def staged(
+    store: SheetStore,
+    sheet: SheetRef,
+    rows: Sequence[dict[str, Any]],
+    run_id: str,
+    *,
+    chunk: int = 3,
+) -> Any:
+    admission_id = uuid.uuid4().hex
+    await store.begin_admission(sheet, CONTRACT, admission_id, run_id)
+    seq = 0
+    for first in range(0, len(rows), chunk):
+        prepared = prepare_chunk(rows[first : first + chunk], first, COLUMNS)
+        assert await store.stage_chunk(sheet, CONTRACT, admission_id, seq, first, prepared)
+        seq += 1
+    return await store.commit_admission(
+        sheet, CONTRACT, admission_id, run_id, chunks=seq, rows=len(rows)
+    )
+
+
+def comparable(snap: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot without timestamps and event ids (which differ between two sheets)."""
+    rows = [(r[0], r[1], r[2], r[3], r[6], r[9], r[10], r[11], *r[12:]) for r in snap["rows"]]
+    events = [(e[1], e[2], e[3], e[5]) for e in snap["events"]]
+    summary = [s[:7] for s in snap["summary"]]
+    columns = [c[:2] for c in snap["columns"]]
+    return {"rows": rows, "events": events, "summary": summary, "columns": columns}
+
+
+ATTEMPTS: list[list[dict[str, Any]]] = [
+    [
+        {"_key": "b", "company": "B", "site": "b.io"},
+        {"_key": "a", "company": "A"},
+        {"_key": "c", "company": None, "score": 7},
+        {"_key": "a", "company": "A again"},  # a duplicate across chunks: the first wins
+        {"_key": "d", "company": "D", "site": None},
+        {"_key": "e", "company": "E"},
+        {"_key": "b", "company": "B again"},
+    ],
+    [
+        {"_key": "e", "company": "E2"},
+        {"_key": "a", "company": "A2", "site": "a.io"},
+        {"_key": "f", "company": "F"},
+        {"_key": "c", "site": "c.io"},
+        {"_key": "b", "company": None},
+        {"_key": "d"},
+        {"_key": "f", "company": "F dup"},
+        {"_key": "g", "company": "G"},
+    ],
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+async def test_staged_admission_equals_one_start_dataset(store: SheetStore, chunk: int) -> None:
+    direct, via_stage = new_sheet(), new_sheet()
+    for attempt, rows in enumerate(ATTEMPTS, start=1):
+        run_id = f"run-{attempt}"
+        one = await store.start_dataset(direct, rows, run_id, CONTRACT)
+        counts = await staged(store, via_stage, rows, run_id, chunk=chunk)
+        assert counts.write_version == one.write_version == attempt
+        assert counts.inserted == one.inserted
+        assert counts.skipped == one.skipped
+        assert counts.pending_count == len(one.pending_rows)
+        assert counts.completed_count == len(one.completed_rows)
+        assert comparable(await snapshot(store, via_stage)) == comparable(
+            await snapshot(store, direct)
+        )
+        # Between attempts: complete one row, fail one, on both sheets alike.
+        for sheet in (direct, via_stage):
+            await store.complete_map_rows(
+                sheet,
+                CONTRACT,
+                [CompleteRow("a", {"score": 1})],
+                run_id=run_id,
+                write_version=attempt,
+            )
+            await store.fail_map_rows(
+                sheet, CONTRACT, [FailRow("e", "boom")], run_id=run_id, write_version=attempt
+            )
+    assert comparable(await snapshot(store, via_stage)) == comparable(await snapshot(store, direct))
+
+
+async def test_a_replayed_chunk_and_commit_are_applied_once(store: SheetStore) -> None:
+    sheet = new_sheet()
+    admission_id = uuid.uuid4().hex
+    await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")
+    await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")  # a retried begin
+    rows = [{"_key": f"k{i}", "company": str(i)} for i in range(5)]
+    first = prepare_chunk(rows[:3], 0, COLUMNS)
+    assert await store.stage_chunk(sheet, CONTRACT, admission_id, 0, 0, first)
+    assert not await store.stage_chunk(sheet, CONTRACT, admission_id, 0, 0, first)
+    second = prepare_chunk(rows[3:], 3, COLUMNS)
+    assert await store.stage_chunk(sheet, CONTRACT, admission_id, 1, 3, second)
+    before = await snapshot(store, sheet)
+    assert before["rows"] == []
+    counts = await store.commit_admission(sheet, CONTRACT, admission_id, "run-1", chunks=2, rows=5)
+    after = await snapshot(store, sheet)
+    again = await store.commit_admission(sheet, CONTRACT, admission_id, "run-1", chunks=2, rows=5)
+    assert again == counts
+    assert await snapshot(store, sheet) == after
+    assert (counts.write_version, counts.inserted, counts.pending_count) == (1, 5, 5)
+    assert [e[1] for e in after["events"]] == ["admission"]
+    with pytest.raises(AdmissionStateError):  # a chunk after the commit
+        await store.stage_chunk(sheet, CONTRACT, admission_id, 2, 5, second)
+
+
+async def test_a_commit_whose_chunks_do_not_add_up_writes_nothing(store: SheetStore) -> None:
+    sheet = new_sheet()
+    admission_id = uuid.uuid4().hex
+    await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")
+    rows = [{"_key": f"k{i}"} for i in range(4)]
+    await store.stage_chunk(
+        sheet, CONTRACT, admission_id, 0, 0, prepare_chunk(rows[:2], 0, COLUMNS)
+    )
+    await store.stage_chunk(
+        sheet, CONTRACT, admission_id, 2, 2, prepare_chunk(rows[2:], 2, COLUMNS)
+    )
+    before = await snapshot(store, sheet)
+    for chunks, total in ((2, 4), (3, 4), (3, 5)):
+        with pytest.raises(AdmissionStateError):
+            await store.commit_admission(
+                sheet, CONTRACT, admission_id, "run-1", chunks=chunks, rows=total
+            )
+    with pytest.raises(AdmissionStateError):
+        await store.commit_admission(sheet, CONTRACT, admission_id, "run-2", chunks=2, rows=4)
+    assert await snapshot(store, sheet) == before
+
+
+def test_prepare_chunk_names_the_position_in_the_whole_input() -> None:
+    with pytest.raises(InvalidInputError, match="row 6002 must be a JSON object"):
+        prepare_chunk([{"a": 1}, {"a": 2}, ["not", "a", "row"]], 6000, COLUMNS)
