@@ -33,7 +33,11 @@ from psycopg import sql
 
 from sheetplane import AttemptSupersededError, SheetplaneError, open_runtime
 from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
-from sheetplane.budgets import CALL_BUDGET_MS, POSTGRES_OPERATION_BUDGET_MS
+from sheetplane.budgets import (
+    ADMISSION_COMMIT_CALL_BUDGET_MS,
+    CALL_BUDGET_MS,
+    POSTGRES_OPERATION_BUDGET_MS,
+)
 from sheetplane.gateway.faults import FAULT_HEADER, FaultSchedule, FaultSpec, format_fault_header
 from sheetplane.gateway.server import (
     ROLE_PREFIX,
@@ -62,6 +66,11 @@ RETRIED_RESULTS = frozenset(
 #: The longest one runner call may take: a gateway call's whole budget, plus, on the
 #: direct road, one Postgres operation's (minting the session is the gateway call).
 CALL_LIMIT_SECONDS = (CALL_BUDGET_MS + POSTGRES_OPERATION_BUDGET_MS) / 1000
+#: A ``start`` of a one-chunk input: begin, chunk and abort calls, a commit call,
+#: each of which may also wait a whole store operation.
+START_LIMIT_SECONDS = (
+    3 * CALL_LIMIT_SECONDS + (ADMISSION_COMMIT_CALL_BUDGET_MS + POSTGRES_OPERATION_BUDGET_MS) / 1000
+)
 #: Fault kinds a runner may arm, with the actions they go on.
 FAULT_KINDS = ("502", "503", "reset", "hang", "413", "backpressure", "truncated", "malformed")
 FAULT_ACTIONS = (
@@ -166,6 +175,8 @@ class RealOutcome:
     version: int | None = None
     completed: list[str] = attrs.field(factory=list)
     calls: list[float] = attrs.field(factory=list)
+    starts: list[float] = attrs.field(factory=list)
+    """How long each ``start`` took: a staged admission is several calls."""
     error: str = ""
     """The typed error's message, when it stopped with one."""
 
@@ -191,11 +202,14 @@ async def _runner(
     ) as rt:
         writer = rt.writer(namespace, CONTRACT)
         outcome.result = "running"
+        phase = outcome.starts  # a staged start is several calls: its own budget
         began = trio.current_time()
         try:
             admitted = rows if plan.subset is None else [rows[i] for i in plan.subset]
             admission = await writer.start(admitted)
-            outcome.calls.append(trio.current_time() - began)
+            outcome.starts.append(trio.current_time() - began)
+            phase = outcome.calls
+            began = trio.current_time()
             outcome.version = admission.write_version
             pending = [row["_key"] async for row in admission.pending()]
             for number, first in enumerate(range(0, len(pending), plan.chunk)):
@@ -211,10 +225,10 @@ async def _runner(
                 outcome.calls.append(trio.current_time() - began)
             outcome.result = "done"
         except AttemptSupersededError:
-            outcome.calls.append(trio.current_time() - began)
+            phase.append(trio.current_time() - began)
             outcome.result = "superseded"
         except SheetplaneError as exc:
-            outcome.calls.append(trio.current_time() - began)
+            phase.append(trio.current_time() - began)
             outcome.result = type(exc).__name__
             outcome.error = str(exc)[:200]
 
@@ -409,6 +423,8 @@ async def _check(
         # Every wait ended within its derived budget.
         for took in outcome.calls:
             assert took <= CALL_LIMIT_SECONDS, f"a call took {took} s {where}"
+        for took in outcome.starts:
+            assert took <= START_LIMIT_SECONDS, f"a start took {took} s {where}"
 
 
 def _stored_state(

@@ -35,7 +35,12 @@ from sheetplane._types import (
     FailRow,
     SheetContract,
 )
-from sheetplane.budgets import CALL_BUDGET_MS, READ_BATCH_MAX_RESPONSE_BYTES
+from sheetplane.budgets import (
+    ADMISSION_ABORT_TIMEOUT_MS,
+    ADMISSION_COMMIT_CALL_BUDGET_MS,
+    CALL_BUDGET_MS,
+    READ_BATCH_MAX_RESPONSE_BYTES,
+)
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages._reader import PageReader
 from sheetplane.runtime import Runtime, RuntimeContext
@@ -44,6 +49,11 @@ from sheetplane.store._fencing import StoredRow, decide_terminal_write
 from sheetplane.testing.models import ModelWrite, SheetModel
 
 NS = "chaos"
+#: A ``start`` of a one-chunk input: its begin and its chunk (a call each), its
+#: commit (a commit's call budget) and, if it failed, its abort.
+START_LIMIT_SECONDS = (
+    2 * CALL_BUDGET_MS + ADMISSION_COMMIT_CALL_BUDGET_MS + ADMISSION_ABORT_TIMEOUT_MS
+) / 1000 + 1e-9
 CONTRACT = SheetContract(
     (ContractColumn("email", "email", "input"), ContractColumn("score", "score", "output"))
 )
@@ -83,6 +93,8 @@ class FakeGateway:
 
     rows: dict[str, FakeRow] = attrs.field(factory=dict)
     version: int = 0
+    admissions: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """Staged admissions by id: ``{run_id, chunks: {seq: rows}, answer}``."""
     log: list[tuple[Any, ...]] = attrs.field(factory=list)
     """``("admit", pairs, run_id, answer)`` or ``("write", target, writes, version, run_id,
     answer)`` for every operation applied, in order."""
@@ -90,7 +102,27 @@ class FakeGateway:
     def handle(self, body: dict[str, Any]) -> dict[str, Any]:
         action = body["action"]
         if action == "start_sheet_dataset":
-            return self._admit(body)
+            return self._admit(body["rows"], body["runId"])
+        if action == "begin_sheet_admission":
+            self.admissions.setdefault(
+                body["admissionId"], {"run_id": body["runId"], "chunks": {}, "answer": None}
+            )
+            return {"admissionId": body["admissionId"], "chunkRows": 20_000, "chunkBytes": 1}
+        if action == "stage_sheet_admission_chunk":
+            staged = self.admissions[body["admissionId"]]
+            if staged["answer"] is not None:
+                raise _Answer(409, {"error": "committed", "code": "runtime_sheet_admission_state"})
+            fresh = body["seq"] not in staged["chunks"]
+            staged["chunks"].setdefault(body["seq"], body["rows"])
+            return {"admissionId": body["admissionId"], "seq": body["seq"], "staged": fresh}
+        if action == "commit_sheet_admission":
+            return self._commit(body)
+        if action == "abort_sheet_admission":
+            staged = self.admissions.get(body["admissionId"])
+            aborted = staged is not None and staged["answer"] is None
+            if aborted:
+                del self.admissions[body["admissionId"]]
+            return {"aborted": aborted}
         if action in ("runtime_sheet_complete_map_rows", "runtime_sheet_fail_map_rows"):
             return self._terminal(body, "enriched" if "complete" in action else "failed")
         if action == "runtime_sheet_summary":
@@ -109,11 +141,31 @@ class FakeGateway:
             "failed": counts["failed"],
         }
 
-    def _admit(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _commit(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A staged admission's commit: its chunks admitted as one request's rows, once."""
+        staged = self.admissions[body["admissionId"]]
+        if staged["answer"] is None:
+            chunks = staged["chunks"]
+            assert sorted(chunks) == list(range(body["chunks"])), "chunks missing at commit"
+            rows = [row for seq in sorted(chunks) for row in chunks[seq]]
+            assert len(rows) == body["rows"]
+            inline = self._admit(rows, staged["run_id"])
+            staged["answer"] = {
+                "admissionId": body["admissionId"],
+                "writeVersion": inline["writeVersion"],
+                "inserted": inline["inserted"],
+                "skipped": inline["skipped"],
+                "pendingCount": len(inline["pendingRows"]),
+                "completedCount": len(inline["completedRows"]),
+                "tableNamespace": NS,
+            }
+        answer: dict[str, Any] = staged["answer"]
+        return answer
+
+    def _admit(self, input_rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
         self.version += 1
-        run_id = body["runId"]
         kept: dict[str, dict[str, Any]] = {}
-        for row in body["rows"]:
+        for row in input_rows:
             kept.setdefault(row["_key"], row)
         inserted, pending, completed = 0, [], []
         for index, (key, row) in enumerate(kept.items()):
@@ -136,7 +188,7 @@ class FakeGateway:
                 pending.append({**row, "_key": key})
         answer = {
             "inserted": inserted,
-            "skipped": len(body["rows"]) - len(kept) + len(completed),
+            "skipped": len(input_rows) - len(kept) + len(completed),
             "pendingRows": pending,
             "completedRows": completed,
             "tableNamespace": NS,
@@ -335,6 +387,8 @@ class RunnerOutcome:
     result: str = "not started"
     """``done``, ``superseded``, ``cancelled`` or the name of the typed error it stopped with."""
     calls: list[float] = attrs.field(factory=list)
+    starts: list[float] = attrs.field(factory=list)
+    """How long each ``start`` took: a staged admission is several calls."""
     """How long each data-plane call took (virtual seconds)."""
     terminal_requests_after_superseded: int = 0
 
@@ -389,12 +443,15 @@ async def _run_runner(
         rt = Runtime(context, client, sessions, reader)
         writer = rt.writer(NS, CONTRACT, write_version=plan.resume_version)
         outcome.result = "running"
+        phase = outcome.starts  # a staged start is several calls: its own budget
         began = trio.current_time()
         try:
             if plan.resume_version is None:
                 admitted = rows if plan.subset is None else [rows[i] for i in plan.subset]
                 admission = await writer.start(admitted)
-                outcome.calls.append(trio.current_time() - began)
+                outcome.starts.append(trio.current_time() - began)
+                phase = outcome.calls
+                began = trio.current_time()
                 pending = [row["_key"] async for row in admission.pending()]
             else:
                 pending = [row["_key"] for row in rows]
@@ -410,10 +467,10 @@ async def _run_runner(
                 outcome.calls.append(trio.current_time() - began)
             outcome.result = "done"
         except AttemptSupersededError:
-            outcome.calls.append(trio.current_time() - began)
+            phase.append(trio.current_time() - began)
             outcome.result = "superseded"
         except SheetplaneError as exc:
-            outcome.calls.append(trio.current_time() - began)
+            phase.append(trio.current_time() - began)
             outcome.result = type(exc).__name__
 
 
@@ -562,3 +619,5 @@ def check_virtual(
         # Every wait ended within its derived budget.
         for took in outcome.calls:
             assert took <= CALL_BUDGET_MS / 1000 + 1e-9, f"a call took {took} s {where}"
+        for took in outcome.starts:
+            assert took <= START_LIMIT_SECONDS, f"a start took {took} s {where}"

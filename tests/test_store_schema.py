@@ -28,6 +28,9 @@ TABLES = (
     "counter_table",
     "receipts_table",
     "meta_table",
+    "staging_table",
+    "admissions_table",
+    "stage_chunks_table",
 )
 
 HOSTILE = (
@@ -51,6 +54,7 @@ def _all_names(ref: SheetRef) -> list[str]:
         *(getattr(names, attr) for attr in TABLES),
         names.order_index,
         names.event_key_index,
+        names.staging_index,
     ]
 
 

@@ -252,6 +252,12 @@ ADMISSION_CHUNK_ROWS: Final = 4 * POSTGRES_WRITE_CHUNK_ROWS
 #: ``POSTGRES_STATEMENT_TIMEOUT_MS``.
 ADMISSION_COMMIT_RANGE_ROWS: Final = 10 * POSTGRES_WRITE_CHUNK_ROWS
 
+#: ``work_mem`` of a staged commit's transaction: a range's dedupe and order
+#: sorts (``ADMISSION_COMMIT_RANGE_ROWS`` keys and positions, with the rows'
+#: jsonb, a few hundred bytes a row at most for typical rows) stay in memory
+#: instead of spilling to disk at Postgres' 4 MiB default.
+ADMISSION_COMMIT_WORK_MEM_BYTES: Final = 32 * MiB
+
 #: An open staged admission with no chunk for this long is abandoned (its
 #: runner died): the next admission of its sheet, or the reaper, expires it and
 #: deletes its staging rows. A closed admission's record (kept so a retried

@@ -11,6 +11,14 @@ server (``SHEETPLANE_DATABASE_URL``, else a throwaway embedded server):
   batch, one batch after another, as the page reader issues them), against one
   server-side-cursor ``SELECT`` of the same projection in the same order,
   fetched 5,000 rows at a time and decoded into the same dicts. Target: >= 0.7x.
+* **Staged admission** (``--only staged``, N rows, default 1,000,000):
+  ``RowWriter.start`` of a generator of N rows on each road, through a
+  ``sheetplane serve`` subprocess, against one ``COPY`` of the same rows (same
+  keys and jsonb column texts, from the same generator) into a fresh sheet
+  table of the same shape. Targets: >= 0.6x COPY on ``direct``, >= 0.4x on
+  ``gateway_only``; the peak RSS of this process (the runner, generator input)
+  and of the gateway process during each admission under 200 MiB (``VmHWM``,
+  reset before each admission through ``/proc/PID/clear_refs``).
 
 Each figure is the median of several runs (``--repeats``); rows/s and the
 ratio to the peer are printed.
@@ -19,12 +27,15 @@ ratio to the peer are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -33,7 +44,7 @@ import trio
 from psycopg import sql
 
 from .._types import SheetRef
-from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, MiB
 from ..store import SheetStore, open_store, sheet_names
 from ..store._reads import ORDER_BY, _physical_columns, _projection
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
@@ -84,6 +95,9 @@ async def _drop(store: SheetStore, sheet: SheetRef) -> None:
         "summary_table",
         "column_summary_table",
         "counter_table",
+        "staging_table",
+        "stage_chunks_table",
+        "admissions_table",
     )
 
     def run(conn: psycopg.Connection[Any]) -> None:
@@ -212,6 +226,172 @@ async def bench_reads(store: SheetStore, rows: list[dict[str, Any]], repeats: in
     return Figure("full read (read_rows_batch vs server cursor)", len(rows), ours, peer)
 
 
+def _staged_rows(n: int) -> Iterator[dict[str, Any]]:
+    """N company rows made one at a time (keys carried as ``_key``)."""
+    for i in range(n):
+        key = f"c{i:07d}"
+        yield {
+            "_key": key,
+            "id": key,
+            "name": f"Company {i}",
+            "domain": f"company-{i}.example",
+            "employees": (i * 7919) % 10_000,
+        }
+
+
+def _peak_rss(pid: int | str = "self") -> int:
+    """``VmHWM`` of a process, in bytes."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc status")
+
+
+def _reset_peak_rss(pid: int | str = "self") -> None:
+    """Start ``VmHWM`` again from the current RSS (Linux 4.0+)."""
+    with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as refs:
+        refs.write("5")
+
+
+async def _copy_generated(store: SheetStore, sheet: SheetRef, n: int) -> None:
+    """COPY ``n`` generated rows as a staged admission stores them, in one transaction."""
+    names = sheet_names(sheet)
+    columns = [
+        "_key",
+        "_status",
+        "_run_id",
+        "_input_index",
+        "_write_version",
+        "_admitted_version",
+        *INPUT_COLUMNS,
+    ]
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        names.ident("sheet_table"), sql.SQL(", ").join(map(sql.Identifier, columns))
+    )
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+    def run(conn: psycopg.Connection[Any]) -> None:
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            for index, row in enumerate(_staged_rows(n)):
+                copy.write_row(
+                    [
+                        row["_key"],
+                        "pending",
+                        "bench-run",
+                        index,
+                        1,
+                        1,
+                        *(dumps(row[name]) for name in INPUT_COLUMNS),
+                    ]
+                )
+
+    await store.pool.run(run)
+
+
+@attrs.frozen
+class StagedFigure:
+    """One staged admission against the COPY peer, with peak memory."""
+
+    road: str
+    rows: int
+    ours_s: float
+    peer_s: float
+    runner_peak_rss: int
+    gateway_peak_rss: int
+
+    @property
+    def ratio(self) -> float:
+        return self.peer_s / self.ours_s
+
+
+async def _serve(url: str, token: str) -> tuple[trio.Process, str]:
+    env = {
+        **os.environ,
+        "SHEETPLANE_DATABASE_URL": url,
+        "SHEETPLANE_GATEWAY_TOKENS": f"{token}=bench-org",
+    }
+    process = await trio.lowlevel.open_process(
+        [
+            sys.executable,
+            "-c",
+            "import sys, sheetplane.cli; sys.exit(sheetplane.cli.main())",
+            "serve",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # its request log
+        env=env,
+    )
+    assert process.stdout is not None
+    line = b""
+    with trio.fail_after(60):
+        while not line.endswith(b"\n"):
+            chunk = await process.stdout.receive_some(1)
+            if not chunk:
+                raise RuntimeError("sheetplane serve exited before listening")
+            line += chunk
+    text = line.decode().strip()
+    if not text.startswith("listening on "):
+        raise RuntimeError(f"unexpected first line from sheetplane serve: {text!r}")
+    return process, text.removeprefix("listening on ")
+
+
+async def bench_staged(url: str, rows: int) -> list[StagedFigure]:
+    from ..runtime import open_runtime
+
+    token = f"bench-{uuid.uuid4().hex[:12]}"
+    process, base_url = await _serve(url, token)
+    figures = []
+    try:
+        async with open_store(url, max_connections=2) as store:
+            for road in ("direct", "gateway_only"):
+                play = f"bench-staged-{uuid.uuid4().hex[:8]}"
+                _reset_peak_rss()
+                _reset_peak_rss(process.pid)
+                started = time.perf_counter()
+                async with open_runtime(
+                    base_url=base_url,
+                    token=token,
+                    org_id="bench-org",
+                    play_name=play,
+                    run_id="bench-run",
+                    strategy=road,
+                ) as rt:
+                    admission = await rt.writer("leads", CONTRACT).start(_staged_rows(rows))
+                ours = time.perf_counter() - started
+                assert admission.inserted == rows, admission
+                runner_peak, gateway_peak = _peak_rss(), _peak_rss(process.pid)
+                await _drop(store, SheetRef("bench-org", play, "leads"))
+
+                sheet = _fresh_sheet("staged-copy")
+                await store.ensure_sheet(sheet, CONTRACT)
+                started = time.perf_counter()
+                await _copy_generated(store, sheet, rows)
+                peer = time.perf_counter() - started
+                await _drop(store, sheet)
+                figures.append(StagedFigure(road, rows, ours, peer, runner_peak, gateway_peak))
+    finally:
+        process.terminate()
+        with trio.move_on_after(30):
+            await process.wait()
+    return figures
+
+
+def staged_report(figures: Sequence[StagedFigure]) -> str:
+    lines = [
+        "staged admission (RowWriter.start of a generator) vs COPY of the same rows, one run",
+        f"{'road':<14} {'rows':>9} {'ours rows/s':>12} {'COPY rows/s':>12} {'ratio':>6}"
+        f" {'runner peak RSS':>16} {'gateway peak RSS':>17}",
+    ]
+    for f in figures:
+        lines.append(
+            f"{f.road:<14} {f.rows:>9} {f.rows / f.ours_s:>12,.0f} {f.rows / f.peer_s:>12,.0f}"
+            f" {f.ratio:>6.2f} {f.runner_peak_rss / MiB:>12.0f} MiB"
+            f" {f.gateway_peak_rss / MiB:>13.0f} MiB"
+        )
+    return "\n".join(lines)
+
+
 def report(figures: Sequence[Figure], repeats: int) -> str:
     lines = [
         f"store benchmark, median of {repeats} runs",
@@ -238,21 +418,26 @@ async def run_bench(url: str, rows: int, repeats: int, parts: Sequence[str]) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the store benchmark and print rows/s and ratios."""
     parser = argparse.ArgumentParser(prog="sheetplane bench store", description=__doc__)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=None, help="default 200,000; staged 1,000,000")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--only", choices=("reads", "admission"), default=None, help="run one half only"
+        "--only", choices=("reads", "admission", "staged"), default=None, help="run one part only"
     )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
-    parts = (args.only,) if args.only else ("reads", "admission")
+    parts = (args.only,) if args.only else ("reads", "admission", "staged")
     url = args.database_url or database_url_from_env()
-    if url is not None:
-        figures = trio.run(run_bench, url, args.rows, args.repeats, parts)
-    else:
-        with EmbeddedPostgres() as server:
-            figures = trio.run(run_bench, server.url, args.rows, args.repeats, parts)
-    print(report(figures, args.repeats))
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            url = stack.enter_context(EmbeddedPostgres()).url
+        figures = []
+        if "reads" in parts or "admission" in parts:
+            figures = trio.run(run_bench, url, args.rows or 200_000, args.repeats, parts)
+        staged = trio.run(bench_staged, url, args.rows or 1_000_000) if "staged" in parts else []
+    if staged:
+        print(staged_report(staged))
+    if figures:
+        print(report(figures, args.repeats))
     for f in figures:
         print(
             f"  {f.name}: ours {[round(s, 3) for s in f.ours_s]} s, peer "

@@ -63,6 +63,7 @@ from ..budgets import (
     ADMISSION_CHUNK_ENVELOPE_BYTES,
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     ADMISSION_COMMIT_CALL_BUDGET_MS,
+    CALL_BUDGET_MS,
     DEFAULT_RETRY_AFTER_MS,
     READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
@@ -291,7 +292,8 @@ class GatewayClient:
             "accept": "application/json",
             "accept-encoding": ACCEPT_ENCODING,
         }
-        budget = CallBudget(trio.current_time(), *_LADDERS.get(action, ()), attempt_ms=attempt_ms)
+        delays_ms, budget_ms = _LADDERS.get(action, (RETRY_DELAYS_MS, CALL_BUDGET_MS))
+        budget = CallBudget(trio.current_time(), delays_ms, budget_ms, attempt_ms)
         failures = 0
         while True:
             outcome = await self._attempt(http, action, content, headers, budget)

@@ -40,6 +40,10 @@ entirely. Kinds (:data:`FAULT_KINDS`):
 ``hang``
     No answer at all until the client gives up and disconnects (or the
     server shuts down).
+``lost``
+    The request is applied (its handler runs to the end), then the
+    connection closes as with ``reset``: the answer is lost after the server
+    applied it, so a retry meets the effect of the first attempt.
 
 This module holds the parser, the per-server schedule (plain state, no I/O)
 and the ASGI responders that render each kind.
@@ -85,6 +89,7 @@ FaultKind = Literal[
     "truncated",
     "reset",
     "hang",
+    "lost",
 ]
 
 #: Every fault kind the server knows.
@@ -266,7 +271,7 @@ class FaultResponse(Response):
             # Promise the whole body, send half, and return: the server then
             # closes the connection with the message unfinished.
             await _send_raw(send, 200, half, content_length=len(body), more_body=True)
-        elif kind == "reset":
+        elif kind in ("reset", "lost"):
             # An informational head is all that goes out; when the app returns
             # without a final response the server closes the connection, so the
             # client sees a disconnect with no answer. (ASGI gives an app no

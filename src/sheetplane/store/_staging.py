@@ -41,6 +41,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any, Final
 
 import attrs
@@ -48,7 +49,12 @@ import psycopg
 from psycopg import sql
 
 from .._types import AdmissionCounts, ContractColumn
-from ..budgets import ADMISSION_COMMIT_RANGE_ROWS, ADMISSION_IDLE_MS
+from ..budgets import (
+    ADMISSION_COMMIT_RANGE_ROWS,
+    ADMISSION_COMMIT_WORK_MEM_BYTES,
+    ADMISSION_IDLE_MS,
+    KiB,
+)
 from ..errors import AdmissionStateError, InvalidInputError
 from ..identity import row_key
 from ._counters import apply_deltas
@@ -322,9 +328,42 @@ async def abort_admission(pool: TrioPool, names: SheetNames, admission_id: str) 
     return await pool.run(run)
 
 
-async def sweep_admissions(pool: TrioPool, names: SheetNames) -> int:
-    """The reaper's pass over one sheet: expire idle admissions; returns how many."""
-    return await pool.run(lambda conn: _expire_idle(conn, names))
+_ADMISSIONS_SUFFIX: Final = "_admissions"
+
+
+def _staging_names(schema: str, admissions_table: str) -> SheetNames:
+    """The staging tables of the sheet whose admission registry is ``admissions_table``."""
+    base = admissions_table.removesuffix(_ADMISSIONS_SUFFIX)
+    return SheetNames(
+        schema=schema,
+        sheet_table=f"{base}_rows",
+        event_table=f"{base}_events",
+        summary_table=f"{base}_summary",
+        column_summary_table=f"{base}_colsum",
+        receipts_table="",
+        staging_table=f"{base}_staging",
+        admissions_table=admissions_table,
+        stage_chunks_table=f"{base}_chunks",
+    )
+
+
+async def sweep_admissions(pool: TrioPool) -> int:
+    """The reaper's pass: expire every sheet's idle admissions and delete their staging
+    rows (each sheet in its own transaction); returns how many were expired."""
+
+    def tables(conn: Conn) -> list[tuple[str, str]]:
+        rows = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname LIKE %s AND c.relname LIKE %s",
+            (r"sp\_%", "%" + _ADMISSIONS_SUFFIX.replace("_", r"\_")),
+        ).fetchall()
+        return [(schema, table) for schema, table in rows]
+
+    expired = 0
+    for schema, table in await pool.run(tables):
+        expired += await pool.run(partial(_expire_idle, names=_staging_names(schema, table)))
+    return expired
 
 
 # --- commit -------------------------------------------------------------------------------
@@ -367,10 +406,13 @@ def _check_chunks(conn: Conn, names: SheetNames, admission_id: str, chunks: int,
         ),
         (admission_id,),
     ).fetchone()
-    if staged is None or int(staged[0]) != rows:
+    held = 0 if staged is None else int(staged[0])
+    if held != rows:
+        # An UNLOGGED table is emptied by a database restart; more rows than the
+        # chunks record would be a chunk staged twice.
         raise AdmissionStateError(
-            f"admission {admission_id}'s staging rows are gone (the database restarted?): "
-            "start the admission again"
+            f"admission {admission_id}'s staging table holds {held} rows, not the {rows} "
+            "its chunks record: start the admission again"
         )
 
 
@@ -507,6 +549,11 @@ async def commit_admission(
         if state[0] != "open":
             raise AdmissionStateError(f"admission {admission_id} is {state[0]}")
         _check_chunks(conn, names, admission_id, chunks, rows)
+        # A range's dedupe and order sorts stay in memory instead of spilling.
+        conn.execute(
+            "SELECT set_config('work_mem', %s, true)",
+            (f"{ADMISSION_COMMIT_WORK_MEM_BYTES // KiB}kB",),
+        )
         lock_sheet(conn, names)
         version = next_write_version(conn, names)
         statement = _range_statement(names, columns)

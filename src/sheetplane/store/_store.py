@@ -176,6 +176,10 @@ class SheetStore:
             rows=rows,
         )
 
+    async def sweep_admissions(self) -> int:
+        """Expire every sheet's abandoned admissions (the reaper); how many."""
+        return await _staging.sweep_admissions(self.pool)
+
     async def abort_admission(self, sheet: SheetRef, admission_id: str) -> bool:
         """Drop an open staged admission's rows; False if it was not open."""
         return await _staging.abort_admission(self.pool, sheet_names(sheet), admission_id)

@@ -12,12 +12,14 @@ Each runtime request goes through the same steps, in this order:
    ``body_read_timeout_ms``), then parsed (400 when it is not a JSON object
    with a string ``action``);
 3. with ``allow_test_faults``, the ``x-sheetplane-test-fault`` header arms
-   faults and an armed fault for this action answers instead;
+   faults and an armed fault for this action answers instead (``lost``: after
+   the handler has run);
 4. an ``orgId`` other than the token's is refused 403;
 5. the action's handler runs (400 ``Unsupported runtime data-plane action``
    for an unknown action, or for the batch read on a ``legacy`` gateway),
-   within ``action_budget_ms`` (``GATEWAY_ACTION_BUDGET_MS``; else 504
-   ``gateway_action_timeout``: the caller's attempt has timed out by then).
+   within ``action_budget_ms`` (``GATEWAY_ACTION_BUDGET_MS``; a staged commit:
+   ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``), else 504 ``gateway_action_timeout``:
+   the caller's attempt has timed out by then.
 
 Errors become JSON bodies ``{error, code, ...}``: a saturated pool is 503
 ``runtime_postgres_admission_backpressure`` with ``retry_after_ms``, a batch
@@ -54,6 +56,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...budgets import (
+    ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
     TRANSPORT_CEILING_BYTES,
 )
@@ -93,6 +96,14 @@ T = TypeVar("T")
 
 #: Actions whose answers can be large: their JSON is encoded on a worker thread.
 _LARGE_ANSWERS: Final = frozenset({*_wire.PAGE_READS, _wire.START_SHEET_DATASET})
+
+
+#: Actions whose caller waits longer than ``GATEWAY_ACTION_BUDGET_MS`` for them: a
+#: staged commit is one transaction over the whole input, and its client's
+#: attempt timeout is ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``.
+_ACTION_BUDGETS_MS: Final[Mapping[str, int]] = {
+    _wire.COMMIT_ADMISSION: ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
+}
 
 
 def gateway_state(app: Starlette) -> GatewayState:
@@ -238,15 +249,18 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
             except InvalidInputError as exc:
                 raise bad_request(str(exc), Code.INVALID_TEST_FAULT) from None
         fault = state.faults.take(action)
-        if fault is not None:
+        if fault is not None and fault != "lost":
             return FaultResponse(fault, action)
+    else:
+        fault = None
     check_org(body, org_id)
     handler = HANDLERS.get(action)
     if handler is None or (state.config.legacy and action in LEGACY_UNSUPPORTED):
         raise unsupported(action)
     payload = None
+    action_budget_ms = _ACTION_BUDGETS_MS.get(action, state.config.action_budget_ms)
     try:
-        with trio.move_on_after(state.config.action_budget_ms / 1000):
+        with trio.move_on_after(action_budget_ms / 1000):
             payload = await handler(Call(state, org_id, body, token_id))
     except (ReadBatchTooLargeError, AdmissionTooLargeError) as exc:
         if isinstance(exc, ReadBatchTooLargeError):
@@ -265,8 +279,11 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         raise ActionError(
             504,
             Code.ACTION_TIMEOUT,
-            f"{action} did not finish within {state.config.action_budget_ms} ms",
+            f"{action} did not finish within {action_budget_ms} ms",
         )
+    if fault == "lost":
+        # Applied; now lose the answer (test faults only).
+        return FaultResponse(fault, action)
     if action in _LARGE_ANSWERS:
         encoded = await trio.to_thread.run_sync(encode_json, payload)
     else:

@@ -231,6 +231,8 @@ class ReaperProgress:
     """Completed watchdog passes."""
     ended: int = 0
     """Session backends the watchdog ended so far."""
+    expired_admissions: int = 0
+    """Abandoned staged admissions expired so far (their staging rows deleted)."""
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
     def record(self, dropped: int) -> None:
@@ -608,6 +610,11 @@ async def run_reaper(
             dropped = await reap_expired_roles(store)
         except Exception as exc:
             log.warning("session role reaper pass failed: %s", type(exc).__name__)
+        try:
+            # Staged admissions whose runner died: expired once idle, rows deleted.
+            progress.expired_admissions += await store.sweep_admissions()
+        except Exception as exc:
+            log.warning("staged admission sweep failed: %s", type(exc).__name__)
         progress.record(dropped)
         await trio.sleep(interval_ms / 1000)
 
