@@ -266,3 +266,23 @@ __all__ = [
     "sheet_exists",
     "sheet_of",
 ]
+
+
+def reap_session_roles(database_url: str) -> None:
+    """Expire and drop every session role now, as the reaper would at expiry.
+
+    For modules that mint many sessions: their roles would otherwise stay live
+    for a whole session TTL and show in later tests' role counts.
+    """
+    from sheetplane.gateway.server._roles import ROLE_PREFIX, _drop_role
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        roles = [
+            name
+            for (name,) in conn.execute(
+                "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)", (ROLE_PREFIX,)
+            )
+        ]
+        for role in roles:
+            with conn.transaction():
+                _drop_role(conn, role)

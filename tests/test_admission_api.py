@@ -3,15 +3,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import attrs
 import pytest
 
-from _runtime_helpers import CONTRACT, ROADS, CountingGateway, counting_gateway, new_play, runtime
+from _runtime_helpers import (
+    CONTRACT,
+    ROADS,
+    CountingGateway,
+    counting_gateway,
+    new_play,
+    reap_session_roles,
+    runtime,
+)
 from sheetplane.admission import Admission
 from sheetplane.runtime import CompleteRow, FailRow, Strategy
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_session_roles(database_url: str) -> Iterator[None]:
+    """The direct road mints sessions here; drop their roles when the module ends."""
+    yield
+    reap_session_roles(database_url)
 
 
 @pytest.fixture

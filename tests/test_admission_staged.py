@@ -23,6 +23,7 @@ from _runtime_helpers import (
     CountingGateway,
     counting_gateway,
     new_play,
+    reap_session_roles,
     runtime,
     sheet_of,
 )
@@ -40,6 +41,13 @@ DUP_EVERY = 1000
 #: Input rows in CI, and with --campaign.
 CI_ROWS = 100_000
 CAMPAIGN_ROWS = (300_000, 1_000_000)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_session_roles(database_url: str) -> Iterator[None]:
+    """The direct road mints sessions here; drop their roles when the module ends."""
+    yield
+    reap_session_roles(database_url)
 
 
 @pytest.fixture
