@@ -34,6 +34,7 @@ from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.faults import FAULT_HEADER
 from sheetplane.runtime import CompleteRow, Strategy
 from sheetplane.store import SheetStore, sheet_names
+from sheetplane.store._counters import STATUS_COUNTERS, status_counts
 from sheetplane.store._staging import prepare_chunk
 
 #: Every DUP_EVERY-th input row repeats the key of the row DUP_EVERY // 2 before it.
@@ -90,11 +91,15 @@ def sheet_state(store: SheetStore, sheet: SheetRef) -> Any:
                     names.ident("sheet_table")
                 )
             )[0],
-            "summary": one(
-                sql.SQL(
-                    "SELECT total, queued, running, completed, failed, write_version FROM {}"
-                ).format(names.ident("summary_table"))
-            ),
+            # The counters as a read sums them (base plus shards), then the version.
+            "summary": [
+                (
+                    *(status_counts(conn, names)[name] for name in STATUS_COUNTERS),
+                    one(
+                        sql.SQL("SELECT write_version FROM {}").format(names.ident("summary_table"))
+                    )[0][0],
+                )
+            ],
             "events": one(
                 sql.SQL("SELECT kind, write_version, row_count FROM {} ORDER BY id").format(
                     names.ident("event_table")

@@ -56,7 +56,13 @@ def comparable(snap: dict[str, Any]) -> dict[str, Any]:
     events = [(e[1], e[2], e[3], e[5]) for e in snap["events"]]
     summary = [s[:7] for s in snap["summary"]]
     columns = [c[:2] for c in snap["columns"]]
-    return {"rows": rows, "events": events, "summary": summary, "columns": columns}
+    return {
+        "rows": rows,
+        "events": events,
+        "summary": summary,
+        "columns": columns,
+        "counters": snap["counters"],
+    }
 
 
 ATTEMPTS: list[list[dict[str, Any]]] = [

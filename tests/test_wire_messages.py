@@ -55,6 +55,8 @@ def wire_data(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
     if tp is Any:
         return json_values
     if tp is str:
+        if str(meta.get("pattern", "")).startswith("^"):  # a whole-string pattern
+            return st.from_regex(meta["pattern"], fullmatch=True)
         return non_empty if meta.get("minLength") else st.text(max_size=12)
     if tp is bool:
         return st.booleans()

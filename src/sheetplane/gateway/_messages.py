@@ -477,7 +477,10 @@ class StageAdmissionChunkRequest(Request):
     admission_id: str = _admission_id()
     seq: int = _int(0, BIGINT_MAX)
     first_position: int = _int(0, BIGINT_MAX)
-    rows: list[Any] = attrs.field(validator=_count(1, ADMISSION_CHUNK_ROWS))
+    rows: list[Any] = attrs.field(
+        validator=_count(1, ADMISSION_CHUNK_ROWS),
+        metadata={"minItems": 1, "maxItems": ADMISSION_CHUNK_ROWS},
+    )
     """The chunk's rows; each is checked (an object, JSON, the row budget) by the store,
     which names a bad one by its position in the whole input."""
 

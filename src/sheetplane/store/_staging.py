@@ -340,6 +340,7 @@ def _staging_names(schema: str, admissions_table: str) -> SheetNames:
         event_table=f"{base}_events",
         summary_table=f"{base}_summary",
         column_summary_table=f"{base}_colsum",
+        counter_table=f"{base}_counts",
         receipts_table="",
         staging_table=f"{base}_staging",
         admissions_table=admissions_table,
