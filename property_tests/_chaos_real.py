@@ -52,6 +52,15 @@ from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 from ._chaos_virtual import seed_trio_scheduler
 
 TOKEN = "chaos-executor-token-5d1e"
+
+
+def token_for(namespace: str) -> str:
+    """Each schedule's own executor token (of the one org): a token holds at most
+    ``DB_SESSION_MAX_LIVE_PER_TOKEN`` live sessions, and fifty schedules of
+    direct runners (read, terminal and staging sessions each) would pass it."""
+    return f"{TOKEN}-{namespace}"
+
+
 ORG = "chaos-org"
 PLAY = "chaos-play"
 CONTRACT = SheetContract(
@@ -193,7 +202,7 @@ async def _runner(
         headers = {FAULT_HEADER: format_fault_header(plan.faults, nonce=uuid.uuid4().hex)}
     async with open_runtime(
         base_url=gw.base_url,
-        token=TOKEN,
+        token=token_for(namespace),
         org_id=ORG,
         play_name=PLAY,
         run_id=outcome.run_id,
@@ -347,7 +356,7 @@ async def run_real_schedule(
 async def _read_back(gw: RunningGateway, namespace: str, strategy: str) -> list[dict[str, Any]]:
     async with open_runtime(
         base_url=gw.base_url,
-        token=TOKEN,
+        token=token_for(namespace),
         org_id=ORG,
         play_name=PLAY,
         run_id="read-back",
@@ -508,7 +517,8 @@ def run_real_schedules(seeds: Sequence[int], figures: Any, database_url: str | N
     with _database(database_url) as url:
 
         async def main() -> None:
-            async with running_gateway(url, tokens={TOKEN: ORG}, allow_test_faults=True) as gw:
+            tokens = {token_for(f"chaos-{seed}"): ORG for seed in seeds}
+            async with running_gateway(url, tokens=tokens, allow_test_faults=True) as gw:
                 for seed in seeds:
                     report = await run_real_schedule(gw, url, draw_real_schedule(seed), figures)
                     figures.real_schedules += 1

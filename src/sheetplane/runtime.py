@@ -342,9 +342,17 @@ class RowWriter:
         """Admit ``rows`` under a new write version (a new attempt).
 
         ``rows``: a sequence, any iterable or any async iterable of row
-        mappings. Rows are deduplicated by key (the first occurrence is kept)
-        and keep their input order; ``admission.pending()`` reads the rows to
-        map and ``admission.completed()`` the already-enriched ones, lazily.
+        mappings, of any size. Rows are deduplicated by key (the first
+        occurrence is kept) and keep their input order; ``admission.pending()``
+        reads the rows to map and ``admission.completed()`` the already-enriched
+        ones, lazily. The input is staged in chunks and committed whole, as one
+        write version (see ``sheetplane.admission``): memory holds a couple of
+        chunks, whatever the input's size.
+
+        A bad row raises ``InvalidInputError`` naming its position in the input
+        (a bad first chunk is refused before any request). If it raises, or is
+        cancelled, before the commit, nothing is committed and the admission is
+        aborted (a bounded, shielded call); the writer keeps its previous attempt.
         """
         check_input(rows)
         rt = self._runtime
