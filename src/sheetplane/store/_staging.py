@@ -341,6 +341,7 @@ def _staging_names(schema: str, admissions_table: str) -> SheetNames:
         summary_table=f"{base}_summary",
         column_summary_table=f"{base}_colsum",
         counter_table=f"{base}_counts",
+        meta_table=f"{base}_meta",
         receipts_table="",
         staging_table=f"{base}_staging",
         admissions_table=admissions_table,
