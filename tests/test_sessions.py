@@ -116,7 +116,10 @@ class FakeGateway:
         def seal(url: str, aad: bytes) -> dict[str, str]:
             envelope = encrypt_postgres_url(url, jwk, aad)
             if self.tamper:
-                envelope["ciphertext"] = "A" + envelope["ciphertext"][1:]
+                # Another first character, always: "A" over a ciphertext that
+                # already starts with "A" changed nothing (1 run in 64).
+                first = envelope["ciphertext"][0]
+                envelope["ciphertext"] = ("B" if first == "A" else "A") + envelope["ciphertext"][1:]
             return envelope
 
         answer = session_answer(
