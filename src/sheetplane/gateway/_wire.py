@@ -9,8 +9,9 @@ derived from the ``Literal`` types of ``sheetplane._types`` (the domain
 values every part shares), so a value added there is a value on the wire.
 
 Bodies go through :func:`encode_body` and :func:`decode_body` on both sides:
-orjson where it gives the same value as the standard library, the standard
-library where it would not (see each function).
+orjson writes and msgspec reads where they give the same value as the
+standard library, the standard library where they would not (see each
+function).
 
 Nothing here does I/O; importing it imports neither httpx nor psycopg.
 """
