@@ -185,9 +185,12 @@ _TABLE_ATTRS = frozenset(
 )
 
 
-def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
-    schema = _base("sp", (org_id,))
-    sheet = _base("t", (play_name, table_namespace))
+#: The suffix of a sheet's admission registry; the reaper finds sheets by it.
+ADMISSIONS_SUFFIX = "_admissions"
+
+
+def sheet_tables(schema: str, sheet: str, *, receipts_table: str = "") -> SheetNames:
+    """The names of the tables of the sheet whose tables are named ``sheet`` + a suffix."""
     return SheetNames(
         schema=schema,
         sheet_table=f"{sheet}_rows",
@@ -195,11 +198,19 @@ def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
         summary_table=f"{sheet}_summary",
         column_summary_table=f"{sheet}_colsum",
         counter_table=f"{sheet}_counts",
-        receipts_table=f"{_base('r', (play_name,))}_receipts",
+        receipts_table=receipts_table,
         meta_table=f"{sheet}_meta",
         staging_table=f"{sheet}_staging",
-        admissions_table=f"{sheet}_admissions",
+        admissions_table=f"{sheet}{ADMISSIONS_SUFFIX}",
         stage_chunks_table=f"{sheet}_chunks",
+    )
+
+
+def _names(org_id: str, play_name: str, table_namespace: str) -> SheetNames:
+    return sheet_tables(
+        _base("sp", (org_id,)),
+        _base("t", (play_name, table_namespace)),
+        receipts_table=f"{_base('r', (play_name,))}_receipts",
     )
 
 

@@ -68,7 +68,7 @@ from ._rowdata import (
     record_event,
     transition_delta,
 )
-from ._schema import SheetNames
+from ._schema import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 
 __all__ = [
     "ADMISSION_ID_PATTERN",
@@ -328,27 +328,6 @@ async def abort_admission(pool: TrioPool, names: SheetNames, admission_id: str) 
     return await pool.run(run)
 
 
-_ADMISSIONS_SUFFIX: Final = "_admissions"
-
-
-def _staging_names(schema: str, admissions_table: str) -> SheetNames:
-    """The staging tables of the sheet whose admission registry is ``admissions_table``."""
-    base = admissions_table.removesuffix(_ADMISSIONS_SUFFIX)
-    return SheetNames(
-        schema=schema,
-        sheet_table=f"{base}_rows",
-        event_table=f"{base}_events",
-        summary_table=f"{base}_summary",
-        column_summary_table=f"{base}_colsum",
-        counter_table=f"{base}_counts",
-        meta_table=f"{base}_meta",
-        receipts_table="",
-        staging_table=f"{base}_staging",
-        admissions_table=admissions_table,
-        stage_chunks_table=f"{base}_chunks",
-    )
-
-
 async def sweep_admissions(pool: TrioPool) -> int:
     """The reaper's pass: expire every sheet's idle admissions and delete their staging
     rows (each sheet in its own transaction); returns how many were expired."""
@@ -358,13 +337,15 @@ async def sweep_admissions(pool: TrioPool) -> int:
             "SELECT n.nspname, c.relname FROM pg_class AS c "
             "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
             "WHERE c.relkind = 'r' AND n.nspname LIKE %s AND c.relname LIKE %s",
-            (r"sp\_%", "%" + _ADMISSIONS_SUFFIX.replace("_", r"\_")),
+            (r"sp\_%", "%" + ADMISSIONS_SUFFIX.replace("_", r"\_")),
         ).fetchall()
         return [(schema, table) for schema, table in rows]
 
     expired = 0
     for schema, table in await pool.run(tables):
-        expired += await pool.run(partial(_expire_idle, names=_staging_names(schema, table)))
+        expired += await pool.run(
+            partial(_expire_idle, names=sheet_tables(schema, table.removesuffix(ADMISSIONS_SUFFIX)))
+        )
     return expired
 
 
