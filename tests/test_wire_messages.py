@@ -134,7 +134,7 @@ def test_structure_of_unstructure_is_the_identity(cls: type[Any], data: st.DataO
     assert unstructure(structure(again, cls)) == again
     # What goes out is what came in, under the same camelCase names; a request
     # leaves out a null it does not need, an answer writes it.
-    writes_nulls = cls in _messages._WRITES_NULLS
+    writes_nulls = cls in _messages.WRITES_NULLS
     for key, item in raw.items():
         if item is None and not writes_nulls and key not in again:
             continue

@@ -1,0 +1,454 @@
+"""The one cattrs converter of the wire classes (``gateway/_messages.py``), and
+the field rules those classes are declared with.
+
+The converter checks what the wire promises, strictly: a string is a ``str``
+(never a number turned into text), an integer is an ``int`` or an integral
+finite number, an object is an object. A message that breaks a rule raises
+:class:`WireError` whose message names the field as the wire spells it
+(``input.pages[0].limit must be between 1 and 5000, got 0``). Members a class
+does not name are ignored, as the seed's gateway ignores them, unless the class
+is declared closed.
+
+A field whose absence means something other than null (``input.after``: absent
+reads by offset, null reads by keyset from the start) defaults to
+:data:`ABSENT`, and is left out when written. A field's wire name is the
+camelCase of its Python name, or its ``wire`` metadata.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, TypeVar
+
+import attrs
+import cattrs
+
+from ..budgets import (
+    MAX_ERROR_TEXT_BYTES,
+    MAX_REQUEST_TEXT_BYTES,
+    MAX_ROW_KEY_BYTES,
+    MAX_RUN_ID_BYTES,
+    MAX_USER_EMAIL_BYTES,
+)
+
+__all__ = [
+    "ABSENT",
+    "TEXT_CAPS",
+    "Absent",
+    "Verbatim",
+    "WireError",
+    "admission_id_field",
+    "between",
+    "check_text_cap",
+    "converter",
+    "count_rule",
+    "declare",
+    "int_field",
+    "optional_int_field",
+    "optional_text_field",
+    "rule",
+    "structure",
+    "text_field",
+    "unstructure",
+    "wire_name",
+]
+
+T = TypeVar("T")
+
+
+class Absent(enum.Enum):
+    """The type of :data:`ABSENT`."""
+
+    ABSENT = "absent"
+
+
+#: A member left out of the message (not the same as null).
+ABSENT: Final = Absent.ABSENT
+
+
+class WireError(ValueError):
+    """A message that does not have its class's shape; the text names the field."""
+
+
+class Verbatim(ValueError):
+    """A rule whose message is the whole answer (a seed error text), not a field's."""
+
+
+#: The longest text (UTF-8 bytes) a request member may carry, by wire name; every
+#: other text member of a request stops at ``MAX_REQUEST_TEXT_BYTES``. What the
+#: gateway stores is capped before it reaches the store, so no request grows a
+#: table by more than its rows.
+TEXT_CAPS: Final[Mapping[str, int]] = {
+    "runId": MAX_RUN_ID_BYTES,
+    "holder": MAX_RUN_ID_BYTES,
+    "userEmail": MAX_USER_EMAIL_BYTES,
+    "error": MAX_ERROR_TEXT_BYTES,
+    "key": MAX_ROW_KEY_BYTES,
+}
+
+
+def check_text_cap(value: str, name: str) -> str | None:
+    """Why ``value`` (the member ``name``) is too long, or None."""
+    cap = TEXT_CAPS.get(name, MAX_REQUEST_TEXT_BYTES)
+    # At most 4 bytes a character: only a string that could be past the cap is encoded.
+    if len(value) * 4 > cap and len(value.encode("utf-8", "surrogatepass")) > cap:
+        return f"is longer than {cap} bytes"
+    return None
+
+
+# --- field rules (attrs validators); each message starts after the field's name ----------
+
+
+def rule(check: Callable[[Any], str | None]) -> Any:
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None or value is ABSENT:
+            return
+        problem = check(value)
+        if problem is not None:
+            raise ValueError(problem)
+
+    return validate
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value.strip() else "must be a non-empty string"
+
+
+def between(minimum: int, maximum: int | None = None) -> Any:
+    def check(value: int) -> str | None:
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            return f"must be {bound}, got {value}"
+        return None
+
+    return rule(check)
+
+
+def count_rule(minimum: int, maximum: int, verbatim: str | None = None) -> Any:
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not minimum <= len(value) <= maximum:
+            if verbatim is not None:
+                raise Verbatim(verbatim)
+            raise ValueError(f"must hold {minimum} to {maximum} items, got {len(value)}")
+
+    return validate
+
+
+_TEXT = rule(_non_empty)
+
+
+def text_field() -> Any:
+    """A required non-empty string."""
+    return attrs.field(validator=_TEXT, metadata={"minLength": 1, "pattern": r"\S"})
+
+
+def admission_id_field() -> Any:
+    """A staged admission's id: 32 lowercase hex digits (``uuid.uuid4().hex``)."""
+    return attrs.field(
+        validator=rule(_hex_id), metadata={"pattern": "^[0-9a-f]{32}$", "minLength": 32}
+    )
+
+
+def _hex_id(value: object) -> str | None:
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value):
+        return None
+    return "must be 32 lowercase hex digits"
+
+
+def optional_text_field() -> Any:
+    return attrs.field(default=None)
+
+
+def int_field(minimum: int, maximum: int | None = None) -> Any:
+    return attrs.field(
+        validator=between(minimum, maximum), metadata={"minimum": minimum, "maximum": maximum}
+    )
+
+
+def optional_int_field(minimum: int, maximum: int | None = None) -> Any:
+    return attrs.field(
+        default=None,
+        validator=between(minimum, maximum),
+        metadata={"minimum": minimum, "maximum": maximum},
+    )
+
+
+def wire_name(name: str | attrs.Attribute[Any]) -> str:
+    """The wire name of a field: its ``wire`` metadata (a JWE member keeps its
+    RFC 7516 name), else the camelCase of its Python name (``sql_name`` -> ``sqlName``)."""
+    if not isinstance(name, str):
+        return str(name.metadata.get("wire") or wire_name(name.name))
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+@attrs.define
+class _Policy:
+    closed: frozenset[type[Any]] = frozenset()
+    uncapped: frozenset[type[Any]] = frozenset()
+    writes_nulls: frozenset[type[Any]] = frozenset()
+
+
+_POLICY: Final = _Policy()
+
+
+def declare(
+    *,
+    closed: frozenset[type[Any]],
+    uncapped: frozenset[type[Any]],
+    writes_nulls: frozenset[type[Any]],
+) -> None:
+    """Say, once, before any message is read or written, which classes refuse
+    unknown members (``closed``), whose texts are not capped (``uncapped``) and
+    which write the nulls they hold (``writes_nulls``; the others leave a null
+    field with a null default out)."""
+    _POLICY.closed, _POLICY.uncapped, _POLICY.writes_nulls = closed, uncapped, writes_nulls
+
+
+# --- the converter ------------------------------------------------------------------------------
+
+converter: Final = cattrs.Converter()
+
+
+def _strict_str(value: object, _: type) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
+
+
+def _strict_int(value: object, _: type) -> int:
+    """An int, or an integral finite JSON number (``5.0``); never a bool or text."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+def _strict_float(value: object, _: type) -> float:
+    """A finite JSON number. An integer stays exact (10**300 has no float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a number")
+    return value
+
+
+def _strict_bool(value: object, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be a boolean")
+    return value
+
+
+def _object(value: object, _: type) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be an object")
+    return value
+
+
+def _array(value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError("must be an array")
+    return value
+
+
+converter.register_structure_hook(str, _strict_str)
+converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(float, _strict_float)
+converter.register_structure_hook(bool, _strict_bool)
+
+
+def _is_dict(cls: Any) -> bool:
+    origin: Any = typing.get_origin(cls)
+    return origin is dict
+
+
+converter.register_structure_hook_func(_is_dict, _object)
+converter.register_structure_hook_func(lambda cls: cls is Any, lambda value, _: value)
+
+
+def _is_list(cls: Any) -> bool:
+    return typing.get_origin(cls) is list
+
+
+def _list_hook(cls: Any) -> Callable[[Any, Any], list[Any]]:
+    (item,) = typing.get_args(cls)
+    inner = converter.get_structure_hook(item)
+
+    def structure(value: Any, _: Any) -> list[Any]:
+        out = []
+        for index, element in enumerate(_array(value)):
+            try:
+                out.append(inner(element, item))
+            except _Located as exc:
+                raise _Located(_join(f"[{index}]", exc.where), exc.error) from None
+            except (ValueError, TypeError) as exc:
+                raise _Located(f"[{index}]", exc) from None
+        return out
+
+    return structure
+
+
+converter.register_structure_hook_factory(_is_list, _list_hook)
+
+
+def _literal_hook(cls: Any) -> Callable[[Any, Any], Any]:
+    allowed = typing.get_args(cls)
+
+    def structure(value: Any, _: Any) -> Any:
+        if isinstance(value, bool) != isinstance(allowed[0], bool) or value not in allowed:
+            raise ValueError(f"must be one of {list(allowed)}, got {value!r}")
+        return value
+
+    return structure
+
+
+def _is_literal(cls: Any) -> bool:
+    origin: Any = typing.get_origin(cls)
+    return origin is Literal
+
+
+converter.register_structure_hook_factory(_is_literal, _literal_hook)
+
+
+def _union_hook(cls: Any) -> Callable[[Any, Any], Any]:
+    """``X | None``, ``X | Absent`` and ``X | None | Absent``: null is None; else X."""
+    members = [m for m in typing.get_args(cls) if m not in (type(None), Absent)]
+    nullable = type(None) in typing.get_args(cls)
+    (inner_type,) = members
+    inner = converter.get_structure_hook(inner_type)
+
+    def structure(value: Any, _: Any) -> Any:
+        if value is None:
+            if nullable:
+                return None
+            raise ValueError("must not be null")
+        return inner(value, inner_type)
+
+    return structure
+
+
+def _is_optional(cls: Any) -> bool:
+    args = typing.get_args(cls)
+    return (
+        typing.get_origin(cls) in (typing.Union, types.UnionType)
+        and (type(None) in args or Absent in args)
+        and len([m for m in args if m not in (type(None), Absent)]) == 1
+    )
+
+
+converter.register_structure_hook_factory(_is_optional, _union_hook)
+
+
+@attrs.define
+class _Located(Exception):
+    """A structuring error with where it happened, innermost last."""
+
+    where: str
+    error: BaseException
+
+
+def _class_hook(cls: type[Any]) -> Callable[[Any, Any], Any]:
+    fields = attrs.fields(attrs.resolve_types(cls))
+    names = {f.name: wire_name(f) for f in fields}
+    hooks = {f.name: converter.get_structure_hook(f.type) for f in fields}
+    closed = cls in _POLICY.closed
+    capped = {f.name for f in fields if cls not in _POLICY.uncapped and f.type in (str, str | None)}
+
+    def structure(value: Any, _: Any) -> Any:
+        data = _object(value, cls)
+        if closed:
+            unknown = set(data) - set(names.values())
+            if unknown:
+                raise ValueError(f"may carry only {sorted(names.values())}, got {sorted(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for field in fields:
+            key = names[field.name]
+            if key not in data:
+                if field.default is attrs.NOTHING:
+                    raise _Located(key, ValueError("is required"))
+                continue
+            try:
+                kwargs[field.name] = item = hooks[field.name](data[key], field.type)
+                if field.name in capped and item is not None:
+                    problem = check_text_cap(item, key)
+                    if problem is not None:
+                        raise ValueError(problem)
+            except _Located as exc:
+                raise _Located(_join(key, exc.where), exc.error) from None
+            except (ValueError, TypeError) as exc:
+                raise _Located(key, exc) from None
+        try:
+            return cls(**kwargs)
+        except Verbatim as exc:
+            raise _Located("", exc) from None
+        except ValueError as exc:
+            # A field rule: attrs runs validators in field order; find the field named.
+            raise _Located(_failing_field(cls, kwargs), exc) from None
+
+    return structure
+
+
+def _failing_field(cls: type[Any], kwargs: dict[str, Any]) -> str:
+    for field in attrs.fields(cls):
+        if field.validator is None or field.name not in kwargs:
+            continue
+        try:
+            field.validator(None, field, kwargs[field.name])
+        except ValueError:
+            return wire_name(field)
+    return cls.__name__
+
+
+def _join(outer: str, inner: str) -> str:
+    return f"{outer}{inner}" if inner.startswith("[") else f"{outer}.{inner}"
+
+
+converter.register_structure_hook_factory(attrs.has, _class_hook)
+
+
+def _unstructure_hook(cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
+    fields = attrs.fields(attrs.resolve_types(cls))
+    inner = {f.name: converter.get_unstructure_hook(f.type) for f in fields}
+    omit_nulls = cls not in _POLICY.writes_nulls
+
+    def unstructure(value: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for field in fields:
+            item = getattr(value, field.name)
+            if item is ABSENT:
+                continue
+            if item is None and omit_nulls and field.default is None:
+                continue
+            out[wire_name(field)] = inner[field.name](item)
+        return out
+
+    return unstructure
+
+
+converter.register_unstructure_hook_factory(attrs.has, _unstructure_hook)
+
+
+def structure(value: object, cls: type[T]) -> T:
+    """``value`` (decoded JSON) as ``cls``; :class:`WireError` naming the field if it is off."""
+    try:
+        return converter.structure(value, cls)
+    except _Located as exc:
+        if isinstance(exc.error, Verbatim):
+            raise WireError(str(exc.error)) from None
+        raise WireError(f"{exc.where} {exc.error}") from None
+    except (ValueError, TypeError) as exc:
+        raise WireError(f"the body {exc}") from None
+
+
+def unstructure(value: Any) -> dict[str, Any]:
+    """The wire form of a message (camelCase, absent members left out)."""
+    out: dict[str, Any] = converter.unstructure(value)
+    return out
