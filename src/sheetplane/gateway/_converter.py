@@ -274,6 +274,16 @@ converter.register_structure_hook_func(_is_dict, _object)
 converter.register_structure_hook_func(lambda cls: cls is Any, lambda value, _: value)
 
 
+def _is_json_value(cls: Any) -> bool:
+    """A member that holds JSON as it is (``Any``, an object of JSON values)."""
+    return cls is Any or _is_dict(cls)
+
+
+# A JSON value is written as it is held: rows and results are neither copied nor
+# walked (they were read as JSON, or are checked by the JSON measure before sending).
+converter.register_unstructure_hook_func(_is_json_value, lambda value: value)
+
+
 def _is_list(cls: Any) -> bool:
     return typing.get_origin(cls) is list
 
