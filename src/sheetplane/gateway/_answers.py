@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import attrs
 
 from .._types import (
-    AdmissionCounts,
     InlineAdmission,
     Page,
     PageRequest,
@@ -40,7 +39,8 @@ def protocol_error(action: str, what: str, status: int = 200) -> GatewayProtocol
     return GatewayProtocolError(status, None, f"{action} answer is malformed: {what}")
 
 
-def _read(value: object, cls: type[T], action: str, where: str = "") -> T:
+def read_as(value: object, cls: type[T], action: str, where: str = "") -> T:
+    """``value`` as the wire class ``cls``; ``GatewayProtocolError`` naming the member."""
     try:
         return m.structure(value, cls)
     except m.WireError as exc:
@@ -49,12 +49,12 @@ def _read(value: object, cls: type[T], action: str, where: str = "") -> T:
 
 def parse_ok(answer: Mapping[str, Any], action: str) -> None:
     """``{ok: true}``."""
-    _read(answer, m.OkAnswer, action)
+    read_as(answer, m.OkAnswer, action)
 
 
 def parse_admission(answer: Mapping[str, Any], action: str) -> InlineAdmission:
     """``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
-    read = _read(answer, m.AdmissionAnswer, action)
+    read = read_as(answer, m.AdmissionAnswer, action)
     return InlineAdmission(
         inserted=read.inserted,
         skipped=read.skipped,
@@ -65,42 +65,13 @@ def parse_admission(answer: Mapping[str, Any], action: str) -> InlineAdmission:
     )
 
 
-def parse_admission_counts(answer: Mapping[str, Any], action: str) -> AdmissionCounts:
-    """``{writeVersion, inserted, skipped, pendingCount, completedCount, tableNamespace}``."""
-    counts: dict[str, int] = {}
-    for name in ("writeVersion", "inserted", "skipped", "pendingCount", "completedCount"):
-        value = answer.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise protocol_error(action, f"{name} must be an integer >= 0")
-        counts[name] = value
-    namespace = answer.get("tableNamespace")
-    if not isinstance(namespace, str):
-        raise protocol_error(action, "tableNamespace must be a string")
-    return AdmissionCounts(
-        write_version=counts["writeVersion"],
-        inserted=counts["inserted"],
-        skipped=counts["skipped"],
-        pending_count=counts["pendingCount"],
-        completed_count=counts["completedCount"],
-        table_namespace=namespace,
-    )
-
-
-def parse_staged(answer: Mapping[str, Any], action: str) -> bool:
-    """``{staged: bool}``: whether this request staged the chunk (False: a replay)."""
-    staged = answer.get("staged")
-    if not isinstance(staged, bool):
-        raise protocol_error(action, "staged must be a boolean")
-    return staged
-
-
 def check_page(value: object, request: PageRequest, action: str, where: str) -> Page:
     """One page of a read answer, checked against the request it answers.
 
     It must echo the request's ``limit`` and ``offset`` and hold at most
     ``limit`` rows, each a JSON object.
     """
-    page = _read(value, m.PageWire, action, f"{where}: ")
+    page = read_as(value, m.PageWire, action, f"{where}: ")
     if (page.limit, page.offset) != (request.limit, request.offset):
         raise protocol_error(
             action,
@@ -128,7 +99,7 @@ def parse_pages(
 
 def parse_row_keys(answer: Mapping[str, Any], request: PageRequest, action: str) -> list[str]:
     """``{keys: [str]}``, at most ``limit`` of them."""
-    keys = _read(answer, m.ReadRowKeysAnswer, action).keys
+    keys = read_as(answer, m.ReadRowKeysAnswer, action).keys
     if len(keys) > request.limit:
         raise protocol_error(action, f"{len(keys)} keys over the limit {request.limit}")
     return keys
@@ -141,7 +112,7 @@ def parse_terminal_write(answer: Mapping[str, Any], action: str) -> TerminalWrit
     one that listed fewer rows than keys) is reported as ``unreported``,
     which counts as superseded.
     """
-    read = _read(answer, m.TerminalWriteAnswer, action)
+    read = read_as(answer, m.TerminalWriteAnswer, action)
     reported: dict[str, StaleRow] = {}
     for row in [] if read.stale_rows is m.ABSENT else read.stale_rows:
         reported.setdefault(row.key, StaleRow(row.key, row.reason, row.row_version_stamp))
@@ -167,7 +138,7 @@ def parse_receipt_completion(
     A gateway that predates ``completionDisposition`` is answered by
     comparing run ids: the receipt is ``persisted`` when this run wrote it.
     """
-    read = _read(answer, m.ReceiptAnswer, action)
+    read = read_as(answer, m.ReceiptAnswer, action)
     receipt = _receipt(read.receipt)
     disposition = read.completion_disposition
     if disposition is m.ABSENT:
@@ -178,7 +149,7 @@ def parse_receipt_completion(
 def parse_receipt_claim(answer: Mapping[str, Any], action: str, holder: str) -> ReceiptClaim:
     """``{acquired, holder, expiresAt, receipt?}``; an acquired lease must name ``holder``
     and an expiry, and a completed one carries no lease."""
-    read = _read(answer, m.ClaimAnswer, action)
+    read = read_as(answer, m.ClaimAnswer, action)
     receipt = None if read.receipt is m.ABSENT else _receipt(read.receipt)
     if read.acquired and (read.holder != holder or read.expires_at is None or receipt is not None):
         raise protocol_error(action, "an acquired lease must name its holder and expiry")
@@ -187,12 +158,12 @@ def parse_receipt_claim(answer: Mapping[str, Any], action: str, holder: str) -> 
 
 def parse_released(answer: Mapping[str, Any], action: str) -> bool:
     """``{released}``."""
-    return _read(answer, m.ReleaseAnswer, action).released
+    return read_as(answer, m.ReleaseAnswer, action).released
 
 
 def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay | None:
     """``{play: {playId, sourceCode?, artifact?, codeFormat?, contractSnapshot?} | null}``."""
-    play = _read(answer, m.ResolvePlayAnswer, action).play
+    play = read_as(answer, m.ResolvePlayAnswer, action).play
     if play is None:
         return None
     return ResolvedPlay(
@@ -206,4 +177,4 @@ def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:
     """``{total, queued, running, completed, failed}``."""
-    return Summary(**attrs.asdict(_read(answer, m.SummaryAnswer, action)))
+    return Summary(**attrs.asdict(read_as(answer, m.SummaryAnswer, action)))

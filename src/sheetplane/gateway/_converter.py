@@ -44,6 +44,7 @@ __all__ = [
     "WireError",
     "admission_id_field",
     "between",
+    "build",
     "check_text_cap",
     "converter",
     "count_rule",
@@ -115,12 +116,16 @@ def rule(check: Callable[[Any], str | None]) -> Any:
     return validate
 
 
-def _non_empty(value: str) -> str | None:
+def _non_empty(value: object) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
     return None if value.strip() else "must be a non-empty string"
 
 
 def between(minimum: int, maximum: int | None = None) -> Any:
-    def check(value: int) -> str | None:
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, got {type(value).__name__}"
         if value < minimum or (maximum is not None and value > maximum):
             bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
             return f"must be {bound}, got {value}"
@@ -131,6 +136,8 @@ def between(minimum: int, maximum: int | None = None) -> Any:
 
 def count_rule(minimum: int, maximum: int, verbatim: str | None = None) -> Any:
     def validate(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, list):
+            raise ValueError(f"must be a list, got {type(value).__name__}")
         if not minimum <= len(value) <= maximum:
             if verbatim is not None:
                 raise Verbatim(verbatim)
@@ -456,6 +463,17 @@ def structure(value: object, cls: type[T]) -> T:
         raise WireError(f"{exc.where} {exc.error}") from None
     except (ValueError, TypeError) as exc:
         raise WireError(f"the body {exc}") from None
+
+
+def build(cls: type[T], **fields: Any) -> T:
+    """``cls(**fields)``, a message about to be written; :class:`WireError` naming the
+    member whose rule a value breaks (``limit must be between 1 and 5000, got 0``)."""
+    try:
+        return cls(**fields)
+    except Verbatim as exc:
+        raise WireError(str(exc)) from None
+    except ValueError as exc:
+        raise WireError(f"{_failing_field(cls, fields)} {exc}") from None
 
 
 def unstructure(value: Any) -> dict[str, Any]:

@@ -21,10 +21,13 @@ import attrs
 from .._types import (
     BIGINT_MAX,
     BIGINT_MIN,
+    AdmittedPart,
     CodeFormat,
+    ContractColumn,
     LogicalTable,
     Operation,
     RowMode,
+    SheetContract,
     StaleReason,
 )
 from ..budgets import (
@@ -39,6 +42,7 @@ from ._converter import (
     WireError,
     admission_id_field,
     between,
+    build,
     converter,
     count_rule,
     declare,
@@ -58,7 +62,15 @@ __all__ = [
     "REQUESTS",
     "Absent",
     "WireError",
+    "admitted_of",
+    "admitted_wire",
+    "build",
+    "contract_json",
+    "contract_of",
+    "contract_wire",
     "converter",
+    "error_body",
+    "read_contract",
     "structure",
     "unstructure",
     "wire_name",
@@ -89,6 +101,36 @@ class SheetContractWire:
     columns: list[ContractColumnWire] = attrs.field(factory=list)
 
 
+def contract_wire(contract: SheetContract) -> SheetContractWire:
+    """A sheet contract as the wire carries it."""
+    return SheetContractWire(
+        columns=[
+            ContractColumnWire(id=c.id, sql_name=c.sql_name, source=c.source, field=c.field)
+            for c in contract.columns
+        ]
+    )
+
+
+def contract_of(value: SheetContractWire | None) -> SheetContract:
+    """The sheet contract a request carries (none: no columns)."""
+    if value is None:
+        return SheetContract()
+    return SheetContract(
+        tuple(ContractColumn(c.id, c.sql_name, c.source, c.field) for c in value.columns)
+    )
+
+
+def contract_json(contract: SheetContract) -> dict[str, Any]:
+    """A sheet contract's decoded JSON ``{columns: [{id, sqlName, source, field?}]}``."""
+    return unstructure(contract_wire(contract))
+
+
+def read_contract(value: object) -> SheetContract:
+    """A sheet contract from its decoded JSON ``{columns: [...]}``; :class:`WireError`
+    naming the member if it is off."""
+    return contract_of(structure(value, SheetContractWire))
+
+
 @attrs.frozen(kw_only=True)
 class PageRequestWire:
     """``{limit, offset}``."""
@@ -112,6 +154,18 @@ class AdmittedPartWire:
 
     write_version: int = int_field(1, BIGINT_MAX)
     part: Literal["pending", "completed"]
+
+
+def admitted_wire(part: AdmittedPart | None) -> AdmittedPartWire | None:
+    """A read's ``input.admission`` filter."""
+    return (
+        None if part is None else AdmittedPartWire(write_version=part.write_version, part=part.part)
+    )
+
+
+def admitted_of(value: AdmittedPartWire | None) -> AdmittedPart | None:
+    """``input.admission``: null, or one admission's pending or completed rows."""
+    return None if value is None else AdmittedPart(value.write_version, value.part)
 
 
 @attrs.frozen(kw_only=True)
@@ -165,6 +219,11 @@ class SessionLimitsWire:
     max_requests: int | Absent = attrs.field(
         default=ABSENT, validator=between(1, BIGINT_MAX), metadata={"minimum": 1}
     )
+
+
+@attrs.frozen(kw_only=True)
+class SessionLimitsAnswer(SessionLimitsWire):
+    """The limits a session was minted with; a member a newer gateway adds is ignored."""
 
 
 @attrs.frozen(kw_only=True)
@@ -476,7 +535,7 @@ class CreateDbSessionAnswer:
     play_name: str
     target: SessionTargetAnswer
     operations: list[Operation]
-    limits: dict[str, int]
+    limits: SessionLimitsAnswer
     postgres: PostgresTablesWire
     postgres_url: str | Absent = ABSENT
     encrypted_postgres_url: EnvelopeWire | Absent = ABSENT
@@ -588,10 +647,26 @@ class ErrorBody:
 
     error: str
     code: str
-    retry_after_ms: int | Absent = ABSENT
-    """With 503 back-pressure: when to try again."""
-    observed_bytes: int | Absent = ABSENT
-    """With 413: how many bytes were seen."""
+    retry_after_ms: int | Absent = attrs.field(default=ABSENT, metadata={"wire": "retry_after_ms"})
+    """With 429 and 503 (back-pressure, draining): when to try again. The seed spells it
+    in snake case."""
+    observed_bytes: int | Absent = attrs.field(default=ABSENT, metadata={"wire": "observed_bytes"})
+    """With 413: how many bytes were seen. The seed spells it in snake case."""
+
+
+def error_body(
+    message: str,
+    code: str,
+    *,
+    retry_after_ms: int | Absent = ABSENT,
+    observed_bytes: int | Absent = ABSENT,
+) -> dict[str, Any]:
+    """An error answer's decoded JSON (:class:`ErrorBody`)."""
+    return unstructure(
+        ErrorBody(
+            error=message, code=code, retry_after_ms=retry_after_ms, observed_bytes=observed_bytes
+        )
+    )
 
 
 #: Each action's request class.

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import httpx
@@ -88,6 +88,7 @@ from ..errors import (
 )
 from ..sizes import json_byte_length_up_to
 from . import _answers, _wire
+from . import _messages as m
 from ._body import (
     ACCEPT_ENCODING,
     CorruptBodyError,
@@ -118,6 +119,8 @@ from ._wire import (
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
 _REDACTED: Final = "[redacted]"
+_R = TypeVar("_R", bound=m.Request)
+_T = TypeVar("_T")
 #: Staged-admission actions, whose 400 ``invalid_input`` is a bad input row.
 _STAGED: Final = frozenset({_wire.STAGE_ADMISSION_CHUNK, _wire.COMMIT_ADMISSION})
 
@@ -267,21 +270,14 @@ class GatewayClient:
         """
         return (await self._call(action, payload)).body
 
-    async def _call(
-        self,
-        action: str,
-        payload: Mapping[str, Any],
-        *,
-        attempt_ms: int = REQUEST_TIMEOUT_MS,
-    ) -> _Answer:
+    async def _call(self, action: str, payload: Mapping[str, Any]) -> _Answer:
         content = _dumps({**payload, "action": action, "playName": self.play_name})
-        return await self._call_content(action, content, attempt_ms=attempt_ms)
+        return await self._call_content(action, content)
 
     async def _call_content(
         self, action: str, content: bytes, *, attempt_ms: int = REQUEST_TIMEOUT_MS
     ) -> _Answer:
-        """``_call`` with the request body already encoded (it must name ``action``
-        and ``playName``)."""
+        """Send a request body already encoded (it names ``action`` and ``playName``)."""
         http = self._http
         if http is None:
             raise RuntimeError("use GatewayClient inside 'async with'")
@@ -443,17 +439,29 @@ class GatewayClient:
                     f"row {position} must be a {kind.__name__}, got {type(row).__name__}"
                 )
 
-    def _with_user(self, payload: dict[str, Any]) -> dict[str, Any]:
-        if self.user_email:
-            payload["userEmail"] = self.user_email
-        return payload
+    def _request(self, cls: type[_R], **fields: Any) -> _R:
+        """The request ``cls`` of this client's play (``InvalidInputError`` naming the
+        member whose rule a value breaks, nothing sent)."""
+        try:
+            return m.build(cls, play_name=self.play_name, **fields)
+        except m.WireError as exc:
+            raise InvalidInputError(f"{cls.__name__}: {exc}") from None
+
+    async def _send(self, request: m.Request, *, attempt_ms: int = REQUEST_TIMEOUT_MS) -> _Answer:
+        """Send one request, written by the wire converter."""
+        content = _dumps(m.unstructure(request))
+        return await self._call_content(request.action, content, attempt_ms=attempt_ms)
 
     async def ensure_sheet(self, table_namespace: str, contract: SheetContract) -> None:
         """Create the sheet's tables if missing (idempotent)."""
         self._check_sheet_args(table_namespace, contract)
-        action = _wire.ENSURE_SHEET
-        payload = {"tableNamespace": table_namespace, "sheetContract": contract.to_json()}
-        _answers.parse_ok(await self.post_action(action, self._with_user(payload)), action)
+        request = self._request(
+            m.EnsureSheetRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            user_email=self.user_email,
+        )
+        _answers.parse_ok((await self._send(request)).body, request.action)
 
     async def start_sheet_dataset(
         self,
@@ -471,18 +479,20 @@ class GatewayClient:
         ``RowWriter.start`` stages inputs of any size instead.
         """
         self._check_sheet_args(table_namespace, contract)
-        action = _wire.START_SHEET_DATASET
-        payload = {
-            "tableNamespace": table_namespace,
-            "sheetContract": contract.to_json(),
-            "rows": [dict(row) for row in rows],
-            "runId": run_id,
-        }
+        request = self._request(
+            m.StartSheetDatasetRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            rows=[dict(row) for row in rows],
+            run_id=run_id,
+            user_email=self.user_email,
+        )
+        payload = m.unstructure(request)
         measured = json_byte_length_up_to(payload, TRANSPORT_CEILING_BYTES)
         if measured.exceeded:
             raise AdmissionTooLargeError(measured.bytes)
-        answer = await self.post_action(action, self._with_user(payload))
-        return _answers.parse_admission(answer, action)
+        answer = await self._call_content(request.action, _dumps(payload))
+        return _answers.parse_admission(answer.body, request.action)
 
     # --- staged admission ----------------------------------------------------------------
 
@@ -491,15 +501,19 @@ class GatewayClient:
     ) -> None:
         """Register the staged admission ``admission_id`` (idempotent: safe to retry)."""
         self._check_sheet_args(table_namespace, contract)
-        payload = {
-            "tableNamespace": table_namespace,
-            "sheetContract": contract.to_json(),
-            "admissionId": admission_id,
-            "runId": run_id,
-        }
-        answer = await self.post_action(_wire.BEGIN_ADMISSION, self._with_user(payload))
-        if answer.get("admissionId") != admission_id:
-            raise _answers.protocol_error(_wire.BEGIN_ADMISSION, "admissionId does not match")
+        request = self._request(
+            m.BeginAdmissionRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            admission_id=admission_id,
+            run_id=run_id,
+            user_email=self.user_email,
+        )
+        answer = _answers.read_as(
+            (await self._send(request)).body, m.BeginAdmissionAnswer, request.action
+        )
+        if answer.admission_id != admission_id:
+            raise _answers.protocol_error(request.action, "admissionId does not match")
 
     def admission_chunk_body(
         self,
@@ -512,17 +526,19 @@ class GatewayClient:
     ) -> bytes:
         """The request body of one staged chunk, around rows already encoded as compact
         JSON objects (so a row is encoded once, to measure it and to send it)."""
-        envelope = _dumps(
-            {
-                "tableNamespace": table_namespace,
-                "sheetContract": contract.to_json(),
-                "admissionId": admission_id,
-                "seq": seq,
-                "firstPosition": first_position,
-                "action": _wire.STAGE_ADMISSION_CHUNK,
-                "playName": self.play_name,
-            }
+        self._check_sheet_args(table_namespace, contract)
+        request = self._request(
+            m.StageAdmissionChunkRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            admission_id=admission_id,
+            seq=seq,
+            first_position=first_position,
+            rows=list(encoded_rows),
         )
+        fields = m.unstructure(request)
+        del fields["rows"]  # spliced in below, already encoded
+        envelope = _dumps(fields)
         if len(envelope) > ADMISSION_CHUNK_ENVELOPE_BYTES:
             raise InvalidInputError(
                 f"the chunk envelope (names and contract) takes {len(envelope)} bytes, "
@@ -533,8 +549,9 @@ class GatewayClient:
     async def stage_admission_chunk(self, body: bytes) -> bool:
         """Send one chunk built by ``admission_chunk_body``; False when the gateway had
         staged it before (a retry after a lost answer)."""
-        answer = await self._call_content(_wire.STAGE_ADMISSION_CHUNK, body)
-        return _answers.parse_staged(answer.body, _wire.STAGE_ADMISSION_CHUNK)
+        action = _wire.STAGE_ADMISSION_CHUNK
+        answer = await self._call_content(action, body)
+        return _answers.read_as(answer.body, m.StageAdmissionChunkAnswer, action).staged
 
     async def commit_admission(
         self,
@@ -553,27 +570,33 @@ class GatewayClient:
         and answers its counts.
         """
         self._check_sheet_args(table_namespace, contract)
-        payload = {
-            "tableNamespace": table_namespace,
-            "sheetContract": contract.to_json(),
-            "admissionId": admission_id,
-            "runId": run_id,
-            "chunks": chunks,
-            "rows": rows,
-        }
-        answer = await self._call(
-            _wire.COMMIT_ADMISSION, payload, attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
+        request = self._request(
+            m.CommitAdmissionRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            admission_id=admission_id,
+            run_id=run_id,
+            chunks=chunks,
+            rows=rows,
         )
-        return _answers.parse_admission_counts(answer.body, _wire.COMMIT_ADMISSION)
+        answer = await self._send(request, attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS)
+        read = _answers.read_as(answer.body, m.CommitAdmissionAnswer, request.action)
+        return AdmissionCounts(
+            write_version=read.write_version,
+            inserted=read.inserted,
+            skipped=read.skipped,
+            pending_count=read.pending_count,
+            completed_count=read.completed_count,
+            table_namespace=read.table_namespace,
+        )
 
     async def abort_admission(self, table_namespace: str, admission_id: str) -> bool:
         """Drop an open staged admission's rows; False when it was not open."""
-        payload = {"tableNamespace": table_namespace, "admissionId": admission_id}
-        answer = await self.post_action(_wire.ABORT_ADMISSION, payload)
-        aborted = answer.get("aborted")
-        if not isinstance(aborted, bool):
-            raise _answers.protocol_error(_wire.ABORT_ADMISSION, "aborted must be a boolean")
-        return aborted
+        request = self._request(
+            m.AbortAdmissionRequest, table_namespace=table_namespace, admission_id=admission_id
+        )
+        answer = await self._send(request)
+        return _answers.read_as(answer.body, m.AbortAdmissionAnswer, request.action).aborted
 
     async def create_db_session(
         self,
@@ -586,42 +609,63 @@ class GatewayClient:
         ttl_seconds: int | None = None,
         encryption: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Ask for a scoped Postgres session; the raw answer (``sheetplane.sessions`` parses it)."""
+        """Ask for a scoped Postgres session; the raw answer (``sheetplane.sessions`` parses it).
+
+        ``limits`` are the wire's ``{maxRows?, maxBytes?, maxRequests?}`` and
+        ``encryption`` its ``{alg, publicKeyJwk}``: each is read as its wire class
+        before anything is sent (``InvalidInputError`` naming the member).
+        """
         if contract is not None and not isinstance(contract, SheetContract):
             raise InvalidInputError(
                 f"contract must be a SheetContract or None, got {type(contract).__name__}"
             )
-        payload: dict[str, Any] = {
-            "target": {"tableNamespace": table_namespace, "logicalTable": logical_table},
-            "operations": list(operations),
-        }
-        if limits:
-            payload["limits"] = dict(limits)
-        if contract is not None:
-            payload["sheetContract"] = contract.to_json()
-        if ttl_seconds is not None:
-            payload["ttlSeconds"] = ttl_seconds
-        if encryption is not None:
-            payload["postgresUrlEncryption"] = dict(encryption)
-        return await self.post_action(_wire.CREATE_DB_SESSION, self._with_user(payload))
+        action = _wire.CREATE_DB_SESSION
+        try:
+            wire_limits = m.structure(dict(limits), m.SessionLimitsWire) if limits else None
+            wire_encryption = (
+                None if encryption is None else m.structure(encryption, m.UrlEncryptionWire)
+            )
+        except (m.WireError, TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{action}: {exc}") from None
+        request = self._request(
+            m.CreateDbSessionRequest,
+            target=self._request_part(
+                m.SessionTargetWire, table_namespace=table_namespace, logical_table=logical_table
+            ),
+            operations=list(operations),
+            limits=wire_limits,
+            sheet_contract=None if contract is None else m.contract_wire(contract),
+            ttl_seconds=ttl_seconds,
+            user_email=self.user_email,
+            postgres_url_encryption=wire_encryption,
+        )
+        return (await self._send(request)).body
 
     @staticmethod
+    def _request_part(cls: type[_T], **fields: Any) -> _T:
+        """A part of a request (``InvalidInputError`` naming the member, nothing sent)."""
+        try:
+            return m.build(cls, **fields)
+        except m.WireError as exc:
+            raise InvalidInputError(f"{cls.__name__}: {exc}") from None
+
     def _read_input(
+        self,
+        cls: type[_T],
         table_namespace: str,
         run_id: str | None,
-        row_mode: RowMode | None,
-        admitted: AdmittedPart | None = None,
-    ) -> dict[str, Any]:
-        read: dict[str, Any] = {"tableNamespace": table_namespace}
-        if run_id is not None:
-            read["runId"] = run_id
-        if row_mode is not None:
-            read["rowMode"] = row_mode
-        if admitted is not None:
-            if not isinstance(admitted, AdmittedPart):
-                raise InvalidInputError(f"admitted must be an AdmittedPart, got {admitted!r}")
-            read["admission"] = admitted.to_json()
-        return read
+        admitted: AdmittedPart | None,
+        **fields: Any,
+    ) -> _T:
+        if admitted is not None and not isinstance(admitted, AdmittedPart):
+            raise InvalidInputError(f"admitted must be an AdmittedPart, got {admitted!r}")
+        return self._request_part(
+            cls,
+            table_namespace=table_namespace,
+            run_id=run_id,
+            admission=m.admitted_wire(admitted),
+            **fields,
+        )
 
     async def read_rows(
         self,
@@ -634,11 +678,17 @@ class GatewayClient:
     ) -> Page:
         """One page with ``runtime_sheet_read_rows``, checked against its request."""
         check_page_request(request)
-        action = READ_ROWS
-        read = self._read_input(table_namespace, run_id, row_mode, admitted)
-        read.update(limit=request.limit, offset=request.offset)
-        answer = await self.post_action(action, {"input": read})
-        return _answers.check_page(answer, request, action, "the page")
+        read = self._read_input(
+            m.ReadRowsInput,
+            table_namespace,
+            run_id,
+            admitted,
+            row_mode=row_mode,
+            limit=request.limit,
+            offset=request.offset,
+        )
+        answer = await self._send(self._request(m.ReadRowsRequest, input=read))
+        return _answers.check_page(answer.body, request, READ_ROWS, "the page")
 
     async def read_rows_batch(
         self,
@@ -666,10 +716,16 @@ class GatewayClient:
             )
         for request in requests:
             check_page_request(request)
-        read = self._read_input(table_namespace, run_id, row_mode, admitted)
-        read["pages"] = [{"limit": r.limit, "offset": r.offset} for r in requests]
+        read = self._read_input(
+            m.ReadRowsBatchInput,
+            table_namespace,
+            run_id,
+            admitted,
+            row_mode=row_mode,
+            pages=[m.PageRequestWire(limit=r.limit, offset=r.offset) for r in requests],
+        )
         try:
-            answer = await self._call(READ_ROWS_BATCH, {"input": read})
+            answer = await self._send(self._request(m.ReadRowsBatchRequest, input=read))
         except UnsupportedActionError:
             return [
                 await self.read_rows(
@@ -709,15 +765,29 @@ class GatewayClient:
         check_page_request(request)
         if after is not None and not isinstance(after, Mapping):
             raise InvalidInputError(f"after must be a cursor object or None, got {after!r}")
-        read = self._read_input(table_namespace, run_id, row_mode, admitted)
-        read.update(limit=limit, offset=offset, after=None if after is None else dict(after))
-        answer = await self.post_action(READ_ROWS, {"input": read})
+        try:
+            cursor = None if after is None else m.structure(dict(after), m.RowCursorWire)
+        except m.WireError as exc:
+            raise InvalidInputError(f"after: {exc}") from None
+        read = self._read_input(
+            m.ReadRowsInput,
+            table_namespace,
+            run_id,
+            admitted,
+            row_mode=row_mode,
+            limit=limit,
+            offset=offset,
+            after=cursor,
+        )
+        answer = (await self._send(self._request(m.ReadRowsRequest, input=read))).body
         page = _answers.check_page(answer, request, READ_ROWS, "the page")
         if "nextAfter" not in answer:
             return KeysetPage(page.rows, None, keyset=False)
         next_after = answer["nextAfter"]
-        if next_after is not None and not isinstance(next_after, dict):
-            raise _answers.protocol_error(READ_ROWS, "nextAfter must be null or an object")
+        if next_after is not None:
+            next_after = m.unstructure(
+                _answers.read_as(next_after, m.RowCursorWire, READ_ROWS, "nextAfter.")
+            )
         return KeysetPage(page.rows, next_after, keyset=True)
 
     async def read_row_keys(
@@ -730,11 +800,16 @@ class GatewayClient:
     ) -> list[str]:
         """The keys of one page, in read order (``runtime_sheet_read_row_keys``)."""
         check_page_request(request)
-        action = _wire.READ_ROW_KEYS
-        read = self._read_input(table_namespace, run_id, None, admitted)
-        read.update(limit=request.limit, offset=request.offset)
-        answer = await self.post_action(action, {"input": read})
-        return _answers.parse_row_keys(answer, request, action)
+        read = self._read_input(
+            m.ReadRowKeysInput,
+            table_namespace,
+            run_id,
+            admitted,
+            limit=request.limit,
+            offset=request.offset,
+        )
+        answer = await self._send(self._request(m.ReadRowKeysRequest, input=read))
+        return _answers.parse_row_keys(answer.body, request, _wire.READ_ROW_KEYS)
 
     async def complete_map_rows(
         self,
@@ -748,20 +823,24 @@ class GatewayClient:
         """Record map outputs under write-version fencing; stale rows come back with reasons."""
         self._check_sheet_args(table_namespace, contract)
         self._check_row_writes(rows, CompleteRow)
-        wire_rows = []
-        for row in rows:
-            item: dict[str, Any] = {"key": row.key, "data": dict(row.data)}
-            if row.cell_meta_patch is not None:
-                item["cellMetaPatch"] = dict(row.cell_meta_patch)
-            wire_rows.append(item)
-        return await self._terminal_write(
-            _wire.COMPLETE_MAP_ROWS,
-            table_namespace,
-            contract,
-            wire_rows,
-            run_id,
-            write_version,
+        wire_rows = [
+            self._request_part(
+                m.CompleteRowWire,
+                key=row.key,
+                data=dict(row.data),
+                cell_meta_patch=None if row.cell_meta_patch is None else dict(row.cell_meta_patch),
+            )
+            for row in rows
+        ]
+        request = self._request(
+            m.CompleteMapRowsRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            run_id=run_id,
+            write_version=write_version,
+            rows=wire_rows,
         )
+        return _answers.parse_terminal_write((await self._send(request)).body, request.action)
 
     async def fail_map_rows(
         self,
@@ -775,39 +854,24 @@ class GatewayClient:
         """Record map failures under write-version fencing; stale rows come back with reasons."""
         self._check_sheet_args(table_namespace, contract)
         self._check_row_writes(rows, FailRow)
-        wire_rows = []
-        for row in rows:
-            item: dict[str, Any] = {"key": row.key, "error": row.error}
-            if row.data is not None:
-                item["data"] = dict(row.data)
-            wire_rows.append(item)
-        return await self._terminal_write(
-            _wire.FAIL_MAP_ROWS,
-            table_namespace,
-            contract,
-            wire_rows,
-            run_id,
-            write_version,
+        wire_rows = [
+            self._request_part(
+                m.FailRowWire,
+                key=row.key,
+                error=row.error,
+                data=None if row.data is None else dict(row.data),
+            )
+            for row in rows
+        ]
+        request = self._request(
+            m.FailMapRowsRequest,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            run_id=run_id,
+            write_version=write_version,
+            rows=wire_rows,
         )
-
-    async def _terminal_write(
-        self,
-        action: str,
-        table_namespace: str,
-        contract: SheetContract,
-        rows: list[dict[str, Any]],
-        run_id: str,
-        write_version: int | None,
-    ) -> TerminalWriteResult:
-        payload: dict[str, Any] = {
-            "tableNamespace": table_namespace,
-            "sheetContract": contract.to_json(),
-            "runId": run_id,
-            "rows": rows,
-        }
-        if write_version is not None:
-            payload["writeVersion"] = write_version
-        return _answers.parse_terminal_write(await self.post_action(action, payload), action)
+        return _answers.parse_terminal_write((await self._send(request)).body, request.action)
 
     async def complete_work_receipt(
         self,
@@ -824,14 +888,16 @@ class GatewayClient:
         another holder's live lease owns the key it raises
         ``WorkReceiptFencedError`` and nothing is written.
         """
-        action = _wire.COMPLETE_WORK_RECEIPT
-        payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
-        if run_attempt is not None:
-            payload["runAttempt"] = run_attempt
-        if holder is not None:
-            payload["holder"] = holder
-        answer = await self.post_action(action, payload)
-        return _answers.parse_receipt_completion(answer, action, run_id)
+        request = self._request(
+            m.CompleteWorkReceiptRequest,
+            key=key,
+            result=result,
+            run_id=run_id,
+            run_attempt=run_attempt,
+            holder=holder,
+        )
+        answer = await self._send(request)
+        return _answers.parse_receipt_completion(answer.body, request.action, run_id)
 
     async def claim_work_receipt(self, key: str, holder: str) -> ReceiptClaim:
         """Take, renew (same ``holder``) or take over (expired) the lease on ``key``.
@@ -840,15 +906,14 @@ class GatewayClient:
         completed (the answer's ``receipt``). A retried claim is harmless: a
         repeat by the same holder only renews.
         """
-        action = _wire.CLAIM_WORK_RECEIPT
-        answer = await self.post_action(action, {"key": key, "holder": holder})
-        return _answers.parse_receipt_claim(answer, action, holder)
+        request = self._request(m.ClaimWorkReceiptRequest, key=key, holder=holder)
+        answer = await self._send(request)
+        return _answers.parse_receipt_claim(answer.body, request.action, holder)
 
     async def release_work_receipt(self, key: str, holder: str) -> bool:
         """Give up ``holder``'s lease on ``key``; True when it held one."""
-        action = _wire.RELEASE_WORK_RECEIPT
-        answer = await self.post_action(action, {"key": key, "holder": holder})
-        return _answers.parse_released(answer, action)
+        request = self._request(m.ReleaseWorkReceiptRequest, key=key, holder=holder)
+        return _answers.parse_released((await self._send(request)).body, request.action)
 
     async def resolve_play(self, play_ref: str) -> ResolvedPlay | None:
         """The play ``play_ref`` names (its id, else its name) in the token's org, or None.
@@ -858,32 +923,32 @@ class GatewayClient:
         """
         if not isinstance(play_ref, str) or not play_ref.strip():
             raise InvalidInputError(f"play_ref must be a non-empty string, got {play_ref!r}")
-        action = _wire.RESOLVE_PLAY
-        answer = await self.post_action(action, {"playRef": play_ref})
-        return _answers.parse_resolved_play(answer, action)
+        request = self._request(m.ResolvePlayRequest, play_ref=play_ref)
+        return _answers.parse_resolved_play((await self._send(request)).body, request.action)
 
     async def register_play(self, play: ResolvedPlay, *, name: str | None = None) -> None:
         """Register (or replace) ``play`` in the token's org, also under ``name``."""
         if not isinstance(play, ResolvedPlay):
             raise InvalidInputError(f"play must be a ResolvedPlay, got {play!r}")
-        definition: dict[str, Any] = {
-            "playId": play.play_id,
-            "sourceCode": play.source_code,
-            "artifact": play.artifact,
-            "codeFormat": play.code_format,
-            "contractSnapshot": None
+        definition = self._request_part(
+            m.PlayDefinitionWire,
+            play_id=play.play_id,
+            name=name,
+            source_code=play.source_code,
+            artifact=play.artifact,
+            code_format=play.code_format,
+            contract_snapshot=None
             if play.contract_snapshot is None
             else dict(play.contract_snapshot),
-        }
-        if name is not None:
-            definition["name"] = name
-        action = _wire.REGISTER_PLAY
-        answer = await self.post_action(action, {"play": definition})
-        if answer.get("playId") != play.play_id:
-            raise _answers.protocol_error(action, "playId must echo the registered play")
+        )
+        request = self._request(m.RegisterPlayRequest, play=definition)
+        answer = _answers.read_as(
+            (await self._send(request)).body, m.RegisterPlayAnswer, request.action
+        )
+        if answer.play_id != play.play_id:
+            raise _answers.protocol_error(request.action, "playId must echo the registered play")
 
     async def summary(self, table_namespace: str) -> Summary:
         """The sheet's status counters."""
-        action = _wire.SUMMARY
-        answer = await self.post_action(action, {"tableNamespace": table_namespace})
-        return _answers.parse_summary(answer, action)
+        request = self._request(m.SummaryRequest, table_namespace=table_namespace)
+        return _answers.parse_summary((await self._send(request)).body, request.action)

@@ -19,9 +19,7 @@ import trio
 from ... import crypto
 from ..._types import (
     OPERATIONS,
-    AdmittedPart,
     CompleteRow,
-    ContractColumn,
     FailRow,
     InlineAdmission,
     Operation,
@@ -92,9 +90,7 @@ Handler = Callable[[Call], Awaitable[Any]]
 
 def unsupported(action: str) -> ActionError:
     """The answer of a gateway that does not know ``action``."""
-    return ActionError(
-        400, Code.UNSUPPORTED_ACTION, f"Unsupported runtime data-plane action: {action}"
-    )
+    return ActionError(400, Code.UNSUPPORTED_ACTION, f"{_wire.UNSUPPORTED_ACTION_TEXT}: {action}")
 
 
 # --- request parsing: the wire classes ----------------------------------------------------
@@ -112,19 +108,6 @@ def _read(call: Call, cls: type[R]) -> R:
 
 def _sheet(call: Call, play_name: str, table_namespace: str) -> SheetRef:
     return SheetRef(org_id=call.org_id, play_name=play_name, table_namespace=table_namespace)
-
-
-def _contract(value: m.SheetContractWire | None) -> SheetContract:
-    if value is None:
-        return SheetContract()
-    return SheetContract(
-        tuple(ContractColumn(c.id, c.sql_name, c.source, c.field) for c in value.columns)
-    )
-
-
-def _admitted(value: m.AdmittedPartWire | None) -> AdmittedPart | None:
-    """``input.admission``: null, or one admission's pending or completed rows."""
-    return None if value is None else AdmittedPart(value.write_version, value.part)
 
 
 def _row_mode(value: RowMode | None) -> RowMode:
@@ -158,7 +141,7 @@ async def ensure_sheet(call: Call) -> dict[str, Any]:
     """``{tableNamespace, sheetContract?, userEmail?}`` → ``{ok: true}``."""
     request = _read(call, m.EnsureSheetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    await call.state.store.ensure_sheet(sheet, _contract(request.sheet_contract))
+    await call.state.store.ensure_sheet(sheet, m.contract_of(request.sheet_contract))
     return m.unstructure(m.OkAnswer())
 
 
@@ -167,7 +150,7 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     ``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
     request = _read(call, m.StartSheetDatasetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = _contract(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     store = call.state.store
     await store.ensure_sheet(sheet, contract)
     admission = await store.start_dataset(
@@ -210,7 +193,7 @@ async def runtime_sheet_complete_map_rows(call: Call) -> dict[str, Any]:
     rows = [CompleteRow(row.key, row.data, row.cell_meta_patch) for row in request.rows]
     result = await call.state.store.complete_map_rows(
         sheet,
-        _contract(request.sheet_contract),
+        m.contract_of(request.sheet_contract),
         rows,
         run_id=request.run_id,
         write_version=request.write_version,
@@ -226,7 +209,7 @@ async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
     rows = [FailRow(row.key, row.error, row.data) for row in request.rows]
     result = await call.state.store.fail_map_rows(
         sheet,
-        _contract(request.sheet_contract),
+        m.contract_of(request.sheet_contract),
         rows,
         run_id=request.run_id,
         write_version=request.write_version,
@@ -380,7 +363,7 @@ async def runtime_sheet_read_rows(call: Call) -> dict[str, Any]:
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     request = PageRequest(limit=spec.limit, offset=spec.offset)
     store = call.state.store
-    mode, admitted = _row_mode(spec.row_mode), _admitted(spec.admission)
+    mode, admitted = _row_mode(spec.row_mode), m.admitted_of(spec.admission)
     if spec.after is m.ABSENT or call.state.config.legacy:
         page = await store.read_rows(
             sheet, request, run_id=spec.run_id, row_mode=mode, admitted=admitted
@@ -410,7 +393,7 @@ async def runtime_sheet_read_rows_batch(call: Call) -> dict[str, Any]:
         requests,
         run_id=spec.run_id,
         row_mode=_row_mode(spec.row_mode),
-        admitted=_admitted(spec.admission),
+        admitted=m.admitted_of(spec.admission),
     )
     return {"pages": [_page_json(page) for page in pages]}
 
@@ -422,7 +405,7 @@ async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     request = PageRequest(limit=spec.limit, offset=spec.offset)
     keys = await call.state.store.read_row_keys(
-        sheet, request, run_id=spec.run_id, admitted=_admitted(spec.admission)
+        sheet, request, run_id=spec.run_id, admitted=m.admitted_of(spec.admission)
     )
     answer = m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
     return m.unstructure(answer)
@@ -523,7 +506,7 @@ async def create_db_session(call: Call) -> dict[str, Any]:
     operations = canonical_operations(request.operations)
     assert operations  # the wire class allows only operations, at least one
     limits = {} if request.limits is None else m.unstructure(request.limits)
-    contract = _contract(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     ttl_ms = _ttl_ms(request.ttl_seconds, call.state.config.session_ttl_ms)
     encryption = request.postgres_url_encryption
     if encryption is not None:
@@ -596,7 +579,7 @@ async def begin_sheet_admission(call: Call) -> dict[str, Any]:
     (idempotent), after expiring the sheet's abandoned ones."""
     request = _read(call, m.BeginAdmissionRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = _contract(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     await call.state.store.begin_admission(sheet, contract, request.admission_id, request.run_id)
     return m.unstructure(
         m.BeginAdmissionAnswer(
@@ -618,7 +601,7 @@ async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
     """
     request = _read(call, m.StageAdmissionChunkRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = _contract(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     store = call.state.store
     try:
         prepared = await trio.to_thread.run_sync(
@@ -645,7 +628,7 @@ async def commit_sheet_admission(call: Call) -> dict[str, Any]:
     sheet = _sheet(call, request.play_name, request.table_namespace)
     counts = await call.state.store.commit_admission(
         sheet,
-        _contract(request.sheet_contract),
+        m.contract_of(request.sheet_contract),
         request.admission_id,
         request.run_id,
         chunks=request.chunks,
