@@ -29,6 +29,7 @@ from sheetplane.crypto import (
     generate_decryption_key,
     session_aad,
 )
+from sheetplane.gateway._messages import SessionLimitsWire, structure
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import PageRequest
 from sheetplane.sessions import (
@@ -328,7 +329,10 @@ def preloaded(n: int = 100, **changes: Any) -> PreloadedSession:
         operations=shape_args.get("operations_declared", tuple(answer["operations"])),
         session=answer,
         logical_table=shape_args.get("logical_table", answer["target"]["logicalTable"]),
-        limits=shape_args.get("declared_limits", SessionLimits.from_json(answer["limits"])),
+        limits=shape_args.get(
+            "declared_limits",
+            SessionLimits.from_wire(structure(answer["limits"], SessionLimitsWire)),
+        ),
     )
 
 

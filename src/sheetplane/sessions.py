@@ -45,7 +45,14 @@ import trio
 
 from . import crypto
 from ._groups import single_leaf
-from ._types import LOGICAL_TABLES, OPERATIONS, PageRequest, SheetContract, canonical_operations
+from ._types import (
+    BIGINT_MAX,
+    LOGICAL_TABLES,
+    OPERATIONS,
+    PageRequest,
+    SheetContract,
+    canonical_operations,
+)
 from .budgets import (
     DB_SESSION_MAX_CONNECTIONS,
     DB_SESSION_RENEWAL_WINDOW_MS,
@@ -76,17 +83,16 @@ __all__ = [
 PoolOpener = Callable[[str], AbstractAsyncContextManager["SheetStore"]]
 
 _MS: Final = 1000
-_LIMIT_NAMES: Final = (
-    ("max_rows", "maxRows"),
-    ("max_bytes", "maxBytes"),
-    ("max_requests", "maxRequests"),
-)
 
 
 def _optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    """A limit: None (not limited) or a positive ``bigint``, as the wire carries it."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= BIGINT_MAX
+    ):
         raise InvalidInputError(
-            f"{attribute.name} must be a positive integer or None, got {value!r}"
+            f"{attribute.name} must be a positive integer (at most {BIGINT_MAX}) or None, "
+            f"got {value!r}"
         )
 
 
@@ -102,27 +108,30 @@ class SessionLimits:
     """Requests the session may serve."""
 
     def to_json(self) -> dict[str, int]:
-        """The wire shape: only the limits that are set."""
-        return {
-            wire: value for name, wire in _LIMIT_NAMES if (value := getattr(self, name)) is not None
-        }
+        """The wire shape ``{maxRows?, maxBytes?, maxRequests?}``: only the limits that are set."""
+        return _messages.unstructure(
+            _messages.SessionLimitsWire(
+                **{name: value for name, value in attrs.asdict(self).items() if value is not None}
+            )
+        )
 
     @classmethod
-    def from_json(cls, value: object) -> SessionLimits:
-        """Parse ``{maxRows?, maxBytes?, maxRequests?}``."""
-        if value is None:
-            return cls()
-        if not isinstance(value, Mapping):
-            raise InvalidInputError(f"session limits must be an object, got {value!r}")
-        return cls(**{name: value.get(wire) for name, wire in _LIMIT_NAMES})
+    def from_wire(cls, value: _messages.SessionLimitsWire) -> SessionLimits:
+        """The limits of a wire message (a limit left out is not limited)."""
+        return cls(
+            **{
+                name: None if limit is _messages.ABSENT else limit
+                for name, limit in attrs.asdict(value).items()
+            }
+        )
 
     def satisfies(self, requested: SessionLimits) -> bool:
         """Whether a session with these limits may serve a request for ``requested``.
 
         A limit this session does not set satisfies any request.
         """
-        for name, _ in _LIMIT_NAMES:
-            want, have = getattr(requested, name), getattr(self, name)
+        for field in attrs.fields(SessionLimits):
+            want, have = getattr(requested, field.name), getattr(self, field.name)
             if want is not None and have is not None and have < want:
                 return False
         return True
@@ -181,7 +190,9 @@ class AccessShape:
             "logicalTable": self.logical_table,
             "operations": list(self.operations),
             "limits": self.limits.to_json(),
-            "sheetContract": None if self.contract is None else self.contract.to_json(),
+            "sheetContract": None
+            if self.contract is None
+            else _messages.contract_json(self.contract),
             "userEmail": self.user_email,
         }
 
@@ -284,7 +295,7 @@ def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
     try:
         read = _messages.structure(answer, _messages.CreateDbSessionAnswer)
         expires = dt.datetime.fromisoformat(read.expires_at)
-        limits = SessionLimits.from_json(read.limits)
+        limits = SessionLimits.from_wire(read.limits)
         ops = _operations(read.operations)
     except (ValueError, InvalidInputError) as exc:  # WireError is a ValueError
         raise bad(str(exc)) from None
