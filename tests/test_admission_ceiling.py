@@ -18,6 +18,7 @@ from psycopg import sql
 from sheetplane import AdmissionTooLargeError
 from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import TRANSPORT_CEILING_BYTES, MiB
+from sheetplane.gateway._messages import contract_json
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
 from sheetplane.store import sheet_names
@@ -84,7 +85,7 @@ async def test_answer_over_the_ceiling_is_refused_before_anything_is_written(
                 "action": "start_sheet_dataset",
                 "playName": PLAY,
                 "tableNamespace": namespace,
-                "sheetContract": CONTRACT.to_json(),
+                "sheetContract": contract_json(CONTRACT),
                 "rows": small,
                 "runId": "run-2",
             },

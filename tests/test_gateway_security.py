@@ -19,7 +19,8 @@ from psycopg import sql
 
 from _session_helpers import aad_of, run_sql
 from sheetplane import EnvelopeDecryptionError, GatewayAuthError, crypto
-from sheetplane._types import CompleteRow, SheetContract, SheetRef
+from sheetplane._types import CompleteRow, SheetRef
+from sheetplane.gateway._messages import read_contract
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import (
     ROLE_PREFIX,
@@ -172,7 +173,7 @@ async def test_write_role_runs_the_stores_terminal_write(
     admission = await admit(gateway, namespace)
     session = await open_session(gateway, namespace, ["rows.read", "rows.upsert"])
     sheet = SheetRef(ORG, PLAY, namespace)
-    contract = SheetContract.from_json(CONTRACT)
+    contract = read_contract(CONTRACT)
     async with open_store(session.url, max_connections=1) as store:
         result = await store.complete_map_rows(
             sheet,

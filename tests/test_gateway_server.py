@@ -559,10 +559,11 @@ async def test_orgs_never_see_each_others_sheets(gateway: RunningGateway, namesp
 
 async def test_batch_read_over_budget_answers_413(gateway: RunningGateway, namespace: str) -> None:
     store = gateway.state.store
-    from sheetplane._types import SheetContract, SheetRef
+    from sheetplane._types import SheetRef
+    from sheetplane.gateway._messages import read_contract
 
     sheet = SheetRef(ORG, PLAY, namespace)
-    contract = SheetContract.from_json(CONTRACT)
+    contract = read_contract(CONTRACT)
     blob = "x" * (512 * KiB)
     big = [{"_key": f"b{i:03d}", "email": blob} for i in range(28)]  # 14 MiB of row data
     await store.ensure_sheet(sheet, contract)

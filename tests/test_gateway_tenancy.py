@@ -19,7 +19,7 @@ from psycopg import sql
 
 from _session_helpers import aad_of, run_sql
 from sheetplane import DatabaseNotHardenedError, crypto
-from sheetplane._types import SheetContract, SheetRef
+from sheetplane._types import SheetRef
 from sheetplane.budgets import (
     MAX_CONTRACT_COLUMNS,
     MAX_ERROR_TEXT_BYTES,
@@ -29,6 +29,7 @@ from sheetplane.budgets import (
     READ_BATCH_MAX_RESPONSE_BYTES,
     MiB,
 )
+from sheetplane.gateway._messages import read_contract
 from sheetplane.gateway.server import (
     RUNTIME_PATH,
     RunningGateway,
@@ -820,7 +821,7 @@ async def test_a_refused_batch_read_decodes_about_its_budget_not_the_whole_page(
     decoded (Python allocations, all threads) well under the page's 40 MiB."""
     rows = [{"_key": f"big{i}", "email": os.urandom(MiB // 2).hex()} for i in range(40)]
     sheet = SheetRef(ORG_A, PLAY, namespace)
-    contract = SheetContract.from_json(CONTRACT)
+    contract = read_contract(CONTRACT)
     async with open_store(database_url, max_connections=1) as store:
         await store.ensure_sheet(sheet, contract)
         await store.start_dataset(sheet, rows, "run-1", contract)

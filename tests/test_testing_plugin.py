@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sheetplane._types import CompleteRow, ContractColumn, SheetContract
+from sheetplane.gateway._messages import contract_json, read_contract
 from sheetplane.gateway.faults import FaultSpec
 from sheetplane.gateway.server import RUNTIME_PATH
 from sheetplane.store._fencing import StoredRow, decide_terminal_write
@@ -70,7 +71,7 @@ def test_fixture_strategy_defaults_to_the_direct_road(sheetplane_strategy: str) 
 def test_contracts_and_rows_are_ones_the_store_accepts(
     contract: SheetContract, data: st.DataObject
 ) -> None:
-    assert SheetContract.from_json(contract.to_json()) == contract
+    assert read_contract(contract_json(contract)) == contract
     assert len(_physical_columns(contract)) == len(contract.columns)
     for row in data.draw(rows(contract, max_size=3)):
         assert "\x00" not in repr(row)

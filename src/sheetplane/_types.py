@@ -10,7 +10,7 @@ HTTP client can use them without importing the store (or psycopg).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, get_args
 
 import attrs
@@ -95,43 +95,6 @@ class SheetContract:
     columns: tuple[ContractColumn, ...] = ()
     """In declaration order."""
 
-    @classmethod
-    def from_json(cls, value: object) -> SheetContract:
-        """Parse the wire shape ``{columns: [{id, sqlName, source, field?}]}``."""
-        if value is None:
-            return cls()
-        if not isinstance(value, Mapping):
-            raise InvalidInputError(f"sheet contract must be an object, got {type(value).__name__}")
-        raw = value.get("columns", [])
-        if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
-            raise InvalidInputError("sheet contract columns must be a list")
-        columns = []
-        for item in raw:
-            if not isinstance(item, Mapping):
-                raise InvalidInputError(f"sheet contract column must be an object, got {item!r}")
-            column_id, sql_name = item.get("id"), item.get("sqlName")
-            source, field = item.get("source"), item.get("field")
-            if not isinstance(column_id, str) or not column_id:
-                raise InvalidInputError(f"sheet contract column id must be a string: {item!r}")
-            if not isinstance(sql_name, str) or not sql_name:
-                raise InvalidInputError(f"sheet contract sqlName must be a string: {item!r}")
-            if source not in ("input", "mapField", "output"):
-                raise InvalidInputError(f"sheet contract column source is invalid: {source!r}")
-            if field is not None and not isinstance(field, str):
-                raise InvalidInputError(f"sheet contract column field must be a string: {item!r}")
-            columns.append(ContractColumn(column_id, sql_name, source, field))
-        return cls(tuple(columns))
-
-    def to_json(self) -> dict[str, Any]:
-        """The wire shape."""
-        return {
-            "columns": [
-                {"id": c.id, "sqlName": c.sql_name, "source": c.source}
-                | ({"field": c.field} if c.field is not None else {})
-                for c in self.columns
-            ]
-        }
-
 
 @attrs.frozen
 class InlineAdmission:
@@ -175,17 +138,13 @@ class AdmittedPart:
         if (
             isinstance(self.write_version, bool)
             or not isinstance(self.write_version, int)
-            or not 1 <= self.write_version <= 2**63 - 1
+            or not 1 <= self.write_version <= BIGINT_MAX
         ):
             raise InvalidInputError(
                 f"write_version must be a positive bigint, got {self.write_version!r}"
             )
         if self.part not in ("pending", "completed"):
             raise InvalidInputError(f"part must be 'pending' or 'completed', got {self.part!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        """The wire shape ``{writeVersion, part}``."""
-        return {"writeVersion": self.write_version, "part": self.part}
 
 
 @attrs.frozen

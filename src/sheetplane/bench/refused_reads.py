@@ -29,8 +29,9 @@ from pathlib import Path
 import httpx
 import trio
 
-from .._types import SheetContract, SheetRef
+from .._types import SheetRef
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES, MiB
+from ..gateway._messages import read_contract
 from ..gateway.server import RUNTIME_PATH
 from ..store import open_store
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
@@ -54,7 +55,7 @@ def _memory_kib(pid: int) -> dict[str, int]:
 
 async def _seed(url: str, namespace: str, rows: int, row_mib: float) -> None:
     sheet = SheetRef(ORG, PLAY, namespace)
-    contract = SheetContract.from_json(CONTRACT)
+    contract = read_contract(CONTRACT)
     half = int(row_mib * MiB) // 2
     async with open_store(url, max_connections=1) as store:
         await store.ensure_sheet(sheet, contract)
