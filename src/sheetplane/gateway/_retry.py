@@ -32,6 +32,7 @@ from ..budgets import (
     REQUEST_TIMEOUT_MS,
     RETRY_DELAYS_MS,
 )
+from ._wire import UNSUPPORTED_ACTION_TEXT
 
 #: Error texts of failures that are worth another attempt (DESIGN.md, wire facts).
 TRANSIENT_MESSAGE: Final = re.compile(
@@ -44,9 +45,7 @@ TRANSIENT_MESSAGE: Final = re.compile(
 )
 
 #: The answer of a gateway that predates an action.
-UNSUPPORTED_ACTION_MESSAGE: Final = re.compile(
-    r"Unsupported runtime data-plane action", re.IGNORECASE
-)
+UNSUPPORTED_ACTION_MESSAGE: Final = re.compile(re.escape(UNSUPPORTED_ACTION_TEXT), re.IGNORECASE)
 
 #: HTTP statuses retried on the ladder whatever their body says (429: a cap such
 #: as the gateway's live sessions per token, with the body's ``retry_after_ms``).

@@ -56,6 +56,7 @@ __all__ = [
     "STALE_REASONS",
     "START_SHEET_DATASET",
     "SUMMARY",
+    "UNSUPPORTED_ACTION_TEXT",
     "Code",
     "decode_body",
     "encode_body",
@@ -107,6 +108,10 @@ ACTIONS: Final = (
     COMMIT_ADMISSION,
     ABORT_ADMISSION,
 )
+
+#: The error text (before ``: <action>``) of a gateway that does not know an action;
+#: the client recognises it in any gateway's answer.
+UNSUPPORTED_ACTION_TEXT: Final = "Unsupported runtime data-plane action"
 
 #: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
 PAGE_READS: Final = frozenset({READ_ROWS, READ_ROWS_BATCH})

@@ -51,7 +51,6 @@ and the ASGI responders that render each kind.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Iterable
 from typing import Final, Literal, cast, get_args
@@ -62,7 +61,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
-from ._wire import Code
+from ._messages import error_body
+from ._wire import UNSUPPORTED_ACTION_TEXT, Code, encode_body
 
 __all__ = [
     "FAULT_HEADER",
@@ -214,10 +214,6 @@ class FaultSchedule:
         return sum(armed.remaining for armed in self._queues.get(action, ()))
 
 
-def _json_body(payload: object) -> bytes:
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 class FaultResponse(Response):
     """An ASGI response that renders one fault kind for one action."""
 
@@ -230,47 +226,35 @@ class FaultResponse(Response):
         kind = self.kind
         if kind in ("502", "503", "504"):
             status = int(kind)
-            await _send_json(
-                send, status, {"error": f"test fault: HTTP {status}", "code": Code.TEST_FAULT}
+            await _send_error(
+                send, status, error_body(f"test fault: HTTP {status}", Code.TEST_FAULT)
             )
         elif kind == "backpressure":
-            await _send_json(
-                send,
-                503,
-                {
-                    "error": "test fault: Postgres admission is saturated",
-                    "code": Code.BACKPRESSURE,
-                    "retry_after_ms": POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
-                },
+            body = error_body(
+                "test fault: Postgres admission is saturated",
+                Code.BACKPRESSURE,
+                retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
             )
+            await _send_error(send, 503, body)
         elif kind == "413":
             observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
-            await _send_json(
-                send,
-                413,
-                {
-                    "error": str(ReadBatchTooLargeError(observed)),
-                    "code": ReadBatchTooLargeError.code,
-                    "observed_bytes": observed,
-                },
+            body = error_body(
+                str(ReadBatchTooLargeError(observed)),
+                ReadBatchTooLargeError.code,
+                observed_bytes=observed,
             )
+            await _send_error(send, 413, body)
         elif kind == "unsupported":
-            await _send_json(
-                send,
-                400,
-                {
-                    "error": f"Unsupported runtime data-plane action: {self.action}",
-                    "code": Code.UNSUPPORTED_ACTION,
-                },
-            )
+            body = error_body(f"{UNSUPPORTED_ACTION_TEXT}: {self.action}", Code.UNSUPPORTED_ACTION)
+            await _send_error(send, 400, body)
         elif kind == "malformed":
             await _send_raw(send, 200, b'{"pages": [{"rows": [', content_length=None)
         elif kind == "truncated":
-            body = _json_body({"error": "test fault: this body is cut short", "code": "x" * 64})
-            half = body[: len(body) // 2]
+            whole = encode_body(error_body("test fault: this body is cut short", "x" * 64))
+            half = whole[: len(whole) // 2]
             # Promise the whole body, send half, and return: the server then
             # closes the connection with the message unfinished.
-            await _send_raw(send, 200, half, content_length=len(body), more_body=True)
+            await _send_raw(send, 200, half, content_length=len(whole), more_body=True)
         elif kind in ("reset", "lost"):
             # An informational head is all that goes out; when the app returns
             # without a final response the server closes the connection, so the
@@ -288,8 +272,9 @@ class FaultResponse(Response):
             raise AssertionError(kind)
 
 
-async def _send_json(send: Send, status: int, payload: object) -> None:
-    await _send_raw(send, status, _json_body(payload), content_length=None)
+async def _send_error(send: Send, status: int, body: dict[str, object]) -> None:
+    """An error answer, written as the gateway writes its own (``ErrorBody``)."""
+    await _send_raw(send, status, encode_body(body), content_length=None)
 
 
 async def _send_raw(

@@ -74,6 +74,7 @@ from ...errors import (
 from ...store import SheetStore, TrioPool, open_store
 from ...store._pool import PoolSaturatedError
 from .. import _wire
+from .._messages import error_body
 from .._openapi import OPENAPI_PATH, openapi_document
 from .._wire import RUNTIME_PATH, Code, decode_body
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
@@ -367,7 +368,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 extra=internal_error_fields(exc),
             )
             return json_bytes_response(
-                500, encode_json({"error": "internal error", "code": Code.INTERNAL_ERROR})
+                500, encode_json(error_body("internal error", Code.INTERNAL_ERROR))
             )
 
     @asynccontextmanager

@@ -6,6 +6,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from .._messages import error_body
 from .._wire import Code, encode_body
 
 
@@ -24,8 +25,8 @@ class ActionError(Exception):
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
-        """The JSON body."""
-        return {"error": self.message, "code": self.code, **self.extra}
+        """The JSON body (an ``ErrorBody``)."""
+        return error_body(self.message, self.code, **self.extra)
 
 
 def bad_request(message: str, code: str = Code.INVALID_REQUEST) -> ActionError:

@@ -29,6 +29,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...budgets import GATEWAY_DRAIN_RETRY_AFTER_MS
+from .._messages import error_body
 from .._wire import Code
 from ._http import encode_json
 from ._logs import (
@@ -100,11 +101,11 @@ class Operations:
 
 def _draining_body() -> bytes:
     return encode_json(
-        {
-            "error": "the gateway is draining (shutting down); retry the request",
-            "code": Code.DRAINING,
-            "retry_after_ms": GATEWAY_DRAIN_RETRY_AFTER_MS,
-        }
+        error_body(
+            "the gateway is draining (shutting down); retry the request",
+            Code.DRAINING,
+            retry_after_ms=GATEWAY_DRAIN_RETRY_AFTER_MS,
+        )
     )
 
 

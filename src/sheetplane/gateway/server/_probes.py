@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 from ...budgets import GATEWAY_READINESS_BUDGET_MS
 from ...errors import StoreError, StoreUnavailableError
 from ...store._pool import PoolSaturatedError
+from .._messages import error_body
 from .._wire import Code
 from ._actions import GatewayState
 from ._http import encode_json, json_bytes_response
@@ -121,7 +122,7 @@ def probe_routes(ops: Operations) -> list[BaseRoute]:
         expected = state.config.metrics_token if state is not None else None
         if state is None or expected is None:
             return json_bytes_response(
-                404, encode_json({"error": "metrics are not enabled", "code": Code.NOT_FOUND})
+                404, encode_json(error_body("metrics are not enabled", Code.NOT_FOUND))
             )
         scheme, _, presented = (request.headers.get("authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -130,9 +131,7 @@ def probe_routes(ops: Operations) -> list[BaseRoute]:
         ):
             return json_bytes_response(
                 401,
-                encode_json(
-                    {"error": "missing or invalid metrics token", "code": Code.UNAUTHORIZED}
-                ),
+                encode_json(error_body("missing or invalid metrics token", Code.UNAUTHORIZED)),
             )
         with trio.move_on_after(_BUDGET_S):
             try:
