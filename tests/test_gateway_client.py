@@ -36,6 +36,7 @@ from sheetplane._types import (
     CompleteRow,
     ContractColumn,
     FailRow,
+    ResolvedPlay,
     SheetContract,
     StaleRow,
 )
@@ -49,6 +50,7 @@ from sheetplane.budgets import (
     RETRY_DELAYS_MS,
     MiB,
 )
+from sheetplane.gateway import _messages
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest
 
@@ -894,3 +896,103 @@ async def test_create_db_session_payload(autojump_clock: Any) -> None:
     assert sent["operations"] == ["rows.read"] and sent["limits"] == {"maxRows": 10}
     assert sent["ttlSeconds"] == 600
     assert sent["postgresUrlEncryption"]["alg"] == "RSA-OAEP-256+A256GCM"
+
+
+async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any) -> None:
+    # Each helper's body reads as its action's request class and writes back unchanged:
+    # the client sends exactly what the converter writes, for every action.
+    sent: list[dict[str, Any]] = []
+
+    async def refuse(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(await request.aread()))
+        return httpx.Response(400, json={"error": "refused", "code": "invalid_request"})
+
+    page = PageRequest(limit=2, offset=4)
+    contract = SheetContract((ContractColumn("e", "email", "input", "mail"),))
+    admission = "0" * 32
+    client = GatewayClient(
+        BASE,
+        TOKEN,
+        play_name="p",
+        user_email="u@example.org",
+        transport=httpx.MockTransport(refuse),
+    )
+    async with client:
+        calls: list[Awaitable[Any]] = [
+            client.ensure_sheet("ns", contract),
+            client.start_sheet_dataset("ns", contract, [{"_key": "a", "email": "x"}], "r"),
+            client.create_db_session(
+                table_namespace="ns",
+                logical_table="sheet_rows",
+                operations=["rows.upsert", "rows.read"],
+                limits={"maxRows": 3},
+                contract=contract,
+                ttl_seconds=60,
+            ),
+            client.read_rows("ns", page, run_id="r", row_mode="all"),
+            client.read_rows_batch("ns", [page, page]),
+            client.read_rows_after("ns", {"inputIndex": 1, "createdAt": "t", "key": "k"}, 2, 4),
+            client.read_row_keys("ns", page),
+            client.complete_map_rows(
+                "ns",
+                contract,
+                [CompleteRow("k", {"a": 1}, {"a": {"m": 1}})],
+                run_id="r",
+                write_version=3,
+            ),
+            client.fail_map_rows(
+                "ns", contract, [FailRow("k", "boom")], run_id="r", write_version=None
+            ),
+            client.complete_work_receipt("k", {"n": 1}, "r", run_attempt=2, holder="h"),
+            client.claim_work_receipt("k", "h"),
+            client.release_work_receipt("k", "h"),
+            client.resolve_play("play-1"),
+            client.register_play(ResolvedPlay("play-1", source_code="x"), name="n"),
+            client.summary("ns"),
+            client.begin_admission("ns", contract, admission, "r"),
+            client.stage_admission_chunk(
+                client.admission_chunk_body("ns", contract, admission, 0, 0, [b'{"_key":"a"}'])
+            ),
+            client.commit_admission("ns", contract, admission, "r", chunks=1, rows=1),
+            client.abort_admission("ns", admission),
+        ]
+        for call in calls:
+            with pytest.raises(GatewayError):
+                await call
+    classes = _messages.REQUESTS
+    assert {body["action"] for body in sent} == set(classes)
+    for body in sent:
+        read = _messages.structure(body, classes[body["action"]])
+        assert _messages.unstructure(read) == body, body["action"]
+        assert body["playName"] == "p"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda c: c.abort_admission("ns", "not-an-id"),
+            "admissionId must be 32 lowercase hex digits",
+        ),
+        (
+            lambda c: c.commit_admission("ns", CONTRACT, "0" * 32, "r", chunks=-1, rows=0),
+            "chunks must be between 0 and",
+        ),
+        (lambda c: c.summary(" "), "tableNamespace must be a non-empty string"),
+        (lambda c: c.claim_work_receipt("k", 7), "holder must be a string, got int"),
+        (
+            lambda c: c.create_db_session(
+                table_namespace="ns", logical_table="sheet_rows", operations=[]
+            ),
+            "operations must hold 1 to",
+        ),
+    ],
+)
+async def test_a_value_its_wire_class_refuses_is_never_sent(
+    autojump_clock: Any, call: Callable[[GatewayClient], Awaitable[Any]], message: str
+) -> None:
+    script = Script()
+    async with script.client() as client:
+        with pytest.raises(InvalidInputError, match=message):
+            await call(client)
+    assert script.seen == []

@@ -8,11 +8,8 @@ import json
 import re
 import subprocess
 import sys
-import types
-import typing
-from typing import Any, Literal
+from typing import Any
 
-import attrs
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,92 +22,16 @@ from sheetplane.gateway._messages import (
     ABSENT,
     ANSWERS,
     REQUESTS,
-    Absent,
     WireError,
     structure,
     unstructure,
-    wire_name,
 )
 from sheetplane.gateway._openapi import OPENAPI_PATH, openapi_document
 from sheetplane.gateway._wire import RUNTIME_PATH
 from sheetplane.gateway.server import running_gateway
+from sheetplane.testing.strategies import wire_json, wire_messages
 
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
-json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
-non_empty = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != "")
-
-
-def wire_data(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
-    """Decoded JSON that ``tp`` accepts (its bounds from the field's metadata)."""
-    meta = dict(metadata or {})
-    origin: Any = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return json_values
-    if tp is str:
-        if str(meta.get("pattern", "")).startswith("^"):  # a whole-string pattern
-            return st.from_regex(meta["pattern"], fullmatch=True)
-        return non_empty if meta.get("minLength") else st.text(max_size=12)
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        low = meta.get("minimum", -(2**63))
-        high = meta.get("maximum") or 2**63 - 1
-        return st.integers(low, high)
-    if tp is float:
-        return st.floats(meta.get("minimum", 0), 1e9, allow_nan=False)
-    if origin is Literal:
-        return st.sampled_from(args)
-    if origin is list:
-        return st.lists(
-            wire_data(args[0]), min_size=meta.get("minItems", 0), max_size=meta.get("maxItems") or 3
-        )
-    if origin is dict:
-        values = json_values if args[1] is Any else st.integers(1, 10)
-        return st.dictionaries(st.text(max_size=6), values, max_size=3)
-    if origin in (typing.Union, types.UnionType):
-        (inner,) = [a for a in args if a not in (type(None), Absent)]
-        strategy = wire_data(inner, meta)
-        return st.none() | strategy if type(None) in args else strategy
-    if attrs.has(tp):
-        return wire_object(tp)
-    raise TypeError(tp)
-
-
-#: Members whose rule the types do not say: an admission's rows carry a string _key.
-keyed_rows = st.lists(
-    st.fixed_dictionaries({"_key": st.text(max_size=6)}, optional={"email": st.text(max_size=6)}),
-    max_size=3,
-)
-RULES = {"pending_rows": keyed_rows, "completed_rows": keyed_rows}
-
-
-def _field_data(field: attrs.Attribute[Any]) -> st.SearchStrategy[Any]:
-    if field.name in RULES:
-        return RULES[field.name]
-    return wire_data(field.type, field.metadata)
-
-
-def wire_object(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    fields = attrs.fields(attrs.resolve_types(cls, vars(_messages)))
-    required = {wire_name(f): _field_data(f) for f in fields if f.default is attrs.NOTHING}
-    optional = {
-        wire_name(f): _field_data(f)
-        for f in fields
-        if f.default is not attrs.NOTHING and f.name != "action"
-    }
-    action = [f for f in fields if f.name == "action"]
-    if action:
-        required["action"] = st.just(action[0].default)
-    return st.fixed_dictionaries(required, optional=optional)
-
 
 CLASSES = sorted({*REQUESTS.values(), *ANSWERS.values()}, key=lambda c: c.__name__)
 
@@ -127,7 +48,7 @@ def _wire_keys(value: Any) -> list[str]:
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_structure_of_unstructure_is_the_identity(cls: type[Any], data: st.DataObject) -> None:
-    raw = data.draw(wire_object(cls))
+    raw = data.draw(wire_json(cls))
     value = structure(raw, cls)
     again = unstructure(value)
     assert structure(again, cls) == value
@@ -310,3 +231,30 @@ async def test_a_ttl_outside_its_range_is_a_400_not_a_500(
         )
     assert response.status_code == 400, response.text
     assert response.json()["error"].startswith("ttlSeconds must be between 1 and ")
+
+
+@pytest.mark.parametrize("action", sorted(REQUESTS))
+@settings(max_examples=10, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_drawn_requests_are_written_under_their_action(action: str, data: st.DataObject) -> None:
+    message = data.draw(wire_messages(REQUESTS[action]))
+    written = unstructure(message)
+    assert written["action"] == action
+    assert structure(written, REQUESTS[action]) == message
+
+
+def test_error_bodies_carry_the_seed_s_snake_case_members() -> None:
+    # The gateway writes retry_after_ms and observed_bytes (the seed's names); the
+    # class read them as retryAfterMs and observedBytes, and the document said so.
+    properties = openapi_document()["components"]["schemas"]["ErrorBody"]["properties"]
+    assert {"retry_after_ms", "observed_bytes"} <= set(properties)
+    body = _messages.error_body(
+        "saturated", "runtime_postgres_admission_backpressure", retry_after_ms=250
+    )
+    assert body == {
+        "error": "saturated",
+        "code": "runtime_postgres_admission_backpressure",
+        "retry_after_ms": 250,
+    }
+    read = structure({"error": "too big", "code": "x", "observed_bytes": 7}, _messages.ErrorBody)
+    assert read.observed_bytes == 7 and read.retry_after_ms is ABSENT

@@ -14,15 +14,20 @@
   after the gateway applied the request), as :func:`~sheetplane.testing.models.predict_call`
   understands them;
 * :func:`bad_numbers`, :func:`wrong_types`, :func:`bad_json_bodies`: inputs
-  every entry point must refuse with a typed error (or a 4xx answer).
+  every entry point must refuse with a typed error (or a 4xx answer);
+* :func:`wire_json` and :func:`wire_messages`: any request or answer of the
+  gateway, drawn from its wire class (``gateway/_messages.py``: its field
+  types, bounds and camelCase names), as decoded JSON or as the class.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any
+import types
+import typing
+from typing import Any, Literal, TypeVar
 
+import attrs
 from hypothesis import strategies as st
 
 from .._types import (
@@ -34,6 +39,8 @@ from .._types import (
     SheetContract,
 )
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
+from ..gateway import _messages, _wire
+from ..gateway._wire import encode_body
 from ..gateway.faults import FAULT_KINDS, FaultSpec
 
 __all__ = [
@@ -52,21 +59,26 @@ __all__ = [
     "rows",
     "sheet_contracts",
     "transport_faults",
+    "wire_json",
+    "wire_messages",
     "wrong_types",
 ]
 
-#: Every action of the runtime gateway.
+T = TypeVar("T")
+
+#: The actions the fault strategies draw by default: the seed's runtime actions (the
+#: gateway's later ones, play registry and staged admission, have suites of their own).
 ACTIONS: tuple[str, ...] = (
-    "ensure_sheet",
-    "start_sheet_dataset",
-    "create_db_session",
-    "runtime_sheet_read_rows",
-    "runtime_sheet_read_rows_batch",
-    "runtime_sheet_read_row_keys",
-    "runtime_sheet_complete_map_rows",
-    "runtime_sheet_fail_map_rows",
-    "complete_work_receipt",
-    "runtime_sheet_summary",
+    _wire.ENSURE_SHEET,
+    _wire.START_SHEET_DATASET,
+    _wire.CREATE_DB_SESSION,
+    _wire.READ_ROWS,
+    _wire.READ_ROWS_BATCH,
+    _wire.READ_ROW_KEYS,
+    _wire.COMPLETE_MAP_ROWS,
+    _wire.FAIL_MAP_ROWS,
+    _wire.COMPLETE_WORK_RECEIPT,
+    _wire.SUMMARY,
 )
 
 #: Strings that look like SQL, quoting or injection attempts.
@@ -330,7 +342,9 @@ def wrong_types() -> st.SearchStrategy[Any]:
 def bad_json_bodies() -> st.SearchStrategy[bytes]:
     """Request bodies that are not a JSON object: malformed, truncated, wrong top-level
     type, invalid UTF-8, NaN literals, very deep nesting."""
-    valid = json.dumps({"action": "runtime_sheet_summary", "tableNamespace": "ns"}).encode()
+    valid = encode_body(
+        _messages.unstructure(_messages.SummaryRequest(play_name="p", table_namespace="ns"))
+    )
     return st.one_of(
         st.binary(max_size=64),
         st.integers(min_value=0, max_value=len(valid) - 1).map(lambda n: valid[:n]),
@@ -356,3 +370,90 @@ def bad_json_bodies() -> st.SearchStrategy[bytes]:
             ]
         ),
     )
+
+
+# --- the wire classes ---------------------------------------------------------------------
+
+_WIRE_SCALARS = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8)
+_WIRE_VALUES = st.recursive(
+    _WIRE_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_NON_EMPTY = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != "")
+#: Members whose rule their type does not say: an admission's rows carry a string _key.
+_KEYED_ROWS = st.lists(
+    st.fixed_dictionaries({"_key": st.text(max_size=6)}, optional={"email": st.text(max_size=6)}),
+    max_size=3,
+)
+_FIELD_RULES: dict[str, st.SearchStrategy[Any]] = {
+    "pending_rows": _KEYED_ROWS,
+    "completed_rows": _KEYED_ROWS,
+}
+
+
+def _json_for(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
+    """Decoded JSON that a member of type ``tp`` accepts (bounds from its metadata)."""
+    meta = dict(metadata or {})
+    origin: Any = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return _WIRE_VALUES
+    if tp is str:
+        if str(meta.get("pattern", "")).startswith("^"):  # a whole-string pattern
+            return st.from_regex(meta["pattern"], fullmatch=True)
+        return _NON_EMPTY if meta.get("minLength") else st.text(max_size=12)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        low = meta.get("minimum", BIGINT_MIN)
+        high = meta.get("maximum") or BIGINT_MAX
+        return st.integers(low, high)
+    if tp is float:
+        return st.floats(meta.get("minimum", 0), 1e9, allow_nan=False)
+    if origin is Literal:
+        return st.sampled_from(args)
+    if origin is list:
+        return st.lists(
+            _json_for(args[0]), min_size=meta.get("minItems", 0), max_size=meta.get("maxItems") or 3
+        )
+    if origin is dict:
+        values = _WIRE_VALUES if args[1] is Any else st.integers(1, 10)
+        return st.dictionaries(st.text(max_size=6), values, max_size=3)
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [a for a in args if a not in (type(None), _messages.Absent)]
+        strategy = _json_for(inner, meta)
+        return st.none() | strategy if type(None) in args else strategy
+    if attrs.has(tp):
+        return wire_json(tp)
+    raise TypeError(f"no strategy for {tp!r}")
+
+
+def wire_json(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """The decoded JSON of a ``cls`` message (a request or answer class of
+    ``gateway/_messages.py``): every required member, some optional ones, under
+    their wire names, each within the bounds the converter enforces."""
+    fields = attrs.fields(attrs.resolve_types(cls))
+
+    def member(field: attrs.Attribute[Any]) -> st.SearchStrategy[Any]:
+        rule = _FIELD_RULES.get(field.name)
+        return rule if rule is not None else _json_for(field.type, field.metadata)
+
+    required = {_messages.wire_name(f): member(f) for f in fields if f.default is attrs.NOTHING}
+    optional = {
+        _messages.wire_name(f): member(f)
+        for f in fields
+        if f.default is not attrs.NOTHING and f.name != "action"
+    }
+    for field in fields:
+        if field.name == "action":
+            required["action"] = st.just(field.default)
+    return st.fixed_dictionaries(required, optional=optional)
+
+
+def wire_messages(cls: type[T]) -> st.SearchStrategy[T]:
+    """``cls`` messages, read by the converter from :func:`wire_json`; write one with
+    ``_messages.unstructure``."""
+    return wire_json(cls).map(lambda raw: _messages.structure(raw, cls))
