@@ -1,6 +1,8 @@
 """schemathesis against the live reference gateway, one action at a time.
 
 The document is the one the gateway serves (generated from the wire classes).
+The operating routes (``/healthz``, ``/readyz``, ``/metrics``) are checked the
+same way, with and without the metrics token.
 For each action, schemathesis draws requests from that action's request schema
 and sends them, authorized with a test token, to a real gateway on an
 embedded Postgres; every answer must be no 5xx, a documented status, JSON,
@@ -27,11 +29,12 @@ from schemathesis.checks import (
 
 from sheetplane.gateway._messages import REQUESTS
 from sheetplane.gateway._openapi import OPENAPI_PATH
-from sheetplane.gateway._wire import RUNTIME_PATH
+from sheetplane.gateway._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, RUNTIME_PATH
 
 from ._threaded_gateway import ThreadedGateway
 
 TOKEN = "schemathesis-test-token"
+METRICS_TOKEN = "schemathesis-metrics-token"
 ORG = "org-schemathesis"
 EXAMPLES = 12
 #: The statuses seen, by action (printed with -s).
@@ -46,7 +49,9 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def served(sheetplane_database_url: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    with ThreadedGateway(sheetplane_database_url, tokens={TOKEN: ORG}) as gateway:
+    with ThreadedGateway(
+        sheetplane_database_url, tokens={TOKEN: ORG}, metrics_token=METRICS_TOKEN
+    ) as gateway:
         document = httpx.get(gateway.base_url + OPENAPI_PATH, timeout=60).json()
         yield gateway.base_url, document
 
@@ -92,3 +97,35 @@ def test_every_answer_conforms_to_the_document(
 
     run()
     print(action, sorted(STATUSES[action]))
+
+
+@pytest.mark.parametrize(
+    ("path", "token"),
+    [
+        (HEALTHZ_PATH, None),
+        (READYZ_PATH, None),
+        (METRICS_PATH, METRICS_TOKEN),
+        (METRICS_PATH, None),
+        (METRICS_PATH, "not-the-metrics-token"),
+    ],
+)
+def test_the_operating_routes_conform_to_the_document(
+    served: tuple[str, dict[str, Any]], path: str, token: str | None
+) -> None:
+    base_url, document = served
+    schema = schemathesis.openapi.from_dict(document)
+    operation = schema[path]["GET"]
+    headers = {} if token is None else {"authorization": f"Bearer {token}"}
+    seen: list[int] = []
+
+    @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(case=operation.as_strategy())
+    def run(case: Any) -> None:
+        response = case.call_and_validate(
+            base_url=base_url, headers=headers, checks=CHECKS, timeout=60
+        )
+        seen.append(response.status_code)
+
+    run()
+    expected = {METRICS_TOKEN: 200, None: 401, "not-the-metrics-token": 401}
+    assert set(seen) == {200 if path != METRICS_PATH else expected[token]}, seen

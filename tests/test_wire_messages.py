@@ -186,6 +186,26 @@ def test_the_document_is_valid_openapi_with_every_action() -> None:
     assert components["SessionLimitsWire"]["additionalProperties"] is False
 
 
+def test_the_document_describes_the_operating_routes_from_their_classes() -> None:
+    document = openapi_document()
+    validate(document)
+    paths = document["paths"]
+
+    def schema(path: str, status: str) -> Any:
+        return paths[path]["get"]["responses"][status]["content"]["application/json"]["schema"]
+
+    ref = "#/components/schemas/"
+    assert schema("/healthz", "200") == {"$ref": ref + "HealthAnswer"}
+    assert schema("/readyz", "200") == {"$ref": ref + "ReadyAnswer"}
+    assert schema("/readyz", "503")["anyOf"] == [
+        {"$ref": ref + "UnreadyAnswer"},
+        {"$ref": ref + "ErrorBody"},
+    ]
+    assert set(paths["/metrics"]["get"]["responses"]) == {"200", "401", "404", "503"}
+    unready = document["components"]["schemas"]["UnreadyAnswer"]
+    assert set(unready["properties"]) == {"status", "reason", "budget_ms"}
+
+
 def test_sheetplane_openapi_prints_the_document() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sheetplane.cli", "openapi"],

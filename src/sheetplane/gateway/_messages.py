@@ -654,6 +654,37 @@ class ErrorBody:
     """With 413: how many bytes were seen. The seed spells it in snake case."""
 
 
+# --- the operating routes ------------------------------------------------------------------
+
+#: Why ``GET /readyz`` answers 503.
+UnreadyReason = Literal["pool_saturated", "store_unavailable", "store_timeout", "store_error"]
+
+
+@attrs.frozen(kw_only=True)
+class HealthAnswer:
+    """``GET /healthz``: the process serves (also while it drains)."""
+
+    status: Literal["ok"] = "ok"
+    worker: int = int_field(1)
+    """The serving process's id (one of the gateway's workers)."""
+
+
+@attrs.frozen(kw_only=True)
+class ReadyAnswer:
+    """``GET /readyz`` 200: the store answers within the readiness budget."""
+
+    status: Literal["ready"] = "ready"
+
+
+@attrs.frozen(kw_only=True)
+class UnreadyAnswer:
+    """``GET /readyz`` 503: why the store did not answer, and the budget it had."""
+
+    status: Literal["unready"] = "unready"
+    reason: UnreadyReason
+    budget_ms: int = attrs.field(metadata={"wire": "budget_ms", "minimum": 1})
+
+
 def error_body(
     message: str,
     code: str,
@@ -714,9 +745,20 @@ ANSWERS: Final[Mapping[str, type[Any]]] = {
 }
 
 
+#: The operating routes' answers.
+PROBE_ANSWERS: Final = (HealthAnswer, ReadyAnswer, UnreadyAnswer)
+
 #: Classes whose texts are not capped: answers whose texts the gateway wrote.
 UNCAPPED: Final = frozenset(
-    {PlayWire, PlayDefinitionWire, ReceiptWire, ErrorBody, EnvelopeWire, *ANSWERS.values()}
+    {
+        PlayWire,
+        PlayDefinitionWire,
+        ReceiptWire,
+        ErrorBody,
+        EnvelopeWire,
+        *ANSWERS.values(),
+        *PROBE_ANSWERS,
+    }
 )
 #: Classes whose unknown members are refused rather than ignored.
 CLOSED: Final = frozenset({SessionLimitsWire, PlayDefinitionWire})
@@ -724,6 +766,7 @@ CLOSED: Final = frozenset({SessionLimitsWire, PlayDefinitionWire})
 WRITES_NULLS: Final = frozenset(
     {
         *ANSWERS.values(),
+        *PROBE_ANSWERS,
         PageWire,
         StaleRowWire,
         ReceiptWire,

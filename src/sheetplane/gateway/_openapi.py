@@ -9,6 +9,11 @@ the 200 answer is ``anyOf`` every action's answer (each action's own answer
 is named in its request schema's ``x-answer``); every error status has the
 error body.
 
+The operating routes are described too, from their own answer classes:
+``GET /healthz`` (:class:`HealthAnswer`), ``GET /readyz`` (:class:`ReadyAnswer`,
+503 :class:`UnreadyAnswer` or, while draining, the error body) and ``GET
+/metrics`` (the Prometheus text format, behind the metrics token).
+
 The reference gateway serves it at ``GET {RUNTIME_PATH}/openapi.json``;
 ``sheetplane openapi`` prints it.
 """
@@ -22,8 +27,17 @@ from typing import Any, Final, Literal
 import attrs
 
 from . import _messages
-from ._messages import ANSWERS, REQUESTS, Absent, ErrorBody, wire_name
-from ._wire import RUNTIME_PATH
+from ._messages import (
+    ANSWERS,
+    REQUESTS,
+    Absent,
+    ErrorBody,
+    HealthAnswer,
+    ReadyAnswer,
+    UnreadyAnswer,
+    wire_name,
+)
+from ._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, RUNTIME_PATH
 
 __all__ = ["ERROR_STATUSES", "OPENAPI_PATH", "openapi_document"]
 
@@ -127,6 +141,63 @@ def json_of(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
+def _probe_paths(builder: _Builder, error: dict[str, Any]) -> dict[str, Any]:
+    """``GET /healthz``, ``/readyz`` and ``/metrics``, their answers from their classes."""
+    draining = {"description": "The gateway is draining", "content": json_of(error)}
+    return {
+        HEALTHZ_PATH: {
+            "get": {
+                "operationId": "healthz",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The process serves (also while it drains)",
+                        "content": json_of(builder.ref(HealthAnswer)),
+                    }
+                },
+            }
+        },
+        READYZ_PATH: {
+            "get": {
+                "operationId": "readyz",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The store answers within the readiness budget",
+                        "content": json_of(builder.ref(ReadyAnswer)),
+                    },
+                    "503": {
+                        "description": "The store did not answer in time, or the gateway "
+                        "is draining (the error body)",
+                        "content": json_of({"anyOf": [builder.ref(UnreadyAnswer), error]}),
+                    },
+                },
+            }
+        },
+        METRICS_PATH: {
+            "get": {
+                "operationId": "metrics",
+                "security": [{"metricsToken": []}],
+                "responses": {
+                    "200": {
+                        "description": "The Prometheus text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": {
+                        "description": "A missing or wrong metrics token",
+                        "content": json_of(error),
+                    },
+                    "404": {
+                        "description": "This gateway has no metrics token (metrics are off)",
+                        "content": json_of(error),
+                    },
+                    "503": draining,
+                },
+            }
+        },
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``POST RUNTIME_PATH``, as a JSON-ready dict."""
     builder = _Builder()
@@ -185,9 +256,13 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            **_probe_paths(builder, error),
         },
         "components": {
             "schemas": builder.schemas,
-            "securitySchemes": {"executorToken": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "executorToken": {"type": "http", "scheme": "bearer"},
+                "metricsToken": {"type": "http", "scheme": "bearer"},
+            },
         },
     }

@@ -40,9 +40,12 @@ __all__ = [
     "CREATE_DB_SESSION",
     "ENSURE_SHEET",
     "FAIL_MAP_ROWS",
+    "HEALTHZ_PATH",
     "LOGICAL_TABLES",
+    "METRICS_PATH",
     "OPERATIONS",
     "PAGE_READS",
+    "READYZ_PATH",
     "READ_ROWS",
     "READ_ROWS_BATCH",
     "READ_ROW_KEYS",
@@ -65,6 +68,10 @@ __all__ = [
 
 #: Where the gateway listens, under its base URL: every action is a POST here.
 RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
+#: The operating routes (``GET``): liveness, readiness, Prometheus metrics.
+HEALTHZ_PATH: Final = "/healthz"
+READYZ_PATH: Final = "/readyz"
+METRICS_PATH: Final = "/metrics"
 
 # --- actions ------------------------------------------------------------------------
 

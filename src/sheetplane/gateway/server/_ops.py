@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...budgets import GATEWAY_DRAIN_RETRY_AFTER_MS
 from .._messages import error_body
-from .._wire import Code
+from .._wire import HEALTHZ_PATH, METRICS_PATH, Code
 from ._http import encode_json
 from ._logs import (
     REQUEST_ID_HEADER,
@@ -41,11 +41,8 @@ from ._logs import (
 )
 from ._metrics import NO_ACTION, GatewayMetrics
 
-__all__ = ["HEALTHZ_PATH", "METRICS_PATH", "READYZ_PATH", "Operations", "OperationsMiddleware"]
+__all__ = ["Operations", "OperationsMiddleware"]
 
-HEALTHZ_PATH: Final = "/healthz"
-READYZ_PATH: Final = "/readyz"
-METRICS_PATH: Final = "/metrics"
 
 #: Paths a draining gateway still answers normally: liveness and its metrics.
 _DRAIN_EXEMPT: Final = frozenset({HEALTHZ_PATH, METRICS_PATH})

@@ -33,13 +33,20 @@ from starlette.routing import BaseRoute, Route
 from ...budgets import GATEWAY_READINESS_BUDGET_MS
 from ...errors import StoreError, StoreUnavailableError
 from ...store._pool import PoolSaturatedError
-from .._messages import error_body
-from .._wire import Code
+from .._messages import (
+    HealthAnswer,
+    ReadyAnswer,
+    UnreadyAnswer,
+    UnreadyReason,
+    error_body,
+    unstructure,
+)
+from .._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, Code
 from ._actions import GatewayState
 from ._http import encode_json, json_bytes_response
 from ._logs import RequestInfo
 from ._metrics import CONTENT_TYPE
-from ._ops import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, Operations
+from ._ops import Operations
 from ._roles import ROLE_PREFIX
 
 __all__ = ["probe_routes"]
@@ -74,9 +81,9 @@ def _live_roles(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-async def _readiness(state: GatewayState) -> str | None:
+async def _readiness(state: GatewayState) -> UnreadyReason | None:
     """None when ready, else the reason it is not."""
-    reason = "store_timeout"
+    reason: UnreadyReason = "store_timeout"
     with trio.move_on_after(_BUDGET_S):
         try:
             await state.store.pool.run(_select_one, acquire_timeout_ms=_ACQUIRE_MS)
@@ -97,24 +104,18 @@ def probe_routes(ops: Operations) -> list[BaseRoute]:
 
     async def healthz(request: Request) -> Response:
         _label(request, "healthz")
-        return json_bytes_response(200, encode_json({"status": "ok", "worker": worker}))
+        return json_bytes_response(200, encode_json(unstructure(HealthAnswer(worker=worker))))
 
     async def readyz(request: Request) -> Response:
         _label(request, "readyz")
         state = _state(request)
-        reason = "store_unavailable" if state is None else await _readiness(state)
-        if reason is None:
-            return json_bytes_response(200, encode_json({"status": "ready"}))
-        return json_bytes_response(
-            503,
-            encode_json(
-                {
-                    "status": "unready",
-                    "reason": reason,
-                    "budget_ms": GATEWAY_READINESS_BUDGET_MS,
-                }
-            ),
+        reason: UnreadyReason | None = (
+            "store_unavailable" if state is None else await _readiness(state)
         )
+        if reason is None:
+            return json_bytes_response(200, encode_json(unstructure(ReadyAnswer())))
+        unready = UnreadyAnswer(reason=reason, budget_ms=GATEWAY_READINESS_BUDGET_MS)
+        return json_bytes_response(503, encode_json(unstructure(unready)))
 
     async def metrics(request: Request) -> Response:
         _label(request, "metrics")
