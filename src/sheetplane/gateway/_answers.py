@@ -164,15 +164,7 @@ def parse_released(answer: Mapping[str, Any], action: str) -> bool:
 def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay | None:
     """``{play: {playId, sourceCode?, artifact?, codeFormat?, contractSnapshot?} | null}``."""
     play = read_as(answer, m.ResolvePlayAnswer, action).play
-    if play is None:
-        return None
-    return ResolvedPlay(
-        play_id=play.play_id,
-        source_code=play.source_code,
-        artifact=play.artifact,
-        code_format=play.code_format,
-        contract_snapshot=play.contract_snapshot,
-    )
+    return None if play is None else m.copy_fields(play, ResolvedPlay)
 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:

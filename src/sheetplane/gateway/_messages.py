@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import attrs
 
@@ -56,6 +56,8 @@ from ._converter import (
     wire_name,
 )
 
+T = TypeVar("T")
+
 __all__ = [
     "ABSENT",
     "ANSWERS",
@@ -69,6 +71,7 @@ __all__ = [
     "contract_of",
     "contract_wire",
     "converter",
+    "copy_fields",
     "error_body",
     "read_contract",
     "structure",
@@ -99,6 +102,13 @@ class SheetContractWire:
     """``{columns: [{id, sqlName, source, field?}]}``."""
 
     columns: list[ContractColumnWire] = attrs.field(factory=list)
+
+
+def copy_fields(value: Any, cls: type[T]) -> T:
+    """A ``cls`` (a domain value or a wire class) holding ``value``'s members of the
+    same names: where a message and a value agree field for field."""
+    fields = attrs.fields(typing.cast(Any, cls))
+    return cls(**{field.name: getattr(value, field.name) for field in fields})
 
 
 def contract_wire(contract: SheetContract) -> SheetContractWire:
@@ -263,9 +273,15 @@ class ReadInput:
 
 
 @attrs.frozen(kw_only=True)
-class ReadRowsInput(ReadInput):
+class ReadRowKeysInput(ReadInput):
+    """The ``input`` of a read of one page: ``limit`` rows from ``offset``."""
+
     limit: int = int_field(1, READ_PAGE_MAX_ROWS)
     offset: int = int_field(0, BIGINT_MAX)
+
+
+@attrs.frozen(kw_only=True)
+class ReadRowsInput(ReadRowKeysInput):
     after: RowCursorWire | Absent | None = ABSENT
     """Absent: read by offset. Null or a cursor: read by keyset, and answer ``nextAfter``."""
 
@@ -292,12 +308,6 @@ class ReadRowsBatchInput(ReadInput):
 class ReadRowsBatchRequest(Request):
     action: Literal["runtime_sheet_read_rows_batch"] = "runtime_sheet_read_rows_batch"
     input: ReadRowsBatchInput
-
-
-@attrs.frozen(kw_only=True)
-class ReadRowKeysInput(ReadInput):
-    limit: int = int_field(1, READ_PAGE_MAX_ROWS)
-    offset: int = int_field(0, BIGINT_MAX)
 
 
 @attrs.frozen(kw_only=True)

@@ -581,14 +581,7 @@ class GatewayClient:
         )
         answer = await self._send(request, attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS)
         read = _answers.read_as(answer.body, m.CommitAdmissionAnswer, request.action)
-        return AdmissionCounts(
-            write_version=read.write_version,
-            inserted=read.inserted,
-            skipped=read.skipped,
-            pending_count=read.pending_count,
-            completed_count=read.completed_count,
-            table_namespace=read.table_namespace,
-        )
+        return m.copy_fields(read, AdmissionCounts)
 
     async def abort_admission(self, table_namespace: str, admission_id: str) -> bool:
         """Drop an open staged admission's rows; False when it was not open."""
@@ -821,26 +814,26 @@ class GatewayClient:
         write_version: int | None,
     ) -> TerminalWriteResult:
         """Record map outputs under write-version fencing; stale rows come back with reasons."""
-        self._check_sheet_args(table_namespace, contract)
         self._check_row_writes(rows, CompleteRow)
         wire_rows = [
-            self._request_part(
-                m.CompleteRowWire,
-                key=row.key,
-                data=dict(row.data),
-                cell_meta_patch=None if row.cell_meta_patch is None else dict(row.cell_meta_patch),
-            )
+            {
+                "key": row.key,
+                "data": dict(row.data),
+                "cell_meta_patch": None
+                if row.cell_meta_patch is None
+                else dict(row.cell_meta_patch),
+            }
             for row in rows
         ]
-        request = self._request(
+        return await self._terminal_write(
             m.CompleteMapRowsRequest,
-            table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
-            run_id=run_id,
-            write_version=write_version,
-            rows=wire_rows,
+            m.CompleteRowWire,
+            table_namespace,
+            contract,
+            wire_rows,
+            run_id,
+            write_version,
         )
-        return _answers.parse_terminal_write((await self._send(request)).body, request.action)
 
     async def fail_map_rows(
         self,
@@ -852,19 +845,45 @@ class GatewayClient:
         write_version: int | None,
     ) -> TerminalWriteResult:
         """Record map failures under write-version fencing; stale rows come back with reasons."""
-        self._check_sheet_args(table_namespace, contract)
         self._check_row_writes(rows, FailRow)
         wire_rows = [
-            self._request_part(
-                m.FailRowWire,
-                key=row.key,
-                error=row.error,
-                data=None if row.data is None else dict(row.data),
-            )
+            {
+                "key": row.key,
+                "error": row.error,
+                "data": None if row.data is None else dict(row.data),
+            }
             for row in rows
         ]
-        request = self._request(
+        return await self._terminal_write(
             m.FailMapRowsRequest,
+            m.FailRowWire,
+            table_namespace,
+            contract,
+            wire_rows,
+            run_id,
+            write_version,
+        )
+
+    async def _terminal_write(
+        self,
+        cls: type[m.TerminalWriteRequest],
+        row_cls: type[Any],
+        table_namespace: str,
+        contract: SheetContract,
+        rows: list[dict[str, Any]],
+        run_id: str,
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        """A complete or fail request: each row's fields as ``row_cls``, under one fence."""
+        self._check_sheet_args(table_namespace, contract)
+        wire_rows = []
+        for position, fields in enumerate(rows):
+            try:
+                wire_rows.append(m.build(row_cls, **fields))
+            except m.WireError as exc:
+                raise InvalidInputError(f"{cls.__name__}: rows[{position}].{exc}") from None
+        request = self._request(
+            cls,
             table_namespace=table_namespace,
             sheet_contract=m.contract_wire(contract),
             run_id=run_id,
