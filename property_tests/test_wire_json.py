@@ -136,3 +136,98 @@ def test_decoding_a_page_holds_little_more_than_its_result() -> None:
         tracemalloc.stop()
     assert decoded["pages"][0]["rows"] == rows
     assert peak - held <= len(raw) // 8
+
+
+# --- the rows Postgres writes as JSON, against the rows the store decodes -------------------
+
+#: Column ids a contract may carry: quotes, backslashes, controls, SQL, non-ASCII.
+_COLUMN_IDS = ("plain", 'quo"te', "back\\slash", "ctl\x01\x1f\n", "ünï ☃ 😀", "'; drop --")
+# What jsonb stores: no NUL in text, and no lone surrogate.
+_stored_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+_stored_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _stored_text,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(_stored_text, children, max_size=4)
+    ),
+    max_leaves=12,
+)
+_stored_rows = st.lists(
+    st.tuples(
+        st.lists(_stored_values, min_size=len(_COLUMN_IDS), max_size=len(_COLUMN_IDS)),
+        st.none() | _stored_text,  # _error
+        st.dictionaries(_stored_text, _stored_values, max_size=3),  # _cell_meta
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@pytest.fixture(scope="module")
+def stored_sheet(sheetplane_database_url: str) -> Any:
+    import trio
+
+    from sheetplane._types import ContractColumn, SheetContract, SheetRef
+    from sheetplane.store import open_store, sheet_names
+
+    sheet = SheetRef("wire-json-org", "wire-json", "pg-json")
+    contract = SheetContract(
+        tuple(ContractColumn(cid, f"col_{n}", "input") for n, cid in enumerate(_COLUMN_IDS))
+    )
+
+    async def ensure() -> None:
+        async with open_store(sheetplane_database_url, max_connections=1) as store:
+            await store.ensure_sheet(sheet, contract)
+
+    trio.run(ensure)
+    return sheetplane_database_url, sheet_names(sheet)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=_stored_rows)
+def test_rows_postgres_writes_are_the_compact_json_of_the_rows_the_store_reads(
+    stored_sheet: Any, rows: list[tuple[list[Any], str | None, dict[str, Any]]]
+) -> None:
+    """Each row Postgres writes (``_Json``) is byte for byte the compact JSON of
+    the dict row the store decodes (``_Dicts``), so its length is what
+    ``json_byte_length_up_to`` measures, in both row modes."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+
+    from sheetplane._types import PageRequest
+    from sheetplane.store._reads import _Dicts, _filter, _Json, _projection, _read_batch
+    from sheetplane.store._schema import column_ids
+
+    url, names = stored_sheet
+    table = names.ident("sheet_table")
+    columns = sql.SQL(", ").join(sql.Identifier(f"col_{n}") for n in range(len(_COLUMN_IDS)))
+    with psycopg.connect(url) as conn:
+        conn.execute(sql.SQL("DELETE FROM {}").format(table))
+        for index, (cells, error, meta) in enumerate(rows):
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (_key, _input_index, _error, _cell_meta, {}) VALUES ({})"
+                ).format(table, columns, sql.SQL(", ").join(sql.Placeholder() * (4 + len(cells)))),
+                [f'k{index}\n"é', index, error, Jsonb(meta), *map(Jsonb, cells)],
+            )
+        physical = column_ids(conn, names)
+        assert physical is not None
+        request = [PageRequest(len(rows), 0)]
+        for mode in ("output", "all"):
+            (dicts,) = _read_batch(
+                conn, names, request, _filter(None, None), _Dicts(_projection(physical, mode))
+            )
+            (encoded,) = _read_batch(
+                conn, names, request, _filter(None, None), _Json(physical, mode)
+            )
+            assert len(encoded) == len(dicts) == len(rows)
+            for row, as_json in zip(dicts, encoded, strict=True):
+                compact = json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
+                assert as_json == compact
+                assert json_byte_length_up_to(row, 1 << 30).bytes == len(as_json)
+                assert decode_body(as_json) == row
+        conn.rollback()

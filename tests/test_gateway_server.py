@@ -593,6 +593,93 @@ async def test_batch_read_over_budget_answers_413(gateway: RunningGateway, names
     assert len(small["pages"][0]["rows"]) == 7
 
 
+async def _read_body(gw: RunningGateway, namespace: str, limit: int) -> httpx.Response:
+    return await post(
+        gw,
+        {
+            "action": "runtime_sheet_read_rows_batch",
+            "playName": PLAY,
+            "input": {"tableNamespace": namespace, "pages": [{"limit": limit, "offset": 0}]},
+        },
+    )
+
+
+async def test_batch_read_budget_is_the_answer_body_byte_for_byte(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """The budget counts the bytes the gateway sends: an answer of exactly
+    READ_BATCH_MAX_RESPONSE_BYTES is sent, whole, and one byte more is refused."""
+    store = gateway.state.store
+    from sheetplane._types import SheetContract, SheetRef
+    from sheetplane.store import sheet_names
+
+    sheet = SheetRef(ORG, PLAY, namespace)
+    contract = SheetContract.from_json(CONTRACT)
+    await store.ensure_sheet(sheet, contract)
+    # Two rows; the second's email (escapes and multi-byte text included) sets the size.
+    await store.start_dataset(
+        sheet,
+        [{"_key": "a", "email": 'ü\n"\t☃ ' * 8}, {"_key": "b", "email": "x"}],
+        "run-1",
+        contract,
+    )
+    small = await _read_body(gateway, namespace, 2)
+    assert small.status_code == 200
+    assert small.json()["pages"][0]["rows"][1]["email"] == "x"
+    table = sheet_names(sheet).ident("sheet_table")
+
+    def set_email(length: int) -> None:
+        with psycopg.connect(gateway.state.config.database_url) as conn:
+            conn.execute(
+                psycopg.sql.SQL(
+                    "UPDATE {} SET email = to_jsonb(repeat('x', %s)) WHERE _key = 'b'"
+                ).format(table),
+                (length,),
+            )
+
+    fill = 1 + READ_BATCH_MAX_RESPONSE_BYTES - len(small.content)
+    set_email(fill)
+    exact = await _read_body(gateway, namespace, 2)
+    assert exact.status_code == 200
+    assert len(exact.content) == READ_BATCH_MAX_RESPONSE_BYTES
+    assert len(exact.json()["pages"][0]["rows"][1]["email"]) == fill
+    set_email(fill + 1)
+    over = await _read_body(gateway, namespace, 2)
+    assert over.status_code == 413
+    assert over.json()["observed_bytes"] == READ_BATCH_MAX_RESPONSE_BYTES + 1
+
+
+async def test_a_stored_number_no_float_holds_is_refused_not_written_null(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """jsonb holds numbers past a float's range; JSON on the wire cannot carry
+    what Python reads them as (infinity), wherever the row stands in the page."""
+    store = gateway.state.store
+    from sheetplane._types import SheetContract, SheetRef
+    from sheetplane.store import sheet_names
+
+    sheet = SheetRef(ORG, PLAY, namespace)
+    await store.start_dataset(sheet, rows(8), "run-1", SheetContract.from_json(CONTRACT))
+    with psycopg.connect(gateway.state.config.database_url) as conn:
+        conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {} SET score = ('1' || repeat('0', 400) || '.5')::jsonb"
+                " WHERE _key = 'k00005'"
+            ).format(sheet_names(sheet).ident("sheet_table"))
+        )
+    for after in ({}, {"after": None}):
+        response = await post(
+            gateway,
+            {
+                "action": "runtime_sheet_read_rows",
+                "playName": PLAY,
+                "input": {"tableNamespace": namespace, "limit": 8, "offset": 0, **after},
+            },
+        )
+        assert response.status_code == 400, response.text
+        assert "no JSON form" in response.json()["error"]
+
+
 async def test_request_body_over_transport_ceiling_answers_413(gateway: RunningGateway) -> None:
     content = b'{"action":"ensure_sheet","pad":"' + b"x" * TRANSPORT_CEILING_BYTES + b'"}'
     response = await post(gateway, None, content=content)

@@ -253,8 +253,9 @@ def test_row_cursor_is_frozen() -> None:
 # --- the byte budget ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("form", ["dicts", "json"])
 async def test_batch_over_budget_raises_with_observed_bytes(
-    store: SheetStore, ready: SheetRef
+    store: SheetStore, ready: SheetRef, form: str
 ) -> None:
     big = 4 * 1024 * 1024
     names = sheet_names(ready)
@@ -267,20 +268,24 @@ async def test_batch_over_budget_raises_with_observed_bytes(
             (big,),
         )
     )
+    read_batch = store.read_rows_batch if form == "dicts" else store.read_rows_batch_json
     # Two big rows fit the budget.
-    (page,) = await store.read_rows_batch(ready, [PageRequest(2, 0)])
+    (page,) = await read_batch(ready, [PageRequest(2, 0)])
     assert len(page.rows) == 2
     # Four pages of one big row each: the third page already passes 12 MiB.
     requests = [PageRequest(1, n) for n in range(4)]
     with pytest.raises(ReadBatchTooLargeError) as caught:
-        await store.read_rows_batch(ready, requests)
+        await read_batch(ready, requests)
     observed = caught.value.observed_bytes
     assert observed > READ_BATCH_MAX_RESPONSE_BYTES
     assert observed < 3 * big + 4096
     assert caught.value.code == "runtime_sheet_read_batch_too_large"
     # One page of all four rows: over budget too, and no more than that page is read.
     with pytest.raises(ReadBatchTooLargeError):
-        await store.read_rows(ready, PageRequest(4, 0))
+        await read_batch(ready, [PageRequest(4, 0)])
+    read_after = store.read_rows_after if form == "dicts" else store.read_rows_after_json
+    with pytest.raises(ReadBatchTooLargeError):
+        await read_after(ready, None, 4)
     # The pool is fine afterwards.
     assert await store.count(ready) == 4
 
@@ -319,19 +324,29 @@ def test_budget_counts_the_exact_answer(
         ]
     }
     exact = len(json.dumps(whole, separators=(",", ":"), ensure_ascii=False).encode())
-    for limit in (exact, exact - 1):
-        try:
-            budget = _Budget(limit)
-            for page_limit, offset, rows in pages:
-                budget.start_page(PageRequest(page_limit, offset))
-                for start in range(0, len(rows), slice_rows):
-                    budget.add_rows(rows[start : start + slice_rows], key_bytes)
-        except ReadBatchTooLargeError as exc:
-            assert limit == exact - 1
-            assert limit < exc.observed_bytes <= exact
-        else:
-            assert limit == exact
-            assert budget.used == exact
+
+    def compact(row: tuple[Any, ...]) -> bytes:
+        value = dict(zip(keys, row, strict=True))
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+    for encoded in (False, True):
+        for limit in (exact, exact - 1):
+            try:
+                budget = _Budget(limit)
+                for page_limit, offset, rows in pages:
+                    budget.start_page(PageRequest(page_limit, offset))
+                    for start in range(0, len(rows), slice_rows):
+                        part = rows[start : start + slice_rows]
+                        if encoded:
+                            budget.add_encoded([compact(row) for row in part])
+                        else:
+                            budget.add_rows(part, key_bytes)
+            except ReadBatchTooLargeError as exc:
+                assert limit == exact - 1
+                assert limit < exc.observed_bytes <= exact
+            else:
+                assert limit == exact
+                assert budget.used == exact
 
 
 async def test_contiguous_pages_read_by_keyset_equal_offset_pages(
@@ -349,6 +364,10 @@ async def test_contiguous_pages_read_by_keyset_equal_offset_pages(
             batch = await store.read_rows_batch(ready, requests, run_id=run_id)
             got = [row["_key"] for page in batch for row in page.rows]
             assert got == expected[: 4 * limit]
+            as_json = await store.read_rows_batch_json(ready, requests, run_id=run_id)
+            assert [[json.loads(r) for r in p.rows] for p in as_json] == [
+                list(p.rows) for p in batch
+            ]
             for page in batch:
                 single = await store.read_rows(
                     ready, PageRequest(page.limit, page.offset), run_id=run_id
@@ -405,6 +424,31 @@ async def test_bad_arguments_are_rejected_before_any_query(
 def test_page_requests_reject_bad_numbers(limit: Any, offset: Any) -> None:
     with pytest.raises(InvalidInputError):
         PageRequest(limit, offset)
+
+
+async def test_json_rows_refuse_a_stored_number_past_a_float(
+    store: SheetStore, ready: SheetRef
+) -> None:
+    """jsonb holds numbers no float can (read as infinity, which JSON cannot write):
+    the JSON form refuses them wherever they stand in the page, rather than
+    writing null or Infinity."""
+    rows = [{"key": f"k{n}", "index": n, "company": f"c{n}"} for n in range(8)]
+    await insert(store, ready, rows)
+    names = sheet_names(ready)
+    await store.pool.run(
+        lambda c: c.execute(
+            sql.SQL(
+                "UPDATE {} SET score_col = ('1' || repeat('0', 400) || '.5')::jsonb"
+                " WHERE _key = 'k5'"
+            ).format(names.ident("sheet_table"))
+        )
+    )
+    with pytest.raises(InvalidInputError, match="no JSON form"):
+        await store.read_rows_batch_json(ready, [PageRequest(8, 0)])
+    with pytest.raises(InvalidInputError, match="no JSON form"):
+        await store.read_rows_after_json(ready, None, 8)
+    (page,) = await store.read_rows_batch_json(ready, [PageRequest(5, 0)])
+    assert [json.loads(row)["_key"] for row in page.rows] == [f"k{n}" for n in range(5)]
 
 
 def test_budget_encoding_path_counts_utf8_and_escapes_exactly() -> None:

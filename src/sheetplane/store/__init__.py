@@ -11,6 +11,7 @@ from ._fencing import superseded_rows as superseded_rows
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
 from ._pool import open_pool as open_pool
+from ._reads import JsonPage as JsonPage
 from ._reads import RowCursor as RowCursor
 from ._schema import SheetNames as SheetNames
 from ._schema import sheet_names as sheet_names
@@ -18,6 +19,7 @@ from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
 
 __all__ = [
+    "JsonPage",
     "PoolSaturatedError",
     "RowCursor",
     "SheetNames",

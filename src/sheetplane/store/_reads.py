@@ -16,6 +16,12 @@ a time, and the read stops with ``ReadBatchTooLargeError`` as soon as the answer
 so far would exceed it, so an oversized batch never holds more than one slice
 of rows past the budget.
 
+The gateway reads the same rows as their compact JSON bytes
+(``read_rows_batch_json``, ``read_rows_after_json``): Postgres writes each row's
+JSON text, in the form ``json_byte_length_up_to`` measures (a row whose cells
+Postgres writes otherwise is rewritten here), so each row is measured by its
+length and the answer is spliced from the bytes, not decoded and encoded again.
+
 A sheet whose tables do not exist yet has no rows: reads answer empty pages,
 ``count`` 0 and an all-zero summary.
 """
@@ -24,8 +30,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import attrs
 import psycopg
@@ -48,12 +54,15 @@ from ._pool import TrioPool
 from ._schema import SheetNames, column_ids
 
 __all__ = [
+    "JsonPage",
     "RowCursor",
     "count",
     "read_row_keys",
     "read_rows",
     "read_rows_after",
+    "read_rows_after_json",
     "read_rows_batch",
+    "read_rows_batch_json",
     "read_rows_by_keys",
     "summary",
 ]
@@ -287,6 +296,20 @@ class _Budget:
         self._row_bytes_measured += measured
         self._add(size)
 
+    def add_encoded(self, rows: Sequence[bytes]) -> None:
+        """Count rows of the current page, given as their compact JSON: exactly their bytes."""
+        if not rows:
+            return
+        measured = sum(map(len, rows))
+        # One comma between rows, and one before the first if the page has rows already.
+        size = measured + len(rows) - (0 if self.page_rows else 1)
+        if self.used + size > self.limit:
+            raise ReadBatchTooLargeError(self.used + size)
+        self.page_rows += len(rows)
+        self._rows_measured += len(rows)
+        self._row_bytes_measured += measured
+        self._add(size)
+
     def rows_to_fetch(self, most: int, share: int) -> int:
         """How many rows the next fetch may ask for: about ``1 / share`` of the
         remaining budget at the average row size measured so far (1 to ``most``)."""
@@ -344,16 +367,176 @@ def _fetch(
 
 _Position = tuple["int | None", datetime.datetime, str]
 
+R = TypeVar("R")
+
+
+class _Form(Generic[R]):
+    """How a read's rows come back: the page query and the fetch that decodes it."""
+
+    def query(self, table: sql.Identifier, where: sql.Composable, *, offset: bool) -> sql.Composed:
+        """The page query: rows ``where``, in read order, ``%(limit)s`` (and ``%(offset)s``)."""
+        raise NotImplementedError
+
+    def fetch(
+        self, conn: Conn, query: sql.Composed, params: Mapping[str, Any], budget: _Budget
+    ) -> tuple[list[R], Sequence[Any] | None]:
+        """The page's rows, measured into ``budget`` as they arrive, and the last raw row."""
+        raise NotImplementedError
+
+    def position(self, last: Sequence[Any]) -> tuple[_Position | None, str]:
+        """The read-order position of the last raw row, if the row carries it, and its key."""
+        raise NotImplementedError
+
+
+class _Dicts(_Form[dict[str, Any]]):
+    """Rows as dicts of Python values, measured by ``_Budget.add_rows`` (the store's own reads)."""
+
+    def __init__(self, projection: _Projection) -> None:
+        self.projection = projection
+
+    def query(self, table: sql.Identifier, where: sql.Composable, *, offset: bool) -> sql.Composed:
+        page = "SELECT {} FROM {} {} {} LIMIT %(limit)s" + (" OFFSET %(offset)s" if offset else "")
+        return sql.SQL(page).format(self.projection.select, table, where, ORDER_BY)
+
+    def fetch(
+        self, conn: Conn, query: sql.Composed, params: Mapping[str, Any], budget: _Budget
+    ) -> tuple[list[dict[str, Any]], Sequence[Any] | None]:
+        return _fetch(conn, query, params, self.projection, budget)
+
+    def position(self, last: Sequence[Any]) -> tuple[_Position | None, str]:
+        key = last[0]  # the projection's first column is _key
+        if len(last) == len(self.projection.keys) + 2:
+            return (last[-2], last[-1], key), key
+        return None, key
+
+
+# --- rows as compact JSON, written by Postgres ---------------------------------------------
+
+#: System columns by how their value is written as JSON (every other column is jsonb).
+_TEXT_COLUMNS = frozenset({"_key", "_status", "_error", "_run_id", "_stage", "_provider"})
+_INTEGER_COLUMNS = frozenset({"_input_index", "_write_version"})
+
+#: A jsonb cell whose text is not already the compact form: Postgres writes a
+#: non-empty object or array with a space after each ':' and ',', and a number
+#: with a fraction as its numeric text ("1.50"), where the wire writes the
+#: float Python reads from it ("1.5"). Strings (escaped as ``json.dumps``
+#: escapes them), true, false, null, integers and empty containers are written
+#: exactly as the wire writes them.
+_RECODE_CELL = (
+    "CASE jsonb_typeof({0}) WHEN 'number' THEN strpos({0}::text, '.') > 0"
+    " WHEN 'object' THEN {0} <> '{{}}'::jsonb WHEN 'array' THEN {0} <> '[]'::jsonb"
+    " ELSE false END"
+)
+
+_WIRE_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def _recoded(text: str) -> bytes:
+    """The compact wire form of a row whose Postgres text is not compact.
+
+    ``json.loads`` reads it as psycopg reads a jsonb value; the standard
+    library writes it in the form ``json_byte_length_up_to`` measures. A
+    number past a float's range (read as infinity) has no JSON form.
+    """
+    try:
+        return _WIRE_ENCODE(json.loads(text)).encode("utf-8")
+    except ValueError as exc:
+        raise InvalidInputError(f"a stored value has no JSON form: {exc}") from None
+
+
+def _wire_key(key: str) -> str:
+    return json.dumps(key, ensure_ascii=False) + ":"
+
+
+class _Json(_Form[bytes]):
+    """Rows as their compact JSON bytes, the object a dict row would encode to.
+
+    Postgres writes each row's JSON text (``to_json`` of the text columns,
+    the jsonb cells' own text, the keys as literals) in one pass over a page
+    already cut by ``LIMIT``/``OFFSET`` (a subquery, so rows an ``OFFSET``
+    skips are never written). A row holding a cell whose text is not compact
+    (``_RECODE_CELL``) is rewritten here. Each row is measured by its length:
+    the bytes measured are the bytes sent.
+    """
+
+    def __init__(self, columns: Sequence[tuple[str, str]], row_mode: RowMode) -> None:
+        tail = _OUTPUT_TAIL if row_mode == "output" else _ALL_TAIL
+        reserved = {"_key", *tail}
+        by_id = {column_id: name for name, column_id in columns if column_id not in reserved}
+        # (key, sql column, whether it is jsonb), in the dict rows' key order.
+        cells = [("_key", "_key", False)]
+        cells += [(column_id, name, True) for column_id, name in by_id.items()]
+        cells += [(name, name, name == "_cell_meta") for name in tail]
+        inner: list[sql.Composable] = [
+            sql.SQL("_key AS _o_key, _input_index AS _o_index, _created_at AS _o_created")
+        ]
+        pieces: list[sql.Composable] = []
+        recode: list[sql.Composable] = []
+        for number, (key, column, is_jsonb) in enumerate(cells):
+            alias = sql.Identifier(f"_v{number}")
+            source = sql.Identifier(column)
+            pieces.append(sql.Literal(("{" if number == 0 else ",") + _wire_key(key)))
+            if is_jsonb:
+                inner.append(sql.SQL("to_jsonb({}) AS {}").format(source, alias))
+                pieces.append(sql.SQL("COALESCE({}::text, 'null')").format(alias))
+                recode.append(sql.SQL(_RECODE_CELL).format(alias))
+            elif column in _INTEGER_COLUMNS:
+                inner.append(sql.SQL("{} AS {}").format(source, alias))
+                pieces.append(sql.SQL("COALESCE({}::text, 'null')").format(alias))
+            else:
+                # Text, and timestamps as ISO 8601 strings (in the session's UTC).
+                inner.append(sql.SQL("{} AS {}").format(source, alias))
+                pieces.append(sql.SQL("COALESCE(to_json({})::text, 'null')").format(alias))
+        pieces.append(sql.Literal("}"))
+        self._inner = sql.SQL(", ").join(inner)
+        self._row = sql.SQL(" || ").join(pieces)
+        self._recode = sql.SQL(" OR ").join(recode) if recode else sql.SQL("false")
+
+    def query(self, table: sql.Identifier, where: sql.Composable, *, offset: bool) -> sql.Composed:
+        page = (
+            "SELECT {row}, {recode}, _o_key, _o_index, _o_created FROM"
+            " (SELECT {inner} FROM {table} {where} {order} LIMIT %(limit)s"
+            + (" OFFSET %(offset)s" if offset else "")
+            + ") AS page ORDER BY _o_index ASC NULLS LAST, _o_created ASC, _o_key ASC"
+        )
+        return sql.SQL(page).format(
+            row=self._row,
+            recode=self._recode,
+            inner=self._inner,
+            table=table,
+            where=where,
+            order=ORDER_BY,
+        )
+
+    def fetch(
+        self, conn: Conn, query: sql.Composed, params: Mapping[str, Any], budget: _Budget
+    ) -> tuple[list[bytes], Sequence[Any] | None]:
+        rows: list[bytes] = []
+        last: Sequence[Any] | None = None
+        want = _FIRST_FETCH_ROWS
+        with conn.cursor(name="sheetplane_page") as cursor:
+            cursor.execute(query, params)
+            while chunk := cursor.fetchmany(want):
+                encoded = [_recoded(row[0]) if row[1] else row[0].encode() for row in chunk]
+                budget.add_encoded(encoded)
+                want = budget.rows_to_fetch(_FETCH_ROWS, _FETCH_BUDGET_SHARE)
+                rows += encoded
+                last = chunk[-1]
+        return rows, last
+
+    def position(self, last: Sequence[Any]) -> tuple[_Position | None, str]:
+        return (last[-2], last[-1], last[-3]), last[-3]
+
 
 def _rows_after(
     conn: Conn,
     names: SheetNames,
-    projection: _Projection,
+    form: _Form[R],
     filt: _Filter,
     after: _Position | None,
     limit: int,
-    budget: _Budget | None,
-) -> tuple[list[dict[str, Any]], Sequence[Any] | None]:
+    budget: _Budget,
+) -> tuple[list[R], Sequence[Any] | None]:
     """Up to ``limit`` rows after ``after`` in read order (keyset), and the last raw row.
 
     Numbered rows come first (an index range scan from the position), then the
@@ -361,9 +544,8 @@ def _rows_after(
     order index.
     """
     table = names.ident("sheet_table")
-    page = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s")
     params: dict[str, Any] = filt.params(limit=limit)
-    rows: list[dict[str, Any]] = []
+    rows: list[R] = []
     last: Sequence[Any] | None = None
     null_part: sql.Composable = sql.SQL("_input_index IS NULL")
     if after is not None:
@@ -379,17 +561,75 @@ def _rows_after(
             numbered = sql.SQL(
                 "(_input_index, _created_at, _key) > (%(index)s, %(created)s, %(key)s)"
             )
-        query = page.format(projection.select, table, filt.where(numbered), ORDER_BY)
-        rows, last = _fetch(conn, query, params, projection, budget)
+        query = form.query(table, filt.where(numbered), offset=False)
+        rows, last = form.fetch(conn, query, params, budget)
         if len(rows) >= limit:
             return rows, last
         params["limit"] = limit - len(rows)
-    query = page.format(projection.select, table, filt.where(null_part), ORDER_BY)
-    more, more_last = _fetch(conn, query, params, projection, budget)
+    query = form.query(table, filt.where(null_part), offset=False)
+    more, more_last = form.fetch(conn, query, params, budget)
     return rows + more, more_last if more else last
 
 
 _POSITION_OF = "SELECT _input_index, _created_at FROM {} WHERE _key = %s"
+
+
+def _read_batch(
+    conn: Conn,
+    names: SheetNames,
+    requests: Sequence[PageRequest],
+    filt: _Filter,
+    form: _Form[R] | None,
+) -> list[list[R]]:
+    """The rows of each page of a batch (``form`` None: the sheet does not exist), measured
+    against ``READ_BATCH_MAX_RESPONSE_BYTES`` as one answer.
+
+    A page that starts right where the previous full page of the batch ended
+    is read by keyset from that page's last row.
+    """
+    budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
+    results: list[list[R]] = []
+    if form is None:
+        for request in requests:
+            budget.start_page(request)
+            results.append([])
+        return results
+    table = names.ident("sheet_table")
+    by_offset = form.query(table, filt.where(), offset=True)
+    position_of = sql.SQL(_POSITION_OF).format(table)
+    # Where the previous page ended, when it came back full: (offset, position).
+    ended: tuple[int, _Position | None, str] | None = None
+    for request in requests:
+        budget.start_page(request)
+        after: _Position | None = None
+        if ended is not None and ended[0] == request.offset:
+            after = ended[1]
+            if after is None:
+                found = conn.execute(position_of, (ended[2],)).fetchone()
+                if found is not None:
+                    after = (found[0], found[1], ended[2])
+        if after is not None:
+            rows, last = _rows_after(conn, names, form, filt, after, request.limit, budget)
+        else:
+            params = filt.params(limit=request.limit, offset=request.offset)
+            rows, last = form.fetch(conn, by_offset, params, budget)
+        ended = None
+        if len(rows) == request.limit and last is not None:
+            position, key = form.position(last)
+            ended = (request.offset + request.limit, position, key)
+        results.append(rows)
+    return results
+
+
+def _check_batch(pages: object) -> list[PageRequest]:
+    if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
+        raise InvalidInputError("pages must be a sequence of PageRequest")
+    requests = [check_page_request(request) for request in pages]
+    if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
+        raise InvalidInputError(
+            f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
+        )
+    return requests
 
 
 # --- reads -------------------------------------------------------------------------------------
@@ -414,50 +654,55 @@ async def read_rows_batch(
     the answer would exceed ``READ_BATCH_MAX_RESPONSE_BYTES``; the caller splits
     the read. Bad requests raise ``InvalidInputError`` before any query.
     """
-    if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
-        raise InvalidInputError("pages must be a sequence of PageRequest")
-    requests = [check_page_request(request) for request in pages]
-    if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
-        raise InvalidInputError(
-            f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
-        )
+    requests = _check_batch(pages)
     filt = _filter(run_id, admitted)
     row_mode = _check_row_mode(row_mode)
 
     def run(conn: Conn) -> list[Page]:
         _snapshot(conn)
         columns = _physical_columns(conn, names)
-        budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
-        results: list[Page] = []
-        if columns is None:
-            for request in requests:
-                budget.start_page(request)
-                results.append(Page((), request.limit, request.offset))
-            return results
-        projection = _projection(columns, row_mode)
-        table = names.ident("sheet_table")
-        by_offset = sql.SQL("SELECT {} FROM {} {} {} LIMIT %(limit)s OFFSET %(offset)s").format(
-            projection.select, table, filt.where(), ORDER_BY
-        )
-        position_of = sql.SQL(_POSITION_OF).format(table)
-        # Where the previous page ended, when it came back full: (offset, last key).
-        ended: tuple[int, str] | None = None
-        for request in requests:
-            budget.start_page(request)
-            after: _Position | None = None
-            if ended is not None and ended[0] == request.offset:
-                found = conn.execute(position_of, (ended[1],)).fetchone()
-                if found is not None:
-                    after = (found[0], found[1], ended[1])
-            if after is not None:
-                rows, _ = _rows_after(conn, names, projection, filt, after, request.limit, budget)
-            else:
-                params = filt.params(limit=request.limit, offset=request.offset)
-                rows, _ = _fetch(conn, by_offset, params, projection, budget)
-            full = len(rows) == request.limit
-            ended = (request.offset + request.limit, rows[-1]["_key"]) if full else None
-            results.append(Page(tuple(rows), request.limit, request.offset))
-        return results
+        form = None if columns is None else _Dicts(_projection(columns, row_mode))
+        read = _read_batch(conn, names, requests, filt, form)
+        return [
+            Page(tuple(rows), r.limit, r.offset) for rows, r in zip(read, requests, strict=True)
+        ]
+
+    return await pool.run(run)
+
+
+@attrs.frozen
+class JsonPage:
+    """A page as the gateway sends it: each row's compact JSON, in read order."""
+
+    rows: list[bytes]
+    """Each row as the bytes of the JSON object its dict row encodes to."""
+    limit: int
+    offset: int
+
+
+async def read_rows_batch_json(
+    pool: TrioPool,
+    names: SheetNames,
+    pages: Sequence[PageRequest],
+    *,
+    run_id: str | None = None,
+    row_mode: RowMode = "output",
+    admitted: AdmittedPart | None = None,
+) -> list[JsonPage]:
+    """``read_rows_batch`` with each row as its compact JSON, written by Postgres.
+
+    The same rows, under the same budget, counted as the bytes themselves.
+    """
+    requests = _check_batch(pages)
+    filt = _filter(run_id, admitted)
+    row_mode = _check_row_mode(row_mode)
+
+    def run(conn: Conn) -> list[JsonPage]:
+        _snapshot(conn)
+        columns = _physical_columns(conn, names)
+        form = None if columns is None else _Json(columns, row_mode)
+        read = _read_batch(conn, names, requests, filt, form)
+        return [JsonPage(rows, r.limit, r.offset) for rows, r in zip(read, requests, strict=True)]
 
     return await pool.run(run)
 
@@ -499,6 +744,42 @@ async def read_rows_after(
     ``READ_BATCH_MAX_RESPONSE_BYTES``, so a page of large rows is never held
     whole before the caller learns to ask for fewer.
     """
+    return await _read_after(
+        pool,
+        names,
+        cursor,
+        limit,
+        run_id,
+        row_mode,
+        admitted,
+        lambda columns, mode: _Dicts(_projection(columns, mode, position=True)),
+    )
+
+
+async def read_rows_after_json(
+    pool: TrioPool,
+    names: SheetNames,
+    cursor: RowCursor | None,
+    limit: int,
+    *,
+    run_id: str | None = None,
+    row_mode: RowMode = "output",
+    admitted: AdmittedPart | None = None,
+) -> tuple[list[bytes], RowCursor | None]:
+    """``read_rows_after`` with each row as its compact JSON, written by Postgres."""
+    return await _read_after(pool, names, cursor, limit, run_id, row_mode, admitted, _Json)
+
+
+async def _read_after(
+    pool: TrioPool,
+    names: SheetNames,
+    cursor: RowCursor | None,
+    limit: int,
+    run_id: str | None,
+    row_mode: RowMode,
+    admitted: AdmittedPart | None,
+    make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
+) -> tuple[list[R], RowCursor | None]:
     if cursor is not None and not isinstance(cursor, RowCursor):
         raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
     limit = check_page_limit(limit)
@@ -506,19 +787,21 @@ async def read_rows_after(
     row_mode = _check_row_mode(row_mode)
     after = None if cursor is None else (cursor.input_index, cursor.created_at, cursor.key)
 
-    def run(conn: Conn) -> tuple[list[dict[str, Any]], RowCursor | None]:
+    def run(conn: Conn) -> tuple[list[R], RowCursor | None]:
         _snapshot(conn)
         columns = _physical_columns(conn, names)
         if columns is None:
             return [], None
-        projection = _projection(columns, row_mode, position=True)
+        form = make_form(columns, row_mode)
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
         budget.start_page(PageRequest(limit, 0))
-        rows, last = _rows_after(conn, names, projection, filt, after, limit, budget)
+        rows, last = _rows_after(conn, names, form, filt, after, limit, budget)
         if len(rows) < limit or last is None:
             return rows, None
-        # The hidden position columns close the raw row.
-        return rows, RowCursor(last[-2], last[-1], rows[-1]["_key"])
+        position, _ = form.position(last)
+        if position is None:
+            raise AssertionError("a keyset read selects the position of its rows")
+        return rows, RowCursor(*position)
 
     return await pool.run(run)
 

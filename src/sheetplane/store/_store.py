@@ -34,7 +34,7 @@ from .._types import (
 )
 from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _staging, _writes
 from ._pool import TrioPool, open_pool
-from ._reads import RowCursor
+from ._reads import JsonPage, RowCursor
 from ._rowdata import physical_columns
 from ._schema import SheetNames, sheet_names
 from ._staging import StagedRow
@@ -343,6 +343,46 @@ class SheetStore:
             self.pool,
             sheet_names(sheet),
             pages,
+            run_id=run_id,
+            row_mode=row_mode,
+            admitted=admitted,
+        )
+
+    async def read_rows_batch_json(
+        self,
+        sheet: SheetRef,
+        pages: Sequence[PageRequest],
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode = "output",
+        admitted: AdmittedPart | None = None,
+    ) -> list[JsonPage]:
+        """``read_rows_batch`` with each row as its compact JSON bytes (the gateway's answer)."""
+        return await _reads.read_rows_batch_json(
+            self.pool,
+            sheet_names(sheet),
+            pages,
+            run_id=run_id,
+            row_mode=row_mode,
+            admitted=admitted,
+        )
+
+    async def read_rows_after_json(
+        self,
+        sheet: SheetRef,
+        cursor: RowCursor | None,
+        limit: int,
+        *,
+        run_id: str | None = None,
+        row_mode: RowMode = "output",
+        admitted: AdmittedPart | None = None,
+    ) -> tuple[list[bytes], RowCursor | None]:
+        """``read_rows_after`` with each row as its compact JSON bytes (the gateway's answer)."""
+        return await _reads.read_rows_after_json(
+            self.pool,
+            sheet_names(sheet),
+            cursor,
+            limit,
             run_id=run_id,
             row_mode=row_mode,
             admitted=admitted,

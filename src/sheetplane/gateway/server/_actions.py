@@ -23,7 +23,6 @@ from ..._types import (
     FailRow,
     InlineAdmission,
     Operation,
-    Page,
     PageRequest,
     Receipt,
     RowMode,
@@ -40,7 +39,7 @@ from ...budgets import (
 )
 from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
 from ...sizes import json_byte_length_up_to
-from ...store import RowCursor, SheetStore
+from ...store import JsonPage, RowCursor, SheetStore
 from ...store._rowdata import physical_columns
 from ...store._staging import prepare_chunk
 from .. import _messages as m
@@ -49,7 +48,7 @@ from .._wire import SERVED_LOGICAL_TABLES, Code
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._config import GatewayConfig
-from ._http import ActionError, bad_request
+from ._http import ActionError, EncodedAnswer, bad_request
 from ._metrics import GatewayMetrics
 from ._plays import play_answer, play_from_json
 from ._roles import ReaperProgress, SessionCapReachedError, create_session_role, scoped_url
@@ -114,8 +113,20 @@ def _row_mode(value: RowMode | None) -> RowMode:
     return "output" if value is None else value
 
 
-def _page_json(page: Page) -> dict[str, Any]:
-    return m.unstructure(m.PageWire(rows=list(page.rows), limit=page.limit, offset=page.offset))
+_ROWS_OPEN: Final = b'{"rows":['
+
+
+def _with_rows(answer: m.PageWire, rows: Sequence[bytes]) -> bytes:
+    """``answer`` (built with no rows) in its wire form, its rows spliced in from
+    their compact JSON: the bytes the store measured, not encoded again."""
+    empty = _wire.encode_body(m.unstructure(answer))
+    if not empty.startswith(_ROWS_OPEN + b"]"):
+        raise AssertionError("a page answer's wire form starts with its rows")
+    return b"".join((_ROWS_OPEN, b",".join(rows), empty[len(_ROWS_OPEN) :]))
+
+
+def _page_body(page: JsonPage) -> bytes:
+    return _with_rows(m.PageWire(rows=[], limit=page.limit, offset=page.offset), page.rows)
 
 
 def _terminal_json(call: Call, result: TerminalWriteResult) -> dict[str, Any]:
@@ -350,7 +361,7 @@ def _cursor(cursor: RowCursor | None) -> m.RowCursorWire | None:
     )
 
 
-async def runtime_sheet_read_rows(call: Call) -> dict[str, Any]:
+async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     """``{input: {tableNamespace, runId?, rowMode?, limit, offset, after?}}`` →
     ``{rows, limit, offset}``.
 
@@ -365,37 +376,39 @@ async def runtime_sheet_read_rows(call: Call) -> dict[str, Any]:
     store = call.state.store
     mode, admitted = _row_mode(spec.row_mode), m.admitted_of(spec.admission)
     if spec.after is m.ABSENT or call.state.config.legacy:
-        page = await store.read_rows(
-            sheet, request, run_id=spec.run_id, row_mode=mode, admitted=admitted
+        (page,) = await store.read_rows_batch_json(
+            sheet, [request], run_id=spec.run_id, row_mode=mode, admitted=admitted
         )
-        return _page_json(page)
+        return EncodedAnswer(_page_body(page))
     cursor = _row_cursor(spec.after)
-    # The store measures the rows as they decode and raises ReadBatchTooLargeError
-    # (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
-    rows, next_cursor = await store.read_rows_after(
+    # The store measures the rows as Postgres writes them and raises
+    # ReadBatchTooLargeError (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
+    rows, next_cursor = await store.read_rows_after_json(
         sheet, cursor, request.limit, run_id=spec.run_id, row_mode=mode, admitted=admitted
     )
     answer = m.ReadRowsAnswer(
-        rows=rows, limit=request.limit, offset=request.offset, next_after=_cursor(next_cursor)
+        rows=[], limit=request.limit, offset=request.offset, next_after=_cursor(next_cursor)
     )
-    return m.unstructure(answer)
+    return EncodedAnswer(_with_rows(answer, rows))
 
 
-async def runtime_sheet_read_rows_batch(call: Call) -> dict[str, Any]:
+async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
     """``{input: {tableNamespace, runId?, rowMode?, pages: [{limit, offset}]}}`` →
     ``{pages: [{rows, limit, offset}]}``, positional; 413 over the response budget."""
     message = _read(call, m.ReadRowsBatchRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     requests = [PageRequest(limit=p.limit, offset=p.offset) for p in spec.pages]
-    pages = await call.state.store.read_rows_batch(
+    pages = await call.state.store.read_rows_batch_json(
         sheet,
         requests,
         run_id=spec.run_id,
         row_mode=_row_mode(spec.row_mode),
         admitted=m.admitted_of(spec.admission),
     )
-    return {"pages": [_page_json(page) for page in pages]}
+    # {"pages":[...]}: the envelope the store's budget counted around the pages.
+    body = b",".join(_page_body(page) for page in pages)
+    return EncodedAnswer(b'{"pages":[' + body + b"]}")
 
 
 async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:

@@ -82,7 +82,7 @@ from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsuppor
 from ._auth import TokenTable, check_org
 from ._config import GatewayConfig
 from ._hardening import harden_database
-from ._http import ActionError, bad_request, encode_json, json_bytes_response
+from ._http import ActionError, EncodedAnswer, bad_request, encode_json, json_bytes_response
 from ._logs import RequestInfo, internal_error_fields, redact_in_logs
 from ._metrics import action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
@@ -95,8 +95,9 @@ log = logging.getLogger("sheetplane.gateway.server")
 
 T = TypeVar("T")
 
-#: Actions whose answers can be large: their JSON is encoded on a worker thread.
-_LARGE_ANSWERS: Final = frozenset({*_wire.PAGE_READS, _wire.START_SHEET_DATASET})
+#: Actions whose answers can be large: their JSON is encoded on a worker thread. (Page
+#: reads answer an ``EncodedAnswer``, spliced from the rows' JSON that Postgres wrote.)
+_LARGE_ANSWERS: Final = frozenset({_wire.START_SHEET_DATASET})
 
 
 #: Actions whose caller waits longer than ``GATEWAY_ACTION_BUDGET_MS`` for them: a
@@ -285,7 +286,9 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
     if fault == "lost":
         # Applied; now lose the answer (test faults only).
         return FaultResponse(fault, action)
-    if action in _LARGE_ANSWERS:
+    if isinstance(payload, EncodedAnswer):
+        encoded = payload.body
+    elif action in _LARGE_ANSWERS:
         encoded = await trio.to_thread.run_sync(encode_json, payload)
     else:
         encoded = encode_json(payload)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from starlette.responses import Response
 
 from .._messages import error_body
@@ -32,6 +33,13 @@ class ActionError(Exception):
 def bad_request(message: str, code: str = Code.INVALID_REQUEST) -> ActionError:
     """400 for a malformed request."""
     return ActionError(400, code, message)
+
+
+@attrs.frozen
+class EncodedAnswer:
+    """A handler's answer already in its wire form (a read spliced from its rows' JSON)."""
+
+    body: bytes
 
 
 def encode_json(payload: Any) -> bytes:
