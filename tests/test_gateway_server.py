@@ -610,11 +610,12 @@ async def test_batch_read_budget_is_the_answer_body_byte_for_byte(
     """The budget counts the bytes the gateway sends: an answer of exactly
     READ_BATCH_MAX_RESPONSE_BYTES is sent, whole, and one byte more is refused."""
     store = gateway.state.store
-    from sheetplane._types import SheetContract, SheetRef
+    from sheetplane._types import SheetRef
+    from sheetplane.gateway._messages import read_contract
     from sheetplane.store import sheet_names
 
     sheet = SheetRef(ORG, PLAY, namespace)
-    contract = SheetContract.from_json(CONTRACT)
+    contract = read_contract(CONTRACT)
     await store.ensure_sheet(sheet, contract)
     # Two rows; the second's email (escapes and multi-byte text included) sets the size.
     await store.start_dataset(
@@ -655,11 +656,12 @@ async def test_a_stored_number_no_float_holds_is_refused_not_written_null(
     """jsonb holds numbers past a float's range; JSON on the wire cannot carry
     what Python reads them as (infinity), wherever the row stands in the page."""
     store = gateway.state.store
-    from sheetplane._types import SheetContract, SheetRef
+    from sheetplane._types import SheetRef
+    from sheetplane.gateway._messages import read_contract
     from sheetplane.store import sheet_names
 
     sheet = SheetRef(ORG, PLAY, namespace)
-    await store.start_dataset(sheet, rows(8), "run-1", SheetContract.from_json(CONTRACT))
+    await store.start_dataset(sheet, rows(8), "run-1", read_contract(CONTRACT))
     with psycopg.connect(gateway.state.config.database_url) as conn:
         conn.execute(
             psycopg.sql.SQL(
