@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,7 +34,21 @@ from sheetplane.testing.strategies import wire_json, wire_messages
 
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
 
-CLASSES = sorted({*REQUESTS.values(), *ANSWERS.values()}, key=lambda c: c.__name__)
+#: Every wire class: each request and answer, their parts, the error body and the
+#: operating routes' answers.
+CLASSES = sorted(
+    (
+        cls
+        for cls in vars(_messages).values()
+        if isinstance(cls, type) and attrs.has(cls) and cls.__module__ == _messages.__name__
+    ),
+    key=lambda c: c.__name__,
+)
+
+
+def test_the_round_trips_cover_every_request_and_answer() -> None:
+    assert {*REQUESTS.values(), *ANSWERS.values(), *_messages.PROBE_ANSWERS} <= set(CLASSES)
+    assert _messages.ErrorBody in CLASSES and _messages.ContractColumnWire in CLASSES
 
 
 def _wire_keys(value: Any) -> list[str]:
@@ -60,7 +75,9 @@ def test_structure_of_unstructure_is_the_identity(cls: type[Any], data: st.DataO
         if item is None and not writes_nulls and key not in again:
             continue
         assert key in again
-    assert all(CAMEL.match(key) or key == "encrypted_key" for key in again)
+    # camelCase, but for a name a field declares (the JWE's and the seed's snake case).
+    declared = {f.metadata["wire"] for f in attrs.fields(cls) if "wire" in f.metadata}
+    assert all(CAMEL.match(key) or key in declared for key in again)
 
 
 def test_seed_shaped_requests_read_and_write_back_unchanged() -> None:

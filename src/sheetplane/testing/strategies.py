@@ -448,8 +448,8 @@ def wire_json(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
         if f.default is not attrs.NOTHING and f.name != "action"
     }
     for field in fields:
-        if field.name == "action":
-            required["action"] = st.just(field.default)
+        if field.name == "action" and field.default is not attrs.NOTHING:
+            required["action"] = st.just(field.default)  # a request's own action
     return st.fixed_dictionaries(required, optional=optional)
 
 
