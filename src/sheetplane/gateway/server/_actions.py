@@ -22,6 +22,7 @@ from ..._types import (
     CompleteRow,
     FailRow,
     InlineAdmission,
+    LogicalTable,
     Operation,
     PageRequest,
     Receipt,
@@ -437,7 +438,8 @@ def _ttl_ms(ttl_seconds: float | None, ceiling_ms: int) -> int:
 
 @attrs.frozen
 class _Minted:
-    answer: dict[str, Any]
+    answer: m.CreateDbSessionAnswer
+    """The answer without its URL (neither ``postgresUrl`` nor the envelope yet)."""
     url: str = attrs.field(repr=False)
     aad: bytes
 
@@ -445,9 +447,9 @@ class _Minted:
 async def _mint(
     state: GatewayState,
     sheet: SheetRef,
-    logical_table: str,
+    logical_table: LogicalTable,
     operations: Sequence[Operation],
-    limits: Mapping[str, int],
+    limits: m.SessionLimitsWire,
     contract: SheetContract,
     ttl_ms: int,
     token_id: str | None = None,
@@ -473,25 +475,18 @@ async def _mint(
             429, Code.SESSION_CAP, str(exc), retry_after_ms=DB_SESSION_CAP_RETRY_AFTER_MS
         ) from None
     state.metrics.sessions_minted.inc()
-    names = minted.names
-    answer: dict[str, Any] = {
-        "expiresAt": minted.expires_at,
-        "playName": sheet.play_name,
-        "target": {
-            "orgId": sheet.org_id,
-            "tableNamespace": sheet.table_namespace,
-            "logicalTable": logical_table,
-        },
-        "operations": list(minted.operations),
-        "limits": dict(limits),
-        "postgres": {
-            "schema": names.schema,
-            "sheetTable": names.sheet_table,
-            "eventTable": names.event_table,
-            "summaryTable": names.summary_table,
-            "columnSummaryTable": names.column_summary_table,
-        },
-    }
+    answer = m.CreateDbSessionAnswer(
+        expires_at=minted.expires_at,
+        play_name=sheet.play_name,
+        target=m.SessionTargetAnswer(
+            org_id=sheet.org_id,
+            table_namespace=sheet.table_namespace,
+            logical_table=logical_table,
+        ),
+        operations=list(minted.operations),
+        limits=m.copy_fields(limits, m.SessionLimitsAnswer),
+        postgres=m.copy_fields(minted.names, m.PostgresTablesWire),
+    )
     aad = crypto.session_aad(
         org_id=sheet.org_id,
         play_name=sheet.play_name,
@@ -518,7 +513,7 @@ async def create_db_session(call: Call) -> dict[str, Any]:
         raise bad_request(f"target.logicalTable must be one of {list(SERVED_LOGICAL_TABLES)}")
     operations = canonical_operations(request.operations)
     assert operations  # the wire class allows only operations, at least one
-    limits = {} if request.limits is None else m.unstructure(request.limits)
+    limits = m.SessionLimitsWire() if request.limits is None else request.limits
     contract = m.contract_of(request.sheet_contract)
     ttl_ms = _ttl_ms(request.ttl_seconds, call.state.config.session_ttl_ms)
     encryption = request.postgres_url_encryption
@@ -536,9 +531,15 @@ async def create_db_session(call: Call) -> dict[str, Any]:
         call.state, sheet, logical_table, operations, limits, contract, ttl_ms, call.token_id
     )
     if encryption is None:
-        return {**minted.answer, "postgresUrl": minted.url}
+        return m.unstructure(attrs.evolve(minted.answer, postgres_url=minted.url))
     envelope = crypto.encrypt_postgres_url(minted.url, encryption.public_key_jwk, minted.aad)
-    return {**minted.answer, "encryptedPostgresUrl": envelope}
+    return _sealed_answer(minted, envelope)
+
+
+def _sealed_answer(minted: _Minted, envelope: Mapping[str, str]) -> dict[str, Any]:
+    """The answer with its URL sealed in ``envelope`` (a flattened JWE)."""
+    sealed = m.EnvelopeWire(**envelope)
+    return m.unstructure(attrs.evolve(minted.answer, encrypted_postgres_url=sealed))
 
 
 async def mint_preloaded_session(
@@ -548,7 +549,7 @@ async def mint_preloaded_session(
     play_name: str,
     table_namespace: str,
     operations: Sequence[str],
-    logical_table: str = "sheet_rows",
+    logical_table: LogicalTable = "sheet_rows",
     limits: Mapping[str, int] | None = None,
     contract: SheetContract | None = None,
     ttl_ms: int | None = None,
@@ -568,6 +569,10 @@ async def mint_preloaded_session(
     ops = canonical_operations(operations)
     if not ops:
         raise InvalidInputError(f"operations must be drawn from {list(OPERATIONS)}")
+    try:
+        wire_limits = m.structure(dict(limits or {}), m.SessionLimitsWire)
+    except m.WireError as exc:
+        raise InvalidInputError(f"limits: {exc}") from None
     ceiling = state.config.session_ttl_ms
     sheet = SheetRef(org_id=org_id, play_name=play_name, table_namespace=table_namespace)
     minted = await _mint(
@@ -575,12 +580,11 @@ async def mint_preloaded_session(
         sheet,
         logical_table,
         ops,
-        dict(limits or {}),
+        wire_limits,
         contract or SheetContract(),
         ceiling if ttl_ms is None else min(ttl_ms, ceiling),
     )
-    envelope = crypto.encrypt_with_unwrap_key(minted.url, key, minted.aad)
-    return {**minted.answer, "encryptedPostgresUrl": envelope}
+    return _sealed_answer(minted, crypto.encrypt_with_unwrap_key(minted.url, key, minted.aad))
 
 
 # --- staged admission ---------------------------------------------------------------

@@ -45,7 +45,7 @@ from hypercorn.typing import ASGIFramework, ConnectionState
 from hypercorn.utils import repr_socket_addr
 from starlette.applications import Starlette
 
-from ..._types import SheetContract
+from ..._types import LogicalTable, SheetContract
 from ...budgets import (
     GATEWAY_DRAIN_BUDGET_MS,
     GATEWAY_KEEP_ALIVE_TIMEOUT_MS,
@@ -285,7 +285,7 @@ class RunningGateway:
         play_name: str,
         table_namespace: str,
         operations: Sequence[str],
-        logical_table: str = "sheet_rows",
+        logical_table: LogicalTable = "sheet_rows",
         limits: Mapping[str, int] | None = None,
         contract: SheetContract | None = None,
         ttl_ms: int | None = None,
