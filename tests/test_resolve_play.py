@@ -135,7 +135,7 @@ async def test_the_runtime_resolves_through_serve_plays_dir(
 def test_load_plays_names_the_bad_file_and_item(tmp_path: Path) -> None:
     (tmp_path / "ok.json").write_text(json.dumps({"orgId": "o", "playId": "p"}))
     (tmp_path / "z.json").write_text(json.dumps([{"orgId": "o", "playId": "q"}, {"orgId": "o"}]))
-    with pytest.raises(InvalidInputError, match=r"z\.json\[1\]: playId must be"):
+    with pytest.raises(InvalidInputError, match=r"z\.json\[1\]: playId is required"):
         load_plays(tmp_path)
     (tmp_path / "z.json").write_text("{not json")
     with pytest.raises(InvalidInputError, match=r"z\.json: not a JSON file"):

@@ -167,7 +167,12 @@ def _hex_id(value: object) -> str | None:
     return "must be 32 lowercase hex digits"
 
 
-def optional_text_field() -> Any:
+def optional_text_field(*, non_empty: bool = False) -> Any:
+    """A string or null (left out when null); with ``non_empty``, never blank."""
+    if non_empty:
+        return attrs.field(
+            default=None, validator=_TEXT, metadata={"minLength": 1, "pattern": r"\S"}
+        )
     return attrs.field(default=None)
 
 

@@ -387,11 +387,13 @@ class ResolvePlayRequest(Request):
 
 @attrs.frozen(kw_only=True)
 class PlayDefinitionWire:
-    """A play to register (``_plays.play_from_json`` reads it); no other members."""
+    """A play to register or load (``_plays.play_from_json`` reads it); no other members."""
 
-    org_id: str | None = None
+    org_id: str | None = optional_text_field(non_empty=True)
+    """Whose play: required in a file, the token's org (or left out) in a request."""
     play_id: str = text_field()
-    name: str | None = None
+    name: str | None = optional_text_field(non_empty=True)
+    """A second reference to the play, besides its id."""
     source_code: str | None = None
     artifact: Any = None
     code_format: CodeFormat | None = None

@@ -51,7 +51,7 @@ from ._auth import TokenTable
 from ._config import GatewayConfig
 from ._http import ActionError, EncodedAnswer, bad_request
 from ._metrics import GatewayMetrics
-from ._plays import play_answer, play_from_json
+from ._plays import play_answer, play_of
 from ._roles import ReaperProgress, SessionCapReachedError, create_session_role, scoped_url
 
 __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
@@ -316,16 +316,16 @@ async def resolve_play(call: Call) -> dict[str, Any]:
     name, is ``playRef``. Another org's play is never found."""
     request = _read(call, m.ResolvePlayRequest)
     play = await call.state.store.resolve_play(call.org_id, request.play_ref)
-    return {"play": None if play is None else play_answer(play)}
+    return m.unstructure(m.ResolvePlayAnswer(play=None if play is None else play_answer(play)))
 
 
 async def register_play(call: Call) -> dict[str, Any]:
     """``{play: {playId, name?, sourceCode?, artifact?, codeFormat?, contractSnapshot?}}``
     → ``{playId}``: registers (or replaces) a play of the token's org."""
-    _read(call, m.RegisterPlayRequest)
-    definition = play_from_json(call.body["play"], where="play.", org_id=call.org_id)
+    request = _read(call, m.RegisterPlayRequest)
+    definition = play_of(request.play, call.org_id)
     await call.state.store.register_play(call.org_id, definition.play, name=definition.name)
-    return {"playId": definition.play.play_id}
+    return m.unstructure(m.RegisterPlayAnswer(play_id=definition.play.play_id))
 
 
 # --- reads -----------------------------------------------------------------------------

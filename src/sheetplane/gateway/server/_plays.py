@@ -16,20 +16,15 @@ starts; ``register_play`` registers one at run time.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import attrs
 
-from ..._types import CODE_FORMATS, ResolvedPlay
+from ..._types import ResolvedPlay
 from ...errors import InvalidInputError
+from .. import _messages as m
 
-__all__ = ["PlayDefinition", "load_plays", "play_answer", "play_from_json"]
-
-_FIELDS = frozenset(
-    {"orgId", "playId", "name", "sourceCode", "artifact", "codeFormat", "contractSnapshot"}
-)
+__all__ = ["PlayDefinition", "load_plays", "play_answer", "play_from_json", "play_of"]
 
 
 @attrs.frozen
@@ -44,60 +39,36 @@ class PlayDefinition:
     """What ``resolve_play`` answers."""
 
 
-def _text(value: Mapping[str, Any], field: str, where: str, *, required: bool) -> str | None:
-    item = value.get(field)
-    if item is None and not required:
-        return None
-    if not isinstance(item, str) or not item.strip():
-        raise InvalidInputError(f"{where}{field} must be a non-empty string")
-    return item
+def play_from_json(value: object, *, where: str = "") -> PlayDefinition:
+    """A definition from a file's JSON object (a ``PlayDefinitionWire`` naming its
+    ``orgId``); ``InvalidInputError`` naming the bad field."""
+    try:
+        wire = m.structure(value, m.PlayDefinitionWire)
+    except m.WireError as exc:
+        raise InvalidInputError(f"{where}{exc}") from None
+    if wire.org_id is None:
+        raise InvalidInputError(f"{where}orgId must be a non-empty string")
+    return play_of(wire, wire.org_id)
 
 
-def play_from_json(value: object, *, where: str = "", org_id: str | None = None) -> PlayDefinition:
-    """A definition from its JSON object; ``org_id`` (the caller's) replaces ``orgId``.
-
-    Raises ``InvalidInputError`` naming the bad field.
-    """
-    if not isinstance(value, Mapping):
-        raise InvalidInputError(f"{where or 'a play'} must be an object")
-    unknown = sorted(set(value) - _FIELDS)
-    if unknown:
-        raise InvalidInputError(
-            f"{where}play fields must be among {sorted(_FIELDS)}, got {unknown}"
-        )
-    if org_id is None:
-        owner = _text(value, "orgId", where, required=True)
-        assert owner is not None
-    else:
-        stated = value.get("orgId")
-        if stated is not None and stated != org_id:
-            raise InvalidInputError(f"{where}orgId must be the token's org (or left out)")
-        owner = org_id
-    play_id = _text(value, "playId", where, required=True)
-    source = value.get("sourceCode")
-    if source is not None and not isinstance(source, str):
-        raise InvalidInputError(f"{where}sourceCode must be a string or null")
-    code_format = value.get("codeFormat")
-    if code_format is not None and code_format not in CODE_FORMATS:
-        raise InvalidInputError(f"{where}codeFormat must be one of {list(CODE_FORMATS)} or null")
-    snapshot = value.get("contractSnapshot")
-    if snapshot is not None and not isinstance(snapshot, Mapping):
-        raise InvalidInputError(f"{where}contractSnapshot must be an object or null")
-    assert play_id is not None
-    play = ResolvedPlay(play_id, source, value.get("artifact"), code_format, snapshot)
-    return PlayDefinition(owner, _text(value, "name", where, required=False), play)
+def play_of(wire: m.PlayDefinitionWire, org_id: str) -> PlayDefinition:
+    """The definition ``wire`` holds, as ``org_id``'s play (``InvalidInputError`` when
+    it names another org)."""
+    if wire.org_id is not None and wire.org_id != org_id:
+        raise InvalidInputError("play.orgId must be the token's org (or left out)")
+    return PlayDefinition(org_id, wire.name, m.copy_fields(wire, ResolvedPlay))
 
 
-def play_answer(play: ResolvedPlay) -> dict[str, Any]:
+def play_answer(play: ResolvedPlay) -> m.PlayWire:
     """The ``play`` member of a ``resolve_play`` answer."""
     snapshot = play.contract_snapshot
-    return {
-        "playId": play.play_id,
-        "sourceCode": play.source_code,
-        "artifact": play.artifact,
-        "codeFormat": play.code_format,
-        "contractSnapshot": None if snapshot is None else dict(snapshot),
-    }
+    return m.PlayWire(
+        play_id=play.play_id,
+        source_code=play.source_code,
+        artifact=play.artifact,
+        code_format=play.code_format,
+        contract_snapshot=None if snapshot is None else dict(snapshot),
+    )
 
 
 def load_plays(directory: Path) -> tuple[PlayDefinition, ...]:
