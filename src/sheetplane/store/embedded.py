@@ -222,7 +222,8 @@ class EmbeddedPostgres:
             self._pg_ctl_start()
 
     def stop(self) -> None:
-        """Stop the server (fast shutdown) and remove its data. Safe to call twice."""
+        """Stop the server (immediate shutdown: no checkpoint for data about to go) and
+        remove its data. Safe to call twice."""
         with self._lock:
             root, self._data_root = self._data_root, None
             self._port = 0
@@ -359,9 +360,11 @@ class EmbeddedPostgres:
     def _cleanup(self, root: Path) -> None:
         data = root / "data"
         if (data / "postmaster.pid").exists():
+            # The data is removed next, so the shutdown checkpoint a fast stop
+            # writes (every dirty buffer) would be thrown away: stop at once.
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                 self._run(
-                    ["pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop"],
+                    ["pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"],
                     timeout_ms=EMBEDDED_POSTGRES_START_TIMEOUT_MS,
                 )
         shutil.rmtree(root, ignore_errors=True)
