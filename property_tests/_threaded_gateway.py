@@ -4,16 +4,19 @@ Hypothesis drives synchronous tests, and pytest-trio's async fixtures live for
 one test; a gateway that serves a whole module of Hypothesis examples runs
 in a thread instead. Callers talk to it over real HTTP (``base_url``) and read
 the database directly with :func:`snapshot`, which counts what a request may
-have written.
+have written, in a database of their own (:func:`own_database`), so the
+snapshot reads only what the suite itself made.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import trio
@@ -109,6 +112,21 @@ class ThreadedGateway(TrioThread):
         super().__init__(serve)
         self.base_url = ""
         self.running: RunningGateway | None = None
+
+
+@contextmanager
+def own_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new, empty database on the server of ``server_url`` (a superuser URL), as
+    a URL; dropped on exit. A snapshot of it costs what the suite wrote, not what
+    every earlier test of the session left on the shared server."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def snapshot(database_url: str) -> dict[str, Any]:

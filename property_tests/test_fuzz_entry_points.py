@@ -59,7 +59,7 @@ from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, Se
 from sheetplane.store import SheetStore, open_store
 from sheetplane.testing.strategies import bad_numbers, hostile_text, json_values, wrong_types
 
-from ._threaded_gateway import TrioThread, snapshot
+from ._threaded_gateway import TrioThread, own_database, snapshot
 
 TYPED = (SheetplaneError, ValueError, TypeError)
 EXAMPLES = int(os.environ.get("SHEETPLANE_FUZZ_EXAMPLES", "60"))
@@ -528,9 +528,16 @@ def test_gateway_client_helpers_fail_typed(helper: str, bad: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def store_loop(sheetplane_database_url: str) -> Iterator[TrioThread]:
+def fuzz_database_url(sheetplane_database_url: str) -> Iterator[str]:
+    """This module's own database: a snapshot reads only what the fuzzed calls made."""
+    with own_database(sheetplane_database_url, "fuzz_entry") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def store_loop(fuzz_database_url: str) -> Iterator[TrioThread]:
     async def setup(stack: AsyncExitStack) -> SheetStore:
-        store: SheetStore = await stack.enter_async_context(open_store(sheetplane_database_url))
+        store: SheetStore = await stack.enter_async_context(open_store(fuzz_database_url))
         await store.start_dataset(SHEET, [{"_key": "a", "email": "a@x.org"}], "r1", CONTRACT)
         return store
 
@@ -642,11 +649,11 @@ def _bad_argument(call: str) -> st.SearchStrategy[Any]:
 @FUZZ
 @given(call=st.sampled_from(sorted(STORE_CALLS)), data=st.data())
 def test_store_methods_refuse_bad_input_typed_and_write_nothing(
-    store_loop: TrioThread, sheetplane_database_url: str, call: str, data: st.DataObject
+    store_loop: TrioThread, fuzz_database_url: str, call: str, data: st.DataObject
 ) -> None:
     TRIED[f"SheetStore.{call.split('(')[0]}"] += 1
     bad = data.draw(_bad_argument(call), label="bad")
-    before = snapshot(sheetplane_database_url)
+    before = snapshot(fuzz_database_url)
     store: SheetStore = store_loop.value
 
     async def attempt() -> Any:
@@ -660,7 +667,7 @@ def test_store_methods_refuse_bad_input_typed_and_write_nothing(
     if isinstance(result, BaseException):
         assert isinstance(result, TYPED), repr(result)
         assert "Postgres failed" not in str(result), "bad input reached Postgres"
-    assert snapshot(sheetplane_database_url) == before, "a refused call wrote something"
+    assert snapshot(fuzz_database_url) == before, "a refused call wrote something"
 
 
 # --- open_runtime ---

@@ -50,7 +50,7 @@ from sheetplane.gateway.server import RUNTIME_PATH
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
 from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
 
-from ._threaded_gateway import ThreadedGateway, snapshot
+from ._threaded_gateway import ThreadedGateway, own_database, snapshot
 
 TOKEN = "tok-fuzz-6b1d0e9a42c7"
 OTHER_TOKEN = "tok-fuzz-other-0c55a1"
@@ -87,13 +87,14 @@ class Fuzzed:
 
 @pytest.fixture(scope="module")
 def fuzzed(sheetplane_database_url: str) -> Iterator[Fuzzed]:
-    database_url = sheetplane_database_url
-    parts = urlsplit(database_url)
-    secrets = tuple(s for s in (TOKEN, OTHER_TOKEN, database_url, parts.password) if s)
+    parts = urlsplit(sheetplane_database_url)
     with (
+        # Its own database: each snapshot reads only what the fuzzed requests made.
+        own_database(sheetplane_database_url, "fuzz_gateway") as database_url,
         ThreadedGateway(database_url, tokens={TOKEN: ORG, OTHER_TOKEN: OTHER_ORG}) as gw,
         httpx.Client(base_url=gw.base_url, timeout=120) as http,
     ):
+        secrets = tuple(s for s in (TOKEN, OTHER_TOKEN, database_url, parts.password) if s)
         fuzz = Fuzzed(gw, http, database_url, 0, {}, secrets)
         seed = [{"_key": f"k{i}", "email": f"user{i}@example.com"} for i in range(10)]
         admitted = _ok(
