@@ -463,7 +463,8 @@ class _Json(_Form[bytes]):
         tail = _OUTPUT_TAIL if row_mode == "output" else _ALL_TAIL
         reserved = {"_key", *tail}
         by_id = {column_id: name for name, column_id in columns if column_id not in reserved}
-        # (key, sql column, whether it is jsonb), in the dict rows' key order.
+        # (key, sql column, whether it is jsonb), in the dict rows' key order; every
+        # physical column is jsonb (``ensure_sheet``).
         cells = [("_key", "_key", False)]
         cells += [(column_id, name, True) for column_id, name in by_id.items()]
         cells += [(name, name, name == "_cell_meta") for name in tail]
@@ -476,16 +477,16 @@ class _Json(_Form[bytes]):
             alias = sql.Identifier(f"_v{number}")
             source = sql.Identifier(column)
             pieces.append(sql.Literal(("{" if number == 0 else ",") + _wire_key(key)))
+            # The subquery selects bare columns: its projection is also computed for
+            # the rows an OFFSET skips, so everything else is written outside it.
+            inner.append(sql.SQL("{} AS {}").format(source, alias))
             if is_jsonb:
-                inner.append(sql.SQL("to_jsonb({}) AS {}").format(source, alias))
                 pieces.append(sql.SQL("COALESCE({}::text, 'null')").format(alias))
                 recode.append(sql.SQL(_RECODE_CELL).format(alias))
             elif column in _INTEGER_COLUMNS:
-                inner.append(sql.SQL("{} AS {}").format(source, alias))
                 pieces.append(sql.SQL("COALESCE({}::text, 'null')").format(alias))
             else:
                 # Text, and timestamps as ISO 8601 strings (in the session's UTC).
-                inner.append(sql.SQL("{} AS {}").format(source, alias))
                 pieces.append(sql.SQL("COALESCE(to_json({})::text, 'null')").format(alias))
         pieces.append(sql.Literal("}"))
         self._inner = sql.SQL(", ").join(inner)
