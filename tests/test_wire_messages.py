@@ -295,3 +295,25 @@ def test_error_bodies_carry_the_seed_s_snake_case_members() -> None:
     }
     read = structure({"error": "too big", "code": "x", "observed_bytes": 7}, _messages.ErrorBody)
     assert read.observed_bytes == 7 and read.retry_after_ms is ABSENT
+
+
+@pytest.mark.parametrize(
+    ("rows", "problem"),
+    [
+        ([{"a": 1}, {"b": 2}, "row", {"c": 3}], "rows[2] must be an object"),
+        ([[1, 2]], "rows[0] must be an object"),
+        ({"a": 1}, "rows must be an array"),
+    ],
+)
+def test_a_page_of_rows_names_the_member_that_is_not_an_object(rows: Any, problem: str) -> None:
+    with pytest.raises(_messages.WireError, match=re.escape(problem)):
+        _messages.structure({"rows": rows, "limit": 5, "offset": 0}, _messages.PageWire)
+
+
+def test_a_page_of_rows_keeps_its_objects() -> None:
+    class Row(dict[str, Any]):
+        pass
+
+    rows = [{"a": 1}, Row(b=2), {}]
+    page = _messages.structure({"rows": rows, "limit": 5, "offset": 0}, _messages.PageWire)
+    assert page.rows == rows
