@@ -200,10 +200,16 @@ class EnsureSheetRequest(Request):
 
 
 @attrs.frozen(kw_only=True)
-class StartSheetDatasetRequest(Request):
-    action: Literal["start_sheet_dataset"] = "start_sheet_dataset"
+class SheetRequest(Request):
+    """What a request that writes a sheet carries: the sheet and its contract."""
+
     table_namespace: str = text_field()
     sheet_contract: SheetContractWire
+
+
+@attrs.frozen(kw_only=True)
+class StartSheetDatasetRequest(SheetRequest):
+    action: Literal["start_sheet_dataset"] = "start_sheet_dataset"
     rows: list[dict[str, Any]]
     run_id: str = text_field()
     user_email: str | None = optional_text_field()
@@ -331,11 +337,9 @@ class FailRowWire:
 
 
 @attrs.frozen(kw_only=True)
-class TerminalWriteRequest(Request):
+class TerminalWriteRequest(SheetRequest):
     """What a complete and a fail request share: the sheet, the attempt and its fence."""
 
-    table_namespace: str = text_field()
-    sheet_contract: SheetContractWire
     run_id: str = text_field()
     write_version: int | None = optional_int_field(0, BIGINT_MAX)
 
@@ -414,21 +418,22 @@ class SummaryRequest(Request):
 
 
 @attrs.frozen(kw_only=True)
-class BeginAdmissionRequest(Request):
-    action: Literal["begin_sheet_admission"] = "begin_sheet_admission"
-    table_namespace: str = text_field()
-    sheet_contract: SheetContractWire
+class StagedAdmissionRequest(SheetRequest):
+    """What the requests of one staged admission share: its sheet and its id."""
+
     admission_id: str = admission_id_field()
+
+
+@attrs.frozen(kw_only=True)
+class BeginAdmissionRequest(StagedAdmissionRequest):
+    action: Literal["begin_sheet_admission"] = "begin_sheet_admission"
     run_id: str = text_field()
     user_email: str | None = optional_text_field()
 
 
 @attrs.frozen(kw_only=True)
-class StageAdmissionChunkRequest(Request):
+class StageAdmissionChunkRequest(StagedAdmissionRequest):
     action: Literal["stage_sheet_admission_chunk"] = "stage_sheet_admission_chunk"
-    table_namespace: str = text_field()
-    sheet_contract: SheetContractWire
-    admission_id: str = admission_id_field()
     seq: int = int_field(0, BIGINT_MAX)
     first_position: int = int_field(0, BIGINT_MAX)
     rows: list[Any] = attrs.field(
@@ -440,11 +445,8 @@ class StageAdmissionChunkRequest(Request):
 
 
 @attrs.frozen(kw_only=True)
-class CommitAdmissionRequest(Request):
+class CommitAdmissionRequest(StagedAdmissionRequest):
     action: Literal["commit_sheet_admission"] = "commit_sheet_admission"
-    table_namespace: str = text_field()
-    sheet_contract: SheetContractWire
-    admission_id: str = admission_id_field()
     run_id: str = text_field()
     chunks: int = int_field(0, BIGINT_MAX)
     rows: int = int_field(0, BIGINT_MAX)

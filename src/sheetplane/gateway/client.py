@@ -120,6 +120,7 @@ __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
 _REDACTED: Final = "[redacted]"
 _R = TypeVar("_R", bound=m.Request)
+_S = TypeVar("_S", bound=m.SheetRequest)
 _T = TypeVar("_T")
 #: Staged-admission actions, whose 400 ``invalid_input`` is a bad input row.
 _STAGED: Final = frozenset({_wire.STAGE_ADMISSION_CHUNK, _wire.COMMIT_ADMISSION})
@@ -447,6 +448,18 @@ class GatewayClient:
         except m.WireError as exc:
             raise InvalidInputError(f"{cls.__name__}: {exc}") from None
 
+    def _sheet_request(
+        self, cls: type[_S], table_namespace: str, contract: SheetContract, **fields: Any
+    ) -> _S:
+        """A request that writes the sheet ``table_namespace`` under ``contract``."""
+        self._check_sheet_args(table_namespace, contract)
+        return self._request(
+            cls,
+            table_namespace=table_namespace,
+            sheet_contract=m.contract_wire(contract),
+            **fields,
+        )
+
     async def _send(self, request: m.Request, *, attempt_ms: int = REQUEST_TIMEOUT_MS) -> _Answer:
         """Send one request, written by the wire converter."""
         content = _dumps(m.unstructure(request))
@@ -478,11 +491,10 @@ class GatewayClient:
         an admission whose answer would: in both cases nothing was written.
         ``RowWriter.start`` stages inputs of any size instead.
         """
-        self._check_sheet_args(table_namespace, contract)
-        request = self._request(
+        request = self._sheet_request(
             m.StartSheetDatasetRequest,
-            table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            table_namespace,
+            contract,
             rows=[dict(row) for row in rows],
             run_id=run_id,
             user_email=self.user_email,
@@ -500,11 +512,10 @@ class GatewayClient:
         self, table_namespace: str, contract: SheetContract, admission_id: str, run_id: str
     ) -> None:
         """Register the staged admission ``admission_id`` (idempotent: safe to retry)."""
-        self._check_sheet_args(table_namespace, contract)
-        request = self._request(
+        request = self._sheet_request(
             m.BeginAdmissionRequest,
-            table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            table_namespace,
+            contract,
             admission_id=admission_id,
             run_id=run_id,
             user_email=self.user_email,
@@ -526,11 +537,10 @@ class GatewayClient:
     ) -> bytes:
         """The request body of one staged chunk, around rows already encoded as compact
         JSON objects (so a row is encoded once, to measure it and to send it)."""
-        self._check_sheet_args(table_namespace, contract)
-        request = self._request(
+        request = self._sheet_request(
             m.StageAdmissionChunkRequest,
-            table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            table_namespace,
+            contract,
             admission_id=admission_id,
             seq=seq,
             first_position=first_position,
@@ -569,11 +579,10 @@ class GatewayClient:
         commit is one transaction. A retried commit waits for the first one
         and answers its counts.
         """
-        self._check_sheet_args(table_namespace, contract)
-        request = self._request(
+        request = self._sheet_request(
             m.CommitAdmissionRequest,
-            table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            table_namespace,
+            contract,
             admission_id=admission_id,
             run_id=run_id,
             chunks=chunks,
@@ -875,17 +884,16 @@ class GatewayClient:
         write_version: int | None,
     ) -> TerminalWriteResult:
         """A complete or fail request: each row's fields as ``row_cls``, under one fence."""
-        self._check_sheet_args(table_namespace, contract)
         wire_rows = []
         for position, fields in enumerate(rows):
             try:
                 wire_rows.append(m.build(row_cls, **fields))
             except m.WireError as exc:
                 raise InvalidInputError(f"{cls.__name__}: rows[{position}].{exc}") from None
-        request = self._request(
+        request = self._sheet_request(
             cls,
-            table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            table_namespace,
+            contract,
             run_id=run_id,
             write_version=write_version,
             rows=wire_rows,
