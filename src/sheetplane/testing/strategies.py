@@ -42,6 +42,7 @@ from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway import _messages, _wire
 from ..gateway._wire import encode_body
 from ..gateway.faults import FAULT_KINDS, FaultSpec
+from ..store._schema import SYSTEM_COLUMNS
 
 __all__ = [
     "ACTIONS",
@@ -105,21 +106,7 @@ SQL_LOOKING: tuple[str, ...] = (
 )
 
 _NO_NUL = st.characters(codec="utf-8", exclude_characters="\x00")
-_SYSTEM_COLUMNS = frozenset(
-    {
-        "_key",
-        "_status",
-        "_run_id",
-        "_error",
-        "_stage",
-        "_provider",
-        "_input_index",
-        "_created_at",
-        "_updated_at",
-        "_cell_meta",
-        "_write_version",
-    }
-)
+_SYSTEM_COLUMNS = frozenset(SYSTEM_COLUMNS)
 
 
 def hostile_text(*, min_size: int = 0, max_size: int = 40) -> st.SearchStrategy[str]:

@@ -652,15 +652,7 @@ async def commit_sheet_admission(call: Call) -> dict[str, Any]:
         rows=request.rows,
     )
     return m.unstructure(
-        m.CommitAdmissionAnswer(
-            admission_id=request.admission_id,
-            write_version=counts.write_version,
-            inserted=counts.inserted,
-            skipped=counts.skipped,
-            pending_count=counts.pending_count,
-            completed_count=counts.completed_count,
-            table_namespace=counts.table_namespace,
-        )
+        m.CommitAdmissionAnswer(admission_id=request.admission_id, **attrs.asdict(counts))
     )
 
 
