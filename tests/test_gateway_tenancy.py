@@ -194,7 +194,7 @@ async def test_a_gateway_that_is_not_superuser_refuses_an_unhardened_database(
     url = psycopg.conninfo.make_conninfo(database_url, user=role, password=password)
     await run_sql(
         database_url,
-        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+        sql.SQL("CREATE ROLE {} LOGIN CREATEROLE PASSWORD {}").format(
             sql.Identifier(role), sql.Literal(password)
         ),
     )

@@ -28,6 +28,7 @@ from .errors import EnvelopeDecryptionError as EnvelopeDecryptionError
 from .errors import GatewayAuthError as GatewayAuthError
 from .errors import GatewayError as GatewayError
 from .errors import GatewayProtocolError as GatewayProtocolError
+from .errors import GatewayRoleLacksPrivilegesError as GatewayRoleLacksPrivilegesError
 from .errors import GatewayTimeoutError as GatewayTimeoutError
 from .errors import InvalidInputError as InvalidInputError
 from .errors import LaneWedgedError as LaneWedgedError
@@ -93,6 +94,7 @@ __all__ = [
     "GatewayAuthError",
     "GatewayError",
     "GatewayProtocolError",
+    "GatewayRoleLacksPrivilegesError",
     "GatewayTimeoutError",
     "InvalidInputError",
     "LaneWedgedError",

@@ -336,6 +336,31 @@ DB_SESSION_MAX_LIVE_PER_TOKEN: Final = DB_SESSION_MAX_LIVE_PER_ORG // 2
 #: session's renewal window is when a runner retires its old sessions.
 DB_SESSION_CAP_RETRY_AFTER_MS: Final = MAX_RETRY_AFTER_MS
 
+#: One org's share of the connections session roles may hold on the server, as
+#: a divisor: half. While one org holds its whole budget, the other half is
+#: left to every other org, so a tenant that opens connections on every one of
+#: its sessions (up to ``DB_SESSION_MAX_LIVE_PER_ORG`` x
+#: ``DB_SESSION_MAX_CONNECTIONS`` = 4,096 by role limits alone) never locks
+#: another out of the server for longer than the watchdog takes to end its excess.
+DB_SESSION_ORG_CONNECTION_SHARE: Final = 2
+
+
+def org_connection_budget(max_connections: int, reserved_connections: int) -> int:
+    """Connections all session roles of one org may hold at once on a server.
+
+    ``max_connections`` less the slots only privileged roles may take
+    (``superuser_reserved_connections`` + ``reserved_connections``) and the
+    gateway deployment's own pool (``GATEWAY_DB_CONNECTION_BUDGET``), divided by
+    ``DB_SESSION_ORG_CONNECTION_SHARE``; never less than one session's
+    ``DB_SESSION_MAX_CONNECTIONS``, so one session always works at full width.
+    Postgres's default 100 slots (3 reserved) give 44; the embedded server's
+    200, 94. The gateway's watchdog ends an org's newest session backends past
+    it, and a mint for an org already at it is refused 429.
+    """
+    sessions = max_connections - reserved_connections - GATEWAY_DB_CONNECTION_BUDGET
+    return max(DB_SESSION_MAX_CONNECTIONS, sessions // DB_SESSION_ORG_CONNECTION_SHARE)
+
+
 # --- Runtime.map ----------------------------------------------------------------
 
 #: Rows ``map`` reads ahead of its ``fn`` calls: one keyset page of the
@@ -498,6 +523,11 @@ def _check() -> None:
         "a session statement may run as long as the store's own": (
             DB_SESSION_STATEMENT_TIMEOUT_MS >= POSTGRES_STATEMENT_TIMEOUT_MS
             and DB_SESSION_TRANSACTION_TIMEOUT_MS >= DB_SESSION_STATEMENT_TIMEOUT_MS
+        ),
+        "an org's connection budget is at least one session's, and half of what is left": (
+            org_connection_budget(100, 3) == (100 - 3 - GATEWAY_DB_CONNECTION_BUDGET) // 2
+            and org_connection_budget(0, 0) == DB_SESSION_MAX_CONNECTIONS
+            and DB_SESSION_ORG_CONNECTION_SHARE >= 2
         ),
         "a token holds at most its org's sessions": (
             0 < DB_SESSION_MAX_LIVE_PER_TOKEN <= DB_SESSION_MAX_LIVE_PER_ORG

@@ -29,6 +29,7 @@ The tree::
     │   │   └── ConnectionSlotsExhaustedError no connection slot freed within the ladder
     │   ├── StatementTimeoutError             a statement ran past its timeout
     │   └── DatabaseNotHardenedError          PUBLIC keeps privileges a tenant could abuse
+    │       └── GatewayRoleLacksPrivilegesError a non-superuser gateway cannot bound sessions
     ├── AttemptSupersededError                a newer admission fenced this attempt
     ├── WriteConflictError                    same version, different values
     ├── WorkReceiptFencedError                another holder's live claim owns the receipt
@@ -319,6 +320,19 @@ class DatabaseNotHardenedError(StoreError):
     gateway's role is not a superuser that could revoke them."""
 
     code = "database_not_hardened"
+
+
+class GatewayRoleLacksPrivilegesError(DatabaseNotHardenedError):
+    """The gateway's role is not a superuser and lacks what it needs to bound
+    session roles: ``CREATEROLE`` (to mint and drop them), membership in
+    ``pg_read_all_stats`` (to see their backends' state in ``pg_stat_activity``)
+    or in ``pg_signal_backend`` (to end them). ``missing`` names each."""
+
+    code = "gateway_role_lacks_privileges"
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 # --- fencing ----------------------------------------------------------------------------

@@ -52,7 +52,13 @@ from ._config import GatewayConfig
 from ._http import ActionError, EncodedAnswer, bad_request
 from ._metrics import GatewayMetrics
 from ._plays import play_answer, play_of
-from ._roles import ReaperProgress, SessionCapReachedError, create_session_role, scoped_url
+from ._roles import (
+    ReaperProgress,
+    SessionCapReachedError,
+    SessionCaps,
+    create_session_role,
+    scoped_url,
+)
 
 __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
 
@@ -70,6 +76,8 @@ class GatewayState:
     reaper: ReaperProgress
     metrics: GatewayMetrics = attrs.field(factory=GatewayMetrics)
     """The gateway's Prometheus metrics: count with ``call.state.metrics.<name>``."""
+    caps: SessionCaps = attrs.field(factory=SessionCaps)
+    """The session caps in force, the org connection budget resolved at startup."""
 
 
 @attrs.frozen
@@ -467,7 +475,7 @@ async def _mint(
             operations,
             expires,
             bounds=state.config.session_bounds(),
-            caps=state.config.session_caps(),
+            caps=state.caps,
             token_id=token_id,
         )
     except SessionCapReachedError as exc:

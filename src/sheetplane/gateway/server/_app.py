@@ -87,7 +87,7 @@ from ._logs import RequestInfo, internal_error_fields, redact_in_logs
 from ._metrics import action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
 from ._probes import probe_routes
-from ._roles import ReaperProgress, run_reaper, run_watchdog
+from ._roles import ReaperProgress, resolve_org_connection_budget, run_reaper, run_watchdog
 
 __all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
 
@@ -106,6 +106,16 @@ _LARGE_ANSWERS: Final = frozenset({_wire.START_SHEET_DATASET})
 _ACTION_BUDGETS_MS: Final[Mapping[str, int]] = {
     _wire.COMMIT_ADMISSION: ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
 }
+
+
+def startup_failure(app: Starlette) -> Exception | None:
+    """The error that stopped the app's lifespan from starting, if one did.
+
+    Hypercorn reports a failed lifespan startup as started (its startup event is
+    set either way), so the server asks the app itself before it listens.
+    """
+    failure = getattr(app.state, "startup_failure", None)
+    return failure if isinstance(failure, Exception) else None
 
 
 def gateway_state(app: Starlette) -> GatewayState:
@@ -385,9 +395,18 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
         ):
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
             store = SheetStore(cast(TrioPool, admission))
-            await harden_database(store)
-            for definition in config.plays:
-                await store.register_play(definition.org_id, definition.play, name=definition.name)
+            try:
+                await harden_database(store)
+                for definition in config.plays:
+                    await store.register_play(
+                        definition.org_id, definition.play, name=definition.name
+                    )
+                org_connections = await resolve_org_connection_budget(
+                    store, config.session_max_connections_per_org
+                )
+            except Exception as exc:
+                app.state.startup_failure = exc
+                raise
             progress = _MeteredProgress(on_reaped=metrics.session_roles_reaped.inc)
             app.state.gateway = GatewayState(
                 config=config,
@@ -396,11 +415,16 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 faults=FaultSchedule(),
                 reaper=progress,
                 metrics=metrics,
+                caps=config.session_caps(org_connections),
             )
             metrics.pool_stats = partial(pool_states, opened.pool)
             await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
             await nursery.start(
-                run_watchdog, store, config.session_bounds(), config.watchdog_interval_ms, progress
+                partial(run_watchdog, org_connections=org_connections),
+                store,
+                config.session_bounds(),
+                config.watchdog_interval_ms,
+                progress,
             )
             try:
                 yield

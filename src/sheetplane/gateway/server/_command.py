@@ -55,7 +55,7 @@ from ...budgets import (
     GATEWAY_MAX_CONNECTIONS,
     GATEWAY_MIN_WORKER_POOL,
 )
-from ...errors import InvalidInputError
+from ...errors import DatabaseNotHardenedError, InvalidInputError
 from ...store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
 from ._auth import parse_token_pairs
 from ._config import GatewayConfig
@@ -205,6 +205,17 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="how often expired session roles are dropped (default: the budgets' interval)",
     )
     parser.add_argument(
+        "--org-db-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "connections all DB sessions of one org may hold at once; the watchdog ends an"
+            " org's newest past it (default: half of the server's max_connections left after"
+            " reserved slots and the gateway's own, budgets.org_connection_budget)"
+        ),
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, so a new gateway can listen beside a draining one",
@@ -328,6 +339,8 @@ def _gateway_config(
     extra: dict[str, Any] = {}
     if args.reaper_interval_ms is not None:
         extra["reaper_interval_ms"] = args.reaper_interval_ms
+    if args.org_db_connections is not None:
+        extra["session_max_connections_per_org"] = args.org_db_connections
     try:
         return GatewayConfig(
             database_url=secrets["database_url"],
@@ -409,6 +422,8 @@ def _worker_argv(args: argparse.Namespace, fd: int) -> list[str]:
     ]
     if args.reaper_interval_ms is not None:
         argv += ["--reaper-interval-ms", str(args.reaper_interval_ms)]
+    if args.org_db_connections is not None:
+        argv += ["--org-db-connections", str(args.org_db_connections)]
     if args.plays is not None:
         argv += ["--plays", str(args.plays)]
     for flag, on in (("--allow-test-faults", args.allow_test_faults), ("--legacy", args.legacy)):
@@ -502,6 +517,31 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
     return 0 if signalled and all(proc.returncode == 0 for proc in procs) else 1
 
 
+def _refusal(exc: BaseException) -> DatabaseNotHardenedError | None:
+    """The refused-database error in ``exc`` (through exception groups), if any."""
+    if isinstance(exc, DatabaseNotHardenedError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _refusal(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _refusing(run: Any) -> int:
+    """``run()``, except that a database the gateway refuses (not hardened, or a
+    role that could not bound sessions) is one line on stderr and status 2."""
+    try:
+        return int(run())
+    except BaseException as exc:
+        refused = _refusal(exc)
+        if refused is None:
+            raise
+        print(f"sheetplane serve: the gateway cannot start: {refused}", file=sys.stderr)
+        return 2
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``sheetplane serve`` with parsed ``args``; return the exit status."""
     configure_logging()
@@ -523,7 +563,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.worker_fd is not None:
         config = _gateway_config(args, secrets, plays)
         sock = socket.socket(fileno=args.worker_fd)
-        return trio.run(_serve_until_signalled, config, options, args.host, args.port, sock)
+        return _refusing(
+            lambda: trio.run(_serve_until_signalled, config, options, args.host, args.port, sock)
+        )
     for warning in command_line_secret_warnings(args):
         print(f"sheetplane serve: warning: {warning}", file=sys.stderr)
     if not secrets["tokens"]:
@@ -540,5 +582,9 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"sheetplane serve: {exc}", file=sys.stderr)
             return 2
         if args.workers == 1:
-            return trio.run(_serve_until_signalled, config, options, args.host, args.port, None)
+            return _refusing(
+                lambda: trio.run(
+                    _serve_until_signalled, config, options, args.host, args.port, None
+                )
+            )
         return trio.run(_run_workers, args, secrets)

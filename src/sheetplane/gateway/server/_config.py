@@ -95,6 +95,13 @@ class GatewayConfig:
         default=DB_SESSION_MAX_LIVE_PER_TOKEN, validator=_positive
     )
     """Live sessions one executor token may hold; a mint past it is answered 429."""
+    session_max_connections_per_org: int | None = attrs.field(
+        default=None, validator=_optional_positive
+    )
+    """Connections all session roles of one org may hold at once: the watchdog
+    ends an org's newest session backends past it, and a mint for an org at it
+    is answered 429. None: derived from the server's ``max_connections`` when
+    the gateway starts (``budgets.org_connection_budget``)."""
     watchdog_interval_ms: int = attrs.field(
         default=DB_SESSION_WATCHDOG_INTERVAL_MS, validator=_positive
     )
@@ -128,8 +135,11 @@ class GatewayConfig:
     metrics_token: str | None = attrs.field(default=None, repr=False)
     """The bearer token ``GET /metrics`` requires; None: ``/metrics`` answers 404. A secret."""
 
-    def session_caps(self) -> SessionCaps:
-        """How many live sessions one org and one token may hold."""
+    def session_caps(self, connections_per_org: int | None = None) -> SessionCaps:
+        """How many live sessions one org and one token may hold, and (once
+        resolved) how many connections one org's sessions may hold."""
         return SessionCaps(
-            per_org=self.session_max_live_per_org, per_token=self.session_max_live_per_token
+            per_org=self.session_max_live_per_org,
+            per_token=self.session_max_live_per_token,
+            connections_per_org=connections_per_org,
         )

@@ -32,7 +32,12 @@ current database only), once, under a lock so gateways starting together do
 not race. A gateway that is not a superuser cannot revoke them: it checks that
 an operator did (:func:`hardening_statements` prints the SQL, including the
 grants such a gateway needs itself) and refuses to start otherwise, so a
-database where a tenant could lock out another is never served.
+database where a tenant could lock out another is never served. Such a
+gateway also refuses to start (:class:`GatewayRoleLacksPrivilegesError`,
+naming each) without ``CREATEROLE`` or membership in ``pg_read_all_stats``
+and ``pg_signal_backend``: without them its watchdog would see no session
+backend's state and its reaper could end none, and sessions would run
+unbounded while the gateway served.
 
 Startup also creates the gateway's own schema and session ledger
 (``_roles.ensure_session_ledger``), under the same lock.
@@ -46,12 +51,13 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from ...errors import DatabaseNotHardenedError
+from ...errors import DatabaseNotHardenedError, GatewayRoleLacksPrivilegesError
 from ...store import SheetStore
 from ._roles import GATEWAY_SCHEMA, LEDGER_GRANTS, ensure_session_ledger
 
 __all__ = [
     "GATEWAY_FUNCTIONS",
+    "GATEWAY_MEMBERSHIPS",
     "REVOKED_FUNCTION_PATTERN",
     "harden_database",
     "hardening_statements",
@@ -77,6 +83,14 @@ GATEWAY_FUNCTIONS: Final = (
     "pg_try_advisory_xact_lock(bigint)",
     "pg_terminate_backend(integer,bigint)",
 )
+
+#: Predefined roles a non-superuser gateway must be a member of: its reaper and
+#: watchdog read the state, start times and transaction ages of other roles'
+#: backends in ``pg_stat_activity`` (hidden from a role without
+#: ``pg_read_all_stats``: they read NULL, and nothing would ever be ended) and
+#: terminate them (refused without ``pg_signal_backend``: the creator of a role
+#: holds no privileges of it on Postgres 16+).
+GATEWAY_MEMBERSHIPS: Final = ("pg_read_all_stats", "pg_signal_backend")
 
 #: The key of the lock under which one gateway at a time revokes (REVOKE rewrites
 #: catalog rows; two at once fail with "tuple concurrently updated").
@@ -121,8 +135,10 @@ def hardening_statements(
     """The statements that harden the current database (empty once it is).
 
     With ``gateway_role`` (a non-superuser gateway), they also grant that role
-    the functions the gateway calls itself, and its session ledger when another
-    role created it. An operator runs them as a superuser.
+    the functions the gateway calls itself, the predefined roles of
+    ``GATEWAY_MEMBERSHIPS`` it is not yet a member of, and its session ledger
+    when another role created it. An operator runs them as a superuser. (The
+    role must also have ``CREATEROLE``, a role attribute its creator gives it.)
     """
     statements = [
         sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(sql.SQL(signature))
@@ -142,6 +158,13 @@ def hardening_statements(
             sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(signature), role)
             for signature in GATEWAY_FUNCTIONS
         )
+        lacking = _lacking_memberships(conn, gateway_role)
+        if lacking:
+            statements.append(
+                sql.SQL("GRANT {} TO {}").format(
+                    sql.SQL(", ").join(map(sql.Identifier, lacking)), role
+                )
+            )
         ledger = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{GATEWAY_SCHEMA}.sessions",))
         if ledger.fetchone() == (True,):
             statements.extend(
@@ -153,6 +176,33 @@ def hardening_statements(
                 for grant in LEDGER_GRANTS
             )
     return statements
+
+
+def _lacking_memberships(conn: psycopg.Connection[Any], role: str) -> list[str]:
+    """Of ``GATEWAY_MEMBERSHIPS``, those whose privileges ``role`` does not have."""
+    check = "SELECT pg_has_role(%s, %s, 'USAGE')"
+    return [
+        member
+        for member in GATEWAY_MEMBERSHIPS
+        if conn.execute(check, (role, member)).fetchone() != (True,)
+    ]
+
+
+def _check_gateway_role(conn: psycopg.Connection[Any], me: str) -> None:
+    """Raise :class:`GatewayRoleLacksPrivilegesError` naming what ``me`` lacks."""
+    row = conn.execute("SELECT rolcreaterole FROM pg_roles WHERE rolname = %s", (me,)).fetchone()
+    missing = [] if row == (True,) else ["CREATEROLE"]
+    missing += _lacking_memberships(conn, me)
+    if not missing:
+        return
+    raise GatewayRoleLacksPrivilegesError(
+        f"gateway role {me!r} is not a superuser and lacks {', '.join(missing)}: without them "
+        "it cannot mint and drop session roles (CREATEROLE), see its sessions' backends "
+        "(pg_read_all_stats) or end them (pg_signal_backend), so no session would be bounded; "
+        "a superuser must grant them (sheetplane.gateway.server.hardening_statements lists "
+        "the grants; docs/gateway.md, Security)",
+        missing,
+    )
 
 
 def _harden(conn: psycopg.Connection[Any]) -> None:
@@ -170,6 +220,7 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
             log.info("revoked %d built-in privileges from PUBLIC", len(statements))
         ensure_session_ledger(conn)
         return
+    _check_gateway_role(conn, me)
     left = public_functions(conn)
     check = "SELECT has_function_privilege(%s::regprocedure, 'EXECUTE')"
     missing = [
@@ -191,6 +242,8 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
 async def harden_database(store: SheetStore) -> None:
     """Revoke the family from ``PUBLIC`` (superuser), or check that it was.
 
-    Raises :class:`DatabaseNotHardenedError` when it was not and cannot be.
+    Raises :class:`DatabaseNotHardenedError` when it was not and cannot be, and
+    :class:`GatewayRoleLacksPrivilegesError` when a non-superuser gateway's role
+    could not bound the sessions it mints (the message names what it lacks).
     """
     await store.pool.run(_harden)

@@ -73,6 +73,7 @@ from ...budgets import (
     DB_SESSION_MAX_LIVE_PER_TOKEN,
     DB_SESSION_STATEMENT_TIMEOUT_MS,
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
+    org_connection_budget,
 )
 from ...errors import InvalidInputError
 from ...store import SheetNames, SheetStore, sheet_names
@@ -89,10 +90,12 @@ __all__ = [
     "SessionCaps",
     "create_role_statements",
     "create_session_role",
+    "end_backends_past_org_budget",
     "end_overrunning_backends",
     "ensure_session_ledger",
     "format_expires_at",
     "reap_expired_roles",
+    "resolve_org_connection_budget",
     "run_reaper",
     "run_watchdog",
     "scoped_url",
@@ -155,10 +158,15 @@ class SessionBounds:
 
 @attrs.frozen
 class SessionCaps:
-    """How many live (unexpired) sessions one org and one token may hold."""
+    """How many live (unexpired) sessions one org and one token may hold, and
+    how many connections one org's sessions may hold together."""
 
     per_org: int = DB_SESSION_MAX_LIVE_PER_ORG
     per_token: int = DB_SESSION_MAX_LIVE_PER_TOKEN
+    connections_per_org: int | None = None
+    """Connections all of one org's session roles may hold at once; a mint for
+    an org already holding that many is refused. None: not checked at mint
+    (the gateway resolves it when it starts, :func:`resolve_org_connection_budget`)."""
 
 
 class SessionCapReachedError(Exception):
@@ -167,8 +175,8 @@ class SessionCapReachedError(Exception):
     The gateway answers it 429 with ``retry_after_ms``; nothing was created.
     """
 
-    def __init__(self, which: str, cap: int) -> None:
-        super().__init__(f"this {which} already holds {cap} live DB sessions (the cap)")
+    def __init__(self, which: str, cap: int, what: str = "live DB sessions") -> None:
+        super().__init__(f"this {which} already holds {cap} {what} (the cap)")
         self.which = which
         self.cap = cap
 
@@ -230,7 +238,9 @@ class ReaperProgress:
     watchdog_passes: int = 0
     """Completed watchdog passes."""
     ended: int = 0
-    """Session backends the watchdog ended so far."""
+    """Session backends the watchdog ended so far (both kinds)."""
+    over_budget: int = 0
+    """Of those, backends ended because their org held more than its connection budget."""
     expired_admissions: int = 0
     """Abandoned staged admissions expired so far (their staging rows deleted)."""
     _changed: trio.Event = attrs.field(factory=trio.Event)
@@ -241,10 +251,12 @@ class ReaperProgress:
         self.dropped += dropped
         self._wake()
 
-    def record_watchdog(self, ended: int) -> None:
-        """Count a finished watchdog pass."""
+    def record_watchdog(self, ended: int, over_budget: int = 0) -> None:
+        """Count a finished watchdog pass: ``ended`` backends, ``over_budget`` of them
+        for their org's connection budget."""
         self.watchdog_passes += 1
         self.ended += ended
+        self.over_budget += over_budget
         self._wake()
 
     def _wake(self) -> None:
@@ -254,6 +266,11 @@ class ReaperProgress:
     async def wait_for_pass(self, passes: int) -> None:
         """Return once at least ``passes`` reaper passes have completed."""
         while self.passes < passes:
+            await self._changed.wait()
+
+    async def wait_for_watchdog_pass(self, passes: int) -> None:
+        """Return once at least ``passes`` watchdog passes have completed."""
+        while self.watchdog_passes < passes:
             await self._changed.wait()
 
     async def wait_for_ended(self, ended: int) -> None:
@@ -387,6 +404,13 @@ def create_role_statements(
     return statements
 
 
+#: Connections the session roles of one org hold now (the ledger knows each role's org).
+_ORG_BACKENDS = sql.SQL(
+    "SELECT count(*) FROM pg_stat_activity AS a JOIN {} AS l ON l.role = a.usename"
+    " WHERE l.org_id = %s"
+).format(_LEDGER)
+
+
 def _grant_lock_key(schema: str) -> int:
     """A signed 64-bit advisory-lock key for the grants on one org's schema."""
     digest = hashlib.sha256(f"sheetplane-grants:{schema}".encode()).digest()
@@ -444,6 +468,13 @@ async def create_session_role(
             return SessionCapReachedError("org", caps.per_org)
         if token_id is not None and live[1] >= caps.per_token:
             return SessionCapReachedError("token", caps.per_token)
+        if caps.connections_per_org is not None:
+            # A new session could only add connections the watchdog would end.
+            held = conn.execute(_ORG_BACKENDS, (sheet.org_id,)).fetchone()
+            if held is not None and held[0] >= caps.connections_per_org:
+                return SessionCapReachedError(
+                    "org", caps.connections_per_org, "DB connections through its sessions"
+                )
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (role, org_id, token_id, schema_name, expires_at)"
@@ -500,7 +531,11 @@ def scoped_url(database_url: str, role: str, password: str) -> str:
 def _expired_roles(conn: psycopg.Connection[Any]) -> list[str]:
     rows = conn.execute(
         "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)"
-        " AND rolvaliduntil IS NOT NULL AND rolvaliduntil <= now() ORDER BY rolname",
+        " AND rolvaliduntil IS NOT NULL AND rolvaliduntil <= now()"
+        # Only roles this gateway may drop: a non-superuser gateway holds ADMIN
+        # OPTION on the roles it created, not on another gateway's (roles are
+        # the cluster's, shared by every database on it).
+        " AND pg_has_role(oid, 'MEMBER WITH ADMIN OPTION') ORDER BY rolname",
         (ROLE_PREFIX,),
     ).fetchall()
     return [str(row[0]) for row in rows]
@@ -528,6 +563,14 @@ def _drop_role(conn: psycopg.Connection[Any], role: str) -> None:
     ).fetchall()
     for (schema,) in schemas:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(str(schema)),))
+    # REASSIGN OWNED and DROP OWNED need the role's privileges. A superuser has
+    # them; a CREATEROLE gateway holds only ADMIN OPTION on the roles it created
+    # (Postgres 16+ grants the creator no inherited membership), which lets it
+    # take that membership now, for the rest of this transaction: DROP ROLE
+    # removes it with the role.
+    inherits = conn.execute("SELECT pg_has_role(%s, 'USAGE')", (role,)).fetchone()
+    if inherits != (True,):
+        conn.execute(sql.SQL("GRANT {role} TO CURRENT_USER WITH INHERIT TRUE").format(role=ident))
     conn.execute(sql.SQL("REASSIGN OWNED BY {role} TO CURRENT_USER").format(role=ident))
     conn.execute(sql.SQL("DROP OWNED BY {role}").format(role=ident))
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {role}").format(role=ident))
@@ -655,27 +698,91 @@ async def end_overrunning_backends(store: SheetStore, bounds: SessionBounds, sla
     return await store.pool.run(run)
 
 
+#: Every session backend of an org past the org's first ``budget`` connections
+#: (oldest first), ended: the newest connections are the excess, and the oldest
+#: carry the work already under way.
+_PAST_ORG_BUDGET = sql.SQL(
+    """
+    WITH session AS (
+        SELECT a.pid, row_number() OVER (
+            PARTITION BY l.org_id ORDER BY a.backend_start, a.pid) AS n
+        FROM pg_stat_activity AS a JOIN {ledger} AS l ON l.role = a.usename
+        WHERE a.pid <> pg_backend_pid())
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM session
+    WHERE n > %(budget)s
+    """
+).format(ledger=_LEDGER)
+
+
+async def resolve_org_connection_budget(store: SheetStore, configured: int | None) -> int:
+    """``configured``, or the budget ``org_connection_budget`` derives from the server.
+
+    Reads ``max_connections``, ``superuser_reserved_connections`` and (Postgres
+    16+) ``reserved_connections`` of the server the store is on.
+    """
+    if configured is not None:
+        return configured
+
+    def settings(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+        row = conn.execute(
+            "SELECT current_setting('max_connections')::int,"
+            " current_setting('superuser_reserved_connections')::int"
+            " + coalesce(current_setting('reserved_connections', true)::int, 0)"
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    return org_connection_budget(*await store.pool.run(settings))
+
+
+async def end_backends_past_org_budget(store: SheetStore, budget: int) -> int:
+    """Terminate each org's newest session backends past ``budget``; return how many.
+
+    Postgres bounds connections per role (``CONNECTION LIMIT``), not per group
+    of roles, and an org holds many roles: this is the per-org bound.
+    """
+
+    def run(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(_PAST_ORG_BUDGET, {"budget": budget}).fetchone()
+        return int(row[0]) if row else 0
+
+    return await store.pool.run(run)
+
+
 async def run_watchdog(
     store: SheetStore,
     bounds: SessionBounds,
     interval_ms: int,
     progress: ReaperProgress,
     *,
+    org_connections: int | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """End overrunning session backends every ``interval_ms`` until cancelled.
 
     A backend is ended at most one interval (plus one interval of slack, so
-    Postgres's own timeout wins when it still applies) after its bound.
+    Postgres's own timeout wins when it still applies) after its bound. With
+    ``org_connections``, each pass also ends every org's newest session
+    backends past that many, so an org is over its budget for at most one
+    interval (and one pass) at a time.
     """
     task_status.started()
     while True:
-        ended = 0
+        ended = over_budget = 0
         try:
             ended = await end_overrunning_backends(store, bounds, interval_ms)
+            if org_connections is not None:
+                over_budget = await end_backends_past_org_budget(store, org_connections)
         except Exception as exc:
             log.warning("session watchdog pass failed: %s", type(exc).__name__)
         if ended:
             log.warning("ended %d session backend(s) past their time bounds", ended)
-        progress.record_watchdog(ended)
+        if over_budget:
+            log.warning(
+                "ended %d session backend(s) past their org's budget of %d connections",
+                over_budget,
+                org_connections,
+                extra={"event": "org_connection_budget", "ended": over_budget},
+            )
+        progress.record_watchdog(ended + over_budget, over_budget)
         await trio.sleep(interval_ms / 1000)

@@ -42,7 +42,7 @@ from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ASGIFramework, ConnectionState
-from hypercorn.utils import repr_socket_addr
+from hypercorn.utils import LifespanFailureError, repr_socket_addr
 from starlette.applications import Starlette
 
 from ..._types import LogicalTable, SheetContract
@@ -55,7 +55,7 @@ from ...budgets import (
 )
 from ...errors import InvalidInputError
 from ._actions import GatewayState, mint_preloaded_session
-from ._app import create_app, gateway_state
+from ._app import create_app, gateway_state, startup_failure
 from ._config import GatewayConfig
 from ._ops import Operations
 
@@ -156,6 +156,21 @@ async def serve(
     )
 
 
+def _raise_startup_failure(app: Starlette, group: BaseExceptionGroup[BaseException]) -> None:
+    """Raise the app's startup failure alone when ``group`` holds nothing else.
+
+    The lifespan task's ``LifespanFailureError`` beside it says the same thing,
+    so a caller who opened no nursery gets the one typed error (a refused
+    database, say); any other group is left to propagate.
+    """
+    failure = startup_failure(app)
+    if failure is None:
+        return
+    _, rest = group.split(lambda e: e is failure or isinstance(e, LifespanFailureError))
+    if rest is None:
+        raise failure from None
+
+
 async def _serve_connection(
     server: Callable[[trio.SocketStream], TCPServer],
     stream: trio.SocketStream,
@@ -212,6 +227,11 @@ async def _serve_app(
         async with trio.open_nursery() as lifespan_nursery:
             await lifespan_nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
+            failure = startup_failure(app)
+            if failure is not None:
+                # Never listen for an app that did not start (a database the
+                # gateway refuses, say): raise its own error, typed.
+                raise failure
             sock.listen(options.backlog)
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
             server = partial(TCPServer, wrapped, config, context, ConnectionState(lifespan_state))
@@ -257,6 +277,9 @@ async def _serve_app(
                 log.info("drained", extra={"event": "drained"})
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        _raise_startup_failure(app, group)
+        raise
     finally:
         if own_socket:
             sock.close()
@@ -336,11 +359,15 @@ async def running_gateway(
     ops = Operations()
     app = create_app(config, ops)
     stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        base_url: str = await nursery.start(
-            _serve_app, app, ops, host, port, stop.wait, serve_options or ServeOptions(), None
-        )
-        try:
-            yield RunningGateway(base_url=base_url, app=app, config=config)
-        finally:
-            stop.set()
+    try:
+        async with trio.open_nursery() as nursery:
+            base_url: str = await nursery.start(
+                _serve_app, app, ops, host, port, stop.wait, serve_options or ServeOptions(), None
+            )
+            try:
+                yield RunningGateway(base_url=base_url, app=app, config=config)
+            finally:
+                stop.set()
+    except BaseExceptionGroup as group:
+        _raise_startup_failure(app, group)
+        raise
