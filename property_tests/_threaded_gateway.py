@@ -90,6 +90,10 @@ class TrioThread:
         assert self._token is not None
         return trio.from_thread.run(fn, *args, trio_token=self._token)
 
+    def failure(self) -> BaseException | None:
+        """What ended the thread's trio run, if something did."""
+        return self._error
+
     def alive(self) -> bool:
         """Whether the thread's trio run still goes on."""
         return self._thread.is_alive() and self._error is None

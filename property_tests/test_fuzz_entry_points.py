@@ -11,7 +11,12 @@ Covered: ``BoundedBatchFunction`` (constructor, ``submit``, ``estimate_bytes``
 answers), ``json_byte_length_up_to``, ``PageRequest``,
 ``read_pages_adaptive``, every ``SheetStore`` method, the ``GatewayClient``
 constructor and helpers, ``AccessShape``/``SessionLimits``/``PreloadedSession``/
-``SessionManager``, the crypto functions, and ``open_runtime``.
+``SessionManager``, the crypto functions, ``open_runtime``, and the secret
+options of ``sheetplane serve`` (``--database-url``, ``--database-url-file``,
+``--token``, ``--tokens-file`` and their variables, good and bad, mixed): it
+starts with exactly the secrets the sources give, in their precedence, warns
+for each secret on the command line, or refuses naming the source; no secret
+in any message, warning or repr.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ import base64
 import json
 import math
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -45,6 +53,7 @@ from sheetplane._types import (
     SheetContract,
     SheetRef,
 )
+from sheetplane.cli import build_parser
 from sheetplane.crypto import (
     decrypt_postgres_url,
     decrypt_with_unwrap_key,
@@ -53,10 +62,18 @@ from sheetplane.crypto import (
     generate_decryption_key,
     session_aad,
 )
+from sheetplane.errors import InvalidInputError
 from sheetplane.gateway.client import GatewayClient
+from sheetplane.gateway.server._command import (
+    METRICS_TOKEN_ENV,
+    TOKENS_ENV,
+    ConfigurationError,
+    serve_settings,
+)
 from sheetplane.pages import Page, PageRequest, read_pages_adaptive
 from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
 from sheetplane.store import SheetStore, open_store
+from sheetplane.store.embedded import DATABASE_URL_ENV
 from sheetplane.testing.strategies import bad_numbers, hostile_text, json_values, wrong_types
 
 from ._threaded_gateway import TrioThread, own_database, snapshot
@@ -798,3 +815,142 @@ def test_runtime_parts_refuse_bad_arguments(call: str, data: st.DataObject) -> N
     result = run_virtual(main)
     assert isinstance(result, BaseException), f"{call} accepted {bad!r}"
     assert isinstance(result, TYPED), repr(result)
+
+
+# --- sheetplane serve: its secret options ----------------------------------------------------
+#
+# The database URL and executor tokens come from the command line (warned about),
+# files or the environment, in a stated precedence. Whatever the mix, good or bad,
+# the command either starts with exactly the secrets the sources give or refuses
+# (``ConfigurationError``: exit 2) naming the source; no secret is ever in a
+# message, a warning or a repr.
+
+_SECRET_TEXT = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789",
+    min_size=10,
+    max_size=24,
+)
+#: A pair that ``parse_token_pairs`` refuses, for a token ``t`` (``{t}``) and an org.
+_MALFORMED_PAIRS = ("{t}", "={org}", "{t}=", " = ", "{t}:{org}")
+
+
+@st.composite
+def token_sources(draw: st.DrawFn, name: str) -> tuple[list[str], bool, set[str]]:
+    """``(pairs, malformed, tokens)`` of one source: ``TOKEN=ORG`` texts, whether one
+    is malformed, and every token text in them (the secrets to look for)."""
+    pairs: list[str] = []
+    tokens: set[str] = set()
+    malformed = False
+    for index in range(draw(st.integers(0, 3))):
+        token = f"tok{name}{index}{draw(_SECRET_TEXT)}"
+        tokens.add(token)
+        if draw(st.integers(0, 5)) == 0:
+            pairs.append(draw(st.sampled_from(_MALFORMED_PAIRS)).format(t=token, org="org-x"))
+            malformed = True
+        else:
+            pairs.append(f"{token}=org-{draw(st.integers(0, 2))}")
+    return pairs, malformed, tokens
+
+
+def _url(kind: str, password: str) -> str:
+    return {
+        "uri": f"postgresql://gw:{password}@127.0.0.1:5432/sheets?sslmode=disable",
+        "uri_no_password": "postgresql://gw@127.0.0.1:5432/sheets",
+        "conninfo": f"host=127.0.0.1 dbname=sheets user=gw password={password}",
+        "unparseable": f"postgresql://gw:{password}@[::1:5432/sheets",
+    }[kind]
+
+
+@FUZZ
+@given(
+    password=_SECRET_TEXT,
+    url_kind=st.sampled_from(["uri", "uri_no_password", "conninfo", "unparseable"]),
+    url_source=st.sampled_from(["none", "env", "arg", "file", "both", "arg_and_env"]),
+    url_file=st.sampled_from(["good", "padded", "empty", "missing", "directory", "not_utf8"]),
+    cli=token_sources("c"),
+    from_file=st.one_of(st.none(), token_sources("f")),
+    env=token_sources("e"),
+    tokens_file_missing=st.booleans(),
+)
+def test_serve_secret_options_start_with_exactly_their_secrets_or_refuse_without_echoing(
+    password: str,
+    url_kind: str,
+    url_source: str,
+    url_file: str,
+    cli: tuple[list[str], bool, set[str]],
+    from_file: tuple[list[str], bool, set[str]] | None,
+    env: tuple[list[str], bool, set[str]],
+    tokens_file_missing: bool,
+) -> None:
+    TRIED["serve_secret_options"] += 1
+    url = _url(url_kind, password)
+    secrets = {password, url, *cli[2], *env[2], *(from_file[2] if from_file else ())}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        argv = ["serve"]
+        environ = {
+            DATABASE_URL_ENV: "",
+            TOKENS_ENV: ",".join(env[0]),
+            METRICS_TOKEN_ENV: "",
+        }
+        expected_url: str | None = None
+        refused = False
+        if url_source in ("env", "arg_and_env"):
+            environ[DATABASE_URL_ENV] = url
+            expected_url = url
+        if url_source in ("arg", "both", "arg_and_env"):
+            argv += ["--database-url", url]
+            expected_url = url
+        if url_source in ("file", "both"):
+            path = root / "database-url"
+            if url_file == "directory":
+                path.mkdir()
+            elif url_file != "missing":
+                content = {
+                    "good": url.encode(),
+                    "padded": f"\n  {url}  \n".encode(),
+                    "empty": b" \n",
+                    "not_utf8": b"\xff\xfe" + url.encode(),
+                }[url_file]
+                path.write_bytes(content)
+            argv += ["--database-url-file", str(path)]
+            expected_url = url
+            refused |= url_file not in ("good", "padded")
+        refused |= url_source == "both"
+        for pair in cli[0]:
+            argv.append(f"--token={pair}")
+        if from_file is not None:
+            tokens_path = root / "tokens"
+            if not tokens_file_missing:
+                lines = ["# executor tokens", "", *from_file[0]]
+                tokens_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            argv += ["--tokens-file", str(tokens_path)]
+            refused |= tokens_file_missing or from_file[1]
+        refused |= cli[1] or env[1]
+        args = build_parser().parse_args(argv)
+        with mock.patch.dict(os.environ, environ):
+            if not environ[DATABASE_URL_ENV]:
+                del os.environ[DATABASE_URL_ENV]
+            try:
+                settings = serve_settings(args)
+            except (ConfigurationError, InvalidInputError) as exc:
+                message = str(exc)
+                assert refused, message
+                assert message
+                for secret in secrets:
+                    assert secret not in message
+                return
+    assert not refused, argv
+    expected_tokens: dict[str, str] = {}
+    for source in (env[0], from_file[0] if from_file else [], cli[0]):
+        expected_tokens.update(p.split("=", 1) for p in source)
+    assert settings.secrets["tokens"] == expected_tokens
+    assert settings.secrets["database_url"] == expected_url
+    warned = " ".join(settings.messages)
+    assert ("--token puts" in warned) == bool(cli[0])
+    on_command_line = url_source in ("arg", "arg_and_env") and url_kind != "uri_no_password"
+    assert ("--database-url puts" in warned) == on_command_line
+    assert ("no executor token" in warned) == (not expected_tokens)
+    for secret in secrets:
+        for text in (*settings.messages, repr(settings), repr(args.__dict__.get("run"))):
+            assert secret not in text

@@ -17,8 +17,16 @@ the decoder's stack). Invariants, for every example:
   they were before the request;
 * the server is still up: it answers the next valid request.
 
-A last group sends hostile but *valid* strings (SQL-looking, quotes, unicode,
+A group sends hostile but *valid* strings (SQL-looking, quotes, unicode,
 huge) where the gateway takes free text: they may write, but never answer 5xx.
+
+The last group sends bodies slowly: in pieces with pauses around the
+body-read timeout, finished, stalled for good, or abandoned by the client.
+A body whole in time gets its ordinary answer; one that is not is answered
+408 with ``connection: close`` (at exactly the timeout under trio's MockClock,
+where the app runs in process); never a 5xx, never a connection held. A
+bounded slice sends them to a real server on real sockets; ``--campaign``
+sends 300.
 """
 
 from __future__ import annotations
@@ -27,18 +35,24 @@ import base64
 import copy
 import json
 import os
+import socket
+import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from itertools import pairwise
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import attrs
 import httpx
 import pytest
+import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sheetplane.budgets import (
+    GATEWAY_BODY_READ_TIMEOUT_MS,
     MAX_CONTRACT_COLUMNS,
     MAX_ERROR_TEXT_BYTES,
     MAX_JSON_DEPTH,
@@ -46,7 +60,12 @@ from sheetplane.budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from sheetplane.crypto import generate_decryption_key
-from sheetplane.gateway.server import RUNTIME_PATH
+from sheetplane.gateway.faults import FaultSchedule
+from sheetplane.gateway.server import RUNTIME_PATH, GatewayConfig, create_app
+from sheetplane.gateway.server._actions import GatewayState
+from sheetplane.gateway.server._auth import TokenTable
+from sheetplane.gateway.server._roles import ReaperProgress
+from sheetplane.store import SheetStore
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
 from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
 
@@ -589,3 +608,277 @@ def test_hostile_but_valid_strings_never_cause_a_5xx(
         )
         assert run_id in keys["keys"]
     _check_alive(fuzzed)
+
+
+# --- stalled and slow bodies ----------------------------------------------------------------
+#
+# A body sent in pieces with pauses, finished, left unfinished, or abandoned by its
+# client. Against the body-read timeout the answer is always a 4xx: a body that
+# arrives whole in time gets its ordinary answer (never 408), one that does not is
+# answered 408 with ``connection: close`` exactly at the timeout; never a 5xx, never
+# a hang. The gateway app itself runs under trio's MockClock (its timeout is a
+# trio deadline), on bodies answered before the store (bad JSON, an unknown action,
+# another org); a bounded slice then sends slow bodies to a real server on real sockets.
+
+#: The body-read timeout of the real-socket slice: short, so pauses around it stay cheap.
+REAL_BODY_TIMEOUT_MS = 400
+#: A request that does not end within this on the real socket counts as a hang.
+REAL_HANG_S = 30
+#: Bodies answered before any store call: which answer a whole one gets.
+_BEFORE_THE_STORE = st.one_of(
+    bad_json_bodies().filter(lambda b: len(b) <= 4096).map(lambda b: (b, 400)),
+    st.just((_encode({"action": "no_such_action", "playName": PLAY}), 400)),
+    st.just(
+        (
+            _encode({"action": "runtime_sheet_summary", "playName": PLAY, "orgId": OTHER_ORG}),
+            403,
+        )
+    ),
+)
+
+
+@attrs.frozen
+class SlowBody:
+    """A body in pieces: ``pauses_ms[i]`` before piece ``i``; then ``ending``."""
+
+    body: bytes
+    pieces: tuple[bytes, ...]
+    pauses_ms: tuple[int, ...]
+    ending: str
+    """``whole``: every piece sent; ``stall``: the last piece never comes and the
+    client waits; ``disconnect``: the client leaves instead of sending it."""
+    whole_status: int
+    """The answer the whole body gets when it arrives in time."""
+
+    def ends_ms(self) -> int | None:
+        """When the client has sent its whole body or left; None: it stalls for good."""
+        return None if self.ending == "stall" else sum(self.pauses_ms)
+
+
+@st.composite
+def slow_bodies(draw: st.DrawFn, timeout_ms: int) -> SlowBody:
+    body, whole_status = draw(_BEFORE_THE_STORE)
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(body) - 1)), max_size=5)))
+    bounds = [0, *[c for c in cuts if c < len(body)], len(body)]
+    pieces = tuple(body[a:b] for a, b in pairwise(bounds) if b > a) or (b"",)
+    if len(pieces) == 1 and draw(st.booleans()):
+        pieces = (b"", *pieces)  # the head alone first, then the whole body
+    # Pauses around the timeout: well inside, just inside, just past, far past.
+    pause = st.one_of(
+        st.integers(0, timeout_ms // (2 * len(pieces)) or 1),
+        st.integers(0, 2 * timeout_ms),
+        st.sampled_from([timeout_ms - 1, timeout_ms, timeout_ms + 1]),
+    )
+    pauses = tuple(draw(pause) for _ in pieces)
+    ending = draw(st.sampled_from(["whole", "stall", "disconnect"]))
+    if not pieces[-1]:
+        ending = "whole"  # nothing left to hold back: the body is whole once the head is
+    return SlowBody(body, pieces, pauses, ending, whole_status)
+
+
+class _NoStore:
+    """The store of the virtual-time app: no request of these examples reaches it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"a request answered before the store reached it ({name})")
+
+
+def _virtual_app(timeout_ms: int) -> Any:
+    """The real gateway app with its state in place and no store behind it."""
+    config = GatewayConfig(
+        database_url="postgresql://fuzz@127.0.0.1:1/none",
+        tokens={TOKEN: ORG},
+        body_read_timeout_ms=timeout_ms,
+    )
+    app = create_app(config)
+    app.state.gateway = GatewayState(
+        config=config,
+        store=cast(SheetStore, _NoStore()),
+        tokens=TokenTable.from_mapping(config.tokens),
+        faults=FaultSchedule(),
+        reaper=ReaperProgress(),
+    )
+    return app
+
+
+async def _drive(app: Any, slow: SlowBody) -> tuple[float, int, dict[bytes, bytes], bytes]:
+    """Send ``slow`` to the ASGI app in virtual time: (when the answer began, status,
+    headers, body)."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": RUNTIME_PATH,
+        "raw_path": RUNTIME_PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {TOKEN}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(slow.body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 80),
+    }
+    to_send = list(zip(slow.pauses_ms, slow.pieces, strict=True))
+    last = len(to_send) - 1
+    answered = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if not to_send:
+            await answered.wait()  # the client has nothing more to say
+            return {"type": "http.disconnect"}
+        index = last - len(to_send) + 1
+        pause_ms, piece = to_send.pop(0)
+        if index == last and slow.ending == "stall":
+            await trio.sleep_forever()
+        await trio.sleep(pause_ms / 1000)
+        if index == last and slow.ending == "disconnect":
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": piece, "more_body": index < last}
+
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message, at=trio.current_time())
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                answered.set()
+
+    began = trio.current_time()
+    await app(scope, receive, send)
+    assert start, "the app returned without answering"
+    headers = {k.lower(): v for k, v in start.get("headers", [])}
+    return start["at"] - began, start["status"], headers, b"".join(chunks)
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_slow_or_stalled_body_is_answered_in_time_or_408_never_5xx_virtual(
+    data: st.DataObject,
+) -> None:
+    TRIED["slow_body_virtual"] += 1
+    timeout_ms = GATEWAY_BODY_READ_TIMEOUT_MS
+    slow = data.draw(slow_bodies(timeout_ms))
+    app = _virtual_app(timeout_ms)
+
+    async def main() -> tuple[float, int, dict[bytes, bytes], bytes]:
+        with trio.fail_after(2 * timeout_ms / 1000 * len(slow.pieces) + 60):  # a hang, virtual
+            return await _drive(app, slow)
+
+    at, status, headers, body = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert status < 500, (status, body[:300])
+    timeout_s = timeout_ms / 1000
+    ends = slow.ends_ms()
+    if ends is not None and ends < timeout_ms and slow.ending == "disconnect":
+        assert status == 400  # nobody reads it: the client left
+    elif ends is not None and ends < timeout_ms:
+        assert status == slow.whole_status, (status, body[:300])
+        assert json.loads(body)["code"] != "request_timeout"
+    elif ends is None or ends > timeout_ms:
+        assert status == 408, (status, body[:300])
+        assert at == pytest.approx(timeout_s)  # exactly the timeout, in virtual time
+        assert json.loads(body)["code"] == "request_timeout"
+        assert headers.get(b"connection") == b"close"
+    else:  # the last piece lands on the deadline itself: either is right
+        assert status in (slow.whole_status, 408, 400)
+
+
+@pytest.fixture(scope="module")
+def slow_gateway(sheetplane_database_url: str) -> Iterator[ThreadedGateway]:
+    with ThreadedGateway(
+        sheetplane_database_url,
+        tokens={TOKEN: ORG},
+        body_read_timeout_ms=REAL_BODY_TIMEOUT_MS,
+    ) as gw:
+        yield gw
+
+
+def _slow_exchange(base_url: str, slow: SlowBody) -> bytes:
+    """Send ``slow`` on a real socket (pausing between pieces, as a slow client
+    does); everything the server sends until it closes or answers whole."""
+    host, port = urlsplit(base_url).hostname, urlsplit(base_url).port
+    assert host is not None and port is not None
+    head = (
+        f"POST {RUNTIME_PATH} HTTP/1.1\r\nhost: {host}\r\n"
+        f"authorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(slow.body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, port), timeout=REAL_HANG_S) as sock:
+        sock.sendall(head)
+        last = len(slow.pieces) - 1
+        try:
+            for index, (pause_ms, piece) in enumerate(
+                zip(slow.pauses_ms, slow.pieces, strict=True)
+            ):
+                if index == last and slow.ending == "stall":
+                    break  # and wait for the server's word
+                time.sleep(pause_ms / 1000)  # the client's pacing: the input under test
+                if index == last and slow.ending == "disconnect":
+                    sock.shutdown(socket.SHUT_WR)
+                else:
+                    sock.sendall(piece)
+        except OSError:
+            pass  # the server closed first: what it sent is still readable
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk
+
+
+def _check_slow_exchange(gateway: ThreadedGateway, slow: SlowBody) -> None:
+    started = time.monotonic()
+    try:
+        received = _slow_exchange(gateway.base_url, slow)
+    except OSError as exc:  # refused, or held past REAL_HANG_S
+        raise AssertionError(f"{exc!r}; the gateway's run: {gateway.failure()!r}") from exc
+    took = time.monotonic() - started
+    assert took < REAL_HANG_S, "the server held the connection"
+    if received:
+        status = int(received.split(b" ", 2)[1])
+        assert status < 500, received[:300]
+        if slow.ending == "stall":
+            assert status == 408, received[:300]
+        if status == 408:
+            assert b"connection: close" in received.lower()
+        # Well inside the timeout, a whole body gets its ordinary answer.
+        ends = slow.ends_ms()
+        if slow.ending == "whole" and ends is not None and ends < REAL_BODY_TIMEOUT_MS // 4:
+            assert status == slow.whole_status, received[:300]
+    else:  # closed without an answer: only for a client that left
+        assert slow.ending == "disconnect", slow
+    assert gateway.alive()
+
+
+#: Real-socket examples in CI: each may take up to a few body timeouts of real time.
+REAL_SLICE_EXAMPLES = min(EXAMPLES, 12)
+
+
+@settings(FUZZ, max_examples=REAL_SLICE_EXAMPLES)
+@given(data=st.data())
+def test_a_slow_or_stalled_body_on_a_real_socket_is_answered_or_408_never_5xx_never_held(
+    slow_gateway: ThreadedGateway, data: st.DataObject
+) -> None:
+    TRIED["slow_body_real"] += 1
+    _check_slow_exchange(slow_gateway, data.draw(slow_bodies(REAL_BODY_TIMEOUT_MS)))
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=300)
+@given(data=st.data())
+def test_slow_and_stalled_bodies_on_a_real_socket_campaign(
+    slow_gateway: ThreadedGateway, data: st.DataObject
+) -> None:
+    """The same property at length (``--campaign``): a few minutes of real time."""
+    TRIED["slow_body_real"] += 1
+    _check_slow_exchange(slow_gateway, data.draw(slow_bodies(REAL_BODY_TIMEOUT_MS)))

@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
 import psycopg
 import trio
 from prometheus_client.multiprocess import mark_process_dead
@@ -542,37 +543,62 @@ def _refusing(run: Any) -> int:
         return 2
 
 
+@attrs.frozen
+class ServeSettings:
+    """What ``sheetplane serve`` runs with, once its options, files and
+    environment are read; ``messages`` are the lines it writes to stderr first."""
+
+    secrets: dict[str, Any] = attrs.field(repr=False)
+    """``tokens``, ``database_url`` (None: an embedded server), ``metrics_token``."""
+    options: ServeOptions
+    plays: tuple[PlayDefinition, ...]
+    messages: tuple[str, ...]
+    """Warnings about the command line: they name options, never a secret."""
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """Read the serve command's configuration (no socket, no database yet).
+
+    Raises :class:`ConfigurationError` (or ``InvalidInputError``), whose message
+    names the source (option, variable, file, pair position) and never a secret:
+    the command prints it and exits 2.
+    """
+    if args.worker_fd is not None:
+        secrets = json.loads(sys.stdin.read())
+    else:
+        secrets = {
+            "tokens": _tokens(args),
+            "database_url": _database_url(args),
+            "metrics_token": _metrics_token(args),
+        }
+    options = _serve_options(args)
+    plays = () if args.plays is None else load_plays(args.plays)
+    _pool_size(args)
+    messages: list[str] = []
+    if args.worker_fd is None:
+        messages += [f"warning: {w}" for w in command_line_secret_warnings(args)]
+        if not secrets["tokens"]:
+            messages.append("no executor token (--token TOKEN=ORG): every request gets 401")
+    return ServeSettings(secrets, options, tuple(plays), tuple(messages))
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``sheetplane serve`` with parsed ``args``; return the exit status."""
     configure_logging()
     try:
-        if args.worker_fd is not None:
-            secrets = json.loads(sys.stdin.read())
-        else:
-            secrets = {
-                "tokens": _tokens(args),
-                "database_url": _database_url(args),
-                "metrics_token": _metrics_token(args),
-            }
-        options = _serve_options(args)
-        plays = () if args.plays is None else load_plays(args.plays)
-        _pool_size(args)
+        settings = serve_settings(args)
     except (ConfigurationError, InvalidInputError) as exc:
         print(f"sheetplane serve: {exc}", file=sys.stderr)
         return 2
+    secrets, options, plays = settings.secrets, settings.options, settings.plays
     if args.worker_fd is not None:
         config = _gateway_config(args, secrets, plays)
         sock = socket.socket(fileno=args.worker_fd)
         return _refusing(
             lambda: trio.run(_serve_until_signalled, config, options, args.host, args.port, sock)
         )
-    for warning in command_line_secret_warnings(args):
-        print(f"sheetplane serve: warning: {warning}", file=sys.stderr)
-    if not secrets["tokens"]:
-        print(
-            "sheetplane serve: no executor token (--token TOKEN=ORG): every request gets 401",
-            file=sys.stderr,
-        )
+    for message in settings.messages:
+        print(f"sheetplane serve: {message}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         if secrets["database_url"] is None:
             secrets["database_url"] = stack.enter_context(EmbeddedPostgres()).url
