@@ -165,9 +165,19 @@ async def ended_by_the_gateway(url: str, work: Any) -> BaseException:
 
 
 async def test_a_gateway_that_is_not_superuser_reaps_expired_roles_and_ends_overrunning_backends(
-    gateway_database: GatewayDatabase, namespace: str
+    gateway_database: GatewayDatabase,
+    namespace: str,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     db = gateway_database
+    # An expired session role another gateway made (roles are the cluster's): not
+    # this gateway's to drop, so its reaper must not try.
+    foreign = f"sp_sess_foreign{uuid.uuid4().hex[:8]}"
+    await run_sql(
+        database_url,
+        sql.SQL("CREATE ROLE {} LOGIN VALID UNTIL '2000-01-01'").format(sql.Identifier(foreign)),
+    )
     statements = await db.hardened()
     # What the operator ran grants both predefined roles.
     assert any(all(f'"{m}"' in t for m in GATEWAY_MEMBERSHIPS) for t in statements), statements
@@ -215,6 +225,9 @@ async def test_a_gateway_that_is_not_superuser_reaps_expired_roles_and_ends_over
                 await trio.to_thread.run_sync(held.execute, "SELECT 1")
         finally:
             await trio.to_thread.run_sync(held.close)
+            await run_sql(database_url, sql.SQL("DROP ROLE {}").format(sql.Identifier(foreign)))
+    # Every pass dropped what it tried: the other gateway's role was left alone.
+    assert not [r for r in caplog.records if "could not drop" in r.getMessage()]
 
 
 @pytest.mark.parametrize("withheld", [("pg_signal_backend",), GATEWAY_MEMBERSHIPS])

@@ -100,6 +100,12 @@ async def org_backends(gw: RunningGateway, org: str) -> int:
     return await gw.state.store.pool.run(count)
 
 
+def test_the_org_budget_is_half_the_session_slots_left_and_never_below_one_session() -> None:
+    # docs/budgets.md: Postgres's default 100 slots, the embedded server's 200, this file's 24.
+    assert [org_connection_budget(n, 3) for n in (100, 200, 24)] == [44, 94, 6]
+    assert org_connection_budget(12, 3) == DB_SESSION_MAX_CONNECTIONS
+
+
 async def test_an_org_past_its_connection_budget_is_cut_back_newest_first_and_another_org_connects(
     small_server: EmbeddedPostgres,
 ) -> None:

@@ -181,6 +181,16 @@ async def _serve_connection(
     ops.metrics.connections_open.inc()
     try:
         await server(stream)
+    except Exception as exc:
+        # One connection's failure ends that connection, never the server: when a
+        # client keeps sending while Hypercorn closes the connection (a 408, say),
+        # Hypercorn's own send of an error answer races its close and raises
+        # trio.BusyResourceError out of its connection task.
+        log.warning(
+            "connection ended by %s",
+            type(exc).__name__,
+            extra={"event": "connection_error", "error": type(exc).__name__},
+        )
     finally:
         ops.metrics.connections_open.dec()
         slot.release_on_behalf_of(borrower)
