@@ -9,6 +9,8 @@ import pytest
 import trio
 
 from _serve_helpers import SHEETPLANE, post_action, serving
+from sheetplane.cli import build_parser
+from sheetplane.gateway.server._command import ConfigurationError, _gateway_config, _worker_argv
 
 TOKEN = "tok-cli-3e4f5a6b"
 ENV_TOKEN = "tok-cli-env-7c8d9e0f"
@@ -162,3 +164,17 @@ async def test_a_malformed_tokens_file_line_is_named_by_number_only(tmp_path: Pa
     assert result.returncode == 2
     assert b"--tokens-file line #2 must have the form TOKEN=ORG" in result.stderr
     assert b"secret-without-org" not in result.stderr
+
+
+def test_org_db_connections_reaches_the_config_and_every_worker_and_must_be_positive() -> None:
+    """``--org-db-connections N`` sets the org connection budget (default: derived)."""
+    secrets = {"tokens": {}, "database_url": "postgresql://gw@127.0.0.1/db", "metrics_token": None}
+    default = build_parser().parse_args(["serve"])
+    assert _gateway_config(default, secrets, ()).session_max_connections_per_org is None
+    args = build_parser().parse_args(["serve", "--org-db-connections", "7"])
+    assert _gateway_config(args, secrets, ()).session_max_connections_per_org == 7
+    argv = _worker_argv(args, 3)
+    assert argv[argv.index("--org-db-connections") + 1] == "7"
+    zero = build_parser().parse_args(["serve", "--org-db-connections", "0"])
+    with pytest.raises(ConfigurationError, match="session_max_connections_per_org"):
+        _gateway_config(zero, secrets, ())
