@@ -214,6 +214,11 @@ async def test_a_gateway_that_is_not_superuser_reaps_expired_roles_and_ends_over
         with trio.fail_after(5):  # the pass that ended it records it once its query returns
             await progress.wait_for_ended(ended + 1)
 
+        ended_by_time = gw.state.metrics.registry.get_sample_value(
+            "sheetplane_session_backends_ended_total", {"reason": "time_bound"}
+        )
+        assert ended_by_time is not None and ended_by_time >= 2
+
         # The reaper: an expired role, still connected, is ended and dropped.
         role, short_url = await mint(gw.base_url, namespace, ttl_seconds=1)
         held = await trio.to_thread.run_sync(psycopg.connect, short_url)

@@ -139,6 +139,10 @@ async def test_an_org_past_its_connection_budget_is_cut_back_newest_first_and_an
             took = trio.current_time() - opened
             print(f"org-a held {len(held)} connections, cut to {budget} in {took:.2f} s")
             assert gw.state.reaper.over_budget >= len(held) - budget
+            ended = gw.state.metrics.registry.get_sample_value(
+                "sheetplane_session_backends_ended_total", {"reason": "org_budget"}
+            )
+            assert ended == gw.state.reaper.over_budget
             # Newest first: the oldest connections carry on.
             survivors = [await trio.to_thread.run_sync(alive, c) for c in held]
             assert survivors == [True] * budget + [False] * (len(held) - budget)

@@ -84,7 +84,7 @@ from ._config import GatewayConfig
 from ._hardening import harden_database
 from ._http import ActionError, EncodedAnswer, bad_request, encode_json, json_bytes_response
 from ._logs import RequestInfo, internal_error_fields, redact_in_logs
-from ._metrics import action_label, pool_states
+from ._metrics import GatewayMetrics, action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
 from ._probes import probe_routes
 from ._roles import ReaperProgress, resolve_org_connection_budget, run_reaper, run_watchdog
@@ -307,13 +307,20 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
 
 @attrs.define(eq=False)
 class _MeteredProgress(ReaperProgress):
-    """The reaper's progress, also counted in ``sheetplane_session_roles_reaped_total``."""
+    """The reaper's and the watchdog's progress, also counted in
+    ``sheetplane_session_roles_reaped_total`` and ``sheetplane_session_backends_ended_total``."""
 
-    on_reaped: Callable[[int], object] = attrs.field(kw_only=True)
+    metrics: GatewayMetrics = attrs.field(kw_only=True)
 
     def record(self, dropped: int) -> None:
         super().record(dropped)
-        self.on_reaped(dropped)
+        self.metrics.session_roles_reaped.inc(dropped)
+
+    def record_watchdog(self, ended: int, over_budget: int = 0) -> None:
+        super().record_watchdog(ended, over_budget)
+        ended_by = self.metrics.session_backends_ended
+        ended_by.labels(reason="time_bound").inc(ended - over_budget)
+        ended_by.labels(reason="org_budget").inc(over_budget)
 
 
 class _AdmissionPool:
@@ -407,7 +414,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             except Exception as exc:
                 app.state.startup_failure = exc
                 raise
-            progress = _MeteredProgress(on_reaped=metrics.session_roles_reaped.inc)
+            progress = _MeteredProgress(metrics=metrics)
             app.state.gateway = GatewayState(
                 config=config,
                 store=store,

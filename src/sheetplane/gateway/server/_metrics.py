@@ -94,6 +94,7 @@ class GatewayMetrics:
     sessions_minted: Counter = attrs.field(init=False)
     session_roles_live: Gauge = attrs.field(init=False)
     session_roles_reaped: Counter = attrs.field(init=False)
+    session_backends_ended: Counter = attrs.field(init=False)
     read_batch_too_large: Counter = attrs.field(init=False)
     admissions: Counter = attrs.field(init=False)
     draining: Gauge = attrs.field(init=False)
@@ -150,6 +151,14 @@ class GatewayMetrics:
         self.session_roles_reaped = Counter(
             "sheetplane_session_roles_reaped",
             "Expired session roles the reaper dropped",
+            registry=registry,
+        )
+        self.session_backends_ended = Counter(
+            "sheetplane_session_backends_ended",
+            "Session backends the watchdog terminated, by reason (time_bound: a statement,"
+            " idle transaction or transaction past its bound; org_budget: past its org's"
+            " connection budget)",
+            ["reason"],
             registry=registry,
         )
         self.read_batch_too_large = Counter(
