@@ -49,6 +49,8 @@ from sheetplane.store._fencing import StoredRow, decide_terminal_write
 from sheetplane.testing.models import ModelWrite, SheetModel
 
 NS = "chaos"
+#: The creation time of every row of the fake gateway, in its keyset cursors.
+_CREATED_AT = "2026-01-01T00:00:00+00:00"
 #: A ``start`` of a one-chunk input: its begin and its chunk (a call each), its
 #: commit (a commit's call budget) and, if it failed, its abort.
 START_LIMIT_SECONDS = (
@@ -199,7 +201,8 @@ class FakeGateway:
 
     def _read(self, spec: dict[str, Any]) -> dict[str, Any]:
         """A keyset read of one admission's pending or completed rows (what
-        ``Admission.pending()`` sends); the cursor is ``{"i": index, "k": key}``."""
+        ``Admission.pending()`` sends); the cursor is the wire's ``RowCursorWire``
+        (``{inputIndex, createdAt, key}``; every row here has one creation time)."""
         admission = spec["admission"]
         version, pending = admission["writeVersion"], admission["part"] == "pending"
         after = spec.get("after")
@@ -209,7 +212,7 @@ class FakeGateway:
             if row.admitted == version and (row.version == version) == pending
         )
         if after is not None:
-            chosen = [pair for pair in chosen if pair > (after["i"], after["k"])]
+            chosen = [pair for pair in chosen if pair > (after["inputIndex"], after["key"])]
         page = chosen[: spec["limit"]]
         rows = [
             {
@@ -226,7 +229,9 @@ class FakeGateway:
             "rows": rows,
             "limit": spec["limit"],
             "offset": spec["offset"],
-            "nextAfter": {"i": page[-1][0], "k": page[-1][1]} if more and page else None,
+            "nextAfter": {"inputIndex": page[-1][0], "createdAt": _CREATED_AT, "key": page[-1][1]}
+            if more and page
+            else None,
         }
 
     def _terminal(self, body: dict[str, Any], target: str) -> dict[str, Any]:

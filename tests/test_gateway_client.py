@@ -996,3 +996,22 @@ async def test_a_value_its_wire_class_refuses_is_never_sent(
         with pytest.raises(InvalidInputError, match=message):
             await call(client)
     assert script.seen == []
+
+
+async def test_a_keyset_cursor_is_the_wire_s_row_cursor(autojump_clock: Any) -> None:
+    first, second = PageRequest(limit=2, offset=0), PageRequest(limit=2, offset=2)
+    cursor = {"inputIndex": 1, "createdAt": "2026-01-01T00:00:00+00:00", "key": "k1"}
+    script = Script(
+        [
+            ok({**page_json(first), "nextAfter": cursor}),
+            ok({**page_json(second), "nextAfter": {"i": 1}}),
+        ]
+    )
+    async with script.client() as client:
+        page = await client.read_rows_after("leads", None, 2, 0)
+        assert page.keyset and page.next_after == cursor
+        with pytest.raises(GatewayProtocolError, match=r"nextAfter\.createdAt is required"):
+            await client.read_rows_after("leads", page.next_after, 2, 2)
+        with pytest.raises(InvalidInputError, match=r"after: createdAt is required"):
+            await client.read_rows_after("leads", {"i": 1, "k": "k1"}, 2, 2)
+    assert [body["input"].get("after", "absent") for _, body, _ in script.seen] == [None, cursor]

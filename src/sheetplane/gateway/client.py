@@ -140,7 +140,8 @@ class KeysetPage:
     rows: tuple[dict[str, Any], ...]
     """The rows, in read order, at most the limit asked for."""
     next_after: dict[str, Any] | None
-    """The cursor to send as ``after`` next; None once the sheet has no more rows."""
+    """The cursor to send as ``after`` next (``{inputIndex, createdAt, key}``); None once
+    the sheet has no more rows."""
     keyset: bool
     """False when the gateway ignored ``after`` (it predates keyset reads): the
     rows are then the page at the offset sent, and ``next_after`` is None."""
@@ -756,8 +757,9 @@ class GatewayClient:
     ) -> KeysetPage:
         """Up to ``limit`` rows after the cursor ``after`` (None: from the start), by keyset.
 
-        ``after`` is the ``next_after`` of the previous answer, sent back as
-        is. ``offset`` is how many rows came before: a gateway that predates
+        ``after`` is the ``next_after`` of the previous answer: the wire's cursor
+        ``{inputIndex, createdAt, key}`` (``RowCursorWire``), read and written by
+        its class (another shape is an ``InvalidInputError``). ``offset`` is how many rows came before: a gateway that predates
         keyset reads ignores ``after`` and answers the page at ``offset``
         (``keyset`` is then False), so the caller can go on by offsets
         without a wasted request. Raises ``ReadBatchTooLargeError`` on the
