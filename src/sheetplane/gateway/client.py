@@ -759,8 +759,9 @@ class GatewayClient:
 
         ``after`` is the ``next_after`` of the previous answer: the wire's cursor
         ``{inputIndex, createdAt, key}`` (``RowCursorWire``), read and written by
-        its class (another shape is an ``InvalidInputError``). ``offset`` is how many rows came before: a gateway that predates
-        keyset reads ignores ``after`` and answers the page at ``offset``
+        its class (another shape is an ``InvalidInputError``). ``offset`` is how
+        many rows came before: a gateway that predates keyset reads ignores
+        ``after`` and answers the page at ``offset``
         (``keyset`` is then False), so the caller can go on by offsets
         without a wasted request. Raises ``ReadBatchTooLargeError`` on the
         gateway's 413.
