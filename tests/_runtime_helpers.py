@@ -114,7 +114,7 @@ async def seed_sheet(store: SheetStore, sheet: SheetRef, n: int, *, run_id: str 
     """``n`` pending rows in one ``INSERT ... SELECT generate_series`` (no admission).
 
     Row ``i`` (``i < n - NULL_TAIL``) has key ``k{i:07d}``, input index ``i`` and
-    text ``"row i ..."`` of varying length; the summary counters are moved to match.
+    text ``"row i ..."`` of varying length; the counting triggers count them.
     """
     await store.ensure_sheet(sheet, CONTRACT)
     names = sheet_names(sheet)
@@ -135,12 +135,6 @@ async def seed_sheet(store: SheetStore, sheet: SheetRef, n: int, *, run_id: str 
                 "UPDATE {t} SET _created_at = '2020-01-01T00:00:00Z' WHERE _input_index IS NULL"
             ).format(t=names.ident("sheet_table"))
         )
-        conn.execute(
-            sql.SQL("UPDATE {s} SET total = total + %(n)s, queued = queued + %(n)s").format(
-                s=names.ident("summary_table")
-            ),
-            {"n": n},
-        )
 
     await store.pool.run(run)
 
@@ -155,6 +149,7 @@ async def drop_sheet(store: SheetStore, sheet: SheetRef) -> None:
         "summary_table",
         "column_summary_table",
         "counter_table",
+        "lock_table",
     )
 
     def run(conn: psycopg.Connection[Any]) -> None:

@@ -10,13 +10,12 @@ from psycopg import sql
 
 from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, sheet_names
-from sheetplane.store._counters import column_counts, status_counts
-from sheetplane.store._rowdata import STATUS_COUNTER
+from sheetplane.store._counters import STATUS_COUNTER, column_counts, status_counts
 
 
 async def snapshot(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
     """Every row (all columns), the summary row, the events, the column summary and
-    the counters as a read sums them (base plus shards)."""
+    the counters as a read sums them (base plus log)."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -52,7 +51,7 @@ async def stored_rows(store: SheetStore, sheet: SheetRef) -> dict[str, dict[str,
 async def counters_match_rows(
     store: SheetStore, sheet: SheetRef
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """The summary counters (base plus shards), and the same counters recomputed
+    """The summary counters (base plus log), and the same counters recomputed
     with ``GROUP BY _status``."""
     names = sheet_names(sheet)
 
@@ -75,7 +74,7 @@ async def counters_match_rows(
 async def column_counts_match(
     store: SheetStore, sheet: SheetRef, columns: list[str]
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """The non-null counts (column summary plus shards), and the same counts recomputed."""
+    """The non-null counts (column summary plus log), and the same counts recomputed."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], dict[str, int]]:
@@ -95,29 +94,17 @@ async def column_counts_match(
 
 
 async def set_status(store: SheetStore, sheet: SheetRef, key: str, status: str) -> None:
-    """Force a row's status (for states no store call produces, like ``stale``),
-    keeping the summary counters consistent."""
+    """Force a row's status (for states no store call produces, like ``stale``); the
+    counting triggers keep the summary counters consistent."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> None:
-        old = conn.execute(
-            sql.SQL("SELECT _status FROM {} WHERE _key = %s").format(names.ident("sheet_table")),
-            (key,),
-        ).fetchone()
-        assert old is not None
-        conn.execute(
+        cur = conn.execute(
             sql.SQL("UPDATE {} SET _status = %s WHERE _key = %s").format(
                 names.ident("sheet_table")
             ),
             (status, key),
         )
-        before, after = STATUS_COUNTER[old[0]], STATUS_COUNTER[status]
-        if before == after:
-            return
-        conn.execute(
-            sql.SQL("UPDATE {tbl} SET {b} = {b} - 1, {a} = {a} + 1").format(
-                tbl=names.ident("summary_table"), b=sql.Identifier(before), a=sql.Identifier(after)
-            )
-        )
+        assert cur.rowcount == 1
 
     await store.pool.run(run)

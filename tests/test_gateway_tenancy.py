@@ -4,6 +4,7 @@ org cannot delay, read or forge anything of another org, nor hold the gateway.""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import tracemalloc
@@ -39,6 +40,7 @@ from sheetplane.gateway.server import (
 )
 from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
 from sheetplane.store import open_store, sheet_names
+from sheetplane.store._counters import column_counts
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
 
 TOKEN_A = "tok-tenant-a-7f3e9c1d"
@@ -251,7 +253,7 @@ SUMMARY_COLUMNS = (
     "updated_at",
 )
 COLSUM_COLUMNS = ("column_name", "non_null", "updated_at")
-COUNTER_COLUMNS = ("kind", "name", "shard", "value")
+COUNTER_COLUMNS = ("kind", "name", "value")
 RECEIPT_COLUMNS = ("key", "result", "run_id", "run_attempt", "completed_at")
 TABLE_COLUMNS = {
     "sheetTable": SHEET_COLUMNS,
@@ -259,6 +261,7 @@ TABLE_COLUMNS = {
     "summaryTable": SUMMARY_COLUMNS,
     "columnSummaryTable": COLSUM_COLUMNS,
     "counterTable": COUNTER_COLUMNS,
+    "lockTable": (),
     "otherSheetTable": SHEET_COLUMNS,
     "otherSummaryTable": SUMMARY_COLUMNS,
     "receiptsTable": RECEIPT_COLUMNS,
@@ -266,7 +269,6 @@ TABLE_COLUMNS = {
     "otherMetaTable": ("kind", "name", "value"),
 }
 WRITE_EVENT = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
-COUNTERS = ("total", "queued", "running", "completed", "failed", "updated_at")
 
 
 def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
@@ -286,19 +288,16 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
         return allowed
     allowed |= {("eventTable", "SELECT", "")}
     allowed |= {("eventTable", "INSERT", c) for c in WRITE_EVENT}
-    allowed |= {("summaryTable", "INSERT", "id")}
-    allowed |= {("summaryTable", "UPDATE", c) for c in COUNTERS}
-    # The writer lock is LOCK TABLE on the counter table (table-level UPDATE).
-    allowed |= {("counterTable", kind, c) for kind in ("INSERT", "UPDATE") for c in COUNTER_COLUMNS}
+    # The writer lock is LOCK TABLE on the empty, columnless lock table (table-level
+    # UPDATE). Counters, summary and column summary: SELECT only, for every operation.
+    allowed |= {("lockTable", "LOCK", "")}
     allowed |= {("sheetTable", "INSERT", c) for c in SHEET_COLUMNS}
     if operation in ("rows.upsert", "rows.replace"):
+        # Table-level UPDATE (and DELETE) on the rows lets LOCK TABLE through too.
         allowed |= {("sheetTable", "UPDATE", c) for c in SHEET_COLUMNS}
+        allowed |= {("sheetTable", "LOCK", "")}
     if operation == "rows.replace":
-        allowed |= {
-            ("sheetTable", "DELETE", ""),
-            ("columnSummaryTable", "DELETE", ""),
-            ("counterTable", "DELETE", ""),
-        }
+        allowed |= {("sheetTable", "DELETE", "")}
     return allowed
 
 
@@ -315,6 +314,7 @@ def probe_matrix(url: str, tables: dict[str, sql.Identifier]) -> set[tuple[str, 
                 ("SELECT", "", sql.SQL("SELECT * FROM {} LIMIT 0").format(table)),
                 ("DELETE", "", sql.SQL("DELETE FROM {} WHERE false").format(table)),
                 ("TRUNCATE", "", sql.SQL("TRUNCATE {}").format(table)),
+                ("LOCK", "", sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table)),
             ]
             for column in TABLE_COLUMNS[name]:
                 col = sql.Identifier(column)
@@ -374,6 +374,8 @@ async def test_privilege_matrix_of_every_operation_on_every_table_is_what_postgr
     }
     counters = pg["sheetTable"].removesuffix("_rows") + "_counts"  # not on the wire
     tables["counterTable"] = sql.Identifier(schema, counters)
+    lock = sheet_names(SheetRef(ORG_A, PLAY, namespace)).lock_table  # not on the wire
+    tables["lockTable"] = sql.Identifier(schema, lock)
     tables["otherSheetTable"] = sql.Identifier(schema, other["postgres"]["sheetTable"])
     tables["otherSummaryTable"] = sql.Identifier(schema, other["postgres"]["summaryTable"])
     tables["receiptsTable"] = sql.Identifier(schema, receipts[0][0])
@@ -397,6 +399,129 @@ async def test_a_write_role_cannot_forge_the_admission_counter(
         )
     # The next admission still takes the next version.
     assert (await admit(gateway, TOKEN_A, namespace))["writeVersion"] == 2
+
+
+def hostile_counter_writes(url: str, names: Any) -> list[str]:
+    """As the role: every way to move the sheet's counters that is not a row change.
+    Returns the ones Postgres let through (each tried in its own transaction)."""
+    summary, colsum = names.ident("summary_table"), names.ident("column_summary_table")
+    counts, rows = names.ident("counter_table"), names.ident("sheet_table")
+    attempts: list[tuple[str, sql.Composable]] = [
+        ("summary total", sql.SQL("UPDATE {} SET total = -5").format(summary)),
+        ("summary queued", sql.SQL("UPDATE {} SET queued = queued + 100").format(summary)),
+        ("summary insert", sql.SQL("INSERT INTO {} (id) VALUES (true)").format(summary)),
+        ("summary delete", sql.SQL("DELETE FROM {}").format(summary)),
+        (
+            "log insert",
+            sql.SQL("INSERT INTO {} (kind, name, value) VALUES ('status', 'total', -5)").format(
+                counts
+            ),
+        ),
+        ("log update", sql.SQL("UPDATE {} SET value = -5").format(counts)),
+        ("log delete", sql.SQL("DELETE FROM {}").format(counts)),
+        ("log truncate", sql.SQL("TRUNCATE {}").format(counts)),
+        (
+            "column summary insert",
+            sql.SQL("INSERT INTO {} (column_name, non_null) VALUES ('email', -5)").format(colsum),
+        ),
+        ("column summary update", sql.SQL("UPDATE {} SET non_null = -5").format(colsum)),
+        ("column summary delete", sql.SQL("DELETE FROM {}").format(colsum)),
+        (
+            "call the counting function",
+            # Named here, not through SheetNames, so the test runs on any layout.
+            sql.SQL("SELECT {}()").format(
+                sql.Identifier(names.schema, names.sheet_table.removesuffix("_rows") + "_count")
+            ),
+        ),
+        ("disable the triggers", sql.SQL("ALTER TABLE {} DISABLE TRIGGER ALL").format(rows)),
+        (
+            "disable one trigger",
+            sql.SQL("ALTER TABLE {} DISABLE TRIGGER sheetplane_count_update").format(rows),
+        ),
+        ("drop a trigger", sql.SQL("DROP TRIGGER sheetplane_count_insert ON {}").format(rows)),
+        ("replica role", sql.SQL("SET session_replication_role = replica")),
+        (
+            "replica role default",
+            sql.SQL("ALTER ROLE current_user SET session_replication_role = replica"),
+        ),
+        (
+            "own function in the schema",
+            sql.SQL("CREATE FUNCTION {}() RETURNS int LANGUAGE sql AS 'SELECT 1'").format(
+                sql.Identifier(names.schema, "sheetplane_intruder")
+            ),
+        ),
+    ]
+    through = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for what, statement in attempts:
+            try:
+                conn.execute(statement)
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.FeatureNotSupported):
+                continue  # refused (a trigger function called directly: not supported)
+            except psycopg.Error:
+                pass  # past the privilege check (a duplicate key, say): it got through
+            through.append(what)
+    return through
+
+
+def hostile_row_changes(url: str, names: Any) -> None:
+    """As the role: the row changes its grants allow, in its own SQL, without the
+    store's write path (no writer lock, no event), inside and outside savepoints."""
+    rows = names.ident("sheet_table")
+    statements = [
+        "INSERT INTO {} (_key, _status, email, score) VALUES"
+        " ('h1', 'enriched', to_jsonb('a'::text), '1'), ('h2', 'failed', NULL, '2'),"
+        " ('h3', 'running', to_jsonb('c'::text), NULL), ('h4', 'stale', NULL, NULL)",
+        "UPDATE {} SET _status = 'failed', score = '3' WHERE _key = 'k0'",
+        "INSERT INTO {} (_key, _status, email) VALUES ('k2', 'pending', to_jsonb('x'::text))"
+        " ON CONFLICT (_key) DO UPDATE SET _status = 'enriched', email = NULL",
+    ]
+    with psycopg.connect(url) as conn:
+        for statement in statements:
+            conn.execute(sql.SQL(statement).format(rows))
+        with conn.transaction():
+            conn.execute(sql.SQL("DELETE FROM {} WHERE _key = 'k1'").format(rows))
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("DELETE FROM {}").format(rows))
+                raise _Rollback
+        except _Rollback:
+            pass
+
+
+async def test_a_hostile_write_role_cannot_move_its_sheets_counters_and_they_stay_exact(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    operations = ["rows.read", "rows.append", "rows.upsert", "rows.replace"]
+    _, url = await mint(gateway, TOKEN_A, namespace, operations)
+    names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    assert await trio.to_thread.run_sync(hostile_counter_writes, url, names) == []
+    await trio.to_thread.run_sync(hostile_row_changes, url, names)
+    summary = await act(gateway, TOKEN_A, "runtime_sheet_summary", tableNamespace=namespace)
+    recount = await run_sql(
+        gateway.config.database_url,
+        sql.SQL(
+            "SELECT count(*), count(*) FILTER (WHERE _status IN ('pending', 'stale')), "
+            "count(*) FILTER (WHERE _status = 'running'), "
+            "count(*) FILTER (WHERE _status = 'enriched'), "
+            "count(*) FILTER (WHERE _status = 'failed'), count(email), count(score) FROM {}"
+        ).format(names.ident("sheet_table")),
+    )
+    total, queued, running, completed, failed, emails, scores = recount[0]
+    assert summary == {
+        "total": total,
+        "queued": queued,
+        "running": running,
+        "completed": completed,
+        "failed": failed,
+    }
+    # k0 failed, k2 enriched, h1 enriched, h2 failed, h3 running, h4 stale; k1 deleted.
+    assert (total, queued, running, completed, failed) == (6, 1, 1, 2, 2)
+    assert (emails, scores) == (3, 3)
+    async with open_store(gateway.config.database_url, max_connections=1) as store:
+        counts = await store.pool.run(functools.partial(column_counts, names=names))
+    assert (counts.get("email", 0), counts.get("score", 0)) == (emails, scores)
 
 
 # --- finding 3: every session is bounded in time and connections ------------------------

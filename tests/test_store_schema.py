@@ -26,6 +26,7 @@ TABLES = (
     "summary_table",
     "column_summary_table",
     "counter_table",
+    "lock_table",
     "receipts_table",
     "meta_table",
     "staging_table",

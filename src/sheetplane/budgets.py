@@ -199,11 +199,13 @@ POSTGRES_OPERATION_BUDGET_MS: Final = (
     + POSTGRES_STATEMENT_TIMEOUT_MS
 )
 
-#: Counter rows per counter of a sheet (``store._counters``): each write adds
-#: its changes to one shard drawn at random, so k concurrent writers of one
-#: sheet meet on a counter row with probability about k^2 / (2 * shards), and
-#: then only at the end of the later transaction. A read sums the shards.
-SUMMARY_COUNTER_SHARDS: Final = 32
+#: Rows of a sheet's counter log (``store._counters``: the counting triggers
+#: append one row per counter a statement changes) past which the reaper's pass
+#: compacts it to one row per counter. A sheet has 5 status counters and at most
+#: ``MAX_CONTRACT_COLUMNS`` column counters, so a compacted log holds at most
+#: 261 rows; a read sums at most this many plus whatever was appended since the
+#: last admission or pass (every admission compacts too).
+COUNTER_LOG_COMPACT_ROWS: Final = 1_024
 
 #: Connections of a ``SheetStore``'s pool unless its opener says otherwise
 #: (``open_store``); the gateway sizes its own from
@@ -577,6 +579,10 @@ def _check() -> None:
         ),
         "an abandoned admission outlives a whole call of its runner": (
             ADMISSION_IDLE_MS > CALL_BUDGET_MS
+        ),
+        "a compacted counter log is shorter than the reaper's compaction threshold": (
+            len(("total", "queued", "running", "completed", "failed")) + MAX_CONTRACT_COLUMNS
+            < COUNTER_LOG_COMPACT_ROWS
         ),
     }
     broken = [name for name, holds in relations.items() if not holds]

@@ -77,12 +77,6 @@ async def seed(store: SheetStore, namespace: str, rows: int) -> None:
             ).format(t=names.ident("sheet_table")),
             {"n": rows},
         )
-        conn.execute(
-            sql.SQL("UPDATE {s} SET total = total + %(n)s, queued = queued + %(n)s").format(
-                s=names.ident("summary_table")
-            ),
-            {"n": rows},
-        )
         conn.execute(sql.SQL("ANALYZE {}").format(names.ident("sheet_table")))
 
     await store.pool.run(run)

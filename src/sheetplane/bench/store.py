@@ -95,6 +95,7 @@ async def _drop(store: SheetStore, sheet: SheetRef) -> None:
         "summary_table",
         "column_summary_table",
         "counter_table",
+        "lock_table",
         "staging_table",
         "stage_chunks_table",
         "admissions_table",

@@ -28,8 +28,10 @@ What happens, in order:
    * leave ``enriched`` rows alone (they keep their version), except that their
      ``_input_index`` follows the new input order.
 
-   The summary counters, the column summary and one ``admission`` event move
-   in the same transaction. Cancellation rolls everything back.
+   One ``admission`` event is recorded in the same transaction (the counting
+   triggers move the counters with the rows, ``_counters``), and the sheet's
+   counter log is compacted while the exclusive writer lock is held.
+   Cancellation rolls everything back.
 4. Return the inserted and skipped counts (skipped = duplicates + enriched
    rows), the rows to map (``pending_rows``) and the already-enriched rows
    merged with their stored outputs (``completed_rows``), both in input order,
@@ -38,7 +40,6 @@ What happens, in order:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -52,7 +53,7 @@ from .._types import ContractColumn, InlineAdmission, SheetContract, SheetRef
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import row_key
-from ._counters import apply_deltas
+from ._counters import compact_counters
 from ._pool import TrioPool
 from ._rowdata import (
     check_row,
@@ -68,7 +69,6 @@ from ._rowdata import (
     project_row,
     record_event,
     status_of,
-    transition_delta,
 )
 from ._schema import SheetNames
 
@@ -149,10 +149,6 @@ class _Writer:
     columns: Sequence[ContractColumn]
     run_id: str
     version: int
-    summary: Counter[str] = attrs.Factory(Counter)
-    """Summary counter changes (negative changes kept: combine with ``update``)."""
-    non_null: Counter[str] = attrs.Factory(Counter)
-    """Column summary changes, by sql name."""
     inserted: int = 0
     readmitted: int = 0
 
@@ -232,7 +228,7 @@ class _Writer:
     def insert(self, new: Iterable[tuple[str, int, Mapping[str, Any]]]) -> None:
         """``COPY`` ``(key, input index, row)`` in as ``pending`` rows as ``new`` yields them."""
         lookups = column_lookups(self.columns)
-        count, column_delta = copy_new_rows(
+        self.inserted += copy_new_rows(
             self.conn,
             self.names,
             ((key, index, column_texts(row, lookups)) for key, index, row in new),
@@ -241,10 +237,6 @@ class _Writer:
             version=self.version,
             admitted=True,
         )
-        self.non_null.update(column_delta)
-        for name, change in transition_delta([None], ["pending"]).items():
-            self.summary[name] += change * count
-        self.inserted += count
 
     def readmit(self, entries: Sequence[_Entry]) -> None:
         """Re-admit existing non-enriched rows (outputs kept, input columns refreshed)."""
@@ -263,34 +255,21 @@ class _Writer:
             ).format(col=sql.Identifier(n), lit=sql.Literal(n))
             for n in input_names
         ]
-        flags = [
-            sql.SQL(", (o.{col} IS NOT NULL)::int, (t.{col} IS NOT NULL)::int").format(
-                col=sql.Identifier(n)
-            )
-            for n in input_names
-        ]
-        cur = self.conn.execute(
+        self.conn.execute(
             sql.SQL(
                 "WITH incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
-                "  AS i(key text, idx bigint, data jsonb)), "
-                "old AS (SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key) "
+                "  AS i(key text, idx bigint, data jsonb)) "
                 "UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s, "
                 "_admitted_version = %(version)s, "
                 "_run_id = %(run_id)s, _error = NULL, _input_index = i.idx, "
                 "_updated_at = clock_timestamp(){sets} "
-                "FROM incoming AS i, old AS o WHERE t._key = i.key AND o._key = i.key "
-                "RETURNING o._status{flags}"
+                "FROM incoming AS i WHERE t._key = i.key"
             ).format(
                 sheet=self.names.ident("sheet_table"),
                 sets=sql.SQL("").join(column_sets),
-                flags=sql.SQL("").join(flags),
             ),
             {"rows": payload, "version": self.version, "run_id": self.run_id},
         )
-        for record in cur.fetchall():
-            self.summary.update(transition_delta([status_of(record[0])], ["pending"]))
-            for position, name in enumerate(input_names):
-                self.non_null[name] += record[2 + 2 * position] - record[1 + 2 * position]
         self.readmitted += len(entries)
 
     def stored_values(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -352,7 +331,7 @@ async def start_dataset(
             pending_rows = writer.admit_into_empty(kept)
         else:
             pending_rows, completed_rows = writer.admit_into_sheet(kept)
-        apply_deltas(conn, names, writer.summary, writer.non_null)
+        compact_counters(conn, names)
         record_event(
             conn,
             names,

@@ -1,107 +1,264 @@
-"""Summary counters without a hot row: sharded counter rows, summed on read.
+"""Summary counters as a function of the rows: gateway-owned triggers, an append-only log.
 
 A sheet's status counters (``total``, ``queued``, ``running``, ``completed``,
-``failed``) and its per-column non-null counts used to live in one summary
-row (and one row per column) that every write updated, so every writer of a
-sheet queued on those rows until the one before it committed. Now each write
-adds its changes to rows of the counter table, keyed ``(kind, name, shard)``:
-``kind`` is ``status`` or ``column``, ``name`` the counter or the column's sql
-name, and ``shard`` one of ``SUMMARY_COUNTER_SHARDS``, drawn at random once per
-transaction. Two writers collide only when they draw the same shard, and then
-only for the last statement of the later one's transaction. A read sums the
-shards and adds the base values still kept in the summary row and the column
-summary table (a sheet written before the counter table existed keeps its
-counts there), in one statement, so it sees one snapshot.
+``failed``) and its per-column non-null counts are not written by any write
+path. Statement-level ``AFTER INSERT``, ``UPDATE``, ``DELETE`` and
+``TRUNCATE`` triggers on the sheet's rows table compute each statement's
+changes from its transition tables (``REFERENCING OLD TABLE`` / ``NEW
+TABLE``: ``count(*) FILTER`` by status, ``count(col)`` per column, new minus
+old) and append the nonzero ones to the sheet's counter table, one row
+``(kind, name, value)`` each. So every statement that changes rows, whichever
+path runs it and as whichever role, moves the counters by exactly what it
+changed, in its own transaction; nothing else can.
 
-The counters stay exact and transactional: the changes commit or roll back
-with the rows they count.
+The trigger function (``count_trigger_ddl``) is generated per sheet with
+``psycopg.sql`` (the columns it counts are the rows table's, read from the
+catalog, regenerated whenever ``ensure_sheet`` adds a column, under the DDL
+lock). It is ``SECURITY DEFINER``, owned by the tables' owner (the gateway's
+or the store's role), with ``search_path = pg_catalog, pg_temp`` and every
+table schema-qualified, and ``EXECUTE`` is revoked from ``PUBLIC``: a scoped
+session role's own ``INSERT``/``UPDATE``/``DELETE`` on the rows fires it (firing
+a trigger checks no ``EXECUTE`` privilege), but the role holds only
+``SELECT`` on the counter, summary and column summary tables, cannot call
+the function (Postgres refuses to call a trigger function outside a
+trigger), cannot disable the triggers (that needs ownership) and cannot set
+``session_replication_role`` (superuser only).
+
+The counter table is an append-only log: no key, no upsert, so a trigger
+takes no row lock and two writers never meet on a counter row. A read sums
+the log and adds the base values an older sheet still keeps in the summary
+row and the column summary table (``status_counts``, ``column_counts``, one
+statement each, so one snapshot). The gateway compacts the log
+(``compact_counters``: one statement that deletes the log's rows and inserts
+their sums per counter) at every admission, under the exclusive writer lock,
+and in the reaper's pass when a sheet's log is longer than
+``COUNTER_LOG_COMPACT_ROWS`` (taking the writer lock with ``NOWAIT``, so it
+never queues ahead of a writer), so a read sums a bounded number of rows.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
-from ..budgets import SUMMARY_COUNTER_SHARDS
-from ._schema import SheetNames
+from ..budgets import COUNTER_LOG_COMPACT_ROWS
 
-__all__ = ["STATUS_COUNTERS", "apply_deltas", "column_counts", "reset_counters", "status_counts"]
+if TYPE_CHECKING:
+    from ._schema import SheetNames
+
+__all__ = [
+    "COUNT_TRIGGERS",
+    "STATUS_COUNTER",
+    "STATUS_COUNTERS",
+    "column_counts",
+    "compact_counters",
+    "compact_if_long",
+    "count_trigger_ddl",
+    "status_counts",
+]
 
 #: The status counters, in the summary table's column order.
 STATUS_COUNTERS = ("total", "queued", "running", "completed", "failed")
 
-_random = random.Random()
+#: Which summary counter a row status counts in (``queued`` holds pending and
+#: stale; ``total`` counts every row).
+STATUS_COUNTER: Mapping[str, str] = {
+    "pending": "queued",
+    "stale": "queued",
+    "running": "running",
+    "enriched": "completed",
+    "failed": "failed",
+}
+
+#: The stored ``_status`` values each status counter but ``total`` counts.
+_COUNTED: dict[str, tuple[str, ...]] = {
+    counter: tuple(status for status, name in STATUS_COUNTER.items() if name == counter)
+    for counter in STATUS_COUNTERS[1:]
+}
+
+#: The counting triggers on a sheet's rows table: (name, event, transition tables).
+COUNT_TRIGGERS: tuple[tuple[str, str, str], ...] = (
+    ("sheetplane_count_insert", "INSERT", "REFERENCING NEW TABLE AS sheetplane_new"),
+    (
+        "sheetplane_count_update",
+        "UPDATE",
+        "REFERENCING OLD TABLE AS sheetplane_old NEW TABLE AS sheetplane_new",
+    ),
+    ("sheetplane_count_delete", "DELETE", "REFERENCING OLD TABLE AS sheetplane_old"),
+    ("sheetplane_count_truncate", "TRUNCATE", ""),
+)
 
 
-def apply_deltas(
-    conn: psycopg.Connection[Any],
-    names: SheetNames,
-    status: Mapping[str, int],
-    columns: Mapping[str, int] | None = None,
-) -> None:
-    """Add ``status`` (counter name -> change) and ``columns`` (sql name -> change
-    of its non-null count) to the sheet's counters, inside the caller's transaction.
-
-    The one way every write path moves counters. Call it once per transaction,
-    after the rows are written: it takes the last locks of the lock order (one
-    shard's counter rows, in ``(kind, name)`` order), so two transactions that
-    draw the same shard wait for each other only at their very end, and never
-    in a cycle. Zero changes are skipped; nothing at all runs when every
-    change is zero. The caller must hold the sheet's writer lock (shared or
-    exclusive).
-    """
-    changes = sorted(
-        [("status", name, value) for name, value in status.items() if value]
-        + [("column", name, value) for name, value in (columns or {}).items() if value]
+def _signed_rows(sources: Sequence[tuple[int, str]], columns: Sequence[str]) -> sql.Composable:
+    """``SELECT sign, _status, (col IS NOT NULL)...`` over each transition table, UNION
+    ALL; the flags are named by position (``f0``...), so no column name can clash."""
+    flags = sql.SQL("").join(
+        sql.SQL(", ({} IS NOT NULL) AS {}").format(sql.Identifier(name), sql.Identifier(f"f{i}"))
+        for i, name in enumerate(columns)
     )
-    if not changes:
-        return
-    unknown = [
-        name for kind, name, _ in changes if kind == "status" and name not in STATUS_COUNTERS
+    return sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {sign} AS s, _status{flags} FROM {table}").format(
+            sign=sql.Literal(sign), flags=flags, table=sql.Identifier(table)
+        )
+        for sign, table in sources
+    )
+
+
+def _log_deltas(
+    names: SheetNames, sources: Sequence[tuple[int, str]], columns: Sequence[str]
+) -> sql.Composable:
+    """The statement that appends the nonzero signed sums over ``sources`` to the log."""
+    aggregates: list[sql.Composable] = [sql.SQL("sum(s)")]
+    aggregates += [
+        sql.SQL("sum(s) FILTER (WHERE _status IN ({}))").format(
+            sql.SQL(", ").join(map(sql.Literal, _COUNTED[name]))
+        )
+        for name in STATUS_COUNTERS[1:]
     ]
-    if unknown:
-        raise ValueError(f"not status counters: {unknown!r}")
-    shard = _random.randrange(SUMMARY_COUNTER_SHARDS)
+    aggregates += [
+        sql.SQL("sum(s) FILTER (WHERE {})").format(sql.Identifier(f"f{i}"))
+        for i in range(len(columns))
+    ]
+    labels = [("status", name) for name in STATUS_COUNTERS] + [("column", n) for n in columns]
+    values = sql.SQL(", ").join(
+        sql.SQL("({}, {}, n.{})").format(
+            sql.Literal(kind), sql.Literal(name), sql.Identifier(f"c{index}")
+        )
+        for index, (kind, name) in enumerate(labels)
+    )
+    return sql.SQL(
+        "INSERT INTO {log} (kind, name, value) SELECT d.kind, d.name, d.value "
+        "FROM (SELECT {aggregates} FROM ({rows}) AS r) AS n "
+        "CROSS JOIN LATERAL (VALUES {values}) AS d(kind, name, value) WHERE d.value <> 0"
+    ).format(
+        log=names.ident("counter_table"),
+        aggregates=sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(agg, sql.Identifier(f"c{index}"))
+            for index, agg in enumerate(aggregates)
+        ),
+        rows=_signed_rows(sources, columns),
+        values=values,
+    )
+
+
+def _cancel_all(names: SheetNames) -> sql.Composable:
+    """After a ``TRUNCATE``: append the negation of every counter (base plus log)."""
+    return sql.SQL(
+        "INSERT INTO {log} (kind, name, value) SELECT kind, name, -sum(value) FROM ({parts}) AS p "
+        "GROUP BY kind, name HAVING sum(value) <> 0"
+    ).format(log=names.ident("counter_table"), parts=_all_parts(names))
+
+
+def _all_parts(names: SheetNames) -> sql.Composable:
+    """``(kind, name, value)`` rows of every counter's base and log entries."""
+    status = sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT 'status', {lit}, {col} FROM {summary} WHERE id").format(
+            lit=sql.Literal(name),
+            col=sql.Identifier(name),
+            summary=names.ident("summary_table"),
+        )
+        for name in STATUS_COUNTERS
+    )
+    return sql.SQL(
+        "{status} UNION ALL SELECT 'column', column_name, non_null FROM {colsum} "
+        "UNION ALL SELECT kind, name, value FROM {log}"
+    ).format(
+        status=status, colsum=names.ident("column_summary_table"), log=names.ident("counter_table")
+    )
+
+
+def count_trigger_ddl(
+    conn: psycopg.Connection[Any], names: SheetNames, columns: Sequence[str]
+) -> list[sql.Composed]:
+    """The statements that (re)create the sheet's counting function and triggers,
+    counting ``columns`` (the rows table's physical columns). Run by the tables'
+    owner under the DDL lock and the exclusive writer lock."""
+    new, old = "sheetplane_new", "sheetplane_old"
+    body = sql.SQL(
+        "BEGIN\n"
+        "  IF TG_OP = 'INSERT' THEN {insert};\n"
+        "  ELSIF TG_OP = 'UPDATE' THEN {update};\n"
+        "  ELSIF TG_OP = 'DELETE' THEN {delete};\n"
+        "  ELSE {truncate};\n"
+        "  END IF;\n"
+        "  RETURN NULL;\n"
+        "END"
+    ).format(
+        insert=_log_deltas(names, [(1, new)], columns),
+        update=_log_deltas(names, [(1, new), (-1, old)], columns),
+        delete=_log_deltas(names, [(-1, old)], columns),
+        truncate=_cancel_all(names),
+    )
+    function = sql.Identifier(names.schema, names.count_function)
+    rows = names.ident("sheet_table")
+    statements: list[sql.Composed] = [
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql "
+            "SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {body}"
+        ).format(fn=function, body=sql.Literal(body.as_string(conn))),
+        sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(function),
+    ]
+    for trigger, event, referencing in COUNT_TRIGGERS:
+        statements += [
+            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(trigger), rows),
+            sql.SQL(
+                "CREATE TRIGGER {trigger} AFTER {event} ON {rows} {referencing} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION {fn}()"
+            ).format(
+                trigger=sql.Identifier(trigger),
+                event=sql.SQL(event),
+                rows=rows,
+                referencing=sql.SQL(referencing),
+                fn=function,
+            ),
+        ]
+    return statements
+
+
+def compact_counters(conn: psycopg.Connection[Any], names: SheetNames) -> None:
+    """Replace the log's rows by one row per counter holding their sum (none for 0).
+
+    One statement, so one snapshot: rows other transactions append meanwhile
+    are not seen and stay. The caller holds the sheet's writer lock
+    exclusively, so two compactions never delete the same rows.
+    """
     conn.execute(
         sql.SQL(
-            "INSERT INTO {tbl} AS c (kind, name, shard, value) "
-            "SELECT kind, name, %(shard)s, value "
-            "FROM unnest(%(kinds)s::text[], %(names)s::text[], %(values)s::bigint[]) "
-            "AS d(kind, name, value) ORDER BY kind, name "
-            "ON CONFLICT (kind, name, shard) DO UPDATE SET value = c.value + EXCLUDED.value"
-        ).format(tbl=names.ident("counter_table")),
-        {
-            "shard": shard,
-            "kinds": [kind for kind, _, _ in changes],
-            "names": [name for _, name, _ in changes],
-            "values": [value for _, _, value in changes],
-        },
+            "WITH moved AS (DELETE FROM {log} RETURNING kind, name, value) "
+            "INSERT INTO {log} (kind, name, value) SELECT kind, name, sum(value) FROM moved "
+            "GROUP BY kind, name HAVING sum(value) <> 0"
+        ).format(log=names.ident("counter_table"))
     )
 
 
-def reset_counters(conn: psycopg.Connection[Any], names: SheetNames) -> None:
-    """Zero every counter (``replace_rows``); the caller holds the exclusive writer lock."""
-    zeroes = sql.SQL(", ").join(
-        sql.SQL("{} = 0").format(sql.Identifier(name)) for name in STATUS_COUNTERS
-    )
+def compact_if_long(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
+    """The reaper's compaction: when the log holds more than ``COUNTER_LOG_COMPACT_ROWS``
+    rows, take the writer lock exclusively with ``NOWAIT`` and compact. Returns
+    whether it compacted; raises ``psycopg.errors.LockNotAvailable`` (the
+    caller's transaction is then aborted) when a writer holds the lock."""
+    long = conn.execute(
+        sql.SQL("SELECT count(*) > %s FROM (SELECT FROM {} LIMIT %s) AS l").format(
+            names.ident("counter_table")
+        ),
+        (COUNTER_LOG_COMPACT_ROWS, COUNTER_LOG_COMPACT_ROWS + 1),
+    ).fetchone()
+    if long != (True,):
+        return False
     conn.execute(
-        sql.SQL("UPDATE {} SET {}, updated_at = now() WHERE id").format(
-            names.ident("summary_table"), zeroes
-        )
+        sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE NOWAIT").format(names.ident("lock_table"))
     )
-    conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("column_summary_table")))
-    conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("counter_table")))
+    compact_counters(conn, names)
+    return True
 
 
 def status_counts(
-    conn: psycopg.Connection[Any], names: SheetNames, *, shards: bool = True
+    conn: psycopg.Connection[Any], names: SheetNames, *, log: bool = True
 ) -> dict[str, int]:
-    """The status counters: the summary row's base plus every shard (unless
-    ``shards`` is False: a sheet without a counter table yet), zeros without a row."""
+    """The status counters: the summary row's base plus the log (unless ``log`` is
+    False: a sheet without a counter table yet), zeros without a row."""
     base = sql.SQL(", ").join(
         sql.SQL("sum({})").format(sql.Identifier(name)) for name in STATUS_COUNTERS
     )
@@ -111,7 +268,7 @@ def status_counts(
             names.ident("summary_table"),
         )
     ]
-    if shards:
+    if log:
         parts.append(
             sql.SQL("SELECT {} FROM {} WHERE kind = 'status'").format(
                 sql.SQL(", ").join(
@@ -129,7 +286,7 @@ def status_counts(
 
 
 def column_counts(conn: psycopg.Connection[Any], names: SheetNames) -> dict[str, int]:
-    """Non-null counts by sql name: the column summary's base plus every shard."""
+    """Non-null counts by sql name: the column summary's base plus the log."""
     rows = conn.execute(
         sql.SQL(
             "SELECT name, sum(value)::bigint FROM ("

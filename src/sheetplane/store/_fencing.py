@@ -51,14 +51,13 @@ The whole call runs in one transaction under the sheet's writer lock taken
 an admission (which takes it exclusively, with a new version) excludes them.
 Rows are read ``FOR UPDATE`` in ``_key`` order ("C" collation), chunk after
 chunk, so row locks decide between two writes of one row; they are decided,
-written, and the counters (``_counters.apply_deltas``) and one event row move
-in the same transaction. If the caller is cancelled, the transaction is rolled back by the
-pool and nothing is written.
+written, and one event row is recorded in the same transaction (the counting
+triggers move the counters with the rows, ``_counters``). If the caller is
+cancelled, the transaction is rolled back by the pool and nothing is written.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -79,7 +78,6 @@ from .._types import (
 )
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import AttemptSupersededError, InvalidInputError, WriteConflictError
-from ._counters import apply_deltas
 from ._locking import lock_sheet
 from ._pool import TrioPool
 from ._rowdata import (
@@ -92,7 +90,6 @@ from ._rowdata import (
     project_row,
     record_event,
     status_of,
-    transition_delta,
 )
 from ._schema import SheetNames, sheet_exists
 
@@ -275,9 +272,9 @@ def _write_chunk(
     target: TerminalStatus,
     run_id: str,
     writer_version: int | None,
-) -> tuple[list[str], list[StaleRow], list[str], Counter[str], Counter[str]]:
-    """Decide and write one chunk. Returns committed keys, stale rows, conflict keys,
-    the summary delta and the column non-null delta."""
+) -> tuple[list[str], list[StaleRow], list[str], int]:
+    """Decide and write one chunk. Returns committed keys, stale rows, conflict keys
+    and how many rows it wrote."""
     sheet = names.ident("sheet_table")
     payload = Jsonb(
         [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in chunk]
@@ -314,10 +311,8 @@ def _write_chunk(
         else:
             assert decision.reason is not None
             stale.append(StaleRow(row.key, decision.reason, decision.row_version_stamp))
-    summary: Counter[str] = Counter()
-    non_null: Counter[str] = Counter()
     if conflicts or not to_write:
-        return committed, stale, conflicts, summary, non_null
+        return committed, stale, conflicts, 0
 
     column_sets = [
         sql.SQL(
@@ -336,43 +331,22 @@ def _write_chunk(
             *column_sets,
         ]
     )
-    old_flags = sql.SQL("").join(
-        sql.SQL(", (o.{col} IS NOT NULL)::int").format(col=sql.Identifier(n)) for n in sql_names
-    )
-    new_flags = sql.SQL("").join(
-        sql.SQL(", (t.{col} IS NOT NULL)::int").format(col=sql.Identifier(n)) for n in sql_names
-    )
     writes = Jsonb(
         [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in to_write]
     )
     cur = conn.execute(
         sql.SQL(
-            "WITH {incoming}, old AS ("
-            "  SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key"
-            ") "
-            "UPDATE {sheet} AS t SET {sets} FROM incoming AS i, old AS o "
-            "WHERE t._key = i.key AND o._key = i.key "
+            "WITH {incoming} "
+            "UPDATE {sheet} AS t SET {sets} FROM incoming AS i "
+            "WHERE t._key = i.key "
             "AND t._status IN ('pending', 'running') "
-            "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint) "
-            "RETURNING o._status{old_flags}{new_flags}"
-        ).format(
-            incoming=_incoming_cte(names),
-            sheet=sheet,
-            sets=sets,
-            old_flags=old_flags,
-            new_flags=new_flags,
-        ),
+            "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint)"
+        ).format(incoming=_incoming_cte(names), sheet=sheet, sets=sets),
         {"rows": writes, "run_id": run_id, "version": writer_version},
     )
-    returned = cur.fetchall()
-    if len(returned) != len(to_write):
+    if cur.rowcount != len(to_write):
         raise AssertionError("a fenced row changed under the sheet's writer lock")
-    width = len(sql_names)
-    for record in returned:
-        summary.update(transition_delta([record[0]], [target]))
-        for index, name in enumerate(sql_names):
-            non_null[name] += record[1 + width + index] - record[1 + index]
-    return committed, stale, conflicts, summary, non_null
+    return committed, stale, conflicts, cur.rowcount
 
 
 async def _terminal_write(
@@ -410,10 +384,9 @@ async def _terminal_write(
         committed: list[str] = []
         stale: list[StaleRow] = []
         conflicts: list[str] = []
-        summary: Counter[str] = Counter()
-        non_null: Counter[str] = Counter()
+        updated = 0
         for chunk in chunked(in_lock_order, POSTGRES_WRITE_CHUNK_ROWS):
-            c, s, x, d, n = _write_chunk(
+            c, s, x, written = _write_chunk(
                 conn,
                 names,
                 chunk,
@@ -425,8 +398,7 @@ async def _terminal_write(
             committed += c
             stale += s
             conflicts += x
-            summary.update(d)
-            non_null.update(n)
+            updated += written
             if conflicts:
                 break
         if conflicts:
@@ -436,8 +408,6 @@ async def _terminal_write(
                 f"{len(conflicts)} row(s) already hold a different terminal result at write "
                 f"version {writer_version}; nothing was written (keys: {sample})"
             )
-        updated = summary.get("completed" if target == "enriched" else "failed", 0)
-        apply_deltas(conn, names, summary, non_null)
         if updated:
             record_event(
                 conn,

@@ -5,9 +5,11 @@ takes nothing out of it (docs/store.md has the table of paths):
 
 1. the org's DDL key (``pg_advisory_xact_lock``), only for DDL (``ensure_sheet``,
    ``ensure_receipts``); the gateway's role grants take their own grant key;
-2. the sheet's writer lock: a table lock on the sheet's counter table, which
-   nothing else locks (a scoped role may hold table-level UPDATE on it: it
-   holds nothing but counters). ``exclusive`` (``EXCLUSIVE`` mode) for admissions,
+2. the sheet's writer lock: a table lock on the sheet's lock table, an empty
+   table with no columns (and row-level security with no policy) that nothing
+   else locks; a writing scoped role holds table-level ``UPDATE`` on it, which
+   ``LOCK TABLE`` needs and which changes nothing there. ``exclusive``
+   (``EXCLUSIVE`` mode) for admissions,
    append/upsert/replace and DDL on an existing sheet; ``shared`` (``ROW
    SHARE`` mode) for terminal writes, which therefore run side by side while
    an exclusive holder excludes them all. Plain reads (``ACCESS SHARE``)
@@ -19,10 +21,14 @@ takes nothing out of it (docs/store.md has the table of paths):
 4. row locks on sheet rows, in ``_key COLLATE "C"`` order (terminal writes,
    which run side by side, lock the rows they decide on ``FOR UPDATE`` in that
    order, chunk after chunk);
-5. the counter shard rows (``_counters.apply_deltas``, once per transaction,
-   in ``(kind, name)`` order within one shard);
-6. the event row (an append; under the exclusive lock when it carries an
+5. the event row (an append; under the exclusive lock when it carries an
    idempotency key).
+
+The counters take no row lock: the counting triggers only append to the
+sheet's counter log (``_counters``), which has no key, so no statement waits
+on another's counter row. Only a compaction deletes log rows, and it holds the
+writer lock exclusively (at admission, or the reaper's ``NOWAIT`` try), so no
+two compactions, and no compaction and writer, ever wait on each other there.
 
 A transaction that only ever waits for locks later in this order than the
 ones it holds cannot be part of a wait cycle, so none of these paths can
@@ -52,9 +58,9 @@ _MODES: dict[str, sql.SQL] = {
 def lock_sheet(conn: psycopg.Connection[Any], names: SheetNames, mode: SheetLockMode) -> None:
     """Take the sheet's writer lock in ``mode`` until the transaction ends.
 
-    ``LOCK TABLE`` in these modes needs table-level ``UPDATE`` on the counter
+    ``LOCK TABLE`` in these modes needs table-level ``UPDATE`` on the lock
     table, which every writing role holds.
     """
     conn.execute(
-        sql.SQL("LOCK TABLE {} IN {} MODE").format(names.ident("counter_table"), _MODES[mode])
+        sql.SQL("LOCK TABLE {} IN {} MODE").format(names.ident("lock_table"), _MODES[mode])
     )

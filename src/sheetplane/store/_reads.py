@@ -889,7 +889,7 @@ async def read_rows_by_keys(
 
 async def summary(pool: TrioPool, names: SheetNames) -> Summary:
     """The sheet's status counters (all zero for a sheet that does not exist yet):
-    the summary row's base plus the counter shards (``_counters``), one snapshot."""
+    the summary row's base plus the counter log (``_counters``), one snapshot."""
 
     def run(conn: Conn) -> Summary:
         tables = [names.ident(t).as_string(conn) for t in ("summary_table", "counter_table")]
@@ -899,6 +899,6 @@ async def summary(pool: TrioPool, names: SheetNames) -> Summary:
         if exists is None or not exists[0]:
             return Summary(0, 0, 0, 0, 0)
         # A sheet made before the counter table existed keeps every count in its base.
-        return Summary(**status_counts(conn, names, shards=bool(exists[1])))
+        return Summary(**status_counts(conn, names, log=bool(exists[1])))
 
     return await pool.run(run)

@@ -1,5 +1,5 @@
 """What every write path shares: input checks, contract projection, the sheet's
-exclusive writer lock, status transitions and event rows (counters: ``_counters``).
+exclusive writer lock, the write version and event rows (counters: ``_counters``).
 
 The checks and projections are plain functions over plain values. The SQL
 helpers take an open ``psycopg.Connection`` and run inside the caller's
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, TypeVar
@@ -22,19 +21,11 @@ from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
 from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
+from ._counters import STATUS_COUNTER
 from ._locking import lock_sheet as lock_sheet_in
 from ._schema import SheetNames, column_ids
 
 T = TypeVar("T")
-
-#: Which summary counter a row status counts in (``queued`` holds pending and stale).
-STATUS_COUNTER: Mapping[str, str] = {
-    "pending": "queued",
-    "stale": "queued",
-    "running": "running",
-    "enriched": "completed",
-    "failed": "failed",
-}
 
 
 # --- input checks -----------------------------------------------------------------
@@ -323,26 +314,6 @@ def chunked(values: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield values[start : start + size]
 
 
-# --- summary deltas -------------------------------------------------------------------
-
-
-def transition_delta(old: Sequence[str | None], new: Sequence[str | None]) -> Counter[str]:
-    """Counter changes for rows moving ``old[i] -> new[i]`` (``None`` = absent).
-
-    The changes can be negative: combine them with ``Counter.update`` (``+``
-    and ``+=`` on a ``Counter`` drop everything that is not positive).
-    """
-    delta: Counter[str] = Counter()
-    for before, after in zip(old, new, strict=True):
-        if before is not None:
-            delta[STATUS_COUNTER[before]] -= 1
-            delta["total"] -= 1
-        if after is not None:
-            delta[STATUS_COUNTER[after]] += 1
-            delta["total"] += 1
-    return delta
-
-
 # --- SQL helpers (inside the caller's transaction) -----------------------------------
 
 
@@ -352,27 +323,30 @@ def lock_sheet(conn: psycopg.Connection[Any], names: SheetNames) -> int:
     Admissions and append/upsert/replace take it first (``_locking`` has the
     whole lock order), so they run one at a time per sheet, exclude terminal
     writes, never meet a unique violation between two inserts of one key, and
-    see rows no other writer is changing. The summary row is created if it is
-    missing. The lock is released when the transaction ends.
+    see rows no other writer is changing. The lock is released when the
+    transaction ends. Writes nothing: a scoped session role takes it too, and
+    may not write the summary table (0 while the summary row is missing).
     """
     lock_sheet_in(conn, names, "exclusive")
-    summary = names.ident("summary_table")
-    conn.execute(
-        sql.SQL("INSERT INTO {} (id) VALUES (true) ON CONFLICT (id) DO NOTHING").format(summary)
+    cur = conn.execute(
+        sql.SQL("SELECT coalesce((SELECT write_version FROM {} WHERE id), 0)").format(
+            names.ident("summary_table")
+        )
     )
-    cur = conn.execute(sql.SQL("SELECT write_version FROM {} WHERE id").format(summary))
     row = cur.fetchone()
     assert row is not None
     return int(row[0])
 
 
 def next_write_version(conn: psycopg.Connection[Any], names: SheetNames) -> int:
-    """Take the sheet's next write version (the admission counter), under the writer lock."""
+    """Take the sheet's next write version (the admission counter), under the writer
+    lock; creates the summary row if it is missing. Only the gateway admits."""
     cur = conn.execute(
         sql.SQL(
-            "UPDATE {} SET write_version = write_version + 1, updated_at = now() "
-            "WHERE id RETURNING write_version"
-        ).format(names.ident("summary_table"))
+            "INSERT INTO {summary} AS s (id, write_version, updated_at) VALUES (true, 1, now()) "
+            "ON CONFLICT (id) DO UPDATE SET write_version = s.write_version + 1, "
+            "updated_at = now() RETURNING write_version"
+        ).format(summary=names.ident("summary_table"))
     )
     row = cur.fetchone()
     assert row is not None
@@ -433,19 +407,18 @@ def copy_new_rows(
     run_id: str | None,
     version: int,
     admitted: bool = False,
-) -> tuple[int, Counter[str]]:
+) -> int:
     """Insert ``(key, input_index, jsonb texts per column)`` rows as ``pending`` with ``COPY``.
 
     The caller holds the sheet's writer lock and has checked that no key
     exists yet. With ``admitted`` (an admission), ``_admitted_version`` is
-    stamped with ``version`` too. Returns the row count and the column
-    non-null delta.
+    stamped with ``version`` too. Returns the row count (the counting triggers
+    move the counters).
     """
     system = ["_key", "_status", "_run_id", "_input_index", "_write_version"]
     if admitted:
         system.append("_admitted_version")
     targets = sql.SQL(", ").join(sql.Identifier(name) for name in [*system, *sql_names])
-    counts = [0] * len(sql_names)
     count = 0
     with (
         conn.cursor() as cur,
@@ -455,12 +428,9 @@ def copy_new_rows(
     ):
         write_row = copy.write_row
         for key, index, texts in rows:
-            for position, text in enumerate(texts):
-                if text is not None:
-                    counts[position] += 1
             if admitted:
                 write_row((key, "pending", run_id, index, version, version, *texts))
             else:
                 write_row((key, "pending", run_id, index, version, *texts))
             count += 1
-    return count, Counter(dict(zip(sql_names, counts, strict=True)))
+    return count

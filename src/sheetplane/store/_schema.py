@@ -27,6 +27,7 @@ from psycopg import sql
 from .._types import SheetContract, SheetRef
 from ..budgets import MAX_CONTRACT_COLUMNS, MAX_LOGICAL_NAME_CHARS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
+from ._counters import COUNT_TRIGGERS, count_trigger_ddl
 from ._locking import lock_sheet
 from ._pool import TrioPool
 
@@ -131,8 +132,13 @@ class SheetNames:
     column_summary_table: str
     """Non-null counts per physical column (the base the counter shards add to)."""
     counter_table: str
-    """Sharded counter rows: every write's changes to the status counters and the
-    non-null counts, summed on read (``store._counters``)."""
+    """The counter log: every statement's changes to the status counters and the
+    non-null counts, appended by the counting triggers, summed on read
+    (``store._counters``)."""
+    lock_table: str
+    """An empty table with no columns whose table lock is the sheet's writer lock
+    (``store._locking``): writing roles hold table-level ``UPDATE`` on it (what
+    ``LOCK TABLE`` needs), which changes nothing on a table without rows or columns."""
     receipts_table: str
     """The play's work receipts."""
     meta_table: str
@@ -152,6 +158,11 @@ class SheetNames:
             raise ValueError(f"not a table of SheetNames: {table_attr!r}")
         table: str = getattr(self, table_attr)
         return sql.Identifier(self.schema, table)
+
+    @property
+    def count_function(self) -> str:
+        """The sheet's counting trigger function (``store._counters``)."""
+        return f"{self.sheet_table.removesuffix('_rows')}_count"
 
     @property
     def order_index(self) -> str:
@@ -176,6 +187,7 @@ _TABLE_ATTRS = frozenset(
         "summary_table",
         "column_summary_table",
         "counter_table",
+        "lock_table",
         "receipts_table",
         "meta_table",
         "staging_table",
@@ -198,6 +210,7 @@ def sheet_tables(schema: str, sheet: str, *, receipts_table: str = "") -> SheetN
         summary_table=f"{sheet}_summary",
         column_summary_table=f"{sheet}_colsum",
         counter_table=f"{sheet}_counts",
+        lock_table=f"{sheet}_lock",
         receipts_table=receipts_table,
         meta_table=f"{sheet}_meta",
         staging_table=f"{sheet}_staging",
@@ -368,28 +381,44 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
 
 _CATALOG = sql.SQL(
     """
-    SELECT c.relname, a.attname
+    SELECT c.relname, a.attname,
+      (SELECT count(*) FROM pg_trigger AS t
+       WHERE t.tgrelid = c.oid AND t.tgname = ANY(%(triggers)s))
     FROM pg_class c
     JOIN pg_namespace n ON n.oid = c.relnamespace
     LEFT JOIN pg_attribute a
       ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      AND c.relname = %(sheet)s
+      AND c.relname IN (%(sheet)s, %(counts)s)
     WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s) AND c.relkind = 'r'
     """
 )
+
+_TRIGGER_NAMES = [name for name, _, _ in COUNT_TRIGGERS]
 
 
 def _missing_ddl(
     conn: psycopg.Connection[Any], names: SheetNames, columns: Mapping[str, str]
 ) -> bool:
-    """Whether anything of the layout (a table, a column, a column's id) is missing."""
+    """Whether anything of the layout (a table, a column, a column's id, a counting
+    trigger) is missing, or the counter table is still the sharded one."""
     tables = [getattr(names, attr) for attr in sorted(_TABLE_ATTRS)]
     rows = conn.execute(
-        _CATALOG, {"sheet": names.sheet_table, "schema": names.schema, "tables": tables}
+        _CATALOG,
+        {
+            "sheet": names.sheet_table,
+            "counts": names.counter_table,
+            "schema": names.schema,
+            "tables": tables,
+            "triggers": _TRIGGER_NAMES,
+        },
     ).fetchall()
     found_tables = {row[0] for row in rows}
-    attributes = {row[1] for row in rows if row[1] is not None}
+    attributes = {row[1] for row in rows if row[0] == names.sheet_table and row[1] is not None}
     if found_tables != set(tables) or "_admitted_version" not in attributes:
+        return True
+    if any(row[0] == names.counter_table and row[1] == "shard" for row in rows):
+        return True
+    if any(row[0] == names.sheet_table and row[2] != len(_TRIGGER_NAMES) for row in rows):
         return True
     if any(name not in attributes for name in columns):
         return True
@@ -500,11 +529,15 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
             """CREATE TABLE IF NOT EXISTS {} (
                 kind text NOT NULL CHECK (kind IN ('status', 'column')),
                 name text NOT NULL,
-                shard integer NOT NULL,
-                value bigint NOT NULL DEFAULT 0,
-                PRIMARY KEY (kind, name, shard)
+                value bigint NOT NULL
             )"""
         ).format(names.ident("counter_table")),
+        # A sheet whose counters were sharded rows keyed (kind, name, shard): the
+        # rows stay (a read sums them all the same), the key and the shard go.
+        sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS shard").format(names.ident("counter_table")),
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ()").format(names.ident("lock_table")),
+        # No policy: even a role granted more than UPDATE would see and change no row.
+        sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(names.ident("lock_table")),
         _receipts_ddl(names),
         *_staging_ddl(names, columns),
     ]
@@ -623,12 +656,28 @@ async def ensure_sheet(
         # the rows table. An existing sheet's DDL takes the writer lock exclusively
         # before ALTER TABLE locks the rows table, as every writer does before it
         # touches rows; taking them the other way round deadlocked with admissions.
-        counters = names.ident("counter_table").as_string(conn)
-        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (counters,)).fetchone() == (True,):
+        # A sheet made before the lock table existed had its writer lock on the
+        # counter table: that one excludes writers of that layout while this upgrades.
+        found = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            (
+                names.ident("lock_table").as_string(conn),
+                names.ident("counter_table").as_string(conn),
+            ),
+        ).fetchone()
+        if found is not None and found[0]:
             lock_sheet(conn, names, "exclusive")
+        elif found is not None and found[1]:
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
+            )
         conn.execute(_ddl(names, columns, logical))
         _move_legacy_comments(conn, names)
         conn.execute(_summary_row(names))
+        # The counting triggers count every physical column the rows table has now.
+        counted = [name for name, _ in column_ids(conn, names) or ()]
+        for statement in count_trigger_ddl(conn, names, counted):
+            conn.execute(statement)
 
     await pool.run(run)
 

@@ -23,11 +23,12 @@ The path, in order:
    earlier range already carries this ``_admitted_version``), insert new keys
    as ``pending``, re-admit ``stale``/``pending``/``running``/``failed`` rows,
    re-order and stamp ``enriched`` ones, exactly as ``start_dataset`` does.
-   Summary counters, column summary and one ``admission`` event move in the
-   same transaction; the staging rows are deleted and the counts stored on
-   the admission row, so a retried commit answers the same counts without
-   writing. Readers never see a half-admitted version: the rows appear at
-   the commit.
+   One ``admission`` event is recorded in the same transaction (the counting
+   triggers move the counters with the rows, ``_counters``, and the counter
+   log is compacted under the exclusive writer lock); the staging rows are
+   deleted and the counts stored on the admission row, so a retried commit
+   answers the same counts without writing. Readers never see a
+   half-admitted version: the rows appear at the commit.
 4. ``abort_admission``: an admission that will not be committed (bad input,
    a cancelled runner) drops its staging rows at once.
 
@@ -57,7 +58,7 @@ from ..budgets import (
 )
 from ..errors import AdmissionStateError, InvalidInputError
 from ..identity import row_key
-from ._counters import apply_deltas
+from ._counters import compact_counters, compact_if_long
 from ._pool import TrioPool
 from ._rowdata import (
     check_row,
@@ -66,7 +67,6 @@ from ._rowdata import (
     lock_sheet,
     next_write_version,
     record_event,
-    transition_delta,
 )
 from ._schema import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 
@@ -328,9 +328,24 @@ async def abort_admission(pool: TrioPool, names: SheetNames, admission_id: str) 
     return await pool.run(run)
 
 
+def _compact_unless_busy(conn: Conn, names: SheetNames) -> bool:
+    """Compact the sheet's counter log if it is long and no writer holds the sheet."""
+    found = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (names.ident("lock_table").as_string(conn),)
+    ).fetchone()
+    if found != (True,):
+        return False  # a sheet of the sharded layout: ensure_sheet upgrades it first
+    try:
+        with conn.transaction():
+            return compact_if_long(conn, names)
+    except psycopg.errors.LockNotAvailable:
+        return False  # a writer holds the sheet: the next pass compacts
+
+
 async def sweep_admissions(pool: TrioPool) -> int:
     """The reaper's pass: expire every sheet's idle admissions and delete their staging
-    rows (each sheet in its own transaction); returns how many were expired."""
+    rows, and compact every long counter log (``_counters.compact_if_long``), each
+    sheet in its own transactions; returns how many admissions were expired."""
 
     def tables(conn: Conn) -> list[tuple[str, str]]:
         rows = conn.execute(
@@ -343,9 +358,9 @@ async def sweep_admissions(pool: TrioPool) -> int:
 
     expired = 0
     for schema, table in await pool.run(tables):
-        expired += await pool.run(
-            partial(_expire_idle, names=sheet_tables(schema, table.removesuffix(ADMISSIONS_SUFFIX)))
-        )
+        names = sheet_tables(schema, table.removesuffix(ADMISSIONS_SUFFIX))
+        expired += await pool.run(partial(_expire_idle, names=names))
+        await pool.run(partial(_compact_unless_busy, names=names))
     return expired
 
 
@@ -406,7 +421,6 @@ class _Tally:
     kept: int = 0
     inserted: int = 0
     by_old_status: Counter[str] = attrs.Factory(Counter)
-    non_null: Counter[str] = attrs.Factory(Counter)
 
 
 def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sql.Composed:
@@ -415,10 +429,6 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
     sql_names = [c.sql_name for c in columns]
     inputs = [c.sql_name for c in columns if c.source in _INPUT_SOURCES]
     staged_cols = sql.SQL("").join(sql.SQL(", s.{}").format(ident(n)) for n in sql_names)
-    old = {n: ident(f"_old_{i}") for i, n in enumerate(inputs)}
-    old_flags = sql.SQL("").join(
-        sql.SQL(", (t.{c} IS NOT NULL)::int AS {o}").format(c=ident(n), o=old[n]) for n in inputs
-    )
     insert_cols = sql.SQL("").join(sql.SQL(", {}").format(ident(n)) for n in sql_names)
     insert_vals = sql.SQL("").join(
         sql.SQL(", NULLIF(n.{}, 'null'::jsonb)").format(ident(n)) for n in sql_names
@@ -437,25 +447,6 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
             for status in (*_READMITTED, "enriched")
         ),
     ]
-    for name in sql_names:
-        new = sql.SQL("(n.{c} IS NOT NULL AND n.{c} <> 'null'::jsonb)").format(c=ident(name))
-        inserted = sql.SQL("count(*) FILTER (WHERE NOT n._present AND {})").format(new)
-        if name in inputs:
-            # A re-admitted row's input column: the new value if the row carries the
-            # field, else the old one kept.
-            after = sql.SQL("CASE WHEN n.{c} IS NULL THEN n.{o} ELSE {new}::int END").format(
-                c=ident(name), o=old[name], new=new
-            )
-            readmitted = sql.SQL(
-                "coalesce(sum({after} - n.{o}) FILTER (WHERE n._old_status IN {st}), 0)"
-            ).format(
-                after=after,
-                o=old[name],
-                st=sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Literal, _READMITTED))),
-            )
-            tallies.append(sql.SQL("{} + {}").format(inserted, readmitted))
-        else:
-            tallies.append(inserted)
     readmitted_in = sql.SQL(", ").join(map(sql.Literal, _READMITTED))
     return sql.SQL(
         """WITH r AS (
@@ -465,7 +456,7 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
               AND s._position >= %(lo)s AND s._position < %(hi)s
             ORDER BY s._key, s._position
         ), k AS (
-            SELECT r.*, t._key IS NOT NULL AS _present, t._status AS _old_status{old_flags}
+            SELECT r.*, t._key IS NOT NULL AS _present, t._status AS _old_status
             FROM r LEFT JOIN {sheet} AS t ON t._key = r._s_key
             WHERE t._admitted_version IS DISTINCT FROM %(version)s
         ), n AS (
@@ -490,7 +481,6 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
     ).format(
         staged_cols=staged_cols,
         staging=names.ident("staging_table"),
-        old_flags=old_flags,
         sheet=names.ident("sheet_table"),
         insert_cols=insert_cols,
         insert_vals=insert_vals,
@@ -557,18 +547,10 @@ async def commit_admission(
             kept, inserted, *by_status = (int(value) for value in found)
             tally.kept += kept
             tally.inserted += inserted
-            for status, count in zip((*_READMITTED, "enriched"), by_status, strict=False):
+            for status, count in zip((*_READMITTED, "enriched"), by_status, strict=True):
                 tally.by_old_status[status] += count
-            for column, change in zip(columns, by_status[len(_READMITTED) + 1 :], strict=True):
-                tally.non_null[column.sql_name] += change
         readmitted = sum(tally.by_old_status[s] for s in _READMITTED)
-        summary: Counter[str] = Counter()
-        for name, change in transition_delta([None], ["pending"]).items():
-            summary[name] += change * tally.inserted
-        for status in _READMITTED:
-            for name, change in transition_delta([status], ["pending"]).items():
-                summary[name] += change * tally.by_old_status[status]
-        apply_deltas(conn, names, summary, tally.non_null)
+        compact_counters(conn, names)
         record_event(
             conn,
             names,

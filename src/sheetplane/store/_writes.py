@@ -27,12 +27,16 @@ not stored.
   carries, and the others keep their values; its status, version, run id and
   input index stay, except that a ``stale`` row goes back to ``pending``.
   ``written`` counts inserted rows plus rows whose stored values changed.
-* **replace** deletes every row of the sheet, zeroes the status counters and
-  the column summary (the admission counter ``write_version`` stays: versions
-  only ever grow, so an attempt admitted before the replace stays fenced), then
+* **replace** deletes every row of the sheet (the counting triggers take every
+  counter back to zero with them; the admission counter ``write_version``
+  stays: versions only ever grow, so an attempt admitted before the replace
+  stays fenced), then
   inserts the rows as append does with input indexes from 0. The event table
   is kept, since it is the ledger of idempotency keys. ``written`` is the
   number of rows inserted.
+
+No write moves a counter itself: the sheet's counting triggers
+(``_counters``) do, from the rows each statement changed, whichever role runs it.
 
 Cancellation rolls the transaction back: nothing is written and the key is
 not recorded, so the call can be retried.
@@ -41,7 +45,6 @@ not recorded, so the call can be retried.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -54,7 +57,6 @@ from .._types import WriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import derive_row_identity, row_key
-from ._counters import apply_deltas, reset_counters
 from ._pool import TrioPool
 from ._rowdata import (
     check_key_size,
@@ -67,9 +69,7 @@ from ._rowdata import (
     lock_sheet,
     project_row,
     record_event,
-    status_of,
     table_columns,
-    transition_delta,
 )
 from ._schema import SheetNames
 
@@ -121,7 +121,7 @@ def _insert_appended(
     rows: Sequence[Mapping[str, Any]],
     idempotency_key: str,
     first_index: int,
-) -> tuple[int, Counter[str], Counter[str]]:
+) -> int:
     columns = table_columns(conn, names)
     sql_names = [c.sql_name for c in columns]
     lookups = column_lookups(columns)
@@ -129,7 +129,7 @@ def _insert_appended(
         (appended_row_key(row, idempotency_key, ordinal), first_index + ordinal, row)
         for ordinal, row in enumerate(rows)
     ]
-    inserted, non_null = copy_new_rows(
+    return copy_new_rows(
         conn,
         names,
         ((key, index, column_texts(row, lookups)) for key, index, row in prepared),
@@ -137,7 +137,6 @@ def _insert_appended(
         run_id=None,
         version=0,
     )
-    return inserted, transition_delta([None] * inserted, ["pending"] * inserted), non_null
 
 
 async def _write(
@@ -151,8 +150,7 @@ async def _write(
         lock_sheet(conn, names)
         if _replayed(conn, names, kind, idempotency_key):
             return WriteResult(written=0, replayed=True)
-        written, summary, non_null = body(conn)
-        apply_deltas(conn, names, summary, non_null)
+        written = body(conn)
         record_event(conn, names, kind=kind, row_count=written, idempotency_key=idempotency_key)
         return WriteResult(written=written, replayed=False)
 
@@ -173,7 +171,7 @@ async def append_rows(
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     checked = await trio.to_thread.run_sync(_check_rows, rows)
 
-    def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
+    def body(conn: psycopg.Connection[Any]) -> int:
         return _insert_appended(conn, names, checked, idempotency_key, _next_index(conn, names))
 
     return await _write(pool, names, "append", idempotency_key, body)
@@ -193,9 +191,8 @@ async def replace_rows(
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     checked = await trio.to_thread.run_sync(_check_rows, rows)
 
-    def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
+    def body(conn: psycopg.Connection[Any]) -> int:
         conn.execute(sql.SQL("DELETE FROM {}").format(names.ident("sheet_table")))
-        reset_counters(conn, names)
         return _insert_appended(conn, names, checked, idempotency_key, 0)
 
     return await _write(pool, names, "replace", idempotency_key, body)
@@ -234,13 +231,11 @@ async def upsert_rows(
     checked = await trio.to_thread.run_sync(_check_rows, rows)
     entries = await trio.to_thread.run_sync(_merge_by_key, checked, key_field)
 
-    def body(conn: psycopg.Connection[Any]) -> tuple[int, Counter[str], Counter[str]]:
+    def body(conn: psycopg.Connection[Any]) -> int:
         columns = table_columns(conn, names)
         sql_names = [c.sql_name for c in columns]
         lookups = column_lookups(columns)
         sheet = names.ident("sheet_table")
-        summary: Counter[str] = Counter()
-        non_null: Counter[str] = Counter()
         written = 0
         next_index = _next_index(conn, names)
         for chunk in chunked(entries, POSTGRES_WRITE_CHUNK_ROWS):
@@ -251,7 +246,7 @@ async def upsert_rows(
             existing = {record[0] for record in cur.fetchall()}
             new = [(key, row) for key, row in chunk if key not in existing]
             if new:
-                inserted, column_delta = copy_new_rows(
+                inserted = copy_new_rows(
                     conn,
                     names,
                     (
@@ -264,19 +259,14 @@ async def upsert_rows(
                 )
                 next_index += inserted
                 written += inserted
-                summary.update(transition_delta([None] * inserted, ["pending"] * inserted))
-                non_null.update(column_delta)
             updates = [
                 {"key": key, "data": project_row(row, columns)}
                 for key, row in chunk
                 if key in existing
             ]
             if updates:
-                changed, delta, column_delta = _merge_existing(conn, names, updates, sql_names)
-                written += changed
-                summary.update(delta)
-                non_null.update(column_delta)
-        return written, summary, non_null
+                written += _merge_existing(conn, names, updates, sql_names)
+        return written
 
     return await _write(pool, names, "upsert", idempotency_key, body)
 
@@ -286,9 +276,9 @@ def _merge_existing(
     names: SheetNames,
     updates: Sequence[Mapping[str, Any]],
     sql_names: Sequence[str],
-) -> tuple[int, Counter[str], Counter[str]]:
+) -> int:
     """Merge carried columns into existing rows (and reopen stale ones); only rows
-    that change are touched. Returns the changed count and the deltas."""
+    that change are touched. Returns the changed count."""
     sheet = names.ident("sheet_table")
 
     def new_value(name: str) -> sql.Composable:
@@ -309,30 +299,15 @@ def _merge_existing(
             for n in sql_names
         ]
     )
-    flags = sql.SQL("").join(
-        sql.SQL(", (o.{col} IS NOT NULL)::int, (t.{col} IS NOT NULL)::int").format(
-            col=sql.Identifier(n)
-        )
-        for n in sql_names
-    )
     cur = conn.execute(
         sql.SQL(
             "WITH incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
-            "  AS i(key text, data jsonb)), "
-            "old AS (SELECT o.* FROM {sheet} AS o JOIN incoming AS i ON o._key = i.key) "
+            "  AS i(key text, data jsonb)) "
             "UPDATE {sheet} AS t SET "
             "_status = CASE WHEN t._status = 'stale' THEN 'pending' ELSE t._status END, "
             "_updated_at = clock_timestamp(){sets} "
-            "FROM incoming AS i, old AS o WHERE t._key = i.key AND o._key = i.key AND ({differs}) "
-            "RETURNING o._status, t._status{flags}"
-        ).format(sheet=sheet, sets=sets, differs=differs, flags=flags),
+            "FROM incoming AS i WHERE t._key = i.key AND ({differs})"
+        ).format(sheet=sheet, sets=sets, differs=differs),
         {"rows": Jsonb(list(updates))},
     )
-    summary: Counter[str] = Counter()
-    non_null: Counter[str] = Counter()
-    records = cur.fetchall()
-    for record in records:
-        summary.update(transition_delta([status_of(record[0])], [status_of(record[1])]))
-        for position, name in enumerate(sql_names):
-            non_null[name] += record[3 + 2 * position] - record[2 + 2 * position]
-    return len(records), summary, non_null
+    return cur.rowcount

@@ -17,17 +17,17 @@ operation           privileges
 Every write operation also gets what the store's write path touches besides
 the sheet table, column by column: SELECT and INSERT (kind, run_id,
 write_version, idempotency_key, row_count) on the event table (its idempotency
-keys) with USAGE on the event id sequence; SELECT, INSERT (id) and UPDATE of
-the five counters and ``updated_at`` on the summary table (a write creates the
-summary row if it is missing; a replace zeroes its counters), never its
-``write_version``, which only the gateway's admissions move; SELECT, INSERT
-and UPDATE on the counter table, whose table lock is the sheet's writer lock
-(``LOCK TABLE`` needs table-level UPDATE; the table holds nothing but
-counters) and whose shard rows carry every write's counter changes; SELECT
-on the column summary table. ``rows.replace`` also gets DELETE on the counter
-and column summary tables (it zeroes every counter with the sheet). Nothing
-else: no other sheet, no receipts, no TRUNCATE, no DDL. Postgres itself
-enforces the boundary (``tests/test_gateway_tenancy.py``'s privilege matrix).
+keys) with USAGE on the event id sequence, and table-level UPDATE on the
+sheet's lock table, an empty table without columns whose table lock is the
+sheet's writer lock (``LOCK TABLE`` needs table-level UPDATE, which changes
+nothing there). Every role may only SELECT the summary, column summary and
+counter tables: no role writes a counter, the summary's ``write_version``
+(which only the gateway's admissions move) or a column summary. The counters
+move by the sheet's counting triggers (``store._counters``), functions owned
+by the gateway that count what each statement changed in the rows, whoever
+ran it. Nothing else: no other sheet, no receipts, no TRUNCATE, no DDL.
+Postgres itself enforces the boundary (``tests/test_gateway_tenancy.py``'s
+privilege matrix and its hostile counter writer).
 
 The password never reaches the server in the clear: the role is created with
 a SCRAM-SHA-256 verifier computed here, so neither a statement log nor
@@ -299,11 +299,8 @@ def _scram_verifier(password: str) -> str:
     return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-#: What the store's write path writes outside the sheet table, by column, so no
-#: scoped role can forge what it does not write: the summary's ``write_version``
-#: (the admission counter only the gateway's admissions move) and the events'
-#: ``id`` and ``created_at``.
-_SUMMARY_COUNTER_COLUMNS: Final = ("total", "queued", "running", "completed", "failed")
+#: What the store's write path inserts into the event table, by column, so no
+#: scoped role can forge the events' ``id`` and ``created_at``.
 _EVENT_INSERT_COLUMNS: Final = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
 
 #: A privilege on a whole table (``()``) or on the named columns only.
@@ -334,19 +331,10 @@ def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, lis
     if any(op in _ROW_WRITES for op in operations):
         # Idempotency keys: the write path reads them and records its own event.
         tables["event_table"] = [("SELECT", ()), ("INSERT", _EVENT_INSERT_COLUMNS)]
-        # The summary row is created if missing (INSERT (id) ... ON CONFLICT DO
-        # NOTHING) and a replace zeroes its counters. Never write_version.
-        tables["summary_table"] += [
-            ("INSERT", ("id",)),
-            ("UPDATE", (*_SUMMARY_COUNTER_COLUMNS, "updated_at")),
-        ]
-        # The writer lock is LOCK TABLE on the counter table (table-level UPDATE),
-        # and counters move in its shard rows (INSERT ... ON CONFLICT DO UPDATE).
-        tables["counter_table"] += [("INSERT", ()), ("UPDATE", ())]
-    if "rows.replace" in operations:
-        # A replace zeroes every counter along with the sheet.
-        tables["column_summary_table"].append(("DELETE", ()))
-        tables["counter_table"].append(("DELETE", ()))
+        # The writer lock is LOCK TABLE on the lock table (table-level UPDATE, on a
+        # table with no rows, no columns and no INSERT grant). Counters: SELECT only;
+        # the gateway-owned counting triggers move them.
+        tables["lock_table"] = [("UPDATE", ())]
     return list(tables.items())
 
 
