@@ -532,12 +532,7 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
                 value bigint NOT NULL
             )"""
         ).format(names.ident("counter_table")),
-        # A sheet whose counters were sharded rows keyed (kind, name, shard): the
-        # rows stay (a read sums them all the same), the key and the shard go.
-        sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS shard").format(names.ident("counter_table")),
         sql.SQL("CREATE TABLE IF NOT EXISTS {} ()").format(names.ident("lock_table")),
-        # No policy: even a role granted more than UPDATE would see and change no row.
-        sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(names.ident("lock_table")),
         _receipts_ddl(names),
         *_staging_ddl(names, columns),
     ]
@@ -659,19 +654,35 @@ async def ensure_sheet(
         # A sheet made before the lock table existed had its writer lock on the
         # counter table: that one excludes writers of that layout while this upgrades.
         found = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-            (
-                names.ident("lock_table").as_string(conn),
-                names.ident("counter_table").as_string(conn),
-            ),
+            "SELECT to_regclass(%(lock)s) IS NOT NULL, to_regclass(%(counts)s) IS NOT NULL,"
+            " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
+            "   AND attname = 'shard' AND NOT attisdropped)",
+            {
+                "lock": names.ident("lock_table").as_string(conn),
+                "counts": names.ident("counter_table").as_string(conn),
+            },
         ).fetchone()
-        if found is not None and found[0]:
+        assert found is not None
+        if found[0]:
             lock_sheet(conn, names, "exclusive")
-        elif found is not None and found[1]:
+        elif found[1]:
             conn.execute(
                 sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
             )
         conn.execute(_ddl(names, columns, logical))
+        if not found[0]:
+            # No policy: even a role granted more than UPDATE would see and change no row.
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(
+                    names.ident("lock_table")
+                )
+            )
+        if found[2]:
+            # Counters kept as sharded rows keyed (kind, name, shard): the rows stay (a
+            # read sums them all the same), the key and the shard go.
+            conn.execute(
+                sql.SQL("ALTER TABLE {} DROP COLUMN shard").format(names.ident("counter_table"))
+            )
         _move_legacy_comments(conn, names)
         conn.execute(_summary_row(names))
         # The counting triggers count every physical column the rows table has now.

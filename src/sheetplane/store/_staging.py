@@ -512,6 +512,10 @@ async def commit_admission(
     _check_chunk_args(chunks, rows)
 
     def run(conn: Conn) -> AdmissionCounts:
+        # The writer lock first (the lock order, docs/store.md): before this commit
+        # touches the staging tables, whose ALTER TABLE a column-adding ensure_sheet
+        # runs while it holds the writer lock.
+        lock_sheet(conn, names)
         state = _state(conn, names, admission_id, lock="FOR UPDATE")
         if state is None:
             raise AdmissionStateError(f"admission {admission_id} does not exist")
@@ -527,7 +531,6 @@ async def commit_admission(
             "SELECT set_config('work_mem', %s, true)",
             (f"{ADMISSION_COMMIT_WORK_MEM_BYTES // KiB}kB",),
         )
-        lock_sheet(conn, names)
         version = next_write_version(conn, names)
         statement = _range_statement(names, columns)
         tally = _Tally()
