@@ -25,7 +25,7 @@ from _runtime_helpers import (
 )
 from sheetplane.budgets import COUNTER_LOG_COMPACT_ROWS
 from sheetplane.runtime import CompleteRow, ContractColumn, FailRow, SheetContract
-from sheetplane.store import SheetStore, sheet_names
+from sheetplane.store import SheetStore, open_store, sheet_names
 from sheetplane.store._counters import STATUS_COUNTER, column_counts, status_counts
 from sheetplane.store._schema import SYSTEM_COLUMNS
 
@@ -133,13 +133,8 @@ async def test_counters_equal_a_recount_of_the_rows_after_random_writes_on_both_
                 {"_key": f"r{i:02d}", "text": f"new {i}", "words": rng.choice([None, 3])}
                 for i in rng.sample(range(40), rng.randint(1, 6))
             ]
-            write = rng.choice(["append", "upsert", "replace"])
-            if write == "append":
-                await scoped.append(rows, idempotency_key=key)
-            elif write == "upsert":
-                await scoped.upsert(rows, idempotency_key=key)
-            else:
-                await scoped.replace(rows, idempotency_key=key)
+            write = getattr(scoped, rng.choice(["append", "upsert", "replace"]))
+            await write(rows, idempotency_key=key)
             await check()
     assert checked >= 2 * ROUNDS
     counted = await store.pool.run(lambda conn: counters_and_recount(conn, names))
@@ -188,3 +183,56 @@ async def test_the_reapers_pass_compacts_a_long_counter_log_unless_a_writer_hold
     assert await store.pool.run(lambda conn: log_rows(conn, names)) <= 5 + len(CONTRACT.columns)
     after = await store.pool.run(lambda conn: counters_and_recount(conn, names))
     assert after == before
+
+
+async def test_a_sheet_of_the_sharded_layout_keeps_its_counts_and_gains_the_triggers(
+    store: SheetStore, sheet: Any, database_url: str
+) -> None:
+    names = sheet_names(sheet)
+    await store.start_dataset(
+        sheet, [{"_key": f"k{i}", "text": "t"} for i in range(3)], "r", CONTRACT
+    )
+
+    def make_old(conn: psycopg.Connection[Any]) -> None:
+        # The layout before: no triggers, no lock table, counters in keyed shard rows
+        # (and part of them still in the summary row's and column summary's base).
+        for trigger in ("insert", "update", "delete", "truncate"):
+            conn.execute(
+                sql.SQL("DROP TRIGGER {} ON {}").format(
+                    sql.Identifier(f"sheetplane_count_{trigger}"), names.ident("sheet_table")
+                )
+            )
+        conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("lock_table")))
+        conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("counter_table")))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (kind text NOT NULL, name text NOT NULL, shard integer NOT NULL,"
+                " value bigint NOT NULL DEFAULT 0, PRIMARY KEY (kind, name, shard))"
+            ).format(names.ident("counter_table"))
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} VALUES ('status', 'total', 3, 2), ('status', 'queued', 7, 2),"
+                " ('column', 'text', 1, 1), ('column', 'text', 9, 1)"
+            ).format(names.ident("counter_table"))
+        )
+        conn.execute(
+            sql.SQL("UPDATE {} SET total = 1, queued = 1").format(names.ident("summary_table"))
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {} (column_name, non_null) VALUES ('text', 1)").format(
+                names.ident("column_summary_table")
+            )
+        )
+
+    await store.pool.run(make_old)
+    before = await store.pool.run(lambda conn: counters_and_recount(conn, names))
+    assert before[0] == before[1]
+    # A fresh store (no remembered layout) ensures the sheet: the layout is upgraded.
+    async with open_store(database_url, max_connections=2) as fresh:
+        await fresh.ensure_sheet(sheet, CONTRACT)
+        await fresh.append_rows(sheet, [{"text": "x"}, {"words": 1}], idempotency_key="k")
+        rows = await fresh.read_rows_after(sheet, None, 10)
+    after = await store.pool.run(lambda conn: counters_and_recount(conn, names))
+    assert after[0] == after[1]
+    assert after[0][0]["total"] == 5 and len(rows[0]) == 5

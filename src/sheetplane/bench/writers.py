@@ -20,7 +20,10 @@ gateway in this process; every write on a scoped session), or ``store``
 (``open_store`` on the superuser URL). ``--before-src PATH`` adds a series run
 with ``PYTHONPATH=PATH`` (an older checkout's ``src``) on the store road, and
 runs the current code on the store road too, interleaved with it, so the
-before and after figures come from one run on one server.
+before and after figures come from one run on one server. The sheets are
+admitted by this code, so the older checkout must write the same sheet
+layout: across a layout change (the counter log replacing the sharded
+counters), run the benchmark once with each checkout instead.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """The physical layout of a sheet: names, and the idempotent DDL that creates it.
 
 One schema per org (``sp_<org>_<hash>``); in it, per sheet (play + table
-namespace) a sheet table, an event table, a summary table, a column-summary
-table, a counter table and a metadata table, and per play a work-receipts
-table. Logical names can be any text (quotes, unicode, SQL-looking strings):
-the physical names are a sanitised ASCII prefix plus a SHA-256 suffix of the
-exact logical name, so they are always valid identifiers of at most 63 bytes
-and two distinct sheets never share a table.
+namespace) a sheet table (with its counting triggers, ``_counters``), an event
+table, a summary table, a column-summary table, a counter log, a lock table
+(the writer lock's, ``_locking``), a metadata table and the staging tables,
+and per play a work-receipts table. Logical names can be any text (quotes,
+unicode, SQL-looking strings): the physical names are a sanitised ASCII
+prefix plus a SHA-256 suffix of the exact logical name, so they are always
+valid identifiers of at most 63 bytes and two distinct sheets never share a
+table.
 Every identifier reaches SQL through ``psycopg.sql.Identifier``; the logical
 names and the contract's column ids are kept in the sheet's metadata table
 (readable only by the sheet's own session roles), never in catalog comments,
@@ -128,9 +130,11 @@ class SheetNames:
     event_table: str
     """One row per write (with its idempotency key)."""
     summary_table: str
-    """The single row of status counters and the admission counter."""
+    """The single row of the admission counter (``write_version``) and the status
+    counters an older sheet kept (the base the counter log adds to)."""
     column_summary_table: str
-    """Non-null counts per physical column (the base the counter shards add to)."""
+    """Non-null counts per physical column kept by an older sheet (the base the
+    counter log adds to; nothing writes it any more)."""
     counter_table: str
     """The counter log: every statement's changes to the status counters and the
     non-null counts, appended by the counting triggers, summed on read
