@@ -236,3 +236,9 @@ async def test_a_sheet_of_the_sharded_layout_keeps_its_counts_and_gains_the_trig
     after = await store.pool.run(lambda conn: counters_and_recount(conn, names))
     assert after[0] == after[1]
     assert after[0][0]["total"] == 5 and len(rows[0]) == 5
+    # An owner's TRUNCATE (no write path runs one) cancels every counter, the base too.
+    await store.pool.run(
+        lambda conn: conn.execute(sql.SQL("TRUNCATE {}").format(names.ident("sheet_table")))
+    )
+    emptied = await store.pool.run(lambda conn: counters_and_recount(conn, names))
+    assert emptied[0] == emptied[1] and emptied[0][0]["total"] == 0

@@ -263,12 +263,19 @@ class _Writer:
                 "_admitted_version = %(version)s, "
                 "_run_id = %(run_id)s, _error = NULL, _input_index = i.idx, "
                 "_updated_at = clock_timestamp(){sets} "
-                "FROM incoming AS i WHERE t._key = i.key"
+                "FROM incoming AS i WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[])"
             ).format(
                 sheet=self.names.ident("sheet_table"),
                 sets=sql.SQL("").join(column_sets),
             ),
-            {"rows": payload, "version": self.version, "run_id": self.run_id},
+            # The key array steers the plan to the key index: the rows' statistics may
+            # be stale (an admission's COPY), and a misestimate joins every row.
+            {
+                "rows": payload,
+                "keys": [e.key for e in entries],
+                "version": self.version,
+                "run_id": self.run_id,
+            },
         )
         self.readmitted += len(entries)
 

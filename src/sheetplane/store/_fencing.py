@@ -338,11 +338,18 @@ def _write_chunk(
         sql.SQL(
             "WITH {incoming} "
             "UPDATE {sheet} AS t SET {sets} FROM incoming AS i "
-            "WHERE t._key = i.key "
+            "WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[]) "
             "AND t._status IN ('pending', 'running') "
             "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint)"
         ).format(incoming=_incoming_cte(names), sheet=sheet, sets=sets),
-        {"rows": writes, "run_id": run_id, "version": writer_version},
+        # The key array steers the plan to the key index: with stale statistics (rows
+        # an admission has just copied in) a misestimate joins every row of the sheet.
+        {
+            "rows": writes,
+            "keys": [r.key for r in to_write],
+            "run_id": run_id,
+            "version": writer_version,
+        },
     )
     if cur.rowcount != len(to_write):
         raise AssertionError("a fenced row changed under the sheet's writer lock")

@@ -306,8 +306,10 @@ def _merge_existing(
             "UPDATE {sheet} AS t SET "
             "_status = CASE WHEN t._status = 'stale' THEN 'pending' ELSE t._status END, "
             "_updated_at = clock_timestamp(){sets} "
-            "FROM incoming AS i WHERE t._key = i.key AND ({differs})"
+            "FROM incoming AS i WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[]) "
+            "AND ({differs})"
         ).format(sheet=sheet, sets=sets, differs=differs),
-        {"rows": Jsonb(list(updates))},
+        # The key array steers the plan to the key index (statistics may be stale).
+        {"rows": Jsonb(list(updates)), "keys": [update["key"] for update in updates]},
     )
     return cur.rowcount
