@@ -91,7 +91,7 @@ def sheet_state(store: SheetStore, sheet: SheetRef) -> Any:
                     names.ident("sheet_table")
                 )
             )[0],
-            # The counters as a read sums them (base plus shards), then the version.
+            # The counters as a read sums them (base plus log), then the version.
             "summary": [
                 (
                     *(status_counts(conn, names)[name] for name in STATUS_COUNTERS),

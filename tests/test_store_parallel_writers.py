@@ -6,7 +6,8 @@ backends wait for a heavyweight lock at each instant. When every terminal
 write took the sheet's exclusive writer lock (the summary row ``FOR UPDATE``)
 and updated the one summary row, nearly every sample found most of the eight
 waiting; now terminal writes take the writer lock shared, lock only their own
-rows and add their counts to a shard, so a sample rarely finds one waiting.
+rows, and their counting triggers append to a log without a key, so a sample
+rarely finds one waiting.
 The assertion is on those samples, not on time. The counters must still equal
 a recount of the rows.
 """
