@@ -155,7 +155,9 @@ def _cancel_all(names: SheetNames) -> sql.Composable:
 def _all_parts(names: SheetNames) -> sql.Composable:
     """``(kind, name, value)`` rows of every counter's base and log entries."""
     status = sql.SQL(" UNION ALL ").join(
-        sql.SQL("SELECT 'status', {lit}, {col} FROM {summary} WHERE id").format(
+        sql.SQL(
+            "SELECT 'status' AS kind, {lit} AS name, {col} AS value FROM {summary} WHERE id"
+        ).format(
             lit=sql.Literal(name),
             col=sql.Identifier(name),
             summary=names.ident("summary_table"),
