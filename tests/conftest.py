@@ -13,6 +13,7 @@ import pytest
 from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, open_store
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
+from sheetplane.testing.plugin import SecretURL
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +35,13 @@ def embedded_server() -> Iterator[EmbeddedPostgres | None]:
 
 @pytest.fixture(scope="session")
 def sheetplane_database_url(embedded_server: EmbeddedPostgres | None) -> str:
-    """The session's Postgres, overriding the plugin's (a secret: never print it)."""
+    """The session's Postgres, overriding the plugin's (a secret: never print it;
+    its repr is redacted)."""
     if embedded_server is None:
         url = database_url_from_env()
         assert url is not None
-        return url
-    return embedded_server.url
+        return SecretURL(url)
+    return SecretURL(embedded_server.url)
 
 
 @pytest.fixture

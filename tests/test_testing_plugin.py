@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -43,6 +44,39 @@ def test_example_suite_passes_as_its_own_pytest_run(database_url: str) -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "3 passed" in result.stdout
     assert database_url not in result.stdout + result.stderr
+
+
+_FAILING_TEST = """
+def test_fails(sheetplane_database_url):
+    url = sheetplane_database_url
+    assert url.startswith("mysql://")
+"""
+
+
+def test_a_failing_test_report_shows_no_part_of_the_database_url(
+    database_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "test_fails.py").write_text(_FAILING_TEST)
+    env = {**os.environ, "SHEETPLANE_DATABASE_URL": str(database_url)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=long", "-l"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert "1 failed" in output, output[-4000:]
+    assert "<database URL, redacted>" in output
+    # Checked without naming the secret in this test's own failure report.
+    password = urlsplit(str(database_url)).password or ""
+    assert password
+    leaks = [
+        line.replace(password, "<password>") for line in output.splitlines() if password in line
+    ]
+    assert not leaks
 
 
 async def test_gateway_fixture_serves_its_token_and_arms_faults(

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 # run that asks for none of these fixtures should not pay for (or depend on)
 # the gateway, the store or the embedded Postgres.
 
-__all__ = ["GatewayHandle"]
+__all__ = ["GatewayHandle", "SecretURL"]
 
 #: The play every fixture-made client and runtime acts for unless told otherwise.
 DEFAULT_PLAY = "sheetplane-test-play"
@@ -109,17 +109,31 @@ class GatewayHandle:
         )
 
 
+class SecretURL(str):
+    """A database URL whose ``repr`` names no part of it. It is the URL everywhere
+    else (``str``, formatting, psycopg); pytest and Hypothesis print a failing
+    test's arguments by ``repr``, and this one carries a password."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<database URL, redacted>"
+
+
 @pytest.fixture(scope="session")
 def sheetplane_database_url() -> Iterator[str]:
-    """A superuser URL of a real Postgres (a secret: never print it)."""
+    """A superuser URL of a real Postgres (a secret: never print it; its repr is
+    redacted, since pytest shows a failing test's arguments by repr)."""
     from ..store.embedded import EmbeddedPostgres, database_url_from_env
 
     url = database_url_from_env()
     if url is not None:
-        yield url
+        yield SecretURL(url)
         return
-    with EmbeddedPostgres() as server:
-        yield server.url
+    # Not durable (fsync and synchronous commit off): the data is removed when the
+    # session ends and nothing crashes this server, so flushing buys nothing.
+    with EmbeddedPostgres(durable=False) as server:
+        yield SecretURL(server.url)
 
 
 @pytest.fixture
