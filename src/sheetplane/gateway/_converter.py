@@ -457,8 +457,7 @@ def _unstructure_hook(cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
     overrides: dict[str, Any] = {
         field.name: override(
             rename=wire_name(field),
-            omit_if_default=field.default is ABSENT
-            or (field.default is None and not writes_nulls),
+            omit_if_default=field.default is ABSENT or (field.default is None and not writes_nulls),
         )
         for field in fields
     }
