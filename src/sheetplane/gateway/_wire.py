@@ -205,10 +205,12 @@ def encode_body(value: Any) -> bytes:
     floats first (``json_byte_length_up_to``), or hold values that have none
     (rows decoded from ``jsonb``).
 
-    The bytes are the ones ``json_byte_length_up_to`` measures, except that a
-    float in exponent form is written without a leading zero in its exponent
-    (``1e-7``, not ``1e-07``): the measure is then an upper bound, off by at
-    most one byte a float.
+    The bytes are the ones ``json_byte_length_up_to`` measures, except for
+    floats: orjson writes ``1e-7`` where ``repr`` writes ``1e-07`` (a byte
+    shorter) and ``0.00001`` where ``repr`` writes ``1e-05`` (two longer), so
+    for a value holding floats the measure is close, not exact. Page reads do
+    not go through here: the gateway sends the rows' JSON the store measured
+    byte for byte (``store.read_rows_batch_json``).
     """
     try:
         return orjson.dumps(value)
