@@ -14,7 +14,8 @@ and the roads, so load from elsewhere on the machine falls on all alike.
   so the target is <= 1.2x; growing offsets would make it about 10x.
 * **Peer**: the same rows read with one server-side cursor ``SELECT`` on a
   plain psycopg connection, decoded into dicts (a physical floor for reading
-  these rows into Python), measured in the same run.
+  these rows into Python), measured in the same run. Target: the gateway road
+  at >= 0.75x the peer's rows/s.
 * **Memory**: the process's peak RSS (``resource.getrusage``) after an
   untimed read of the small sheet on every road, then of the large one, then
   after the timed runs (the gateway runs in this process too, so its side
@@ -59,6 +60,8 @@ ROADS: Final[tuple[tuple[str, Strategy], ...]] = (("direct", "direct"), ("gatewa
 TRACED_ROWS: Final = 100_000
 #: The target: time per row at the large size over time per row at the small size.
 LINEAR_TARGET: Final = 1.2
+#: The target: the gateway road's rows/s over the peer's, at each size.
+GATEWAY_TARGET: Final = 0.75
 
 
 async def seed(store: SheetStore, namespace: str, rows: int) -> None:
@@ -226,6 +229,12 @@ def report(result: Result, small: int, large: int, repeats: int) -> str:
         lines.append(
             f"{label}: time per row at {large:,} / at {small:,} = {ratio:.2f}x "
             f"(target <= {LINEAR_TARGET}) {verdict}"
+        )
+    for rows in (small, large):
+        ratio = result.measures[("peer", rows)].median / result.measures[("gateway", rows)].median
+        verdict = "ok" if ratio >= GATEWAY_TARGET else "MISSED"
+        lines.append(
+            f"gateway / peer at {rows:,}: {ratio:.2f}x (target >= {GATEWAY_TARGET}) {verdict}"
         )
     for label, peak in result.traced_peak.items():
         lines.append(
