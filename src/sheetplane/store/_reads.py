@@ -655,20 +655,10 @@ async def read_rows_batch(
     the answer would exceed ``READ_BATCH_MAX_RESPONSE_BYTES``; the caller splits
     the read. Bad requests raise ``InvalidInputError`` before any query.
     """
-    requests = _check_batch(pages)
-    filt = _filter(run_id, admitted)
-    row_mode = _check_row_mode(row_mode)
-
-    def run(conn: Conn) -> list[Page]:
-        _snapshot(conn)
-        columns = _physical_columns(conn, names)
-        form = None if columns is None else _Dicts(_projection(columns, row_mode))
-        read = _read_batch(conn, names, requests, filt, form)
-        return [
-            Page(tuple(rows), r.limit, r.offset) for rows, r in zip(read, requests, strict=True)
-        ]
-
-    return await pool.run(run)
+    read, requests = await _batch(
+        pool, names, pages, run_id, row_mode, admitted, lambda c, m: _Dicts(_projection(c, m))
+    )
+    return [Page(tuple(rows), r.limit, r.offset) for rows, r in zip(read, requests, strict=True)]
 
 
 @attrs.frozen
@@ -694,18 +684,31 @@ async def read_rows_batch_json(
 
     The same rows, under the same budget, counted as the bytes themselves.
     """
+    read, requests = await _batch(pool, names, pages, run_id, row_mode, admitted, _Json)
+    return [JsonPage(rows, r.limit, r.offset) for rows, r in zip(read, requests, strict=True)]
+
+
+async def _batch(
+    pool: TrioPool,
+    names: SheetNames,
+    pages: Sequence[PageRequest],
+    run_id: str | None,
+    row_mode: RowMode,
+    admitted: AdmittedPart | None,
+    make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
+) -> tuple[list[list[R]], list[PageRequest]]:
+    """The rows of each page of a batch read in ``make_form``'s form, and the requests."""
     requests = _check_batch(pages)
     filt = _filter(run_id, admitted)
     row_mode = _check_row_mode(row_mode)
 
-    def run(conn: Conn) -> list[JsonPage]:
+    def run(conn: Conn) -> list[list[R]]:
         _snapshot(conn)
         columns = _physical_columns(conn, names)
-        form = None if columns is None else _Json(columns, row_mode)
-        read = _read_batch(conn, names, requests, filt, form)
-        return [JsonPage(rows, r.limit, r.offset) for rows, r in zip(read, requests, strict=True)]
+        form = None if columns is None else make_form(columns, row_mode)
+        return _read_batch(conn, names, requests, filt, form)
 
-    return await pool.run(run)
+    return await pool.run(run), requests
 
 
 async def read_rows(
