@@ -242,3 +242,15 @@ async def test_a_sheet_of_the_sharded_layout_keeps_its_counts_and_gains_the_trig
     )
     emptied = await store.pool.run(lambda conn: counters_and_recount(conn, names))
     assert emptied[0] == emptied[1] and emptied[0][0]["total"] == 0
+
+
+def test_bench_counters_commits_with_and_without_triggers_and_reports_the_ratio(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sheetplane.bench import counters
+
+    assert counters.main(["--rows", "2000", "--repeats", "1", "--database-url", database_url]) == 0
+    out = capsys.readouterr().out
+    runs = [line.split()[1] for line in out.splitlines() if line.startswith("  triggers ")]
+    assert runs == ["on", "off"]
+    assert "on / off" in out.splitlines()[-1]

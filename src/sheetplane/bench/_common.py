@@ -17,8 +17,8 @@ CONTRACT = SheetContract(
 )
 
 
-def make_rows(n: int) -> list[dict[str, Any]]:
-    """N distinct company rows, keyed by ``id``."""
+def make_rows(n: int, start: int = 0) -> list[dict[str, Any]]:
+    """N distinct company rows, keyed by ``id`` (the rows ``start`` to ``start + n - 1``)."""
     return [
         {
             "id": f"c{i:07d}",
@@ -26,5 +26,5 @@ def make_rows(n: int) -> list[dict[str, Any]]:
             "domain": f"company-{i}.example",
             "employees": (i * 7919) % 10_000,
         }
-        for i in range(n)
+        for i in range(start, start + n)
     ]
