@@ -14,6 +14,7 @@ end and at each scrape.
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 from collections.abc import Callable, Collection, Mapping
@@ -198,5 +199,22 @@ class GatewayMetrics:
         if not directory:
             return generate_latest(self.registry)
         combined = CollectorRegistry()
-        MultiProcessCollector(combined, path=directory)  # type: ignore[no-untyped-call]
+        _SettledFilesCollector(combined, path=directory)  # type: ignore[no-untyped-call]
         return generate_latest(combined)
+
+
+class _SettledFilesCollector(MultiProcessCollector):
+    """prometheus-client's multiprocess collector, skipping a file another process
+    is creating. ``MmapedDict`` creates its file, then sizes it: a scrape in that
+    window read a 0-byte file, ``struct.error``, and answered 500 for every
+    metric (prometheus/client_python#1199). Such a file holds no sample yet."""
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        files = []
+        for name in glob.glob(os.path.join(self._path, "*.db")):
+            try:
+                if os.path.getsize(name) > 0:
+                    files.append(name)
+            except FileNotFoundError:  # a live gauge's file, removed as its process ended
+                continue
+        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
