@@ -1,6 +1,7 @@
-"""The wire's JSON (``gateway._wire.encode_body``/``decode_body``: orjson writes,
-msgspec reads, each with a standard-library fallback) against the measure budgets
-use (``json_byte_length_up_to``) and against ``json.loads``."""
+"""The wire's JSON (``sheetplane._json.encode_body``/``decode_body``, which also
+load the store's jsonb values: orjson writes, msgspec reads, each with a
+standard-library fallback) against the measure budgets use
+(``json_byte_length_up_to``) and against ``json.loads``."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def test_decoding_agrees_with_json_loads(value: Any) -> None:
     raw = json.dumps(value, ensure_ascii=False).encode("utf-8")  # spaced, as other producers write
     decoded = decode_body(raw)
     assert decoded == json.loads(raw)
+    # As psycopg hands the store's loader a jsonb value: a memoryview, or text.
+    assert decode_body(memoryview(raw)) == decoded == decode_body(raw.decode("utf-8"))
     # Integers stay integers, however long (orjson would read 2**70 as a float).
     assert [type(v) for v in _leaves(decoded)] == [type(v) for v in _leaves(value)]
 
@@ -102,6 +105,7 @@ def test_what_msgspec_refuses_reads_as_json_loads_reads_it(raw: bytes) -> None:
         return
     got = decode_body(raw)
     assert repr(got) == repr(expected)  # NaN != NaN; compare the spelling
+    assert repr(decode_body(memoryview(raw))) == repr(expected)
 
 
 def test_non_string_keys_and_non_finite_floats_are_not_written() -> None:

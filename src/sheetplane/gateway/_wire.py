@@ -8,7 +8,8 @@ sides agree by construction rather than by copy. The enumerations are
 derived from the ``Literal`` types of ``sheetplane._types`` (the domain
 values every part shares), so a value added there is a value on the wire.
 
-Bodies go through :func:`encode_body` and :func:`decode_body` on both sides:
+Bodies go through :func:`encode_body` and :func:`decode_body` on both sides
+(defined in ``sheetplane._json``, which the store's ``jsonb`` loader shares):
 orjson writes and msgspec reads where they give the same value as the
 standard library, the standard library where they would not (see each
 function).
@@ -19,12 +20,9 @@ Nothing here does I/O; importing it imports neither httpx nor psycopg.
 from __future__ import annotations
 
 import hashlib
-import json
-from typing import Any, Final
+from typing import Final
 
-import msgspec
-import orjson
-
+from .._json import decode_body, encode_body
 from .._types import BIGINT_MAX, BIGINT_MIN, LOGICAL_TABLES, OPERATIONS, ROW_MODES, STALE_REASONS
 
 __all__ = [
@@ -165,62 +163,3 @@ def token_digest(token: str) -> str:
     table, the client's session cache keys, and the page reader's scopes.
     """
     return hashlib.sha256(token.strip().encode("utf-8")).hexdigest()
-
-
-# --- bodies ---------------------------------------------------------------------------
-
-#: One decoder for every body: msgspec reads into the result's own objects, with
-#: no intermediate document (orjson's parser holds about fifteen times the body
-#: while it builds the result, which broke the iteration memory budget of
-#: tests/test_runtime_bounds.py), reads integers of any length exactly, and was
-#: the fastest of the three readers measured (``sheetplane bench wire``).
-_DECODER: Final = msgspec.json.Decoder()
-
-
-def decode_body(raw: bytes) -> Any:
-    """The JSON value of a request or answer body.
-
-    msgspec reads it when it can read it the way ``json.loads`` would; a body
-    msgspec refuses (NaN literals, a number past a float's range, lone
-    surrogate escapes, a byte-order mark, deep nesting, UTF-16, invalid JSON)
-    is read by ``json.loads``, so every body means what it meant before, and
-    the errors are ``json.loads``'s own (``ValueError``,
-    ``UnicodeDecodeError``, ``RecursionError``).
-    """
-    try:
-        return _DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return json.loads(raw)
-
-
-def encode_body(value: Any) -> bytes:
-    """The compact wire form of ``value``: no spaces, UTF-8, ``NaN`` never written.
-
-    orjson writes it; what orjson refuses falls back to the standard library
-    with the same compact separators: an integer past 64 bits is written
-    exactly, and a string holding a lone surrogate (an error that echoes a
-    request's bad text) with ASCII escapes, which JSON can carry. A non-string
-    key raises ``TypeError``; a non-finite float raises ``ValueError`` in the
-    fallback, and is written ``null`` by orjson, so callers refuse non-finite
-    floats first (``json_byte_length_up_to``), or hold values that have none
-    (rows decoded from ``jsonb``).
-
-    The bytes are the ones ``json_byte_length_up_to`` measures, except for
-    floats: orjson writes ``1e-7`` where ``repr`` writes ``1e-07`` (a byte
-    shorter) and ``0.00001`` where ``repr`` writes ``1e-05`` (two longer), so
-    for a value holding floats the measure is close, not exact. Page reads do
-    not go through here: the gateway sends the rows' JSON the store measured
-    byte for byte (``store.read_rows_batch_json``).
-    """
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError as exc:
-        if str(exc) == "Dict key must be str":
-            raise TypeError("JSON object keys must be strings") from None
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode(
-            "ascii"
-        )

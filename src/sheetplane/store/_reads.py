@@ -37,6 +37,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
+from .._json import decode_body
 from .._types import (
     AdmittedPart,
     Page,
@@ -434,12 +435,12 @@ _WIRE_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow
 def _recoded(text: str) -> bytes:
     """The compact wire form of a row whose Postgres text is not compact.
 
-    ``json.loads`` reads it as psycopg reads a jsonb value; the standard
+    ``decode_body`` reads it as psycopg reads a jsonb value; the standard
     library writes it in the form ``json_byte_length_up_to`` measures. A
     number past a float's range (read as infinity) has no JSON form.
     """
     try:
-        return _WIRE_ENCODE(json.loads(text)).encode("utf-8")
+        return _WIRE_ENCODE(decode_body(text)).encode("utf-8")
     except ValueError as exc:
         raise InvalidInputError(f"a stored value has no JSON form: {exc}") from None
 
