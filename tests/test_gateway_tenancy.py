@@ -41,7 +41,7 @@ from sheetplane.gateway.server import (
 from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
 from sheetplane.store import open_store, sheet_names
 from sheetplane.store._counters import column_counts
-from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
+from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, SYSTEM_COLUMNS
 
 TOKEN_A = "tok-tenant-a-7f3e9c1d"
 TOKEN_B = "tok-tenant-b-2a8b4e6f"
@@ -218,21 +218,8 @@ async def test_a_gateway_that_is_not_superuser_refuses_an_unhardened_database(
 
 # --- finding 2: the privilege matrix, asserted by Postgres ------------------------------
 
-SHEET_COLUMNS = (
-    "_key",
-    "_status",
-    "_run_id",
-    "_error",
-    "_stage",
-    "_provider",
-    "_input_index",
-    "_created_at",
-    "_updated_at",
-    "_cell_meta",
-    "_write_version",
-    "email",
-    "score",
-)
+#: Every column of the probed sheet: the store's system columns and the contract's.
+SHEET_COLUMNS = (*SYSTEM_COLUMNS, "email", "score")
 EVENT_COLUMNS = (
     "id",
     "kind",
