@@ -89,7 +89,7 @@ async def mapped(
     return await run_map(pending, fn, **settings)
 
 
-async def test_writes_leave_in_full_batches_and_the_tail_after_the_flush(
+async def test_writes_leave_in_full_batches_and_the_tail_once_no_row_can_join_it(
     autojump_clock: Any,
 ) -> None:
     writes = Writes()
@@ -99,7 +99,7 @@ async def test_writes_leave_in_full_batches_and_the_tail_after_the_flush(
     assert [(t - t0, kind, len(keys)) for t, kind, keys in writes.log] == [
         (0.0, "complete", 500),
         (0.0, "complete", 500),
-        (0.25, "complete", 200),
+        (0.0, "complete", 200),
     ]
     assert sorted(k for _t, _kind, keys in writes.log for k in keys) == [
         r["_key"] for r in rows(1200)
@@ -114,11 +114,13 @@ async def test_a_trickle_is_flushed_every_flush_seconds(autojump_clock: Any) -> 
         return {}
 
     t0 = trio.current_time()
-    await mapped(Pending(rows(6)), slow, writes, concurrency=1, batch_rows=100)
-    # Row i is done at 0.1 * (i + 1); a batch leaves 0.25 s after its first row.
+    await mapped(Pending(rows(8)), slow, writes, concurrency=1, batch_rows=100)
+    # Row i is done at 0.1 * (i + 1); a batch leaves 0.25 s after its first row, the
+    # last one as soon as the last row is done (no row can join it after that).
     assert [(round(t - t0, 6), keys) for t, _kind, keys in writes.log] == [
         (0.35, ("k00000", "k00001", "k00002")),
         (0.65, ("k00003", "k00004", "k00005")),
+        (0.8, ("k00006", "k00007")),
     ]
 
 
@@ -290,3 +292,40 @@ async def test_outputs_that_cannot_be_written_fail_their_row_alone(autojump_cloc
 
 def _raise_long() -> Any:
     raise ValueError("x" * (2 * MAX_ERROR_TEXT_BYTES))
+
+
+class _Passes(trio.abc.Instrument):
+    """Counts the scheduler's passes (each ends in one I/O wait)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+@attrs.define
+class Paged(Pending):
+    """Rows read a page at a time, like the keyset iterator: a checkpoint per page only."""
+
+    page: int = 500
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        for index, item in enumerate(self.items):
+            if index % self.page == 0:
+                await trio.sleep(0.001)
+            self.taken += 1
+            yield item
+
+
+async def test_workers_take_many_rows_per_scheduler_pass(autojump_clock: Any) -> None:
+    # A row checkpoints in fn and once more waiting for room: with 16 workers a pass
+    # moves about 16 rows. Workers queued on a fair lock took one row per pass.
+    passes = _Passes()
+    trio.lowlevel.add_instrument(passes)
+    try:
+        counts = await mapped(Paged(rows(4_000)), instant, Writes(), concurrency=16)
+    finally:
+        trio.lowlevel.remove_instrument(passes)
+    assert counts == (4_000, 0, 0)
+    assert passes.count < 4_000 / 4

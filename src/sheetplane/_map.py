@@ -11,21 +11,26 @@ free of the runtime (the virtual-time tests drive it with fakes):
 
 * ``concurrency`` worker tasks take rows from one iterator of the pending
   dataset (read by keyset: one page of at most ``MAP_READ_AHEAD_ROWS`` rows
-  held at a time) and call ``fn`` on each; so at most ``concurrency`` calls
+  held at a time; one worker steps it at a time, the others wait only while
+  it reads a page) and call ``fn`` on each; so at most ``concurrency`` calls
   run at once.
 * Each outcome is a ``CompleteRow`` (``fn`` returned its outputs) or a
   ``FailRow`` (``fn`` raised an ``Exception``: its message, cut to
   ``MAX_ERROR_TEXT_BYTES``; or returned outputs that are not JSON or are
   larger than ``MAX_ROW_BYTES``: one bad row fails alone, never its batch). A
   ``BaseException`` other than a cancellation propagates and stops the map.
-  The worker hands the outcome to a write task and takes its next row at once.
-* The write tasks submit to a ``BoundedBatchFunction`` keyed by kind
-  (``complete``, ``fail``): a batch of up to ``batch_rows`` rows and
-  ``MAP_WRITE_BATCH_MAX_BYTES`` leaves when full or after ``flush_seconds``,
-  at most ``MAP_WRITE_MAX_IN_FLIGHT`` at once. Results not yet written are
-  capped at ``MAP_RETAINED_BATCHES * batch_rows`` rows (a worker waits for
-  room before it hands over another) and ``MAP_MAX_RETAINED_RESULT_BYTES``.
-  Memory therefore does not grow with the sheet.
+  The worker adds the outcome to the batch of its kind (``complete``,
+  ``fail``) being gathered and takes its next row at once: a row costs an
+  append, never a task or a wake-up of its own.
+* A gathered batch leaves when it holds ``batch_rows`` rows, when the next
+  row would take it past ``MAP_WRITE_BATCH_MAX_BYTES``, ``flush_seconds``
+  after its first row, or as soon as the workers are done (no row can join
+  it then). Each batch is one value of a ``BoundedBatchFunction``, which
+  keeps at most ``MAP_WRITE_MAX_IN_FLIGHT`` writes running at once. Results
+  not yet written are capped at ``MAP_RETAINED_BATCHES * batch_rows`` rows (a
+  worker waits for room before it adds another) and
+  ``MAP_MAX_RETAINED_RESULT_BYTES``. Memory therefore does not grow with the
+  sheet.
 * When a write reports the attempt superseded, the workers' cancel scope is
   cancelled in the same step, before any other task runs: every ``fn`` call
   still running is cancelled at once and none starts after (each worker
@@ -153,10 +158,53 @@ def check_map_options(
 
 #: A worker's outcome and its estimated bytes (measured once, by the worker).
 Outcome = tuple[CompleteRow | FailRow, int]
+#: One write's rows, all of one kind, and their estimated bytes.
+Chunk = tuple[list[CompleteRow | FailRow], int]
 
 
-def _estimate(outcome: Outcome) -> int:
-    return outcome[1]
+def _estimate(chunk: Chunk) -> int:
+    return chunk[1]
+
+
+@attrs.define(eq=False)
+class _Gathering:
+    """The rows of one kind gathered for the next write, and when they must leave."""
+
+    rows: list[CompleteRow | FailRow] = attrs.Factory(list)
+    nbytes: int = 0
+    flush_at: float = math.inf
+
+    def take(self) -> Chunk:
+        chunk = (self.rows, self.nbytes)
+        self.rows, self.nbytes, self.flush_at = [], 0, math.inf
+        return chunk
+
+
+@attrs.define(eq=False)
+class _FlushTimer:
+    """Where the flusher sleeps until the earliest partial batch is due."""
+
+    finished: bool = False
+    _scope: trio.CancelScope | None = None
+
+    def arm(self, when: float) -> None:
+        """A partial batch is due at ``when``: wake the flusher by then."""
+        if self._scope is not None and when < self._scope.deadline:
+            self._scope.deadline = when
+
+    def finish(self) -> None:
+        """No row comes after this: the flusher ends once nothing is left to hand over."""
+        self.finished = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def wait(self, until: float) -> None:
+        if self.finished and until == math.inf:
+            return
+        with trio.CancelScope(deadline=until) as scope:
+            self._scope = scope
+            await trio.sleep_forever()
+        self._scope = None
 
 
 def _fail(key: str, text: str) -> Outcome:
@@ -247,40 +295,93 @@ async def run_map(
     """
     state = _MapState(total=total, progress=progress)
 
-    async def execute(batch: Batch[Kind, Outcome]) -> list[None]:
-        rows = [row for row, _size in batch.values]
+    async def execute(batch: Batch[Kind, Chunk]) -> list[None]:
+        (rows, _size), *_rest = batch.values  # one chunk per batch (max_batch_items=1)
         try:
             if batch.key == "complete":
-                await complete([row for row in rows if isinstance(row, CompleteRow)])
+                await complete(rows)  # type: ignore[arg-type]
             else:
-                await fail([row for row in rows if isinstance(row, FailRow)])
+                await fail(rows)  # type: ignore[arg-type]
         except AttemptSupersededError as exc:
             state.halt(exc)  # in this very step: no fn call starts after the supersession
             raise
         state.settled(batch.key, len(rows))
-        return [None] * len(rows)
+        return [None]
 
-    batcher: BoundedBatchFunction[Kind, Outcome, None] = BoundedBatchFunction(
+    # The batcher carries whole chunks (a batch's rows, gathered below), so a row costs
+    # an append, not a task, a submit and a wake-up of its own.
+    batcher: BoundedBatchFunction[Kind, Chunk, None] = BoundedBatchFunction(
         execute,
         estimate_bytes=_estimate,
-        max_batch_items=batch_rows,
+        max_batch_items=1,
         max_batch_bytes=MAP_WRITE_BATCH_MAX_BYTES,
-        max_retained_items=MAP_RETAINED_BATCHES * batch_rows,
+        max_retained_items=MAP_RETAINED_BATCHES,
         max_retained_bytes=MAP_MAX_RETAINED_RESULT_BYTES,
         max_in_flight_batches=MAP_WRITE_MAX_IN_FLIGHT,
-        flush_seconds=flush_seconds,
+        flush_seconds=0,
     )
     room = trio.Semaphore(MAP_RETAINED_BATCHES * batch_rows)
     iterator: AsyncIterator[Row] = aiter(pending)
-    read_lock = trio.Lock()
+    gathering: dict[Kind, _Gathering] = {"complete": _Gathering(), "fail": _Gathering()}
+    flush = _FlushTimer()
 
-    async def write(kind: Kind, outcome: Outcome) -> None:
+    async def write(kind: Kind, chunk: Chunk) -> None:
         try:
-            await batcher.submit(kind, outcome, max_wait=MAX_QUEUE_WAIT_MS / _MS)
+            await batcher.submit(kind, chunk, max_wait=MAX_QUEUE_WAIT_MS / _MS)
         except Exception as exc:
             state.halt(exc)
         finally:
-            room.release()
+            for _ in range(len(chunk[0])):
+                room.release()
+
+    def hand_over(kind: Kind, writes: trio.Nursery) -> None:
+        writes.start_soon(write, kind, gathering[kind].take())
+
+    def gather(outcome: Outcome, writes: trio.Nursery) -> None:
+        row, size = outcome
+        kind: Kind = "complete" if type(row) is CompleteRow else "fail"
+        into = gathering[kind]
+        if into.rows and into.nbytes + size > MAP_WRITE_BATCH_MAX_BYTES:
+            hand_over(kind, writes)
+        if not into.rows:
+            into.flush_at = trio.current_time() + flush_seconds
+            flush.arm(into.flush_at)
+        into.rows.append(row)
+        into.nbytes += size
+        if len(into.rows) >= batch_rows:
+            hand_over(kind, writes)
+
+    async def flusher(writes: trio.Nursery) -> None:
+        """Hands over each partial batch ``flush_seconds`` after its first row."""
+        while True:
+            await flush.wait(min(g.flush_at for g in gathering.values()))
+            now = trio.current_time()
+            for kind, into in gathering.items():
+                if into.rows and into.flush_at <= now:
+                    hand_over(kind, writes)
+            if flush.finished and not any(g.rows for g in gathering.values()):
+                return
+
+    reading = False
+    page_read = trio.lowlevel.ParkingLot()
+
+    async def next_row() -> Row | None:
+        # One worker at a time steps the iterator; the others wait for that step to
+        # end and then look again. Not a trio.Lock: its fair hand-off gives the lock
+        # to a woken worker that has not run yet, so every worker queued behind it
+        # each pass and the workers took one row per scheduler pass between them.
+        nonlocal reading
+        while reading:
+            await page_read.park()
+        if state.stop:
+            return None
+        reading = True
+        try:
+            return await anext(iterator, None)
+        finally:
+            reading = False
+            if page_read:
+                page_read.unpark_all()
 
     async def call(row: Row) -> Outcome:
         key = row["_key"]
@@ -300,28 +401,30 @@ async def run_map(
 
     async def worker(writes: trio.Nursery) -> None:
         while True:
-            async with read_lock:
-                if state.stop:
-                    return
-                row = await anext(iterator, None)
+            row = await next_row()
             if row is None:
                 return
             if state.stop:  # checked right before fn: nothing starts once superseded
                 return
             outcome = await call(row)
             await room.acquire()
-            writes.start_soon(
-                write, "complete" if isinstance(outcome[0], CompleteRow) else "fail", outcome
-            )
+            gather(outcome, writes)
 
     try:
         with trio.CancelScope() as everything:
             state.everything = everything
             # Exits in order: the workers finish, their writes land, the batcher drains.
-            async with batcher, trio.open_nursery() as writes, trio.open_nursery() as workers:
-                state.workers = workers.cancel_scope
-                for _ in range(concurrency):
-                    workers.start_soon(worker, writes)
+            async with batcher, trio.open_nursery() as writes:
+                writes.start_soon(flusher, writes)
+                async with trio.open_nursery() as workers:
+                    state.workers = workers.cancel_scope
+                    for _ in range(concurrency):
+                        workers.start_soon(worker, writes)
+                # No row can join a partial batch now: it leaves at once, not on its timer.
+                for kind, into in gathering.items():
+                    if into.rows:
+                        hand_over(kind, writes)
+                flush.finish()
     except BaseExceptionGroup as group:
         single = single_leaf(group)
         if single is None:
