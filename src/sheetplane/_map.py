@@ -299,9 +299,9 @@ async def run_map(
         (rows, _size), *_rest = batch.values  # one chunk per batch (max_batch_items=1)
         try:
             if batch.key == "complete":
-                await complete(rows)  # type: ignore[arg-type]
+                await complete([row for row in rows if isinstance(row, CompleteRow)])
             else:
-                await fail(rows)  # type: ignore[arg-type]
+                await fail([row for row in rows if isinstance(row, FailRow)])
         except AttemptSupersededError as exc:
             state.halt(exc)  # in this very step: no fn call starts after the supersession
             raise
@@ -407,7 +407,12 @@ async def run_map(
             if state.stop:  # checked right before fn: nothing starts once superseded
                 return
             outcome = await call(row)
-            await room.acquire()
+            # Waits (a checkpoint) only when there is no room: an extra pass per row put
+            # each next fn call a scheduler pass late (10 ms sleeps ran 1.3x slower).
+            try:
+                room.acquire_nowait()
+            except trio.WouldBlock:
+                await room.acquire()
             gather(outcome, writes)
 
     try:
