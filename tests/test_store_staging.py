@@ -88,10 +88,26 @@ ATTEMPTS: list[list[dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 100])
-async def test_staged_admission_equals_one_start_dataset(store: SheetStore, chunk: int) -> None:
+def _first_occurrences(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    return [row for row in rows if not (row["_key"] in seen or seen.add(row["_key"]))]
+
+
+#: A first admission whose keys are unique: the commit's one-statement insert into
+#: the empty sheet (the first attempt of ATTEMPTS repeats keys: the range statements).
+UNIQUE_FIRST: list[list[dict[str, Any]]] = [_first_occurrences(ATTEMPTS[0]), ATTEMPTS[1]]
+
+
+@pytest.mark.parametrize(
+    ("chunk", "attempts"),
+    [(1, ATTEMPTS), (3, ATTEMPTS), (100, ATTEMPTS), (3, UNIQUE_FIRST)],
+    ids=["chunk1", "chunk3", "chunk100", "unique-first"],
+)
+async def test_staged_admission_equals_one_start_dataset(
+    store: SheetStore, chunk: int, attempts: list[list[dict[str, Any]]]
+) -> None:
     direct, via_stage = new_sheet(), new_sheet()
-    for attempt, rows in enumerate(ATTEMPTS, start=1):
+    for attempt, rows in enumerate(attempts, start=1):
         run_id = f"run-{attempt}"
         one = await store.start_dataset(direct, rows, run_id, CONTRACT)
         counts = await staged(store, via_stage, rows, run_id, chunk=chunk)

@@ -23,14 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 import trio
 
 from ._groups import single_leaf
-from ._types import AdmissionCounts, AdmittedPart, SheetContract, SheetRef
+from ._types import AdmissionCounts, AdmittedPart, ContractColumn, SheetContract, SheetRef
 from .budgets import (
     ADMISSION_ABORT_TIMEOUT_MS,
     ADMISSION_CHUNK_BYTES,
@@ -125,7 +125,7 @@ class _Chunk:
     seq: int
     first_position: int
     rows: list[Any]
-    """Row mappings (direct road) or their compact JSON (gateway road)."""
+    """Checked, keyed rows (``StagedRow``, direct road) or their compact JSON (gateway road)."""
 
 
 def _encoded(row: object, position: int) -> bytes:
@@ -145,12 +145,30 @@ def _encoded(row: object, position: int) -> bytes:
 
 
 async def _chunks(
-    rows: AdmissionInput, send: trio.MemorySendChannel[_Chunk], *, encode: bool
+    rows: AdmissionInput,
+    send: trio.MemorySendChannel[_Chunk],
+    *,
+    encode: bool,
+    columns: Sequence[ContractColumn] | None = None,
 ) -> tuple[int, int]:
     """Cut ``rows`` into chunks (at most ``ADMISSION_CHUNK_ROWS`` rows and, encoded,
-    ``ADMISSION_CHUNK_BYTES``) and hand each to ``send``; returns (chunks, rows)."""
+    ``ADMISSION_CHUNK_BYTES``) and hand each to ``send``; returns (chunks, rows).
+
+    With ``columns`` (the direct road) each chunk is checked and keyed
+    (``prepare_chunk``, on a worker thread) before it is handed on, so a chunk
+    is prepared while the one before it is copied into the staging table.
+    """
     seq = position = first = size = 0
     held: list[Any] = []
+
+    async def hand_on(chunk: _Chunk) -> None:
+        if columns is not None:
+            prepared = await trio.to_thread.run_sync(
+                prepare_chunk, chunk.rows, chunk.first_position, columns
+            )
+            chunk = _Chunk(chunk.seq, chunk.first_position, prepared)
+        await send.send(chunk)
+
     async with send:
         async for row in _each(rows):
             if encode:
@@ -163,14 +181,14 @@ async def _chunks(
                     )
                 item, grown = row, 0
             if held and (len(held) >= ADMISSION_CHUNK_ROWS or grown > ADMISSION_CHUNK_BYTES):
-                await send.send(_Chunk(seq, first, held))
+                await hand_on(_Chunk(seq, first, held))
                 seq, first, held = seq + 1, position, []
                 grown -= size
             held.append(item)
             size = grown
             position += 1
         if held:
-            await send.send(_Chunk(seq, first, held))
+            await hand_on(_Chunk(seq, first, held))
             seq += 1
     return seq, position
 
@@ -191,8 +209,9 @@ class StagedAdmission:
     async def run(self, rows: AdmissionInput) -> AdmissionCounts:
         """Begin, stage every chunk, commit; the counts of the committed admission.
 
-        A chunk goes out while the next one is cut, so the runner holds at most
-        two chunks and the gateway one per admission. Bad input (a row that is
+        A chunk goes out while the next one is cut (on the direct road, also
+        checked and keyed on a worker thread), so the runner holds at most two
+        chunks and the gateway one per admission. Bad input (a row that is
         not an object, not JSON, or over ``MAX_ROW_BYTES``) raises
         ``InvalidInputError`` naming its position in the input; then, or on any
         other failure or a cancellation before the commit, nothing is committed
@@ -209,7 +228,14 @@ class StagedAdmission:
             counted: list[tuple[int, int]] = []
 
             async def cut() -> None:
-                counted.append(await _chunks(rows, send, encode=not self.direct))
+                counted.append(
+                    await _chunks(
+                        rows,
+                        send,
+                        encode=not self.direct,
+                        columns=physical_columns(self.contract) if self.direct else None,
+                    )
+                )
 
             try:
                 async with trio.open_nursery() as nursery:
@@ -261,10 +287,6 @@ class StagedAdmission:
             await self._begin(admission_id, begun)
             await self.client.stage_admission_chunk(body)
             return
-        columns = physical_columns(self.contract)
-        prepared = await trio.to_thread.run_sync(
-            prepare_chunk, chunk.rows, chunk.first_position, columns
-        )
         await self._begin(admission_id, begun)
         shape = AccessShape(
             table_namespace=self.sheet.table_namespace,
@@ -283,7 +305,7 @@ class StagedAdmission:
                         admission_id,
                         chunk.seq,
                         chunk.first_position,
-                        prepared,
+                        chunk.rows,
                         check_state=False,
                     )
                 return

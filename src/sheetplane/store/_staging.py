@@ -17,8 +17,13 @@ The path, in order:
 3. ``commit_admission``: one transaction. Lock the admission row, check the
    chunks are exactly ``0..n-1``, contiguous, with the row count the runner
    sent and every staged row present; take the sheet's writer lock and a new
-   write version; then admit the staged rows in input order, a range of
-   positions per statement: dedupe keeping the first occurrence (within a
+   write version; then admit the staged rows. On a sheet with no rows (a
+   first admission) one ``INSERT ... SELECT`` in position order (the staging
+   index's order, no sort) takes them all as ``pending`` with their position
+   as ``_input_index``, inside a savepoint: a key that repeats in the input
+   fails the sheet's primary key, the savepoint rolls the insert back, and the
+   rows go the general way. The general way admits them in input order, a
+   range of positions per statement: dedupe keeping the first occurrence (within a
    range by ``DISTINCT ON``, across ranges because a key taken in by an
    earlier range already carries this ``_admitted_version``), insert new keys
    as ``pending``, re-admit ``stale``/``pending``/``running``/``failed`` rows,
@@ -41,7 +46,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
@@ -490,6 +495,84 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
     )
 
 
+def _first_admission_statement(
+    names: SheetNames, columns: Sequence[ContractColumn]
+) -> sql.Composed:
+    """Insert every staged row of an admission, in position order, as a new ``pending``
+    row whose ``_input_index`` is its position: what the range statements do on a sheet
+    with no rows when no key repeats (a repeated key fails the sheet's primary key)."""
+    ident = sql.Identifier
+    sql_names = [c.sql_name for c in columns]
+    insert_cols = sql.SQL("").join(sql.SQL(", {}").format(ident(n)) for n in sql_names)
+    insert_vals = sql.SQL("").join(
+        sql.SQL(", NULLIF(s.{}, 'null'::jsonb)").format(ident(n)) for n in sql_names
+    )
+    return sql.SQL(
+        """INSERT INTO {sheet}
+            (_key, _status, _run_id, _input_index, _write_version, _admitted_version{insert_cols})
+        SELECT s._key, 'pending', %(run_id)s, s._position, %(version)s, %(version)s{insert_vals}
+        FROM {staging} AS s WHERE s._admission_id = %(admission)s
+        ORDER BY s._position"""
+    ).format(
+        sheet=names.ident("sheet_table"),
+        staging=names.ident("staging_table"),
+        insert_cols=insert_cols,
+        insert_vals=insert_vals,
+    )
+
+
+def _admit_into_empty(
+    conn: Conn,
+    names: SheetNames,
+    columns: Sequence[ContractColumn],
+    params: Mapping[str, Any],
+    rows: int,
+) -> bool:
+    """On a sheet with no rows, admit every staged row with one ``INSERT ... SELECT``
+    (no dedupe, no range sorts: the staging index gives the order) inside a savepoint.
+
+    Returns False, having written nothing, if the sheet has rows or a key repeats
+    in the input (the savepoint rolls the insert back and the range statements,
+    which keep each key's first occurrence, admit the rows instead).
+    """
+    found = conn.execute(
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(names.ident("sheet_table"))
+    ).fetchone()
+    if found != (False,):
+        return False
+    try:
+        with conn.transaction():
+            cur = conn.execute(_first_admission_statement(names, columns), params)
+    except psycopg.errors.UniqueViolation:
+        return False
+    assert cur.rowcount == rows
+    return True
+
+
+def _admit_by_ranges(
+    conn: Conn,
+    names: SheetNames,
+    columns: Sequence[ContractColumn],
+    params: Mapping[str, Any],
+    rows: int,
+    tally: _Tally,
+) -> None:
+    """Admit the staged rows a range of ``ADMISSION_COMMIT_RANGE_ROWS`` positions per
+    statement (``_range_statement``), summing what each did into ``tally``."""
+    statement = _range_statement(names, columns)
+    for lo in range(0, rows, ADMISSION_COMMIT_RANGE_ROWS):
+        found = conn.execute(
+            statement,
+            {**params, "lo": lo, "hi": lo + ADMISSION_COMMIT_RANGE_ROWS, "base": tally.kept},
+        ).fetchone()
+        assert found is not None
+        kept, inserted, *by_status = (int(value) for value in found)
+        tally.kept += kept
+        tally.inserted += inserted
+        for status, count in zip((*_READMITTED, "enriched"), by_status, strict=True):
+            tally.by_old_status[status] += count
+
+
 async def commit_admission(
     pool: TrioPool,
     names: SheetNames,
@@ -532,26 +615,12 @@ async def commit_admission(
             (f"{ADMISSION_COMMIT_WORK_MEM_BYTES // KiB}kB",),
         )
         version = next_write_version(conn, names)
-        statement = _range_statement(names, columns)
         tally = _Tally()
-        for lo in range(0, rows, ADMISSION_COMMIT_RANGE_ROWS):
-            found = conn.execute(
-                statement,
-                {
-                    "admission": admission_id,
-                    "lo": lo,
-                    "hi": lo + ADMISSION_COMMIT_RANGE_ROWS,
-                    "version": version,
-                    "base": tally.kept,
-                    "run_id": run_id,
-                },
-            ).fetchone()
-            assert found is not None
-            kept, inserted, *by_status = (int(value) for value in found)
-            tally.kept += kept
-            tally.inserted += inserted
-            for status, count in zip((*_READMITTED, "enriched"), by_status, strict=True):
-                tally.by_old_status[status] += count
+        params = {"admission": admission_id, "version": version, "run_id": run_id}
+        if rows and _admit_into_empty(conn, names, columns, params, rows):
+            tally.kept = tally.inserted = rows
+        else:
+            _admit_by_ranges(conn, names, columns, params, rows, tally)
         readmitted = sum(tally.by_old_status[s] for s in _READMITTED)
         compact_counters(conn, names)
         record_event(
