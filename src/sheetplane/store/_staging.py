@@ -48,7 +48,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Final
+from json.encoder import encode_basestring
+from typing import Any, Final, NamedTuple
 
 import attrs
 import psycopg
@@ -102,9 +103,12 @@ def check_admission_id(value: object) -> str:
     return value
 
 
-@attrs.frozen
-class StagedRow:
-    """One checked, keyed input row as the staging table holds it."""
+class StagedRow(NamedTuple):
+    """One checked, keyed input row as the staging table holds it.
+
+    A named tuple, not an attrs class: a chunk makes one per row, and a frozen
+    attrs instance took a fifth of ``prepare_chunk``'s time to build.
+    """
 
     key: str
     """The row key."""
@@ -136,7 +140,15 @@ def prepare_chunk(
         for names in lookups:
             for name in names:
                 if name in row:
-                    texts.append(_staging_text(row[name]))
+                    value = row[name]
+                    # jsonb_text's two commonest cases inline: this runs once per cell.
+                    kind = type(value)
+                    if kind is str:
+                        texts.append(encode_basestring(value))
+                    elif kind is int:
+                        texts.append(int.__repr__(value))
+                    else:
+                        texts.append(_staging_text(value))
                     break
             else:
                 texts.append(None)
