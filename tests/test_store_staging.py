@@ -13,7 +13,7 @@ import pytest
 from _store_helpers import snapshot
 from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.errors import AdmissionStateError, InvalidInputError
-from sheetplane.store import SheetStore
+from sheetplane.store import SheetStore, _staging
 from sheetplane.store._staging import prepare_chunk
 
 CONTRACT = SheetContract(
@@ -104,8 +104,13 @@ UNIQUE_FIRST: list[list[dict[str, Any]]] = [_first_occurrences(ATTEMPTS[0]), ATT
     ids=["chunk1", "chunk3", "chunk100", "unique-first"],
 )
 async def test_staged_admission_equals_one_start_dataset(
-    store: SheetStore, chunk: int, attempts: list[list[dict[str, Any]]]
+    store: SheetStore,
+    chunk: int,
+    attempts: list[list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Ranges of 2 positions: the commit's statements meet at range boundaries.
+    monkeypatch.setattr(_staging, "ADMISSION_COMMIT_RANGE_ROWS", 2)
     direct, via_stage = new_sheet(), new_sheet()
     for attempt, rows in enumerate(attempts, start=1):
         run_id = f"run-{attempt}"

@@ -249,9 +249,9 @@ ADMISSION_CHUNK_ENVELOPE_BYTES: Final = TRANSPORT_CEILING_BYTES - ADMISSION_CHUN
 #: (at about 100 bytes a row the byte budget alone would allow ~80,000).
 ADMISSION_CHUNK_ROWS: Final = 4 * POSTGRES_WRITE_CHUNK_ROWS
 
-#: Staged rows one statement of a commit admits: ten write statements' worth,
-#: so each statement of a million-row commit stays far under
-#: ``POSTGRES_STATEMENT_TIMEOUT_MS``.
+#: Staged rows one statement of a commit admits (a range statement, or a first
+#: admission's plain insert): ten write statements' worth, so each statement of
+#: a million-row commit stays far under ``POSTGRES_STATEMENT_TIMEOUT_MS``.
 ADMISSION_COMMIT_RANGE_ROWS: Final = 10 * POSTGRES_WRITE_CHUNK_ROWS
 
 #: ``work_mem`` of a staged commit's transaction: a range's dedupe and order

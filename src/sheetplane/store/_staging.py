@@ -18,14 +18,15 @@ The path, in order:
    chunks are exactly ``0..n-1``, contiguous, with the row count the runner
    sent and every staged row present; take the sheet's writer lock and a new
    write version; then admit the staged rows. On a sheet with no rows (a
-   first admission) one ``INSERT ... SELECT`` in position order (the staging
-   index's order, no sort) takes them all as ``pending`` with their position
-   as ``_input_index``, inside a savepoint: a key that repeats in the input
-   fails the sheet's primary key, the savepoint rolls the insert back, and the
-   rows go the general way. The general way admits them in input order, a
-   range of positions per statement: dedupe keeping the first occurrence (within a
-   range by ``DISTINCT ON``, across ranges because a key taken in by an
-   earlier range already carries this ``_admitted_version``), insert new keys
+   first admission) an ``INSERT ... SELECT`` per range of positions, in
+   position order (the staging index's order, no sort), takes them all as
+   ``pending`` with their position as ``_input_index``, inside one savepoint:
+   a key that repeats in the input fails the sheet's primary key, the
+   savepoint rolls the inserts back, and the rows go the general way. The
+   general way admits them in input order, a range of positions per
+   statement: dedupe keeping the first occurrence (within a range by
+   ``DISTINCT ON``, across ranges because a key taken in by an earlier range
+   already carries this ``_admitted_version``), insert new keys
    as ``pending``, re-admit ``stale``/``pending``/``running``/``failed`` rows,
    re-order and stamp ``enriched`` ones, exactly as ``start_dataset`` does.
    One ``admission`` event is recorded in the same transaction (the counting
@@ -524,6 +525,7 @@ def _first_admission_statement(
             (_key, _status, _run_id, _input_index, _write_version, _admitted_version{insert_cols})
         SELECT s._key, 'pending', %(run_id)s, s._position, %(version)s, %(version)s{insert_vals}
         FROM {staging} AS s WHERE s._admission_id = %(admission)s
+          AND s._position >= %(lo)s AND s._position < %(hi)s
         ORDER BY s._position"""
     ).format(
         sheet=names.ident("sheet_table"),
@@ -540,8 +542,10 @@ def _admit_into_empty(
     params: Mapping[str, Any],
     rows: int,
 ) -> bool:
-    """On a sheet with no rows, admit every staged row with one ``INSERT ... SELECT``
-    (no dedupe, no range sorts: the staging index gives the order) inside a savepoint.
+    """On a sheet with no rows, admit every staged row with an ``INSERT ... SELECT`` per
+    range of ``ADMISSION_COMMIT_RANGE_ROWS`` positions (each statement stays far under
+    the statement timeout, like the range statements; no dedupe and no sort: the
+    staging index gives the order), all inside one savepoint.
 
     Returns False, having written nothing, if the sheet has rows or a key repeats
     in the input (the savepoint rolls the insert back and the range statements,
@@ -552,12 +556,16 @@ def _admit_into_empty(
     ).fetchone()
     if found != (False,):
         return False
+    statement = _first_admission_statement(names, columns)
+    inserted = 0
     try:
         with conn.transaction():
-            cur = conn.execute(_first_admission_statement(names, columns), params)
+            for lo in range(0, rows, ADMISSION_COMMIT_RANGE_ROWS):
+                hi = lo + ADMISSION_COMMIT_RANGE_ROWS
+                inserted += conn.execute(statement, {**params, "lo": lo, "hi": hi}).rowcount
     except psycopg.errors.UniqueViolation:
         return False
-    assert cur.rowcount == rows
+    assert inserted == rows
     return True
 
 
