@@ -441,16 +441,27 @@ class _Tally:
     by_old_status: Counter[str] = attrs.Factory(Counter)
 
 
+def _contract_inserts(
+    sql_names: Sequence[str], source: str
+) -> tuple[sql.Composable, sql.Composable]:
+    """The contract columns of an insert into the sheet (``, a, b``) and their values
+    from the relation ``source`` (``, NULLIF(source.a, 'null'::jsonb), ...``: a
+    staged JSON null is no value)."""
+    ident = sql.Identifier
+    columns = sql.SQL("").join(sql.SQL(", {}").format(ident(n)) for n in sql_names)
+    values = sql.SQL("").join(
+        sql.SQL(", NULLIF({}, 'null'::jsonb)").format(ident(source, n)) for n in sql_names
+    )
+    return columns, values
+
+
 def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sql.Composed:
     """Admit the staged rows at positions ``[lo, hi)``; answers one row of tallies."""
     ident = sql.Identifier
     sql_names = [c.sql_name for c in columns]
     inputs = [c.sql_name for c in columns if c.source in _INPUT_SOURCES]
     staged_cols = sql.SQL("").join(sql.SQL(", s.{}").format(ident(n)) for n in sql_names)
-    insert_cols = sql.SQL("").join(sql.SQL(", {}").format(ident(n)) for n in sql_names)
-    insert_vals = sql.SQL("").join(
-        sql.SQL(", NULLIF(n.{}, 'null'::jsonb)").format(ident(n)) for n in sql_names
-    )
+    insert_cols, insert_vals = _contract_inserts(sql_names, "n")
     refresh = sql.SQL("").join(
         sql.SQL(
             ", {c} = CASE WHEN n.{c} IS NULL THEN t.{c} ELSE NULLIF(n.{c}, 'null'::jsonb) END"
@@ -514,12 +525,7 @@ def _first_admission_statement(
     """Insert every staged row of an admission, in position order, as a new ``pending``
     row whose ``_input_index`` is its position: what the range statements do on a sheet
     with no rows when no key repeats (a repeated key fails the sheet's primary key)."""
-    ident = sql.Identifier
-    sql_names = [c.sql_name for c in columns]
-    insert_cols = sql.SQL("").join(sql.SQL(", {}").format(ident(n)) for n in sql_names)
-    insert_vals = sql.SQL("").join(
-        sql.SQL(", NULLIF(s.{}, 'null'::jsonb)").format(ident(n)) for n in sql_names
-    )
+    insert_cols, insert_vals = _contract_inserts([c.sql_name for c in columns], "s")
     return sql.SQL(
         """INSERT INTO {sheet}
             (_key, _status, _run_id, _input_index, _write_version, _admitted_version{insert_cols})
