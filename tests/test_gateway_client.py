@@ -20,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 
+from _seed_transient import EXAMPLES
 from sheetplane import (
     BackpressureError,
     GatewayAuthError,
@@ -359,16 +360,7 @@ async def test_retry_after_never_stretches_a_call_past_its_budget(autojump_clock
     assert trio.current_time() == pytest.approx(CALL_BUDGET_MS / 1000)
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "Runtime scheduler DB pool is saturated",
-        "connect ECONNREFUSED 10.0.0.1:5432",
-        "Neon API request failed (429)",
-        "Runtime rate state org-1 is unavailable",
-        "query TIMED OUT",
-    ],
-)
+@pytest.mark.parametrize("text", [text for examples in EXAMPLES.values() for text in examples])
 async def test_transient_messages_are_retried(autojump_clock: Any, text: str) -> None:
     script = Script([status(500, {"error": text}), ok({"ok": True})])
     async with script.client() as client:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from _seed_transient import ALTERNATIVES, EXAMPLES, NOT_TRANSIENT, SEED_TRANSIENT_PATTERN
 from sheetplane.budgets import (
     CALL_BUDGET_MS,
     MAX_ATTEMPTS,
@@ -12,6 +15,7 @@ from sheetplane.budgets import (
     RETRY_DELAYS_MS,
 )
 from sheetplane.gateway._retry import (
+    TRANSIENT_MESSAGE,
     CallBudget,
     is_transient_message,
     retry_after_from_body,
@@ -88,29 +92,28 @@ def test_retry_after_from_header(value: str | None, expected: int | None) -> Non
     assert retry_after_from_header(value) == expected
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "timeout exceeded when trying to connect",
-        "Connection TIMED OUT",
-        "TypeError: fetch failed",
-        "read ECONNRESET",
-        "connect econnrefused 127.0.0.1:5432",
-        "UND_ERR_CONNECT_TIMEOUT",
-        "Neon API request failed (503)",
-        "RUNTIME_SCHEDULER_SCHEMA_NOT_READY",
-        "RUNTIME_RATE_STATE_UNAVAILABLE",
-        "Runtime scheduler DB pool is saturated",
-        "Runtime scheduler DB circuit breaker is open",
-        "Runtime rate state for org x is unavailable",
-    ],
-)
+def test_transient_pattern_is_the_runtimes_list() -> None:
+    # The runtime's list gained "requested endpoint could not be found, or
+    # you don't have access"; a copy that dropped it retried that answer never.
+    assert TRANSIENT_MESSAGE.pattern == SEED_TRANSIENT_PATTERN
+    assert TRANSIENT_MESSAGE.flags & re.IGNORECASE
+
+
+def test_every_alternative_has_examples() -> None:
+    assert list(EXAMPLES) == ALTERNATIVES
+
+
+@pytest.mark.parametrize("text", [text for examples in EXAMPLES.values() for text in examples])
 def test_transient_messages(text: str) -> None:
     assert is_transient_message(text)
 
 
-@pytest.mark.parametrize(
-    "text", ["Neon API request failed (400)", "invalid token", "sheet not found", ""]
-)
+def test_requested_endpoint_not_found_is_transient() -> None:
+    assert is_transient_message(
+        "The requested endpoint could not be found, or you don't have access to it."
+    )
+
+
+@pytest.mark.parametrize("text", NOT_TRANSIENT)
 def test_other_messages_are_not_transient(text: str) -> None:
     assert not is_transient_message(text)

@@ -34,10 +34,12 @@ from ..budgets import (
 )
 from ._wire import UNSUPPORTED_ACTION_TEXT
 
-#: Error texts of failures that are worth another attempt (DESIGN.md, wire facts).
+#: Error texts of failures that are worth another attempt: the runtime's own list,
+#: alternative for alternative (docs/gateway.md, "Retries").
 TRANSIENT_MESSAGE: Final = re.compile(
     r"timeout exceeded when trying to connect|timed out|fetch failed|ECONNRESET|ECONNREFUSED"
-    r"|UND_ERR_CONNECT_TIMEOUT|Neon API request failed \((?:408|429|502|503|504)\)"
+    r"|UND_ERR_CONNECT_TIMEOUT|requested endpoint could not be found, or you don't have access"
+    r"|Neon API request failed \((?:408|429|502|503|504)\)"
     r"|RUNTIME_SCHEDULER_(?:SATURATED|UNAVAILABLE|SCHEMA_NOT_READY)"
     r"|RUNTIME_RATE_STATE_UNAVAILABLE|Runtime scheduler DB pool is saturated"
     r"|Runtime scheduler DB circuit breaker is open|Runtime rate state .* is unavailable",
