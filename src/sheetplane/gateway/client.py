@@ -10,7 +10,7 @@ body reader). What is retried:
 * connect errors, timeouts, resets and bodies cut short (``httpx`` transport
   errors) and an attempt that outlives ``REQUEST_TIMEOUT_MS``;
 * 502, 503 and 504, and any error whose text matches the transient
-  messages of DESIGN.md;
+  messages of docs/protocol.md (``TRANSIENT_MESSAGE``);
 * 503 ``runtime_postgres_admission_backpressure``, after its ``retry_after_ms``;
 * a 2xx answer whose body is not JSON (truncated by a proxy or a reset that
   still ended the message). Every action is safe to send again: writes carry

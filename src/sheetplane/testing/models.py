@@ -16,7 +16,7 @@ hold the real thing beside it and compare:
 * :class:`FaultQueueModel`: the reference gateway's armed test faults, a FIFO
   per action.
 * :class:`BatcherModel`: the scheduling rules of ``BoundedBatchFunction``
-  (DESIGN.md rules 1 to 3) over plain lanes: readiness, the in-flight cap,
+  (docs/protocol.md, rules 1 to 3) over plain lanes: readiness, the in-flight cap,
   oldest head first, the batch caps, first come first served retention.
 """
 
@@ -402,7 +402,7 @@ class _Value:
 
 @attrs.define
 class BatcherModel:
-    """``BoundedBatchFunction``'s scheduling rules over plain state, in the order DESIGN.md
+    """``BoundedBatchFunction``'s scheduling rules over plain state, in the order docs/protocol.md
     states them (rules 1 to 3). Values are identified by the integers ``submit`` returns.
 
     Call :meth:`submit`, :meth:`finish` and :meth:`cancel` as things happen and

@@ -1,5 +1,5 @@
 """One handler per runtime data-plane action: validate the camelCase request, call
-the store, answer the camelCase shape DESIGN.md's wire facts give.
+the store, answer the camelCase shape docs/protocol.md gives.
 
 A handler raises :class:`ActionError` (or ``InvalidInputError``) for a bad
 request; the app turns every error into a JSON body without a stack trace.
