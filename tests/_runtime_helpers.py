@@ -51,10 +51,15 @@ class CountingGateway:
 
 
 @asynccontextmanager
-async def counting_gateway(database_url: str, **options: Any) -> AsyncIterator[CountingGateway]:
-    """The reference app behind a counter of HTTP requests, served by Hypercorn's trio worker."""
+async def counting_gateway(
+    database_url: str, *, more_tokens: dict[str, str] | None = None, **options: Any
+) -> AsyncIterator[CountingGateway]:
+    """The reference app behind a counter of HTTP requests, served by Hypercorn's trio worker.
+
+    Its ``token`` is ``ORG``'s; ``more_tokens`` (token -> org) admit other orgs."""
     token = f"tok-{secrets.token_hex(8)}"
-    config = GatewayConfig(database_url=database_url, tokens={token: ORG}, **options)
+    tokens = {token: ORG, **(more_tokens or {})}
+    config = GatewayConfig(database_url=database_url, tokens=tokens, **options)
     app = create_app(config)
     holder: list[CountingGateway] = []
 

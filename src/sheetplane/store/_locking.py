@@ -4,7 +4,8 @@ Every transaction that writes a sheet takes its locks in this order, and
 takes nothing out of it (docs/store.md has the table of paths):
 
 1. the org's DDL key (``pg_advisory_xact_lock``), only for DDL (``ensure_sheet``,
-   ``ensure_receipts``); the gateway's role grants take their own grant key;
+   ``ensure_receipts``, the plays table; all through ``_schema.ensure_ddl``);
+   the gateway's role grants take their own grant key;
 2. the sheet's writer lock: a table lock on the sheet's lock table, an empty
    table with no columns (and row-level security with no policy) that nothing
    else locks; a writing scoped role holds table-level ``UPDATE`` on it, which

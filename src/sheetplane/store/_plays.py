@@ -20,7 +20,7 @@ from .._types import ResolvedPlay
 from ..errors import InvalidInputError
 from ._pool import TrioPool
 from ._rowdata import check_json_value, check_key
-from ._schema import _lock_key, org_schema
+from ._schema import ensure_ddl, org_schema, relations_missing
 
 __all__ = ["register_play", "resolve_play"]
 
@@ -78,11 +78,15 @@ async def register_play(
         "snapshot": None if play.contract_snapshot is None else Jsonb(play.contract_snapshot),
     }
 
+    def create(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(_DDL.format(table))
+
+    await ensure_ddl(
+        pool, schema, lambda conn: relations_missing(conn, schema, [PLAYS_TABLE]), create
+    )
+
     def run(conn: psycopg.Connection[Any]) -> None:
-        if not _exists(conn, schema):
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema),))
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(_DDL.format(table))
         try:
             conn.execute(
                 sql.SQL(

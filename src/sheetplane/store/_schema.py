@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -38,10 +38,12 @@ __all__ = [
     "SYSTEM_COLUMNS",
     "SheetNames",
     "column_ids",
+    "ensure_ddl",
     "ensure_receipts",
     "ensure_sheet",
     "org_schema",
     "receipt_names",
+    "relations_missing",
     "sheet_exists",
     "sheet_names",
 ]
@@ -624,15 +626,71 @@ def _summary_row(names: SheetNames) -> sql.Composed:
     )
 
 
+_RELATIONS_FOUND = """
+    SELECT count(*) FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'
+"""
+
+
+def relations_missing(conn: psycopg.Connection[Any], schema: str, tables: list[str]) -> bool:
+    """Whether any of ``tables`` is missing from ``schema``, read from the catalog tables.
+
+    A query on ``pg_class`` rather than ``to_regclass``: see ``ensure_ddl`` for why
+    a check made under the DDL key must read the catalog tables themselves.
+    """
+    row = conn.execute(_RELATIONS_FOUND, (schema, tables)).fetchone()
+    return row is None or row[0] != len(set(tables))
+
+
+async def ensure_ddl(
+    pool: TrioPool,
+    schema: str,
+    missing: Callable[[psycopg.Connection[Any]], bool],
+    create: Callable[[psycopg.Connection[Any]], None],
+) -> None:
+    """Run ``create`` if ``missing`` finds part of an org's layout missing; safe under concurrency.
+
+    The one pattern of every DDL path of an org schema (its sheets, its plays'
+    receipts, its plays table): ``missing`` runs first in a transaction of its
+    own, so the hot path (nothing missing) takes no lock. Otherwise a second
+    transaction takes the org's DDL key as its first statement, checks again
+    (a racing caller may have created everything while this one waited) and
+    only then runs ``create``.
+
+    Why a second transaction, with ``missing`` reading the catalog tables:
+    Postgres resolves a name in DDL (``CREATE SCHEMA IF NOT EXISTS``, the
+    schema of ``CREATE TABLE``) through its per-backend catalog cache, which
+    also remembers that a name was *not* found (``to_regclass`` leaves such an
+    entry). A backend takes in other backends' catalog changes only when a
+    transaction starts or when it first locks a relation in a transaction, and
+    an advisory lock is not a relation lock. So a caller that looked the schema
+    up, then waited on the key while another created it, still believed it
+    missing and failed ``CREATE SCHEMA IF NOT EXISTS`` with a duplicate key on
+    ``pg_namespace`` (20 first claims at once in a new org: a quarter of them
+    answered 500). Taking the key first, then reading ``pg_class`` (the
+    transaction's first lock on it, which takes in every committed change),
+    leaves the cache current for ``create``.
+    """
+
+    def locked(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema),))
+        if missing(conn):
+            create(conn)
+
+    if await pool.run(missing):
+        await pool.run(locked)
+
+
 async def ensure_sheet(
     pool: TrioPool, names: SheetNames, sheet: SheetRef, contract: SheetContract
 ) -> None:
     """Create the sheet's tables, and columns for new physical contract columns, if missing.
 
-    Idempotent and safe to race: a catalog check skips the DDL when nothing is
-    missing (so a hot path takes no table lock), and the DDL itself runs under
-    a transaction-scoped advisory lock per org schema. Existing columns and data
-    are never changed. If cancelled, the transaction rolls back.
+    Idempotent and safe to race (``ensure_ddl``): a catalog check skips the DDL
+    when nothing is missing (so a hot path takes no table lock), and the DDL
+    itself runs under a transaction-scoped advisory lock per org schema, after
+    the same check again. Existing columns and data are never changed. If
+    cancelled, the transaction rolls back.
     """
     if not isinstance(contract, SheetContract):
         raise InvalidInputError(f"contract must be a SheetContract, got {type(contract).__name__}")
@@ -643,14 +701,7 @@ async def ensure_sheet(
         "table_namespace": sheet.table_namespace,
     }
 
-    def run(conn: psycopg.Connection[Any]) -> None:
-        if not _missing_ddl(conn, names, columns):
-            return
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(names.schema),))
-        # Check again under the lock: a racing ensure may have created everything while
-        # this one waited, and its no-op DDL would still take the tables' locks.
-        if not _missing_ddl(conn, names, columns):
-            return
+    def create(conn: psycopg.Connection[Any]) -> None:
         # The lock order (docs/store.md): DDL key, then the sheet's writer lock, then
         # the rows table. An existing sheet's DDL takes the writer lock exclusively
         # before ALTER TABLE locks the rows table, as every writer does before it
@@ -694,21 +745,20 @@ async def ensure_sheet(
         for statement in count_trigger_ddl(conn, names, counted):
             conn.execute(statement)
 
-    await pool.run(run)
+    await ensure_ddl(pool, names.schema, lambda conn: _missing_ddl(conn, names, columns), create)
 
 
 async def ensure_receipts(pool: TrioPool, names: SheetNames) -> None:
-    """Create the org schema and the play's receipts table if missing (idempotent, race-safe)."""
+    """Create the org schema and the play's receipts table if missing (idempotent,
+    safe under concurrency: ``ensure_ddl``)."""
 
-    def run(conn: psycopg.Connection[Any]) -> None:
-        exists = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL",
-            (sql.Identifier(names.schema, names.receipts_table).as_string(conn),),
-        ).fetchone()
-        if exists and exists[0]:
-            return
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(names.schema),))
+    def create(conn: psycopg.Connection[Any]) -> None:
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
         conn.execute(_receipts_ddl(names))
 
-    await pool.run(run)
+    await ensure_ddl(
+        pool,
+        names.schema,
+        lambda conn: relations_missing(conn, names.schema, [names.receipts_table]),
+        create,
+    )
