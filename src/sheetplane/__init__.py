@@ -1,7 +1,8 @@
 """sheetplane: a trio-native sheet data plane under explicit budgets.
 
-The runtime names (``open_runtime``, ``Runtime``, ``RuntimeContext``) load on
-first use: the runtime pulls in the store and psycopg, and a process that only
+The runtime names (``open_runtime``, ``Runtime``, ``RuntimeContext``) and
+``resolve_sheet_contract`` load on first use: the runtime pulls in the store
+and psycopg, the contract reader the wire converter, and a process that only
 speaks HTTP (``sheetplane.gateway.client``) must not pay for, or depend on, them.
 """
 
@@ -51,31 +52,40 @@ from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
 from .errors import WorkReceiptFencedError as WorkReceiptFencedError
 from .errors import WriteConflictError as WriteConflictError
+from .names import normalize_play_name as normalize_play_name
+from .names import normalize_table_namespace as normalize_table_namespace
 from .sizes import SizeMeasurement as SizeMeasurement
 from .sizes import json_byte_length_up_to as json_byte_length_up_to
 
 if typing.TYPE_CHECKING:
+    from ._pipeline import resolve_sheet_contract as resolve_sheet_contract
     from .runtime import Runtime as Runtime
     from .runtime import RuntimeContext as RuntimeContext
     from .runtime import open_runtime as open_runtime
 
 __version__ = "0.1.0"
 
-_RUNTIME_NAMES = frozenset({"Runtime", "RuntimeContext", "open_runtime"})
+#: The names that load on first use, and the module each comes from.
+_LAZY_NAMES: typing.Final = {
+    "Runtime": "runtime",
+    "RuntimeContext": "runtime",
+    "open_runtime": "runtime",
+    "resolve_sheet_contract": "_pipeline",
+}
 
 
 def __getattr__(name: str) -> typing.Any:
-    if name in _RUNTIME_NAMES:
-        from . import runtime
+    if name in _LAZY_NAMES:
+        import importlib
 
-        value = getattr(runtime, name)
+        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _RUNTIME_NAMES)
+    return sorted(set(globals()) | set(_LAZY_NAMES))
 
 
 __all__ = [
@@ -125,5 +135,8 @@ __all__ = [
     "WorkReceiptFencedError",
     "WriteConflictError",
     "json_byte_length_up_to",
+    "normalize_play_name",
+    "normalize_table_namespace",
     "open_runtime",
+    "resolve_sheet_contract",
 ]

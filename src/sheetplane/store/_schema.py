@@ -27,8 +27,9 @@ import psycopg
 from psycopg import sql
 
 from .._types import SheetContract, SheetRef
-from ..budgets import MAX_CONTRACT_COLUMNS, MAX_LOGICAL_NAME_CHARS, MAX_REQUEST_TEXT_BYTES
+from ..budgets import MAX_CONTRACT_COLUMNS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
+from ..names import check_name as _check_logical
 from ._counters import COUNT_TRIGGERS, count_trigger_ddl
 from ._locking import lock_sheet
 from ._pool import TrioPool
@@ -79,24 +80,6 @@ _HASH_CHARS = 12
 # index (_staging_pos, 12 bytes), so a base of 49 bytes keeps every name <= 61.
 _MAX_BASE_BYTES = 49
 _SANITISE = re.compile(r"[^a-z0-9]+")
-
-
-def _check_logical(what: str, value: object, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-    if not value and not allow_empty:
-        raise InvalidInputError(f"{what} must not be empty")
-    if "\x00" in value:
-        raise InvalidInputError(f"{what} must not contain NUL characters")
-    if len(value) > MAX_LOGICAL_NAME_CHARS:
-        raise InvalidInputError(
-            f"{what} is {len(value)} characters long; at most {MAX_LOGICAL_NAME_CHARS} are allowed"
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"{what} is not valid unicode (lone surrogate)") from None
-    return value
 
 
 def _digest(*parts: str) -> str:
