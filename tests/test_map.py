@@ -85,9 +85,11 @@ async def test_a_superseding_admission_mid_map_stops_every_call(
 
     fence = RowWriter._fence
 
-    def recording_fence(self: RowWriter, result: TerminalWriteResult) -> TerminalWriteResult:
+    def recording_fence(
+        self: RowWriter, result: TerminalWriteResult, *args: int
+    ) -> TerminalWriteResult:
         try:
-            return fence(self, result)
+            return fence(self, result, *args)
         except AttemptSupersededError:
             refused.append(next(clock))  # the step the map learns of the supersession
             raise

@@ -14,7 +14,7 @@ import trio
 
 from sheetplane import AttemptSupersededError, MapProgress
 from sheetplane._map import receipt_key, run_map
-from sheetplane._types import CompleteRow, FailRow, TerminalWriteResult
+from sheetplane._types import CompleteRow, FailRow, StaleRow, TerminalWriteResult
 from sheetplane.budgets import MAP_RETAINED_BATCHES, MAX_ERROR_TEXT_BYTES, MAX_ROW_KEY_BYTES
 
 
@@ -53,7 +53,8 @@ class Writes:
         else:
             await trio.lowlevel.checkpoint()
         if self.calls == self.supersede_on:
-            raise AttemptSupersededError([{"key": keys[0], "reason": "newer_write_version"}])
+            stale = (StaleRow(keys[0], "newer_write_version", None),)
+            raise AttemptSupersededError("leads", "run-1", 1, len(keys), stale)
         self.log.append((trio.current_time(), kind, keys))
         return TerminalWriteResult(keys, (), len(keys))
 

@@ -10,7 +10,7 @@ import sys
 
 import sheetplane
 from sheetplane import errors
-from sheetplane._types import Receipt
+from sheetplane._types import Receipt, StaleRow
 
 
 def test_all_is_sorted_and_unique() -> None:
@@ -63,7 +63,9 @@ def test_contract_errors_survive_pickling() -> None:
         errors.ResponseTooLargeError("runtime_sheet_read_rows", 10, 11),
         errors.GatewayError(502, "bad_gateway", "upstream failed", {"x": 1}),
         errors.BackpressureError(503, "runtime_postgres_admission_backpressure", "busy", None, 500),
-        errors.AttemptSupersededError([{"key": "a", "reason": "newer_write_version"}]),
+        errors.AttemptSupersededError(
+            "leads", "run-1", 3, 2, (StaleRow("a", "newer_write_version", 4),)
+        ),
         errors.LeaseHeldError("k", "run-1:ab", dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
         errors.LeaseLostError("k", "a renewal was refused"),
         errors.ReceiptCompletedError(Receipt("k", {"n": 1}, "run-1", "2030-01-01T00:00:00+00:00")),
@@ -77,12 +79,3 @@ def test_read_batch_too_large_carries_observed_bytes() -> None:
     exc = sheetplane.ReadBatchTooLargeError(12_345)
     assert exc.observed_bytes == 12_345
     assert exc.code == "runtime_sheet_read_batch_too_large"
-
-
-def test_attempt_superseded_message_counts_reasons_and_samples_five_keys() -> None:
-    rows = [{"key": f"k{i}", "reason": "newer_write_version"} for i in range(6)]
-    rows.append({"key": "k6", "reason": "older_write_version"})
-    message = str(sheetplane.AttemptSupersededError(rows))
-    assert "7 stale row(s)" in message
-    assert "newer_write_version=6" in message and "older_write_version=1" in message
-    assert "'k4'" in message and "'k5'" not in message and "and 2 more" in message

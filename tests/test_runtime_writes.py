@@ -24,6 +24,7 @@ from _runtime_helpers import (
     sheet_of,
 )
 from sheetplane import AttemptSupersededError, InvalidInputError
+from sheetplane._types import StaleRow
 from sheetplane.runtime import CompleteRow, FailRow, Strategy, open_runtime
 from sheetplane.store import SheetStore
 
@@ -88,8 +89,18 @@ async def test_a_superseded_attempt_raises_and_writes_nothing_more(
 
         with pytest.raises(AttemptSupersededError) as raised:
             await first.complete([outputs(row) for row in first_pending[2:4]])
-        assert {row["reason"] for row in raised.value.stale_rows} == {"newer_write_version"}
-        assert {row["key"] for row in raised.value.stale_rows} == {"r0002", "r0003"}
+        error = raised.value
+        assert error.superseded_rows == (
+            StaleRow("r0002", "newer_write_version", readmitted.write_version),
+            StaleRow("r0003", "newer_write_version", readmitted.write_version),
+        )
+        assert (error.table_namespace, error.run_id) == ("leads", rt.context.run_id)
+        assert (error.write_version, error.submitted_rows) == (admitted.write_version, 2)
+        assert str(error).startswith(
+            'RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Runtime Sheet table "leads" rejected 2 of 2 '
+            f"terminal row write(s) from run {rt.context.run_id} "
+            f"at write version {admitted.write_version} "
+        )
         # The attempt has stopped: no further terminal write is sent.
         sent = gateway.requests
         with pytest.raises(AttemptSupersededError):

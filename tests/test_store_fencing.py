@@ -76,22 +76,43 @@ def test_superseded_rows_skip_benign_and_excepted_keys() -> None:
     )
     assert [r.key for r in superseded_rows(result)] == ["a", "c", "d"]
     assert [r.key for r in superseded_rows(result, except_keys=["c"])] == ["a", "d"]
-    raise_if_superseded(result, except_keys=["a", "c", "d"])
+    fields = {"table_namespace": "Leads", "run_id": "run-1", "write_version": 4}
+    raise_if_superseded(result, except_keys=["a", "c", "d"], **fields)
     with pytest.raises(AttemptSupersededError) as caught:
-        raise_if_superseded(result)
-    message = str(caught.value)
-    assert "3 stale row(s)" in message
-    assert "newer_write_version=1" in message and "older_write_version=1" in message
-    assert "'a', 'c', 'd'" in message
+        raise_if_superseded(result, **fields)
+    error = caught.value
+    assert error.superseded_rows == (
+        StaleRow("a", "newer_write_version", 5),
+        StaleRow("c", "older_write_version", 1),
+        StaleRow("d", "unreported", None),
+    )
+    # Submitted: the distinct keys the result accounts for (ok, a, b, c, d).
+    assert (error.table_namespace, error.run_id, error.write_version) == ("Leads", "run-1", 4)
+    assert error.submitted_rows == 5
+    assert str(error) == (
+        'RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Runtime Sheet table "Leads" rejected 3 of 5 '
+        "terminal row write(s) from run run-1 at write version 4 because the rows are owned "
+        "by a different write version (newer_write_version=1, older_write_version=1, "
+        "unreported=1). This attempt has been superseded by a newer admission of these rows "
+        "and must stop executing: nothing it persists from here on can be accepted. Sample: "
+        "key=a row_write_version=5; key=c row_write_version=1; key=d row_write_version=unknown."
+    )
 
 
-def test_superseded_error_shows_five_sample_keys() -> None:
-    rows = tuple(StaleRow(f"k{n}", "newer_write_version", 9) for n in range(8))
+def test_superseded_error_samples_five_keys_and_counts_reasons_in_order_seen() -> None:
+    rows = (
+        *(StaleRow(f"k{n}", "older_write_version", n) for n in range(2)),
+        *(StaleRow(f"k{n}", "newer_write_version", 9) for n in range(2, 8)),
+    )
     with pytest.raises(AttemptSupersededError) as caught:
-        raise_if_superseded(TerminalWriteResult((), rows, 0))
+        raise_if_superseded(
+            TerminalWriteResult((), rows, 0), table_namespace="t", run_id="r", write_version=None
+        )
     message = str(caught.value)
-    assert "'k0', 'k1', 'k2', 'k3', 'k4', and 3 more" in message
-    assert "'k5'" not in message
+    assert "rejected 8 of 8 terminal row write(s) from run r at write version none " in message
+    assert "(older_write_version=2, newer_write_version=6)" in message
+    assert message.endswith("key=k3 row_write_version=9; key=k4 row_write_version=9.")
+    assert "k5" not in message
 
 
 # --- on Postgres ---------------------------------------------------------------------------
@@ -215,8 +236,10 @@ async def test_a_newer_admission_fences_the_older_attempt(
     assert result.committed_keys == ("1",)
     assert result.stale_rows == (StaleRow("2", "newer_write_version", new),)
     assert (await stored_rows(store, sheet))["2"]["score_col"] is None
-    with pytest.raises(AttemptSupersededError, match="newer_write_version=1"):
-        raise_if_superseded(result)
+    with pytest.raises(AttemptSupersededError, match="newer_write_version=1") as caught:
+        raise_if_superseded(result, table_namespace="leads", run_id="run-1", write_version=old)
+    assert caught.value.superseded_rows == result.stale_rows
+    assert caught.value.submitted_rows == 2
 
 
 async def test_a_writer_ahead_of_the_row_sees_an_older_version(

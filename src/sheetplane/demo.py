@@ -342,14 +342,14 @@ async def _run_phases(
                 progress=settled,
             )
         except AttemptSupersededError as exc:
-            reasons = {str(r.get("reason")) for r in exc.stale_rows}
-            report.fenced_rows = len(exc.stale_rows)
+            reasons: set[str] = {row.reason for row in exc.superseded_rows}
+            report.fenced_rows = len(exc.superseded_rows)
             report.fenced_reasons = reasons
             report.cancelled_in_flight = provider.cancelled
             if provider.in_flight:
                 raise DemoCheckFailed("provider calls outlived the superseded map") from None
             progress.console.print(
-                f"[yellow]attempt 1 fenced on the direct road:[/] {len(exc.stale_rows)} rows "
+                f"[yellow]attempt 1 fenced on the direct road:[/] {len(exc.superseded_rows)} rows "
                 f"{', '.join(sorted(reasons))} -> AttemptSupersededError"
             )
             progress.console.print(

@@ -49,11 +49,11 @@ before they reach an exception.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from ._types import Receipt
+    from ._types import Receipt, StaleRow
 
 
 class SheetplaneError(Exception):
@@ -339,31 +339,62 @@ class GatewayRoleLacksPrivilegesError(DatabaseNotHardenedError):
 
 
 class AttemptSupersededError(SheetplaneError):
-    """A terminal write found rows that a newer (or other) admission owns.
+    """A terminal write found rows that a different admission owns: the attempt must stop.
 
-    ``stale_rows`` is the sequence of stale-row records that superseded the
-    attempt; the message counts them by reason and shows up to five keys.
+    Raised as the runtime raises ``RUNTIME_SHEET_ATTEMPT_SUPERSEDED``, with the
+    same fields: ``table_namespace``, ``run_id``, ``write_version`` (the
+    writer's, ``None`` for an unversioned write), ``submitted_rows`` (the
+    distinct keys the write carried) and ``superseded_rows`` (the
+    ``StaleRow`` records that superseded it, ``already_terminal`` excluded).
+    The message counts them by reason, in the order first seen, and samples
+    the first five keys with their stored write versions.
     """
 
     code = "attempt_superseded"
 
-    def __init__(self, stale_rows: Sequence[Mapping[str, Any]]) -> None:
-        self.stale_rows = tuple(stale_rows)
+    def __init__(
+        self,
+        table_namespace: str,
+        run_id: str,
+        write_version: int | None,
+        submitted_rows: int,
+        superseded_rows: Sequence[StaleRow],
+    ) -> None:
+        self.table_namespace = table_namespace
+        self.run_id = run_id
+        self.write_version = write_version
+        self.submitted_rows = submitted_rows
+        self.superseded_rows: tuple[StaleRow, ...] = tuple(superseded_rows)
         counts: dict[str, int] = {}
-        for row in self.stale_rows:
-            reason = str(row.get("reason", "unreported"))
-            counts[reason] = counts.get(reason, 0) + 1
-        reasons = ", ".join(f"{reason}={n}" for reason, n in sorted(counts.items()))
-        sample = ", ".join(repr(row.get("key")) for row in self.stale_rows[:5])
-        more = len(self.stale_rows) - 5
-        if more > 0:
-            sample = f"{sample}, and {more} more"
+        for row in self.superseded_rows:
+            counts[row.reason] = counts.get(row.reason, 0) + 1
+        reasons = ", ".join(f"{reason}={n}" for reason, n in counts.items()) or "unreported"
+        sample = "; ".join(
+            f"key={row.key} row_write_version="
+            f"{'unknown' if row.row_version_stamp is None else row.row_version_stamp}"
+            for row in self.superseded_rows[:5]
+        )
+        version = "none" if write_version is None else write_version
         super().__init__(
-            f"attempt superseded: {len(self.stale_rows)} stale row(s) ({reasons}); keys: {sample}"
+            f'RUNTIME_SHEET_ATTEMPT_SUPERSEDED: Runtime Sheet table "{table_namespace}" '
+            f"rejected {len(self.superseded_rows)} of {submitted_rows} terminal row write(s) "
+            f"from run {run_id} at write version {version} "
+            f"because the rows are owned by a different write version ({reasons}). "
+            "This attempt has been superseded by a newer admission of these rows and must stop "
+            f"executing: nothing it persists from here on can be accepted. Sample: {sample}."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.stale_rows,))
+        return (
+            type(self),
+            (
+                self.table_namespace,
+                self.run_id,
+                self.write_version,
+                self.submitted_rows,
+                self.superseded_rows,
+            ),
+        )
 
 
 class WriteConflictError(SheetplaneError):

@@ -89,7 +89,7 @@ from .gateway.client import GatewayClient
 from .pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
 from .sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
 from .sizes import json_byte_length_up_to
-from .store import SheetStore, superseded_rows
+from .store import SheetStore, superseded_error
 
 __all__ = [
     "Admission",
@@ -430,14 +430,22 @@ class RowWriter:
             result = await on_gateway(
                 ns, self.contract, checked, run_id=rt.context.run_id, write_version=version
             )
-        return self._fence(result)
+        return self._fence(result, version, len({row.key for row in checked}))
 
-    def _fence(self, result: TerminalWriteResult) -> TerminalWriteResult:
-        stale = superseded_rows(result)
-        if stale:
-            self._runtime._fenced_rows += len(stale)
-            self._superseded = AttemptSupersededError([attrs.asdict(row) for row in stale])
-            raise self._superseded
+    def _fence(
+        self, result: TerminalWriteResult, version: int, submitted: int
+    ) -> TerminalWriteResult:
+        error = superseded_error(
+            result,
+            table_namespace=self.table_namespace,
+            run_id=self._runtime.context.run_id,
+            write_version=version,
+            submitted_rows=submitted,
+        )
+        if error is not None:
+            self._runtime._fenced_rows += len(error.superseded_rows)
+            self._superseded = error
+            raise error
         return result
 
     async def append(

@@ -7,6 +7,7 @@ modules behind it are private. See docs/store.md.
 from __future__ import annotations
 
 from ._fencing import raise_if_superseded as raise_if_superseded
+from ._fencing import superseded_error as superseded_error
 from ._fencing import superseded_rows as superseded_rows
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
@@ -29,5 +30,6 @@ __all__ = [
     "open_store",
     "raise_if_superseded",
     "sheet_names",
+    "superseded_error",
     "superseded_rows",
 ]

@@ -100,6 +100,7 @@ __all__ = [
     "decide_terminal_write",
     "fail_map_rows",
     "raise_if_superseded",
+    "superseded_error",
     "superseded_rows",
 ]
 
@@ -178,16 +179,46 @@ def superseded_rows(
     return tuple(rows)
 
 
-def raise_if_superseded(result: TerminalWriteResult, except_keys: Iterable[str] = ()) -> None:
-    """Raise ``AttemptSupersededError`` when ``superseded_rows`` finds any row."""
+def superseded_error(
+    result: TerminalWriteResult,
+    *,
+    table_namespace: str,
+    run_id: str,
+    write_version: int | None,
+    submitted_rows: int | None = None,
+    except_keys: Iterable[str] = (),
+) -> AttemptSupersededError | None:
+    """The ``AttemptSupersededError`` a terminal write's result calls for, or ``None``.
+
+    ``submitted_rows`` defaults to the distinct keys the result accounts for
+    (committed and stale together: every key a write carried is one or the other).
+    """
     rows = superseded_rows(result, except_keys)
-    if rows:
-        raise AttemptSupersededError(
-            [
-                {"key": row.key, "reason": row.reason, "row_version_stamp": row.row_version_stamp}
-                for row in rows
-            ]
-        )
+    if not rows:
+        return None
+    if submitted_rows is None:
+        submitted_rows = len({*result.committed_keys, *result.stale_keys})
+    return AttemptSupersededError(table_namespace, run_id, write_version, submitted_rows, rows)
+
+
+def raise_if_superseded(
+    result: TerminalWriteResult,
+    *,
+    table_namespace: str,
+    run_id: str,
+    write_version: int | None,
+    except_keys: Iterable[str] = (),
+) -> None:
+    """Raise ``superseded_error``'s error when the result has one."""
+    error = superseded_error(
+        result,
+        table_namespace=table_namespace,
+        run_id=run_id,
+        write_version=write_version,
+        except_keys=except_keys,
+    )
+    if error is not None:
+        raise error
 
 
 @attrs.frozen
