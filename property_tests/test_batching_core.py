@@ -2,11 +2,14 @@
 
 ``SchedulingCore`` is driven synchronously under an explicit clock, beside
 ``sheetplane.testing.models.BatcherModel`` (rules 1 to 3 over plain lanes)
-and a few lines of deadline bookkeeping kept here (rule 4). Rules submit,
-advance time, dispatch, finish a batch, cancel a waiting caller and abandon
-a running one; invariants check that the caps hold, lanes stay FIFO, every
-value runs at most once and only before its deadline, and the retained
-counts equal the model's.
+and a few lines of deadline bookkeeping kept here (rule 4). Rules submit
+(through ``submit`` and ``submit_nowait``: the latter refuses where the model
+says ``submit`` would wait for room, and its values, which nobody awaits in
+the core, expire on their deadlines like the others), advance time,
+dispatch, finish a batch, cancel a waiting caller and abandon a running
+one; invariants check that the caps hold, lanes stay FIFO, every value runs
+at most once and only before its deadline, and the retained counts equal the
+model's.
 """
 
 from __future__ import annotations
@@ -80,6 +83,35 @@ class BatcherCoreMachine(RuleBasedStateMachine):
             raise AssertionError("the core kept a value the model calls oversized") from None
         entry = self.core.submit(lane, lane, ident, size, self.now, deadline)
         assert entry.seq == ident  # both number accepted values from 1
+        self.entries[ident] = entry
+        self.sizes[ident] = size
+        self.lane_of[ident] = lane
+        if max_wait is not None:
+            self.deadlines[ident] = deadline
+        self.take_hint()
+
+    @rule(
+        lane=st.sampled_from(LANES),
+        size=st.integers(0, 12),
+        max_wait=st.sampled_from(MAX_WAITS),
+    )
+    def submit_nowait(self, lane: str, size: int, max_wait: float | None) -> None:
+        deadline = math.inf if max_wait is None else self.now + max_wait
+        if size > self.limits["max_retained_bytes"]:
+            try:
+                self.core.submit_nowait(lane, lane, -1, size, self.now, deadline)
+            except OversizedValueError:
+                return
+            raise AssertionError("submit_nowait kept a value the model calls oversized")
+        before = self.core.statistics()
+        if not self.model.has_room(size):
+            assert self.core.submit_nowait(lane, lane, -1, size, self.now, deadline) is None
+            assert self.core.statistics() == before  # kept nothing
+            return
+        ident = self.model.submit(lane, size, self.now)
+        entry = self.core.submit_nowait(lane, lane, ident, size, self.now, deadline)
+        assert entry is not None and entry.seq == ident
+        assert entry.state != ADMITTING  # admitted at once, never queued for room
         self.entries[ident] = entry
         self.sizes[ident] = size
         self.lane_of[ident] = lane

@@ -1,8 +1,15 @@
-"""Helpers for the BoundedBatchFunction tests: a recording execute and a caller."""
+"""Helpers for the BoundedBatchFunction tests: a recording execute and a caller.
+
+Every rule is tested through both entry points (the ``entry_point`` fixture):
+``await batcher.submit(key, value)`` and ``batcher.submit_nowait(key, value)``
+awaited through its ``Pending``. A caller of the second kind that is cancelled
+while it waits leaves by ``pending.cancel()``, so the cancellation rules hold
+for both.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import trio
@@ -18,6 +25,34 @@ DEFAULTS: dict[str, Any] = {
     "max_in_flight_batches": 4,
     "flush_seconds": 0.25,
 }
+
+
+ENTRY_POINTS = ("submit", "submit_nowait")
+
+Submit = Callable[..., Awaitable[Any]]
+
+
+async def _through_pending(
+    batcher: BoundedBatchFunction[Any, Any, Any], key: Hashable, value: Any, **kwargs: Any
+) -> Any:
+    pending = batcher.submit_nowait(key, value, **kwargs)
+    try:
+        return await pending.wait()
+    except trio.Cancelled:
+        pending.cancel()  # the caller leaves, as a cancelled submit does
+        raise
+
+
+async def _through_submit(
+    batcher: BoundedBatchFunction[Any, Any, Any], key: Hashable, value: Any, **kwargs: Any
+) -> Any:
+    return await batcher.submit(key, value, **kwargs)
+
+
+def submitter(entry_point: str) -> Submit:
+    """``submit(batcher, key, value, **kwargs)`` through ``entry_point``, returning the
+    value's result or raising its error."""
+    return _through_submit if entry_point == "submit" else _through_pending
 
 
 class Recorder:
@@ -62,8 +97,9 @@ def make(execute: Any, **overrides: Any) -> BoundedBatchFunction[Any, Any, Any]:
 class Outcomes:
     """What each caller got and when: ``(kind, result or exception, time)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry_point: str = "submit") -> None:
         self.by_value: dict[Any, tuple[str, Any, float]] = {}
+        self.submit = submitter(entry_point)
 
     async def call(
         self,
@@ -73,7 +109,7 @@ class Outcomes:
         **kwargs: Any,
     ) -> None:
         try:
-            result = await batcher.submit(key, value, **kwargs)
+            result = await self.submit(batcher, key, value, **kwargs)
         except trio.Cancelled:
             self.by_value[value] = ("cancelled", None, trio.current_time())
             raise

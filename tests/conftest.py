@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _batching_helpers import ENTRY_POINTS
 from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, open_store
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
@@ -77,3 +78,10 @@ def sheet() -> SheetRef:
 def namespace() -> str:
     """A table namespace no other test uses (the gateway tests' sheets)."""
     return f"ns_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=ENTRY_POINTS)
+def entry_point(request: pytest.FixtureRequest) -> str:
+    """Which of the batcher's two entry points a test submits through: ``submit``, or
+    ``submit_nowait`` awaited through its ``Pending`` (``_batching_helpers.submitter``)."""
+    return str(request.param)

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from _batching_helpers import Outcomes, Recorder, make, start_cancellable, start_in_order
+from _batching_helpers import Outcomes, Recorder, make, start_cancellable, start_in_order, submitter
 from sheetplane import BatcherClosedError
 from sheetplane.batching import Batch
 
@@ -22,10 +22,12 @@ async def release_after(delay: float, gate: trio.Event) -> None:
 # --- rule 5: cancellation -------------------------------------------------------------
 
 
-async def test_a_caller_cancelled_while_queued_withdraws_its_value(autojump_clock: Any) -> None:
+async def test_a_caller_cancelled_while_queued_withdraws_its_value(
+    autojump_clock: Any, entry_point: str
+) -> None:
     execute = Recorder()
     batcher = make(execute)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1)])
         with trio.move_on_after(0.125):
@@ -38,10 +40,11 @@ async def test_a_caller_cancelled_while_queued_withdraws_its_value(autojump_cloc
 
 async def test_a_withdrawn_value_no_longer_counts_toward_closing_its_lane(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     batcher = make(execute, max_batch_items=3)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1)])
         with trio.move_on_after(0.125):
@@ -99,11 +102,12 @@ async def test_cancelling_the_head_of_the_admission_queue_admits_the_rest(
 
 async def test_a_caller_cancelled_while_its_batch_runs_stops_waiting_and_the_batch_goes_on(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     gate = execute.hold(1)
     batcher = make(execute, max_batch_items=2)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         leaving = await start_cancellable(nursery, outcomes, batcher, "a", 1)
         await start_in_order(nursery, outcomes, batcher, [("a", 2)])
@@ -121,12 +125,13 @@ async def test_a_caller_cancelled_while_its_batch_runs_stops_waiting_and_the_bat
 
 async def test_when_every_caller_has_gone_the_batch_scope_is_cancelled(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     execute.hold(1)
     other_gate = execute.hold(3)
     batcher = make(execute, max_batch_items=2)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         scopes = [await start_cancellable(nursery, outcomes, batcher, "a", v) for v in (1, 2)]
         await start_in_order(nursery, outcomes, batcher, [("b", 3), ("b", 4)])
@@ -149,11 +154,12 @@ async def test_when_every_caller_has_gone_the_batch_scope_is_cancelled(
 
 async def test_an_abandoned_batch_frees_its_slot_for_the_next_ready_lane(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     execute.hold(1)
     batcher = make(execute, max_batch_items=1, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         scope = await start_cancellable(nursery, outcomes, batcher, "a", 1)
         await start_in_order(nursery, outcomes, batcher, [("b", 2)])
@@ -184,11 +190,12 @@ async def test_a_caller_already_cancelled_before_submit_withdraws_at_once(
 
 async def test_leaving_normally_drains_queued_values_at_once_and_lets_batches_finish(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     gate = execute.hold(1)
     batcher = make(execute, max_batch_items=2, flush_seconds=10.0)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with trio.open_nursery() as nursery:
         async with batcher:
             await start_in_order(
@@ -206,7 +213,9 @@ async def test_leaving_normally_drains_queued_values_at_once_and_lets_batches_fi
 
 async def test_submit_while_draining_or_after_the_block_raises_closed(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
+    submit = submitter(entry_point)
     execute = Recorder()
     gate = execute.hold(1)
     batcher = make(execute, max_batch_items=1)
@@ -215,25 +224,26 @@ async def test_submit_while_draining_or_after_the_block_raises_closed(
     async def late_submitter() -> None:
         await trio.sleep(1)
         try:
-            await batcher.submit("a", 2)
+            await submit(batcher, "a", 2)
         except BatcherClosedError as exc:
             late.append(exc)
         gate.set()
 
     async with trio.open_nursery() as nursery, batcher:
-        nursery.start_soon(batcher.submit, "a", 1)
+        nursery.start_soon(submit, batcher, "a", 1)
         await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(late_submitter)
     assert len(late) == 1
     with pytest.raises(BatcherClosedError):
-        await batcher.submit("a", 3)
+        await submit(batcher, "a", 3)
     assert execute.executed == [(1,)]
 
 
-async def test_submit_before_the_block_raises_closed() -> None:
+async def test_submit_before_the_block_raises_closed(entry_point: str) -> None:
+    submit = submitter(entry_point)
     batcher = make(Recorder())
     with pytest.raises(BatcherClosedError):
-        await batcher.submit("a", 1)
+        await submit(batcher, "a", 1)
 
 
 async def test_a_batcher_is_entered_once() -> None:
@@ -272,11 +282,12 @@ async def test_leaving_by_an_exception_cancels_batches_and_closes_waiters(
 
 async def test_leaving_by_cancellation_closes_waiters_outside_the_scope(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     execute.hold(1)
     batcher = make(execute, max_batch_items=1, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with trio.open_nursery() as nursery:
         with trio.move_on_after(1):
             async with batcher:
@@ -287,11 +298,11 @@ async def test_leaving_by_cancellation_closes_waiters_outside_the_scope(
     assert all(isinstance(outcomes[v][1], BatcherClosedError) for v in (1, 2))
 
 
-async def test_cancelled_while_draining_tears_down(autojump_clock: Any) -> None:
+async def test_cancelled_while_draining_tears_down(autojump_clock: Any, entry_point: str) -> None:
     execute = Recorder()
     execute.hold(1)
     batcher = make(execute, max_batch_items=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with trio.open_nursery() as nursery:
         with trio.move_on_after(3) as scope:
             async with batcher:
@@ -303,6 +314,7 @@ async def test_cancelled_while_draining_tears_down(autojump_clock: Any) -> None:
 
 async def test_a_base_exception_from_execute_leaves_the_block_unwrapped_and_closes_callers(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     class Stop(BaseException):
         pass
@@ -311,7 +323,7 @@ async def test_a_base_exception_from_execute_leaves_the_block_unwrapped_and_clos
         raise Stop
 
     batcher = make(execute, max_batch_items=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     with pytest.raises(Stop):
         async with batcher, trio.open_nursery() as nursery:
             await start_in_order(nursery, outcomes, batcher, [("a", 1)])
@@ -324,8 +336,9 @@ async def test_a_base_exception_from_execute_leaves_the_block_unwrapped_and_clos
 
 @pytest.mark.parametrize("seed", range(8))
 async def test_random_cancellations_settle_every_caller_once(
-    autojump_clock: Any, seed: int
+    autojump_clock: Any, seed: int, entry_point: str
 ) -> None:
+    submit = submitter(entry_point)
     import random
 
     rng = random.Random(seed)  # the seed is the test id: a failure replays from it
@@ -355,8 +368,8 @@ async def test_random_cancellations_settle_every_caller_once(
     async def caller(value: int) -> None:
         with trio.move_on_after(rng.choice([0.001, 0.02, 0.1, 1.0, 10.0])):
             try:
-                result = await batcher.submit(
-                    rng.choice("ab"), value, max_wait=rng.choice([None, 0.05, 0.5])
+                result = await submit(
+                    batcher, rng.choice("ab"), value, max_wait=rng.choice([None, 0.05, 0.5])
                 )
             except Exception as exc:
                 assert value not in settled

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from _batching_helpers import DEFAULTS, Outcomes, Recorder, make, start_in_order
+from _batching_helpers import DEFAULTS, Outcomes, Recorder, make, start_in_order, submitter
 from sheetplane import (
     BatchContractError,
     BatcherStatistics,
@@ -24,10 +24,12 @@ from sheetplane.batching import Batch
 # --- rule 1: lanes and order -----------------------------------------------------------
 
 
-async def test_values_of_different_lanes_never_share_a_batch(autojump_clock: Any) -> None:
+async def test_values_of_different_lanes_never_share_a_batch(
+    autojump_clock: Any, entry_point: str
+) -> None:
     execute = Recorder()
     batcher = make(execute, max_batch_items=10)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1), ("b", 2), ("a", 3), ("b", 4)])
     assert sorted(execute.batches) == [(0.25, "a", (1, 3)), (0.25, "b", (2, 4))]
@@ -36,10 +38,11 @@ async def test_values_of_different_lanes_never_share_a_batch(autojump_clock: Any
 
 async def test_key_id_maps_keys_to_lanes_and_batch_key_is_the_first_values(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     batcher = make(execute, key_id=lambda key: key[0])
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(
             nursery, outcomes, batcher, [(("x", 1), "a"), (("y", 1), "b"), (("x", 2), "c")]
@@ -49,10 +52,11 @@ async def test_key_id_maps_keys_to_lanes_and_batch_key_is_the_first_values(
 
 async def test_a_lane_keeps_submission_order_inside_and_across_batches(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     batcher = make(execute, max_batch_items=3, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("lane", i) for i in range(10)])
     assert execute.executed == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9,)]
@@ -62,10 +66,10 @@ async def test_a_lane_keeps_submission_order_inside_and_across_batches(
 # --- rule 2: readiness and dispatch ---------------------------------------------------
 
 
-async def test_a_full_lane_dispatches_at_once(autojump_clock: Any) -> None:
+async def test_a_full_lane_dispatches_at_once(autojump_clock: Any, entry_point: str) -> None:
     execute = Recorder()
     batcher = make(execute, max_batch_items=2)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1), ("a", 2)])
     assert execute.batches == [(0.0, "a", (1, 2))]
@@ -74,10 +78,11 @@ async def test_a_full_lane_dispatches_at_once(autojump_clock: Any) -> None:
 
 async def test_a_lane_lingers_flush_seconds_from_its_oldest_values_submit(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     batcher = make(execute, flush_seconds=0.5)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         nursery.start_soon(outcomes.call, batcher, "a", 1)
         await trio.sleep(0.125)
@@ -90,10 +95,11 @@ async def test_a_lane_lingers_flush_seconds_from_its_oldest_values_submit(
 
 async def test_a_lane_is_ready_when_the_next_value_would_pass_max_batch_bytes(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     batcher = make(execute, estimate_bytes=len, max_batch_bytes=10)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", "aaaa"), ("a", "bbbb")])
         assert execute.batches == []
@@ -104,10 +110,11 @@ async def test_a_lane_is_ready_when_the_next_value_would_pass_max_batch_bytes(
 
 async def test_a_value_larger_than_max_batch_bytes_runs_alone_at_once(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     batcher = make(execute, estimate_bytes=len, max_batch_bytes=10)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", "x"), ("a", "y" * 15)])
     assert execute.batches == [(0.0, "a", ("x",)), (0.0, "a", ("y" * 15,))]
@@ -116,11 +123,12 @@ async def test_a_value_larger_than_max_batch_bytes_runs_alone_at_once(
 
 async def test_the_in_flight_cap_holds_ready_lanes_until_a_batch_finishes(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     gate = execute.hold(1)
     batcher = make(execute, max_batch_items=1, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1), ("b", 2), ("c", 3)])
         await trio.sleep(3)
@@ -132,11 +140,13 @@ async def test_the_in_flight_cap_holds_ready_lanes_until_a_batch_finishes(
     assert batcher.stats().peak_in_flight == 1
 
 
-async def test_among_ready_lanes_the_oldest_head_value_goes_first(autojump_clock: Any) -> None:
+async def test_among_ready_lanes_the_oldest_head_value_goes_first(
+    autojump_clock: Any, entry_point: str
+) -> None:
     execute = Recorder()
     gate = execute.hold("z1")
     batcher = make(execute, max_batch_items=2, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("z", "z1"), ("z", "z2")])
         # Lane a closes first, but lane b's head value is older.
@@ -149,11 +159,12 @@ async def test_among_ready_lanes_the_oldest_head_value_goes_first(autojump_clock
 
 async def test_a_flush_ready_lane_with_an_older_head_goes_before_a_full_lane(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     gate = execute.hold("z1")
     batcher = make(execute, max_batch_items=2, max_in_flight_batches=1, flush_seconds=1.0)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("z", "z1"), ("z", "z2")])
         await start_in_order(nursery, outcomes, batcher, [("old", "o1")])
@@ -212,14 +223,16 @@ async def test_retained_bytes_cap_admits_in_order_even_when_a_later_value_fits(
 
 async def test_a_value_whose_estimate_exceeds_max_retained_bytes_fails_at_once(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
+    submit = submitter(entry_point)
     execute = Recorder()
     batcher = make(execute, estimate_bytes=len, max_retained_bytes=10)
     async with batcher:
         with pytest.raises(OversizedValueError):
-            await batcher.submit("a", "x" * 11)
+            await submit(batcher, "a", "x" * 11)
         assert trio.current_time() == 0.0
-        assert await batcher.submit("a", "x" * 10) == ("r", "x" * 10)
+        assert await submit(batcher, "a", "x" * 10) == ("r", "x" * 10)
     assert execute.executed == [("x" * 10,)]
 
 
@@ -228,11 +241,12 @@ async def test_a_value_whose_estimate_exceeds_max_retained_bytes_fails_at_once(
 
 async def test_max_wait_raises_lane_wedged_while_queued_and_the_value_never_runs(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     execute = Recorder()
     gate = execute.hold(1)
     batcher = make(execute, max_batch_items=1, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1)])
         await start_in_order(nursery, outcomes, batcher, [("a", 2)], max_wait=2.0)
@@ -303,44 +317,51 @@ async def test_the_linger_counts_from_submit_so_a_late_admission_dispatches_at_o
     assert outcomes[3] == ("ok", ("r", 3), 2.0)
 
 
-async def test_a_batch_that_starts_in_time_is_not_wedged(autojump_clock: Any) -> None:
+async def test_a_batch_that_starts_in_time_is_not_wedged(
+    autojump_clock: Any, entry_point: str
+) -> None:
+    submit = submitter(entry_point)
     execute = Recorder()
     batcher = make(execute, flush_seconds=1.0)
     async with batcher:
-        assert await batcher.submit("a", 1, max_wait=1.5) == ("r", 1)
+        assert await submit(batcher, "a", 1, max_wait=1.5) == ("r", 1)
         assert trio.current_time() == 1.0
 
 
-async def test_max_wait_zero_always_raises(autojump_clock: Any) -> None:
+async def test_max_wait_zero_always_raises(autojump_clock: Any, entry_point: str) -> None:
+    submit = submitter(entry_point)
     execute = Recorder()
     batcher = make(execute, max_batch_items=1)
     async with batcher:
         with pytest.raises(LaneWedgedError):
-            await batcher.submit("a", 1, max_wait=0)
+            await submit(batcher, "a", 1, max_wait=0)
         assert trio.current_time() == 0.0
     assert execute.executed == []
 
 
 @pytest.mark.parametrize("max_wait", [-1.0, math.nan, math.inf, "1", True])
-async def test_a_bad_max_wait_is_rejected(max_wait: Any) -> None:
+async def test_a_bad_max_wait_is_rejected(max_wait: Any, entry_point: str) -> None:
+    submit = submitter(entry_point)
     batcher = make(Recorder())
     async with batcher:
         with pytest.raises(InvalidInputError):
-            await batcher.submit("a", 1, max_wait=max_wait)
+            await submit(batcher, "a", 1, max_wait=max_wait)
         assert batcher.stats().retained_items == 0
 
 
 # --- rule 6: execute's failures --------------------------------------------------------
 
 
-async def test_every_caller_of_a_batch_gets_the_same_exception(autojump_clock: Any) -> None:
+async def test_every_caller_of_a_batch_gets_the_same_exception(
+    autojump_clock: Any, entry_point: str
+) -> None:
     boom = RuntimeError("boom")
 
     async def execute(batch: Batch[Any, Any]) -> list[Any]:
         raise boom
 
     batcher = make(execute)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1), ("a", 2)])
     assert outcomes[1] == ("error", boom, 0.25)
@@ -349,7 +370,10 @@ async def test_every_caller_of_a_batch_gets_the_same_exception(autojump_clock: A
 
 async def test_a_shared_exceptions_traceback_does_not_pile_up_across_callers(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
+    submit = submitter(entry_point)
+
     async def execute(batch: Batch[Any, Any]) -> list[Any]:
         raise RuntimeError("boom")
 
@@ -358,7 +382,7 @@ async def test_a_shared_exceptions_traceback_does_not_pile_up_across_callers(
 
     async def call(value: int) -> None:
         try:
-            await batcher.submit("a", value)
+            await submit(batcher, "a", value)
         except RuntimeError as exc:
             depths.append(len(traceback.extract_tb(exc.__traceback__)))
 
@@ -372,13 +396,13 @@ async def test_a_shared_exceptions_traceback_does_not_pile_up_across_callers(
     "answer", [None, 7, "ab", b"ab", {"a": 1, "b": 2}, [1], [1, 2, 3], iter([1, 2])]
 )
 async def test_a_result_that_is_not_one_per_value_is_a_contract_error(
-    autojump_clock: Any, answer: Any
+    autojump_clock: Any, answer: Any, entry_point: str
 ) -> None:
     async def execute(batch: Batch[Any, Any]) -> Any:
         return answer
 
     batcher = make(execute, max_batch_items=2)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", 1), ("a", 2)])
     for value in (1, 2):
@@ -387,18 +411,23 @@ async def test_a_result_that_is_not_one_per_value_is_a_contract_error(
     assert outcomes[1][1] is outcomes[2][1]
 
 
-async def test_any_sequence_of_the_right_length_is_accepted(autojump_clock: Any) -> None:
+async def test_any_sequence_of_the_right_length_is_accepted(
+    autojump_clock: Any, entry_point: str
+) -> None:
     async def execute(batch: Batch[Any, Any]) -> Any:
         return range(len(batch.values))
 
     batcher = make(execute, max_batch_items=2)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", "x"), ("a", "y")])
     assert outcomes["x"][:2] == ("ok", 0) and outcomes["y"][:2] == ("ok", 1)
 
 
-async def test_the_batcher_keeps_working_after_a_failed_batch(autojump_clock: Any) -> None:
+async def test_the_batcher_keeps_working_after_a_failed_batch(
+    autojump_clock: Any, entry_point: str
+) -> None:
+    submit = submitter(entry_point)
     calls = 0
 
     async def execute(batch: Batch[Any, Any]) -> list[Any]:
@@ -411,8 +440,8 @@ async def test_the_batcher_keeps_working_after_a_failed_batch(autojump_clock: An
     batcher = make(execute, max_batch_items=1)
     async with batcher:
         with pytest.raises(ValueError, match="first batch fails"):
-            await batcher.submit("a", 1)
-        assert await batcher.submit("a", 2) == 2
+            await submit(batcher, "a", 1)
+        assert await submit(batcher, "a", 2) == 2
 
 
 # --- bad input -------------------------------------------------------------------------
@@ -453,10 +482,12 @@ def test_non_callables_are_rejected(argument: str) -> None:
 
 
 @pytest.mark.parametrize("estimate", [-1, 1.5, True, "3", None])
-async def test_a_bad_estimate_fails_only_its_caller(autojump_clock: Any, estimate: Any) -> None:
+async def test_a_bad_estimate_fails_only_its_caller(
+    autojump_clock: Any, estimate: Any, entry_point: str
+) -> None:
     execute = Recorder()
     batcher = make(execute, estimate_bytes=lambda v: estimate if v == "bad" else 1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     async with batcher, trio.open_nursery() as nursery:
         await start_in_order(nursery, outcomes, batcher, [("a", "good"), ("a", "bad")])
         await start_in_order(nursery, outcomes, batcher, [("a", "also good")])
@@ -466,7 +497,11 @@ async def test_a_bad_estimate_fails_only_its_caller(autojump_clock: Any, estimat
     assert outcomes["good"] == ("ok", ("r", "good"), 0.25)
 
 
-async def test_an_estimate_that_raises_fails_only_its_caller(autojump_clock: Any) -> None:
+async def test_an_estimate_that_raises_fails_only_its_caller(
+    autojump_clock: Any, entry_point: str
+) -> None:
+    submit = submitter(entry_point)
+
     def estimate(value: Any) -> int:
         if value == "bad":
             raise LookupError("cannot size")
@@ -476,24 +511,29 @@ async def test_an_estimate_that_raises_fails_only_its_caller(autojump_clock: Any
     batcher = make(execute, estimate_bytes=estimate)
     async with batcher:
         with pytest.raises(LookupError):
-            await batcher.submit("a", "bad")
-        assert await batcher.submit("a", "good") == ("r", "good")
+            await submit(batcher, "a", "bad")
+        assert await submit(batcher, "a", "good") == ("r", "good")
 
 
-async def test_an_unhashable_lane_id_fails_only_its_caller(autojump_clock: Any) -> None:
+async def test_an_unhashable_lane_id_fails_only_its_caller(
+    autojump_clock: Any, entry_point: str
+) -> None:
+    submit = submitter(entry_point)
     execute = Recorder()
     batcher = make(execute)
     async with batcher:
         with pytest.raises(TypeError):
-            await batcher.submit(["not", "hashable"], 1)
+            await submit(batcher, ["not", "hashable"], 1)
         assert batcher.stats().retained_items == 0
-        assert await batcher.submit("a", 2) == ("r", 2)
+        assert await submit(batcher, "a", 2) == ("r", 2)
 
 
 # --- rule 9: statistics ---------------------------------------------------------------
 
 
-async def test_stats_count_batches_values_and_peaks(autojump_clock: Any) -> None:
+async def test_stats_count_batches_values_and_peaks(autojump_clock: Any, entry_point: str) -> None:
+    submit = submitter(entry_point)
+
     async def execute(batch: Batch[Any, Any]) -> list[Any]:
         await trio.sleep(1)
         return list(batch.values)
@@ -501,7 +541,7 @@ async def test_stats_count_batches_values_and_peaks(autojump_clock: Any) -> None
     batcher = make(execute, max_batch_items=2, estimate_bytes=len)
     async with batcher, trio.open_nursery() as nursery:
         for value in ("a", "bb", "ccc", "dddd", "eeeee"):
-            nursery.start_soon(batcher.submit, "lane", value)
+            nursery.start_soon(submit, batcher, "lane", value)
     stats = batcher.stats()
     assert isinstance(stats, BatcherStatistics)
     assert (stats.batches, stats.values) == (3, 5)
@@ -518,13 +558,14 @@ async def test_stats_count_batches_values_and_peaks(autojump_clock: Any) -> None
 
 async def test_a_lane_that_lingered_behind_the_in_flight_cap_flushes_on_time(
     autojump_clock: Any,
+    entry_point: str,
 ) -> None:
     # The scheduler's last look (at 0.35, when d wedged) found the in-flight cap
     # reached and so armed no flush timer; finishing z must re-arm it for c.
     execute = Recorder()
     gate = execute.hold("z1")
     batcher = make(execute, max_batch_items=2, max_in_flight_batches=1)
-    outcomes = Outcomes()
+    outcomes = Outcomes(entry_point)
     with trio.fail_after(10):
         async with batcher, trio.open_nursery() as nursery:
             await start_in_order(nursery, outcomes, batcher, [("z", "z1"), ("z", "z2")])

@@ -50,6 +50,7 @@ from .errors import StoreUnavailableError as StoreUnavailableError
 from .errors import TransactionConflictError as TransactionConflictError
 from .errors import TransientGatewayError as TransientGatewayError
 from .errors import UnsupportedActionError as UnsupportedActionError
+from .errors import ValueCancelledError as ValueCancelledError
 from .errors import WorkReceiptFencedError as WorkReceiptFencedError
 from .errors import WriteConflictError as WriteConflictError
 from .names import normalize_play_name as normalize_play_name
@@ -132,6 +133,7 @@ __all__ = [
     "TransactionConflictError",
     "TransientGatewayError",
     "UnsupportedActionError",
+    "ValueCancelledError",
     "WorkReceiptFencedError",
     "WriteConflictError",
     "json_byte_length_up_to",

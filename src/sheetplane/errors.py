@@ -12,7 +12,8 @@ The tree::
     │   ├── LaneWedgedError                   a value waited past max_wait
     │   ├── OversizedValueError (ValueError)  one value exceeds the retained-bytes cap
     │   ├── BatchContractError                execute broke its contract
-    │   └── BatcherClosedError                submit outside or after the batcher
+    │   ├── BatcherClosedError                submit outside or after the batcher
+    │   └── ValueCancelledError               pending.cancel() withdrew the value
     ├── ReadBatchTooLargeError                a batch read exceeds the response budget
     ├── ResponseTooLargeError                 a response exceeds its action's budget
     ├── AdmissionTooLargeError                a one-request admission would pass the ceiling
@@ -102,6 +103,15 @@ class BatcherClosedError(BatchingError):
     """``submit`` outside the batcher's ``async with`` block, or after it was torn down."""
 
     code = "batcher_closed"
+
+
+class ValueCancelledError(BatchingError):
+    """A value submitted with ``submit_nowait`` was withdrawn by ``pending.cancel()``.
+
+    If it was still queued it is never handed to ``execute``.
+    """
+
+    code = "value_cancelled"
 
 
 # --- response budgets -------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ._core import Batch as Batch
 from ._core import SchedulingCore as SchedulingCore
 from ._shell import BoundedBatchFunction as BoundedBatchFunction
+from ._shell import Pending as Pending
 from ._stats import BatcherStatistics as BatcherStatistics
 
-__all__ = ["Batch", "BatcherStatistics", "BoundedBatchFunction", "SchedulingCore"]
+__all__ = ["Batch", "BatcherStatistics", "BoundedBatchFunction", "Pending", "SchedulingCore"]

@@ -310,6 +310,34 @@ class SchedulingCore(Generic[K, V]):
             self._enqueue(entry, lane)
         return entry
 
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a value of ``nbytes`` would be admitted at once: nobody waits for
+        admission and it fits under both retention caps. Where this is False,
+        ``submit`` queues the value for admission and ``submit_nowait`` refuses it."""
+        return not (
+            self._admission
+            or self.retained_items >= self.max_retained_items
+            or self.retained_bytes + nbytes > self.max_retained_bytes
+        )
+
+    def submit_nowait(
+        self, lane_id: Hashable, key: K, value: V, nbytes: int, now: float, deadline: float
+    ) -> Entry[K, V] | None:
+        """Take one value as ``submit`` does, but only if it is admitted at once.
+
+        Returns None (and keeps nothing) where ``submit`` would queue it for
+        admission (rule 3's wait for room), so the entry returned is never
+        ``ADMITTING``. Raises what ``submit`` raises, first:
+        ``OversizedValueError`` when ``nbytes`` alone exceeds
+        ``max_retained_bytes``, ``TypeError`` for an unhashable ``lane_id``.
+        Everything after (lanes, caps, the flush deadline, the value deadline)
+        follows the same rules as ``submit``: it is ``submit``.
+        """
+        if nbytes <= self.max_retained_bytes and not self.has_room(nbytes):
+            hash(lane_id)  # an unhashable lane id fails as submit would fail it
+            return None
+        return self.submit(lane_id, key, value, nbytes, now, deadline)
+
     def _enqueue(self, entry: Entry[K, V], lane: _Lane | None) -> None:
         """Put an admitted entry at the tail of its lane (``lane``: the current
         lane object of its lane id, None if there is none)."""

@@ -43,6 +43,7 @@ from ..errors import (
     InvalidInputError,
     LaneWedgedError,
     OversizedValueError,
+    ValueCancelledError,
 )
 from ._core import ADMITTING, DONE, QUEUED, RUNNING, Batch, Entry, SchedulingCore
 from ._stats import BatcherStatistics
@@ -80,14 +81,23 @@ class _SharedFailure:
         self.traceback = error.__traceback__
 
 
-class _Waiter(Entry[K, V]):
-    """An entry that is also its caller's abort function and its wake-up outcome.
+class Pending(Entry[K, V]):
+    """One submitted value as its submitter sees it; ``submit_nowait`` returns it.
 
-    Parking and waking therefore allocate nothing per value beyond what trio
-    itself does. ``results`` is the finished batch's whole result sequence (or
-    its ``_SharedFailure``), shared by every caller of the batch; each caller
-    reads its own slot (``index``). An ``outcome.Value`` per value would be one
-    more object per value, and a shared outcome one more per batch.
+    ``done`` turns True once the value is settled, and ``outcome`` is then an
+    ``outcome.Outcome``: ``Value`` of its result, or ``Error`` of what
+    ``await batcher.submit`` would have raised (``execute``'s exception,
+    ``BatchContractError``, ``LaneWedgedError`` when ``max_wait`` passed
+    first, ``BatcherClosedError`` when the batcher was torn down,
+    ``ValueCancelledError`` after ``cancel()``). A value settles whether or
+    not anybody waits for it: a deadline hit by a value nobody awaits settles
+    it with ``LaneWedgedError`` at that moment, and it is never executed.
+
+    The same object is the entry the scheduling core keeps (no allocation per
+    value beyond it), the abort function of a caller parked in ``submit``, and
+    the outcome that wakes it: ``results`` is the finished batch's whole result
+    sequence (or a ``_SharedFailure``), shared by every value of the batch;
+    each value reads its own slot (``index``).
     """
 
     __slots__ = ("batcher", "results")
@@ -96,11 +106,71 @@ class _Waiter(Entry[K, V]):
     results: Any
 
     def __call__(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        """``submit``'s abort function: its caller was cancelled."""
         return self.batcher._abort(self)
 
     def unwrap(self) -> Any:
         """What ``wait_task_rescheduled`` returns to the woken caller."""
         return self.results
+
+    def __repr__(self) -> str:
+        return f"<Pending seq={self.seq} done={self.results is not None}>"
+
+    @property
+    def done(self) -> bool:
+        """Whether the value is settled (``outcome`` is set)."""
+        return self.results is not None
+
+    @property
+    def outcome(self) -> outcome.Outcome[Any] | None:
+        """The value's ``outcome.Outcome`` once ``done``, else None."""
+        results = self.results
+        if results is None:
+            return None
+        if type(results) is _SharedFailure:
+            return outcome.Error(results.error)
+        return outcome.Value(results[self.index])
+
+    async def wait(self) -> Any:
+        """Wait until the value is settled; return its result or raise its error.
+
+        One task at a time may wait (another raises ``trio.BusyResourceError``).
+        If cancelled, this stops waiting and nothing else changes: the value
+        stays submitted (``cancel()`` withdraws it).
+        """
+        if self.results is None:
+            if self.waiter is not None:
+                raise trio.BusyResourceError("another task already waits for this value")
+            task = self.waiter = _current_task()
+
+            def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+                if self.waiter is task:
+                    self.waiter = None
+                return _SUCCEEDED
+
+            await _park(abort)
+            self.waiter = None
+        else:
+            await trio.lowlevel.checkpoint()
+        results = self.results
+        if type(results) is _SharedFailure:
+            raise results.error.with_traceback(results.traceback)
+        return results[self.index]
+
+    def cancel(self) -> None:
+        """Withdraw the value while it is queued: it is never executed. While its
+        batch runs, stop waiting for it: the batch goes on for its other values,
+        and when no value of the batch is still waited for, the batch's cancel
+        scope is cancelled. Either way the value settles at once with
+        ``ValueCancelledError``. Once the value is settled this does nothing.
+        """
+        if self.results is not None:
+            return
+        batcher = self.batcher
+        batcher._abort(self)
+        batcher._settle(
+            self, _SharedFailure(ValueCancelledError("the value was cancelled by pending.cancel()"))
+        )
 
 
 def _checked_max_wait(max_wait: object) -> float:
@@ -168,7 +238,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             max_retained_bytes=max_retained_bytes,
             max_in_flight_batches=max_in_flight_batches,
             flush_seconds=flush_seconds,
-            entry_type=_Waiter,
+            entry_type=Pending,
         )
         self._execute = execute
         self._key_id = key_id
@@ -284,6 +354,38 @@ class BoundedBatchFunction(Generic[K, V, R]):
         when every caller of a batch has gone, the batch's cancel scope is
         cancelled.
         """
+        entry = self._take(key, value, max_wait, False)
+        assert entry is not None
+        entry.waiter = _current_task()
+        results = await _park(entry)
+        if type(results) is _SharedFailure:
+            raise results.error.with_traceback(results.traceback)
+        return results[entry.index]  # type: ignore[no-any-return]
+
+    def submit_nowait(self, key: K, value: V, max_wait: float | None = None) -> Pending[K, V]:
+        """Queue ``value`` as ``submit`` does, without waiting; return its ``Pending``.
+
+        Every rule of ``submit`` holds for it (lanes, caps, the flush linger,
+        ``max_wait`` counted from this call, cancellation of a batch nobody
+        waits for any more, the result check). Where ``submit`` would wait for
+        room under the retention caps (or behind callers already waiting for
+        it), this raises ``trio.WouldBlock`` and keeps nothing, as trio's
+        ``send_nowait`` does; it raises at once what ``submit`` raises at once
+        (``BatcherClosedError``, ``OversizedValueError``, ``InvalidInputError``).
+
+        ``await pending.wait()`` returns the result or raises the error
+        ``submit`` would have; ``pending.done`` and ``pending.outcome`` read it
+        without waiting; ``pending.cancel()`` withdraws the value while queued
+        (never executed) and stops waiting for it while its batch runs.
+        """
+        entry = self._take(key, value, max_wait, True)
+        if entry is None:
+            raise trio.WouldBlock
+        return entry
+
+    def _take(self, key: K, value: V, max_wait: float | None, nowait: bool) -> Pending[K, V] | None:
+        """Both entry points up to the park: checks, the core's intake, the timer and
+        a runner for a lane that became ready. None: ``nowait`` and no room."""
         if self._state != _OPEN:
             raise BatcherClosedError(
                 "submit outside the batcher's `async with` block"
@@ -316,7 +418,15 @@ class BoundedBatchFunction(Generic[K, V, R]):
             deadline = now + max_wait
         else:
             deadline = now + _checked_max_wait(max_wait)
-        entry: _Waiter[K, V] = core.submit(lane_id, key, value, nbytes, now, deadline)  # type: ignore[assignment]
+        if nowait:
+            taken = core.submit_nowait(lane_id, key, value, nbytes, now, deadline)
+            if taken is None:
+                return None
+            entry: Pending[K, V] = taken  # type: ignore[assignment]
+        else:
+            entry = core.submit(lane_id, key, value, nbytes, now, deadline)  # type: ignore[assignment]
+        entry.batcher = self
+        entry.results = None
         if core.wakeup_hint < self._timer_at:
             self._sync_timer()
         if self._summoned == 0 and core.in_flight < core.max_in_flight_batches:
@@ -325,15 +435,11 @@ class BoundedBatchFunction(Generic[K, V, R]):
             lane = entry.lane
             if lane is not None and (lane.closed or now >= entry.flush_at):
                 self._summon()
-        entry.waiter = _current_task()
-        entry.batcher = self
-        results = await _park(entry)
-        if type(results) is _SharedFailure:
-            raise results.error.with_traceback(results.traceback)
-        return results[entry.index]  # type: ignore[no-any-return]
+        return entry
 
     def _abort(self, entry: Entry[K, V]) -> trio.lowlevel.Abort:
-        """A parked caller is cancelled: withdraw its value or leave its batch.
+        """A value's submitter left (a parked ``submit`` was cancelled, or
+        ``pending.cancel()``): withdraw the value or leave its batch.
 
         Runs inside trio's cancellation delivery, so it only updates the core
         and pokes the scheduler, which cancels scopes and summons runners.
@@ -348,23 +454,27 @@ class BoundedBatchFunction(Generic[K, V, R]):
             self._poke()
         return _SUCCEEDED
 
-    # --- settling callers --------------------------------------------------
+    # --- settling values ---------------------------------------------------
+
+    @staticmethod
+    def _settle(entry: Pending[K, V], results: Any) -> None:
+        """Settle one value with ``results`` and wake whoever waits for it."""
+        entry.results = results
+        if entry.waiter is not None:
+            _reschedule(entry.waiter, entry)  # type: ignore[arg-type]
 
     def _settle_closed(self, entry: Entry[K, V]) -> None:
-        if entry.waiter is not None:
-            _reschedule(
-                entry.waiter,
-                outcome.Error(
-                    BatcherClosedError("the batcher was torn down while this value waited")
-                ),
-            )
+        self._settle(
+            entry,  # type: ignore[arg-type]
+            _SharedFailure(BatcherClosedError("the batcher was torn down while this value waited")),
+        )
 
     def _settle_wedged(self, expired: list[Entry[K, V]]) -> None:
         core = self._core
         for entry in expired:
-            _reschedule(
-                entry.waiter,
-                outcome.Error(
+            self._settle(
+                entry,  # type: ignore[arg-type]
+                _SharedFailure(
                     LaneWedgedError(
                         f"max_wait passed before the value's batch started "
                         f"({core.queued} values queued, {core.in_flight} batches in flight, "
@@ -374,7 +484,8 @@ class BoundedBatchFunction(Generic[K, V, R]):
             )
 
     def _settle_batch(self, entries: list[Entry[K, V]], results: Any) -> None:
-        """Wake each live caller of a finished batch; each entry is its caller's outcome.
+        """Settle each live value of a finished batch and wake its waiter; each entry
+        is its caller's outcome.
 
         Entries let go of their batch here, so the batch is freed by the runner
         that finished it rather than by the last caller to wake.
@@ -385,7 +496,8 @@ class BoundedBatchFunction(Generic[K, V, R]):
             if entry.state == running:
                 entry.state = done
                 entry.results = results  # type: ignore[attr-defined]
-                reschedule(entry.waiter, entry)  # type: ignore[arg-type]
+                if entry.waiter is not None:
+                    reschedule(entry.waiter, entry)  # type: ignore[arg-type]
 
     # --- batch runners -----------------------------------------------------
 

@@ -432,6 +432,16 @@ class BatcherModel:
         self._admit()
         return self._next
 
+    def has_room(self, size: int) -> bool:
+        """Whether a value of ``size`` would be admitted at once (rule 3): nobody waits
+        for admission and it fits under both retention caps. Where it would not,
+        ``submit`` waits and ``submit_nowait`` raises ``trio.WouldBlock``."""
+        return (
+            not self.admitting
+            and self.retained_items + 1 <= self.max_retained_items
+            and self.retained_bytes + size <= self.max_retained_bytes
+        )
+
     def _admit(self) -> None:
         while self.admitting:
             head = self.admitting[0]
