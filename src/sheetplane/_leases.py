@@ -43,7 +43,7 @@ from typing import Any, Final, Protocol
 import attrs
 import trio
 
-from ._groups import single_leaf
+from ._groups import raise_single
 from ._types import ReceiptClaim, ReceiptCompletion
 from .budgets import (
     WORK_RECEIPT_LEASE_GUARD_MS,
@@ -249,10 +249,7 @@ async def hold_lease(lease: Lease) -> AsyncIterator[Lease]:
                 if body.cancel_called and lease._completion is None:
                     lease._lose("no renewal landed before the lease would expire")
     except BaseExceptionGroup as group:
-        single = single_leaf(group)
-        if single is None:
-            raise
-        raise single from single.__cause__
+        raise_single(group)
     finally:
         if lease._completion is None and lease._lost is None:
             await _release(lease)

@@ -56,7 +56,7 @@ from typing import Any, Final, Literal
 import attrs
 import trio
 
-from ._groups import single_leaf
+from ._groups import raise_single
 from ._types import CompleteRow, FailRow, TerminalWriteResult
 from .batching import Batch, BoundedBatchFunction
 from .budgets import (
@@ -437,10 +437,7 @@ async def run_map(
                         hand_over(kind, writes)
                 flush.finish()
     except BaseExceptionGroup as group:
-        single = single_leaf(group)
-        if single is None:
-            raise
-        raise single from single.__cause__
+        raise_single(group)
     if state.error is not None:
         raise state.error
     return state.completed, state.failed, state.reused

@@ -29,7 +29,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ._groups import single_leaf
+from ._groups import raise_single
 from ._types import AdmissionCounts, AdmittedPart, ContractColumn, SheetContract, SheetRef
 from .budgets import (
     ADMISSION_ABORT_TIMEOUT_MS,
@@ -244,10 +244,7 @@ class StagedAdmission:
                         async for chunk in receive:
                             await self._stage(admission_id, chunk, begun)
             except BaseExceptionGroup as group:
-                single = single_leaf(group)
-                if single is None:
-                    raise
-                raise single from single.__cause__
+                raise_single(group)
             chunks, total = counted[0]
             await self._begin(admission_id, begun)  # an empty input still takes a version
             return await self.client.commit_admission(

@@ -52,6 +52,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ._groups import single_error
 from ._map import MapProgress
 from .budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from .errors import AttemptSupersededError, SheetplaneError
@@ -498,12 +499,6 @@ def report_table(report: DemoReport) -> Table:
     return table
 
 
-def _single(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def _positive_rows(text: str) -> int:
     try:
         value = int(text)
@@ -555,7 +550,7 @@ def run_demo(args: argparse.Namespace) -> int:
         console.print("[red]demo interrupted[/]")
         return 130
     except BaseException as raised:
-        exc = _single(raised)
+        exc = single_error(raised)
         if not isinstance(exc, Exception):
             raise
         # sheetplane's errors never carry a secret (tokens and URLs are redacted

@@ -44,7 +44,7 @@ import attrs
 import trio
 
 from . import crypto
-from ._groups import single_leaf
+from ._groups import single_error
 from ._types import (
     BIGINT_MAX,
     LOGICAL_TABLES,
@@ -465,8 +465,8 @@ class SessionManager:
         except BaseExceptionGroup as group:
             # The nursery is this manager's own: a caller who did not open it gets the
             # one error itself, not wrapped in a group (the block's own error unchanged).
-            single = single_leaf(group)
-            if single is None:
+            single = single_error(group)
+            if single is group:
                 raise
             if single is exc:
                 return False

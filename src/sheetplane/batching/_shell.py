@@ -37,6 +37,7 @@ from typing import Any, Final, Generic, TypeVar
 import outcome
 import trio
 
+from .._groups import single_error
 from ..errors import (
     BatchContractError,
     BatcherClosedError,
@@ -181,14 +182,6 @@ def _checked_max_wait(max_wait: object) -> float:
     return float(max_wait)
 
 
-def _single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one error inside a nest of groups, or the group itself."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
-
-
 class BoundedBatchFunction(Generic[K, V, R]):
     """Batch concurrent ``submit`` calls into bounded ``execute`` calls.
 
@@ -326,7 +319,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             # `async with` unchanged instead of inside a group made here.
             await self._nursery_manager.__aexit__(None, None, None)
         except BaseExceptionGroup as group:
-            raise _single_error(group) from None
+            raise single_error(group) from None
 
     # --- submit ----------------------------------------------------------------
 

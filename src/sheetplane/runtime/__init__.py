@@ -1,0 +1,86 @@
+"""The runner-facing entry point: one block that holds a run's context and its parts.
+
+::
+
+    async with sheetplane.open_runtime(
+        base_url=..., token=..., org_id=..., play_name=..., run_id=...,
+        strategy="direct",            # or "gateway_only"
+    ) as rt:
+        writer = rt.writer("leads", contract)
+        admission = await writer.start(rows)            # always through the gateway
+        await writer.complete([CompleteRow(key, outputs), ...])
+        async for row in rt.dataset("leads"):
+            ...
+        await rt.receipts().complete("send-42", {"ok": True})
+
+``open_runtime`` opens, inside its block, a ``GatewayClient`` (HTTP), a
+``SessionManager`` (scoped Postgres sessions, their pools and the tasks that
+close them) and a ``PageReader`` (the batcher whose nursery runs every batch
+read). Nothing it starts outlives the block.
+
+Which road each operation takes:
+
+=====================================  ==========================  =====================
+operation                              ``direct``                  ``gateway_only``
+=====================================  ==========================  =====================
+dataset reads                          scoped session (rows.read)  gateway
+``start``: begin, commit                gateway                     gateway
+``start``: the input's chunks          scoped session (rows.stage,  gateway
+                                       COPY into staging)
+``complete`` / ``fail``                scoped session              gateway
+                                       (rows.read + rows.upsert)
+``append`` / ``upsert`` / ``replace``  scoped session              scoped session
+receipts                               gateway                     gateway
+=====================================  ==========================  =====================
+
+Admission is staged (see ``sheetplane.admission``): the input goes in chunks
+into the sheet's staging area, by ``COPY`` on a scoped session on ``direct``
+and by request on ``gateway_only``, and the gateway commits it whole on both
+strategies: deciding what an attempt owns is the gateway's job. The gateway
+has no action for ``append``, ``upsert`` and ``replace``, so they always write through a session the
+gateway mints for exactly that operation, as the runtime this library
+re-creates does. Receipts live outside every sheet, where no session role is
+granted, so they go through the gateway too.
+"""
+
+from __future__ import annotations
+
+from .._map import MapProgress as MapProgress
+from .._map import MapReport as MapReport
+from .._types import CompleteRow as CompleteRow
+from .._types import ContractColumn as ContractColumn
+from .._types import FailRow as FailRow
+from .._types import ReceiptCompletion as ReceiptCompletion
+from .._types import ResolvedPlay as ResolvedPlay
+from .._types import SheetContract as SheetContract
+from .._types import TerminalWriteResult as TerminalWriteResult
+from .._types import WriteResult as WriteResult
+from ..admission import Admission as Admission
+from ._context import RuntimeContext as RuntimeContext
+from ._context import Strategy as Strategy
+from ._receipts import ReceiptRecorder as ReceiptRecorder
+from ._runtime import Runtime as Runtime
+from ._runtime import RuntimeStats as RuntimeStats
+from ._runtime import open_runtime as open_runtime
+from ._writer import RowWriter as RowWriter
+
+__all__ = [
+    "Admission",
+    "CompleteRow",
+    "ContractColumn",
+    "FailRow",
+    "MapProgress",
+    "MapReport",
+    "ReceiptCompletion",
+    "ReceiptRecorder",
+    "ResolvedPlay",
+    "RowWriter",
+    "Runtime",
+    "RuntimeContext",
+    "RuntimeStats",
+    "SheetContract",
+    "Strategy",
+    "TerminalWriteResult",
+    "WriteResult",
+    "open_runtime",
+]

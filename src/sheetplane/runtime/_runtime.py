@@ -1,0 +1,323 @@
+"""The runtime: a run's data plane, and ``open_runtime``, the block that owns it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Final
+
+import attrs
+import trio
+
+from .. import _checks as checks
+from .._groups import raise_single
+from .._map import MapFn, MapProgress, MapReport, check_map_options, run_map
+from .._types import BIGINT_MAX, AdmittedPart, ResolvedPlay, RowMode, SheetContract, SheetRef
+from ..admission import AdmissionInput
+from ..budgets import READ_PAGE_MAX_ROWS
+from ..dataset import Dataset
+from ..errors import InvalidInputError
+from ..gateway.client import GatewayClient
+from ..pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
+from ..sessions import PreloadedSession, SessionManager
+from ._context import RuntimeContext, Strategy
+from ._receipts import ReceiptRecorder
+from ._writer import RowWriter, WriteTally, WriteTarget
+
+__all__ = ["Runtime", "RuntimeStats", "open_runtime"]
+
+
+@attrs.frozen
+class RuntimeStats:
+    """A snapshot of what a runtime has done, for reports and tests."""
+
+    page_reads: int
+    """Random-access page reads (``peek``/``at``) the page reader has executed."""
+    reader_batches: int
+    """Batches the page reader formed from them."""
+    peak_retained_request_bytes: int
+    """The most request bytes the page reader ever held (its cap is 64 KiB)."""
+    batch_requests: int
+    """Batch read requests sent on the road (the splitter's retries included)."""
+    keyset_reads: int
+    """Sequential keyset reads sent."""
+    offset_reads: int
+    """Sequential reads sent by offset (a gateway without keyset reads)."""
+    splits: int
+    """Reads answered too large, each followed by smaller reads."""
+    fenced_rows: int
+    """Rows terminal writes found superseded (``AttemptSupersededError``)."""
+    sessions_minted: int
+    """Scoped DB sessions minted through the gateway."""
+
+
+class Runtime:
+    """A run's data plane, live inside ``open_runtime``'s block."""
+
+    def __init__(
+        self,
+        context: RuntimeContext,
+        client: GatewayClient,
+        sessions: SessionManager,
+        reader: PageReader,
+    ) -> None:
+        self.context: Final = context
+        self.client: Final = client
+        self.sessions: Final = sessions
+        self.reader: Final = reader
+        self.road_stats: Final = RoadStats()
+        self._tally = WriteTally()
+
+    def __repr__(self) -> str:
+        c = self.context
+        return f"<Runtime play={c.play_name!r} run={c.run_id!r} strategy={c.strategy}>"
+
+    def _sheet(self, table_namespace: str) -> SheetRef:
+        return SheetRef(self.context.org_id, self.context.play_name, table_namespace)
+
+    def road(
+        self,
+        table_namespace: str,
+        *,
+        row_mode: RowMode = "output",
+        run_id: str | None = None,
+        admitted: AdmittedPart | None = None,
+    ) -> SheetRoad:
+        """The road this runtime's strategy reads ``table_namespace`` through (limited to
+        one admission's pending or completed rows with ``admitted``)."""
+        checks.text("table_namespace", table_namespace)
+        if row_mode not in ("output", "all"):
+            raise InvalidInputError(f"row_mode must be 'output' or 'all', got {row_mode!r}")
+        run_id = checks.optional_text("run_id", run_id)
+        c = self.context
+        scope = ReadScope.for_token(
+            base_url=c.base_url,
+            token=c.token,
+            org_id=c.org_id,
+            play_name=c.play_name,
+            run_id=run_id,
+            table_namespace=table_namespace,
+            row_mode=row_mode,
+            admitted=admitted,
+        )
+        if c.strategy == "direct":
+            return DirectRoad(self.sessions, scope, user_email=c.user_email, stats=self.road_stats)
+        return GatewayRoad(self.client, scope, stats=self.road_stats)
+
+    def dataset(
+        self,
+        table_namespace: str,
+        row_mode: RowMode = "output",
+        *,
+        run_id: str | None = None,
+        page_rows: int = READ_PAGE_MAX_ROWS,
+    ) -> Dataset:
+        """A lazy dataset over the sheet ``table_namespace``, read through this strategy's road.
+
+        ``run_id`` limits it to the rows one run stamped (None: every row).
+        Random access (``at``, ``peek``) is batched by the runtime's page
+        reader; ``async for`` and ``materialize`` read by keyset, one page of
+        up to ``page_rows`` rows held at a time.
+        """
+        road = self.road(table_namespace, row_mode=row_mode, run_id=run_id)
+        return Dataset(self.reader, road, page_rows=page_rows)
+
+    def _admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
+        """A lazy dataset over one admission's pending or completed rows."""
+        return Dataset(self.reader, self.road(table_namespace, admitted=admitted))
+
+    def writer(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        *,
+        write_version: int | None = None,
+    ) -> RowWriter:
+        """A writer for ``table_namespace`` under ``contract``.
+
+        ``write_version`` resumes an attempt admitted elsewhere (another
+        process, or another runtime of this run); otherwise ``start`` begins one.
+        """
+        checks.text("table_namespace", table_namespace)
+        if not isinstance(contract, SheetContract):
+            raise InvalidInputError(f"contract must be a SheetContract, got {contract!r}")
+        if write_version is not None:
+            checks.integer("write_version", write_version, 0, BIGINT_MAX)
+        c = self.context
+        target = WriteTarget(
+            sheet=self._sheet(table_namespace),
+            contract=contract,
+            run_id=c.run_id,
+            direct=c.strategy == "direct",
+            user_email=c.user_email,
+            client=self.client,
+            sessions=self.sessions,
+            admitted=partial(self._admitted_dataset, table_namespace),
+            tally=self._tally,
+        )
+        return RowWriter(target, write_version)
+
+    def receipts(self) -> ReceiptRecorder:
+        """A recorder of work receipts for this run."""
+        return ReceiptRecorder(self.client, self.context.run_id)
+
+    async def map(
+        self,
+        namespace: str,
+        contract: SheetContract,
+        rows: AdmissionInput,
+        fn: MapFn,
+        *,
+        concurrency: int = 16,
+        batch_rows: int = 500,
+        flush_seconds: float = 0.25,
+        receipts: bool = False,
+        progress: Callable[[MapProgress], object] | None = None,
+    ) -> MapReport:
+        """Admit ``rows`` on ``namespace`` and map ``fn`` (``async (row) -> outputs``) over
+        the rows to map; every outcome is written, fenced by the admission's version.
+
+        ``rows``: a sequence, iterable or async iterable of row mappings.
+        At most ``concurrency`` ``fn`` calls run at once. ``fn`` returning its
+        outputs (a mapping by contract column id) completes the row; raising an
+        ``Exception`` fails it with the message; any other ``BaseException``
+        stops the map and propagates. Terminal writes leave in batches of up
+        to ``batch_rows`` rows, after at most ``flush_seconds``; rows read
+        ahead and results not yet written are capped (``MAP_*`` budgets), so
+        memory does not grow with the sheet. ``receipts=True`` runs each row's
+        ``fn`` through ``once`` (key ``map/{namespace}/{row key}``), so a rerun
+        reuses every finished call. ``progress(MapProgress)`` is called as
+        rows settle.
+
+        When a write finds the attempt superseded, every ``fn`` call still
+        running is cancelled at once, no further call starts, and this raises
+        ``AttemptSupersededError``. Cancelling ``map`` cancels everything it
+        started.
+        """
+        checks.text("namespace", namespace)
+        check_map_options(fn, concurrency, batch_rows, flush_seconds, progress)
+        checks.flag("receipts", receipts)
+        started = trio.current_time()
+        writer = self.writer(namespace, contract)
+        admission = await writer.start(rows)
+        completed, failed, reused = await run_map(
+            admission.pending(),
+            fn,
+            total=admission.pending_count,
+            complete=writer.complete,
+            fail=writer.fail,
+            concurrency=concurrency,
+            batch_rows=batch_rows,
+            flush_seconds=flush_seconds,
+            once=self.receipts().once_reused if receipts else None,
+            namespace=namespace,
+            progress=progress,
+        )
+        return MapReport(
+            write_version=admission.write_version,
+            admitted=admission.pending_count + admission.completed_count,
+            pending=admission.pending_count,
+            completed=completed,
+            failed=failed,
+            reused=reused,
+            elapsed_seconds=trio.current_time() - started,
+        )
+
+    async def resolve_play(self, ref: str) -> ResolvedPlay | None:
+        """The play ``ref`` names (its id, else its name) in the run's org, or None.
+
+        Through the gateway, retried on the resolve-play ladder
+        (``RESOLVE_PLAY_RETRY_DELAYS_MS``). Another org's plays are never found.
+        """
+        return await self.client.resolve_play(checks.text("ref", ref))
+
+    def stats(self) -> RuntimeStats:
+        """A snapshot of the runtime's counters."""
+        reader = self.reader.stats()
+        road = self.road_stats
+        return RuntimeStats(
+            page_reads=reader.values,
+            reader_batches=reader.batches,
+            peak_retained_request_bytes=reader.peak_retained_bytes,
+            batch_requests=road.batch_reads,
+            keyset_reads=road.keyset_reads,
+            offset_reads=road.offset_reads,
+            splits=road.too_large,
+            fenced_rows=self._tally.fenced_rows,
+            sessions_minted=self.sessions.minted,
+        )
+
+
+@asynccontextmanager
+async def open_runtime(
+    *,
+    base_url: str,
+    token: str,
+    org_id: str,
+    play_name: str,
+    run_id: str,
+    strategy: Strategy = "direct",
+    preloaded_sessions: Sequence[PreloadedSession] = (),
+    unwrap_key: bytes | None = None,
+    user_email: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    prewarm: bool = True,
+) -> AsyncIterator[Runtime]:
+    """Open a run's data plane: ``async with open_runtime(...) as rt:``.
+
+    Every argument is checked before anything connects (``InvalidInputError``
+    names the bad one). ``headers`` go with every gateway request (tests arm
+    the reference gateway's faults with them). The block owns the gateway
+    client, the session manager (its pools and their tasks) and the page
+    reader (its nursery runs every batch read).
+
+    With ``prewarm`` (the default), every usable preloaded session is opened
+    and checked (``SELECT 1``) before the block starts, retrying transient
+    connection errors on ``POSTGRES_PREWARM_RETRY_DELAYS_MS``; a session that
+    cannot be reached raises ``SessionPrewarmError`` naming its identity.
+
+    Leaving the block normally lets queued reads finish, then closes every
+    pool and the HTTP client. Leaving it by an exception, or by cancellation,
+    cancels queued and running reads (their statements are cancelled on the
+    server), closes every pool and the client, and re-raises; an error raised
+    in the block comes out as itself, not wrapped in an exception group.
+    """
+    context = RuntimeContext(
+        base_url=base_url,
+        token=token,
+        org_id=org_id,
+        play_name=play_name,
+        run_id=run_id,
+        strategy=strategy,
+        preloaded_sessions=preloaded_sessions,
+        unwrap_key=unwrap_key,
+        user_email=user_email,
+    )
+    if headers is not None and not (
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise InvalidInputError("headers must be a mapping of strings to strings")
+    checks.flag("prewarm", prewarm)
+    client = GatewayClient(
+        context.base_url,
+        context.token,
+        play_name=context.play_name,
+        org_id=context.org_id,
+        user_email=context.user_email,
+        headers=headers,
+    )
+    try:
+        async with (
+            client,
+            SessionManager(
+                client, preloaded=context.preloaded_sessions, unwrap_key=context.unwrap_key
+            ) as sessions,
+            PageReader() as reader,
+        ):
+            if prewarm:
+                await sessions.prewarm()
+            yield Runtime(context, client, sessions, reader)
+    except BaseExceptionGroup as group:
+        raise_single(group)

@@ -1,0 +1,304 @@
+"""A sheet's writer for one attempt of the run, and the target it writes to."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, Protocol, TypeVar
+
+import attrs
+import trio
+
+from .. import _checks as checks
+from .._recovery import retry_idempotent
+from .._types import (
+    AdmittedPart,
+    CompleteRow,
+    FailRow,
+    SheetContract,
+    SheetRef,
+    TerminalWriteResult,
+    WriteResult,
+)
+from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
+from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
+from ..dataset import Dataset
+from ..errors import AttemptSupersededError, InvalidInputError
+from ..gateway.client import GatewayClient
+from ..sessions import AccessShape, SessionLimits, SessionManager
+from ..store import SheetStore, superseded_error
+
+__all__ = ["RowWriter", "WriteTally", "WriteTarget"]
+
+_Row = TypeVar("_Row", CompleteRow, FailRow)
+_Row_contra = TypeVar("_Row_contra", contravariant=True)
+_At_contra = TypeVar("_At_contra", contravariant=True)
+
+
+class _TerminalWrite(Protocol[_At_contra, _Row_contra]):
+    """``complete_map_rows`` or ``fail_map_rows`` of the store (at a ``SheetRef``)
+    or of the gateway client (at a table namespace)."""
+
+    def __call__(
+        self,
+        at: _At_contra,
+        contract: SheetContract,
+        rows: Sequence[_Row_contra],
+        /,
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> Awaitable[TerminalWriteResult]: ...
+
+
+@attrs.define
+class WriteTally:
+    """What a runtime's writers have counted, shared by all of them."""
+
+    fenced_rows: int = 0
+    """Rows terminal writes found superseded (``AttemptSupersededError``)."""
+
+
+@attrs.frozen
+class WriteTarget:
+    """Where one writer's rows go: the sheet, its contract, and the roads to it."""
+
+    sheet: SheetRef
+    """The sheet written."""
+    contract: SheetContract
+    """The contract every write carries."""
+    run_id: str
+    """The run stamped on admitted rows and carried by terminal writes."""
+    direct: bool
+    """Terminal writes and the input's chunks go on scoped sessions (else the gateway)."""
+    user_email: str | None
+    """The user on whose behalf sessions are minted, if any."""
+    client: GatewayClient
+    """The gateway (admission, and terminal writes when not ``direct``)."""
+    sessions: SessionManager
+    """The scoped sessions (writes on the direct road)."""
+    admitted: Callable[[AdmittedPart], Dataset]
+    """A lazy dataset over one part of an admission of this sheet."""
+    tally: WriteTally
+    """The runtime's counters, bumped by the fence."""
+
+
+def _session_store(
+    target: WriteTarget, operations: tuple[str, ...], rows: int
+) -> AbstractAsyncContextManager[SheetStore]:
+    """A store on a scoped session for ``operations`` on ``rows`` rows of the target's sheet."""
+    shape = AccessShape(
+        table_namespace=target.sheet.table_namespace,
+        operations=operations,
+        limits=SessionLimits(max_rows=_session_rows(rows)),
+        contract=target.contract,
+        user_email=target.user_email,
+    )
+    return target.sessions.store(shape)
+
+
+def _session_rows(rows: int) -> int:
+    """A write session's ``max_rows``: ``rows`` rounded up to whole write chunks.
+
+    The limit is part of the session's cache key, so the exact row count would
+    mint a session (a role, an RSA round trip) for every distinct batch size a
+    map's flushes produce; whole chunks let every write of up to one chunk
+    share one session, and the limit still bounds what one write may touch.
+    """
+    chunks = -(-max(rows, 1) // POSTGRES_WRITE_CHUNK_ROWS)
+    return chunks * POSTGRES_WRITE_CHUNK_ROWS
+
+
+class RowWriter:
+    """Writes one sheet's rows for one attempt of the run. Get one with ``Runtime.writer``.
+
+    ``start`` admits rows and takes the admission's write version; ``complete``
+    and ``fail`` carry that version and are fenced by it. When a terminal
+    write finds a row superseded (any stale reason but ``already_terminal``)
+    it raises ``AttemptSupersededError`` (after the rows that were still this
+    attempt's have been written), and every later ``complete``/``fail`` of
+    this writer raises it again without writing: the attempt must stop. A new
+    ``start`` begins a new attempt.
+
+    Cancellation: a call cancelled mid-write either wrote everything or
+    nothing on the direct road (one transaction, rolled back); on the gateway
+    road the outcome is unknown, as with any cut request, and a retry is safe
+    (a replay at the same version is idempotent).
+    """
+
+    def __init__(self, target: WriteTarget, version: int | None) -> None:
+        self._target = target
+        self.table_namespace: Final = target.sheet.table_namespace
+        self.contract: Final = target.contract
+        self._write_version = version
+        self._superseded: AttemptSupersededError | None = None
+
+    def __repr__(self) -> str:
+        return f"<RowWriter {self.table_namespace!r} write_version={self._write_version}>"
+
+    @property
+    def write_version(self) -> int | None:
+        """The attempt's write version: from ``start``, or given to ``Runtime.writer``."""
+        return self._write_version
+
+    async def start(self, rows: AdmissionInput) -> Admission:
+        """Admit ``rows`` under a new write version (a new attempt).
+
+        ``rows``: a sequence, any iterable or any async iterable of row
+        mappings, of any size. Rows are deduplicated by key (the first
+        occurrence is kept) and keep their input order; ``admission.pending()``
+        reads the rows to map and ``admission.completed()`` the already-enriched
+        ones, lazily. The input is staged in chunks and committed whole, as one
+        write version (see ``sheetplane.admission``): memory holds a couple of
+        chunks, whatever the input's size.
+
+        A bad row raises ``InvalidInputError`` naming its position in the input
+        (a bad first chunk is refused before any request). If it raises, or is
+        cancelled, before the commit, nothing is committed and the admission is
+        aborted (a bounded, shielded call); the writer keeps its previous attempt.
+        """
+        check_input(rows)
+        t = self._target
+        staged = StagedAdmission(
+            client=t.client,
+            sessions=t.sessions,
+            sheet=t.sheet,
+            contract=t.contract,
+            run_id=t.run_id,
+            direct=t.direct,
+            user_email=t.user_email,
+        )
+        counts = await staged.run(rows)
+        self._write_version = counts.write_version
+        self._superseded = None
+        return Admission.from_counts(counts, t.admitted)
+
+    def _version(self) -> int:
+        if self._superseded is not None:
+            raise self._superseded
+        if self._write_version is None:
+            raise InvalidInputError(
+                "this writer has no attempt: call start() first, or pass write_version"
+            )
+        return self._write_version
+
+    async def complete(self, rows: Sequence[CompleteRow]) -> TerminalWriteResult:
+        """Record map outputs, fenced by the attempt's write version.
+
+        Raises ``AttemptSupersededError`` when any row is superseded.
+        """
+        checked = checks.complete_rows(rows)
+        return await self._terminal(
+            checked, lambda store: store.complete_map_rows, self._target.client.complete_map_rows
+        )
+
+    async def fail(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
+        """Record map failures, fenced by the attempt's write version.
+
+        Raises ``AttemptSupersededError`` when any row is superseded.
+        """
+        checked = checks.fail_rows(rows)
+        return await self._terminal(
+            checked, lambda store: store.fail_map_rows, self._target.client.fail_map_rows
+        )
+
+    async def _terminal(
+        self,
+        checked: Sequence[_Row],
+        on_store: Callable[[SheetStore], _TerminalWrite[SheetRef, _Row]],
+        on_gateway: _TerminalWrite[str, _Row],
+    ) -> TerminalWriteResult:
+        """Send checked terminal rows down the runtime's road (the store directly,
+        or the gateway) under the attempt's write version, then apply the fence."""
+        version = self._version()
+        if not checked:
+            await trio.lowlevel.checkpoint()
+            return TerminalWriteResult((), (), 0)
+        t = self._target
+        if t.direct:
+
+            async def attempt() -> TerminalWriteResult:
+                async with _session_store(t, ("rows.read", "rows.upsert"), len(checked)) as store:
+                    return await on_store(store)(
+                        t.sheet, t.contract, checked, run_id=t.run_id, write_version=version
+                    )
+
+            # A replay by write version: safe to send again after a lost connection.
+            result = await retry_idempotent(attempt)
+        else:
+            result = await on_gateway(
+                self.table_namespace, t.contract, checked, run_id=t.run_id, write_version=version
+            )
+        return self._fence(result, version, len({row.key for row in checked}))
+
+    def _fence(
+        self, result: TerminalWriteResult, version: int, submitted: int
+    ) -> TerminalWriteResult:
+        error = superseded_error(
+            result,
+            table_namespace=self.table_namespace,
+            run_id=self._target.run_id,
+            write_version=version,
+            submitted_rows=submitted,
+        )
+        if error is not None:
+            self._target.tally.fenced_rows += len(error.superseded_rows)
+            self._superseded = error
+            raise error
+        return result
+
+    async def append(
+        self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
+    ) -> WriteResult:
+        """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
+        checked = checks.row_mappings("rows", rows)
+        key = checks.text("idempotency_key", idempotency_key)
+        sheet = self._target.sheet
+        return await self._direct_write(
+            "rows.append",
+            len(checked),
+            lambda store: store.append_rows(sheet, checked, idempotency_key=key),
+        )
+
+    async def upsert(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        key_field: str | None = None,
+    ) -> WriteResult:
+        """Insert or update rows by key; idempotent per ``idempotency_key``."""
+        checked = checks.row_mappings("rows", rows)
+        key = checks.text("idempotency_key", idempotency_key)
+        field = checks.optional_text("key_field", key_field)
+        sheet = self._target.sheet
+        return await self._direct_write(
+            "rows.upsert",
+            len(checked),
+            lambda store: store.upsert_rows(sheet, checked, idempotency_key=key, key_field=field),
+        )
+
+    async def replace(
+        self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
+    ) -> WriteResult:
+        """Replace every row of the sheet; idempotent per ``idempotency_key``."""
+        checked = checks.row_mappings("rows", rows)
+        key = checks.text("idempotency_key", idempotency_key)
+        sheet = self._target.sheet
+        return await self._direct_write(
+            "rows.replace",
+            len(checked),
+            lambda store: store.replace_rows(sheet, checked, idempotency_key=key),
+        )
+
+    async def _direct_write(
+        self, operation: str, rows: int, write: Callable[[SheetStore], Awaitable[WriteResult]]
+    ) -> WriteResult:
+        """Run ``write`` on a session store for ``operation``; keyed by an idempotency
+        key, so it is retried after a lost connection (``retry_idempotent``)."""
+
+        async def attempt() -> WriteResult:
+            async with _session_store(self._target, (operation,), rows) as store:
+                return await write(store)
+
+        return await retry_idempotent(attempt)
