@@ -5,17 +5,33 @@ at once with none started after, cancellation, and a BaseException passing throu
 
 from __future__ import annotations
 
+import ast
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
-from sheetplane import AttemptSupersededError, MapProgress
+import sheetplane._map
+from sheetplane import (
+    AttemptSupersededError,
+    BoundedBatchFunction,
+    LaneWedgedError,
+    MapProgress,
+)
 from sheetplane._map import receipt_key, run_map
 from sheetplane._types import CompleteRow, FailRow, StaleRow, TerminalWriteResult
-from sheetplane.budgets import MAP_RETAINED_BATCHES, MAX_ERROR_TEXT_BYTES, MAX_ROW_KEY_BYTES
+from sheetplane.budgets import (
+    MAP_MAX_RETAINED_RESULT_BYTES,
+    MAP_RETAINED_BATCHES,
+    MAP_WRITE_BATCH_MAX_BYTES,
+    MAP_WRITE_MAX_IN_FLIGHT,
+    MAX_ERROR_TEXT_BYTES,
+    MAX_QUEUE_WAIT_MS,
+    MAX_ROW_KEY_BYTES,
+)
 
 
 def rows(n: int) -> list[dict[str, Any]]:
@@ -330,3 +346,87 @@ async def test_workers_take_many_rows_per_scheduler_pass(autojump_clock: Any) ->
         trio.lowlevel.remove_instrument(passes)
     assert counts == (4_000, 0, 0)
     assert passes.count < 4_000 / 4
+
+
+# --- one batching mechanism -----------------------------------------------------------
+
+MAP_SOURCE = Path(sheetplane._map.__file__).read_text(encoding="utf-8")
+
+
+def test_map_keeps_no_timer_or_size_limit_of_its_own() -> None:
+    tree = ast.parse(MAP_SOURCE)
+    # No clock, sleep or deadline: the write batches' linger is the batcher's.
+    timing = {"current_time", "sleep", "sleep_until", "move_on_after", "move_on_at"}
+    timing |= {"fail_after", "fail_at", "deadline", "Semaphore", "CapacityLimiter"}
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    used |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    used |= {
+        kw.arg for node in ast.walk(tree) if isinstance(node, ast.Call) for kw in node.keywords
+    }
+    assert not used & timing
+    # The write settings appear only as the batcher's arguments.
+    (run,) = [n for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and n.name == "run_map"]
+    (construct,) = [
+        n
+        for n in ast.walk(run)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "BoundedBatchFunction"
+    ]
+    inside = {id(n) for kw in construct.keywords for n in ast.walk(kw.value)}
+    settings = {"batch_rows", "flush_seconds", "MAP_WRITE_BATCH_MAX_BYTES"}
+    settings |= {"MAP_MAX_RETAINED_RESULT_BYTES", "MAP_RETAINED_BATCHES"}
+    for node in ast.walk(run):
+        if isinstance(node, ast.Name) and node.id in settings:
+            assert id(node) in inside, f"run_map uses {node.id} outside the batcher"
+
+
+async def test_the_write_settings_reach_the_batcher(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[dict[str, Any]] = []
+
+    class Recording(BoundedBatchFunction[Any, Any, Any]):
+        def __init__(self, execute: Any, **settings: Any) -> None:
+            made.append(settings)
+            super().__init__(execute, **settings)
+
+    monkeypatch.setattr(sheetplane._map, "BoundedBatchFunction", Recording)
+    writes = Writes()
+    await mapped(Pending(rows(30)), instant, writes, batch_rows=7, flush_seconds=0.5)
+    ((settings),) = made
+    assert {name: settings[name] for name in ("max_batch_items", "flush_seconds")} == {
+        "max_batch_items": 7,
+        "flush_seconds": 0.5,
+    }
+    assert settings["max_batch_bytes"] == MAP_WRITE_BATCH_MAX_BYTES
+    assert settings["max_retained_items"] == MAP_RETAINED_BATCHES * 7
+    assert settings["max_retained_bytes"] == MAP_MAX_RETAINED_RESULT_BYTES
+    assert settings["max_in_flight_batches"] == MAP_WRITE_MAX_IN_FLIGHT
+    assert [len(keys) for _t, _kind, keys in writes.log] == [7, 7, 7, 7, 2]
+
+
+async def test_a_write_batch_leaves_before_it_passes_the_byte_limit(autojump_clock: Any) -> None:
+    writes = Writes()
+    big = MAP_WRITE_BATCH_MAX_BYTES // 3
+
+    async def bulky(row: dict[str, Any]) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        return {"blob": "x" * big}
+
+    await mapped(Pending(rows(7)), bulky, writes, concurrency=1)
+    # Two rows fit under the byte limit, a third would pass it.
+    assert [len(keys) for _t, _kind, keys in writes.log] == [2, 2, 2, 1]
+
+
+async def test_a_row_that_waits_past_the_queue_wait_deadline_stops_the_map(
+    autojump_clock: Any,
+) -> None:
+    max_wait = MAX_QUEUE_WAIT_MS / 1000
+    writes = Writes(delay=10 * max_wait)  # every write slot stays taken past the deadline
+    t0 = trio.current_time()
+    with pytest.raises(LaneWedgedError):
+        await mapped(
+            Pending(rows((MAP_WRITE_MAX_IN_FLIGHT + 1) * 10)), instant, writes, batch_rows=10
+        )
+    # Raised when the first queued row's deadline passed, not when a write ended.
+    assert trio.current_time() - t0 == pytest.approx(max_wait)
+    assert writes.log == []

@@ -19,18 +19,21 @@ free of the runtime (the virtual-time tests drive it with fakes):
   ``MAX_ERROR_TEXT_BYTES``; or returned outputs that are not JSON or are
   larger than ``MAX_ROW_BYTES``: one bad row fails alone, never its batch). A
   ``BaseException`` other than a cancellation propagates and stops the map.
-  The worker adds the outcome to the batch of its kind (``complete``,
-  ``fail``) being gathered and takes its next row at once: a row costs an
-  append, never a task or a wake-up of its own.
-* A gathered batch leaves when it holds ``batch_rows`` rows, when the next
-  row would take it past ``MAP_WRITE_BATCH_MAX_BYTES``, ``flush_seconds``
-  after its first row, or as soon as the workers are done (no row can join
-  it then). Each batch is one value of a ``BoundedBatchFunction``, which
-  keeps at most ``MAP_WRITE_MAX_IN_FLIGHT`` writes running at once. Results
-  not yet written are capped at ``MAP_RETAINED_BATCHES * batch_rows`` rows (a
-  worker waits for room before it adds another) and
-  ``MAP_MAX_RETAINED_RESULT_BYTES``. Memory therefore does not grow with the
-  sheet.
+* The writes are batched by one ``BoundedBatchFunction``, with one lane per
+  write kind (``complete``, ``fail``), and nothing else: the worker hands the
+  outcome to it with ``submit_nowait`` (a row costs an entry in its lane,
+  never a task or a wake-up of its own) and takes its next row at once. Its
+  settings are the write rules: a batch of up to ``batch_rows`` rows and
+  ``MAP_WRITE_BATCH_MAX_BYTES``, leaving ``flush_seconds`` after its first
+  row (or at once when the workers are done: the batcher drains),
+  ``MAP_WRITE_MAX_IN_FLIGHT`` writes of both kinds at once, results not yet
+  written capped at ``MAP_RETAINED_BATCHES * batch_rows`` rows and
+  ``MAP_MAX_RETAINED_RESULT_BYTES``, and ``MAX_QUEUE_WAIT_MS`` for a row to
+  reach its write. Where the batcher has no room (``trio.WouldBlock``) the
+  worker waits until a write settles and offers the row again. Memory
+  therefore does not grow with the sheet. One *watcher* task looks at the
+  handed rows' ``Pending`` objects in order and stops the map on the first
+  that failed (a write error, or a row that waited past its deadline).
 * When a write reports the attempt superseded, the workers' cancel scope is
   cancelled in the same step, before any other task runs: every ``fn`` call
   still running is cancelled at once and none starts after (each worker
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
@@ -58,7 +62,7 @@ import trio
 
 from ._groups import raise_single
 from ._types import CompleteRow, FailRow, TerminalWriteResult
-from .batching import Batch, BoundedBatchFunction
+from .batching import Batch, BoundedBatchFunction, Pending
 from .budgets import (
     MAP_MAX_BATCH_ROWS,
     MAP_MAX_RETAINED_RESULT_BYTES,
@@ -70,7 +74,7 @@ from .budgets import (
     MAX_ROW_BYTES,
     MAX_ROW_KEY_BYTES,
 )
-from .errors import AttemptSupersededError, InvalidInputError
+from .errors import BatcherClosedError, InvalidInputError
 from .sizes import json_byte_length_up_to
 
 __all__ = ["MapProgress", "MapReport", "receipt_key", "run_map"]
@@ -156,55 +160,57 @@ def check_map_options(
         raise InvalidInputError(f"progress must be callable or None, got {progress!r}")
 
 
-#: A worker's outcome and its estimated bytes (measured once, by the worker).
+#: A worker's outcome and its estimated bytes (measured once, by the worker): one value
+#: of the write batcher.
 Outcome = tuple[CompleteRow | FailRow, int]
-#: One write's rows, all of one kind, and their estimated bytes.
-Chunk = tuple[list[CompleteRow | FailRow], int]
 
 
-def _estimate(chunk: Chunk) -> int:
-    return chunk[1]
-
-
-@attrs.define(eq=False)
-class _Gathering:
-    """The rows of one kind gathered for the next write, and when they must leave."""
-
-    rows: list[CompleteRow | FailRow] = attrs.Factory(list)
-    nbytes: int = 0
-    flush_at: float = math.inf
-
-    def take(self) -> Chunk:
-        chunk = (self.rows, self.nbytes)
-        self.rows, self.nbytes, self.flush_at = [], 0, math.inf
-        return chunk
+def _estimate(outcome: Outcome) -> int:
+    return outcome[1]
 
 
 @attrs.define(eq=False)
-class _FlushTimer:
-    """Where the flusher sleeps until the earliest partial batch is due."""
+class _Queued:
+    """One write kind's rows handed to the batcher whose write has not started, oldest
+    first, for its watcher. The batcher keeps a lane in order, so the rows a batch of
+    this kind starts with are the oldest ones here."""
 
+    rows: deque[Pending[Kind, Outcome]] = attrs.Factory(deque)
+    idle: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+    """Where the watcher waits while no row is queued."""
     finished: bool = False
-    _scope: trio.CancelScope | None = None
+    _watching: trio.CancelScope | None = None
 
-    def arm(self, when: float) -> None:
-        """A partial batch is due at ``when``: wake the flusher by then."""
-        if self._scope is not None and when < self._scope.deadline:
-            self._scope.deadline = when
+    def add(self, row: Pending[Kind, Outcome]) -> None:
+        self.rows.append(row)
+        if self.idle:
+            self.idle.unpark()
+
+    def started(self, count: int) -> None:
+        """A batch of the oldest ``count`` rows started: the watcher looks further on."""
+        for _ in range(min(count, len(self.rows))):
+            self.rows.popleft()
+        if self._watching is not None:
+            self._watching.cancel()
 
     def finish(self) -> None:
-        """No row comes after this: the flusher ends once nothing is left to hand over."""
+        """No row comes after this one: the watcher ends once nothing is queued."""
         self.finished = True
-        if self._scope is not None:
-            self._scope.cancel()
+        self.idle.unpark_all()
 
-    async def wait(self, until: float) -> None:
-        if self.finished and until == math.inf:
-            return
-        with trio.CancelScope(deadline=until) as scope:
-            self._scope = scope
-            await trio.sleep_forever()
-        self._scope = None
+    async def watch_oldest(self) -> BaseException | None:
+        """Wait until the oldest queued row settles (its error, if any) or starts (None)."""
+        oldest = self.rows[0]
+        try:
+            with trio.CancelScope() as self._watching:
+                await oldest.wait()
+        except Exception as exc:
+            if self.rows and self.rows[0] is oldest:
+                self.rows.popleft()
+            return exc
+        finally:
+            self._watching = None
+        return None
 
 
 def _fail(key: str, text: str) -> Outcome:
@@ -294,77 +300,66 @@ async def run_map(
     call), the first other write error, or a ``BaseException`` from ``fn``.
     """
     state = _MapState(total=total, progress=progress)
+    queued: dict[Kind, _Queued] = {"complete": _Queued(), "fail": _Queued()}
+    # Workers the batcher had no room for wait here until a write ends.
+    room = trio.lowlevel.ParkingLot()
 
-    async def execute(batch: Batch[Kind, Chunk]) -> list[None]:
-        (rows, _size), *_rest = batch.values  # one chunk per batch (max_batch_items=1)
+    async def execute(batch: Batch[Kind, Outcome]) -> list[None]:
+        queued[batch.key].started(len(batch.values))
         try:
             if batch.key == "complete":
-                await complete([row for row in rows if isinstance(row, CompleteRow)])
+                await complete([row for row, _size in batch.values if type(row) is CompleteRow])
             else:
-                await fail([row for row in rows if isinstance(row, FailRow)])
-        except AttemptSupersededError as exc:
-            state.halt(exc)  # in this very step: no fn call starts after the supersession
+                await fail([row for row, _size in batch.values if type(row) is FailRow])
+        except Exception as exc:
+            state.halt(exc)  # in this very step: no fn call starts after a supersession
             raise
-        state.settled(batch.key, len(rows))
-        return [None]
+        finally:
+            # The batcher frees this batch's room before anyone woken here runs.
+            room.unpark_all()
+        state.settled(batch.key, len(batch.values))
+        return [None] * len(batch.values)
 
-    # The batcher carries whole chunks (a batch's rows, gathered below), so a row costs
-    # an append, not a task, a submit and a wake-up of its own.
-    batcher: BoundedBatchFunction[Kind, Chunk, None] = BoundedBatchFunction(
+    batcher: BoundedBatchFunction[Kind, Outcome, None] = BoundedBatchFunction(
         execute,
         estimate_bytes=_estimate,
-        max_batch_items=1,
+        max_batch_items=batch_rows,
         max_batch_bytes=MAP_WRITE_BATCH_MAX_BYTES,
-        max_retained_items=MAP_RETAINED_BATCHES,
+        max_retained_items=MAP_RETAINED_BATCHES * batch_rows,
         max_retained_bytes=MAP_MAX_RETAINED_RESULT_BYTES,
         max_in_flight_batches=MAP_WRITE_MAX_IN_FLIGHT,
-        flush_seconds=0,
+        flush_seconds=flush_seconds,
     )
-    room = trio.Semaphore(MAP_RETAINED_BATCHES * batch_rows)
+    max_wait = MAX_QUEUE_WAIT_MS / _MS
     iterator: AsyncIterator[Row] = aiter(pending)
-    gathering: dict[Kind, _Gathering] = {"complete": _Gathering(), "fail": _Gathering()}
-    flush = _FlushTimer()
 
-    async def write(kind: Kind, chunk: Chunk) -> None:
-        try:
-            await batcher.submit(kind, chunk, max_wait=MAX_QUEUE_WAIT_MS / _MS)
-        except Exception as exc:
-            state.halt(exc)
-        finally:
-            for _ in range(len(chunk[0])):
-                room.release()
-
-    def hand_over(kind: Kind, writes: trio.Nursery) -> None:
-        writes.start_soon(write, kind, gathering[kind].take())
-
-    def gather(outcome: Outcome, writes: trio.Nursery) -> bool:
-        """Add ``outcome`` to its kind's batch; whether a batch was handed over."""
-        row, size = outcome
-        kind: Kind = "complete" if type(row) is CompleteRow else "fail"
-        into = gathering[kind]
-        handed = bool(into.rows) and into.nbytes + size > MAP_WRITE_BATCH_MAX_BYTES
-        if handed:
-            hand_over(kind, writes)
-        if not into.rows:
-            into.flush_at = trio.current_time() + flush_seconds
-            flush.arm(into.flush_at)
-        into.rows.append(row)
-        into.nbytes += size
-        if len(into.rows) >= batch_rows:
-            hand_over(kind, writes)
-            handed = True
-        return handed
-
-    async def flusher(writes: trio.Nursery) -> None:
-        """Hands over each partial batch ``flush_seconds`` after its first row."""
+    async def hand_over(result: Outcome) -> None:
+        kind: Kind = "complete" if type(result[0]) is CompleteRow else "fail"
         while True:
-            await flush.wait(min(g.flush_at for g in gathering.values()))
-            now = trio.current_time()
-            for kind, into in gathering.items():
-                if into.rows and into.flush_at <= now:
-                    hand_over(kind, writes)
-            if flush.finished and not any(g.rows for g in gathering.values()):
+            try:
+                entry = batcher.submit_nowait(kind, result, max_wait=max_wait)
+            except trio.WouldBlock:
+                # Room frees when a write ends (rows that can wait no more stop the map).
+                await room.park()
+            else:
+                queued[kind].add(entry)
                 return
+
+    async def watcher(kind: Kind) -> None:
+        """Stops the map on the first queued row of ``kind`` that waited past its
+        deadline. Rows whose write started are ``execute``'s to look after."""
+        lane = queued[kind]
+        while True:
+            if lane.rows:
+                failure = await lane.watch_oldest()
+                # A closed batcher is the map already stopping on another error.
+                if failure is not None and type(failure) is not BatcherClosedError:
+                    state.halt(failure)
+                    return
+            elif lane.finished:
+                return
+            else:
+                await lane.idle.park()
 
     reading = False
     page_read = trio.lowlevel.ParkingLot()
@@ -403,39 +398,29 @@ async def run_map(
             return _fail(key, f"fn must return a mapping of outputs, got {what}")
         return _complete(key, outputs)
 
-    async def worker(writes: trio.Nursery) -> None:
+    async def worker() -> None:
         while True:
             row = await next_row()
             if row is None:
                 return
             if state.stop:  # checked right before fn: nothing starts once superseded
                 return
-            outcome = await call(row)
-            # A checkpoint per row put each next fn call a scheduler pass late (10 ms
-            # sleeps ran 1.3x slower), so a worker yields only when there is no room,
-            # and after handing over a batch so its write starts while rows go on.
-            try:
-                room.acquire_nowait()
-            except trio.WouldBlock:
-                await room.acquire()
-            if gather(outcome, writes):
-                await trio.lowlevel.checkpoint()
+            await hand_over(await call(row))
 
     try:
         with trio.CancelScope() as everything:
             state.everything = everything
-            # Exits in order: the workers finish, their writes land, the batcher drains.
-            async with batcher, trio.open_nursery() as writes:
-                writes.start_soon(flusher, writes)
-                async with trio.open_nursery() as workers:
+            async with trio.open_nursery() as watching:
+                for kind in queued:
+                    watching.start_soon(watcher, kind)
+                # Exits in order: the workers finish, the batcher drains (a partial
+                # batch leaves at once: no row can join it now), the watcher ends.
+                async with batcher, trio.open_nursery() as workers:
                     state.workers = workers.cancel_scope
                     for _ in range(concurrency):
-                        workers.start_soon(worker, writes)
-                # No row can join a partial batch now: it leaves at once, not on its timer.
-                for kind, into in gathering.items():
-                    if into.rows:
-                        hand_over(kind, writes)
-                flush.finish()
+                        workers.start_soon(worker)
+                for lane in queued.values():
+                    lane.finish()
     except BaseExceptionGroup as group:
         raise_single(group)
     if state.error is not None:
