@@ -18,9 +18,9 @@ from psycopg import sql
 from sheetplane import AdmissionTooLargeError
 from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import TRANSPORT_CEILING_BYTES, MiB
-from sheetplane.gateway._messages import contract_json
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
+from sheetplane.protocol._messages import contract_json
 from sheetplane.store import sheet_names
 
 TOKEN = "tok-ceiling-1b2c3d"

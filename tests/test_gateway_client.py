@@ -51,9 +51,9 @@ from sheetplane.budgets import (
     RETRY_DELAYS_MS,
     MiB,
 )
-from sheetplane.gateway import _messages
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest
+from sheetplane.protocol import _messages
 
 TOKEN = "exec-token-0123456789"
 BASE = "http://gateway.test"

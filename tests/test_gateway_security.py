@@ -20,7 +20,6 @@ from psycopg import sql
 from _session_helpers import aad_of, run_sql
 from sheetplane import EnvelopeDecryptionError, GatewayAuthError, crypto
 from sheetplane._types import CompleteRow, SheetRef
-from sheetplane.gateway._messages import read_contract
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import (
     ROLE_PREFIX,
@@ -30,6 +29,7 @@ from sheetplane.gateway.server import (
     running_gateway,
 )
 from sheetplane.gateway.server._roles import create_role_statements
+from sheetplane.protocol._messages import read_contract
 from sheetplane.store import open_store, sheet_names
 
 TOKEN = "tok-security-1b2c3d4e5f"

@@ -29,9 +29,9 @@ from sheetplane.crypto import (
     generate_decryption_key,
     session_aad,
 )
-from sheetplane.gateway._messages import SessionLimitsWire, structure
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import PageRequest
+from sheetplane.protocol._messages import SessionLimitsWire, structure
 from sheetplane.sessions import (
     AccessShape,
     PreloadedSession,

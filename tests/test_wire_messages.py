@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
 from sheetplane.crypto import generate_decryption_key
-from sheetplane.gateway import _messages
-from sheetplane.gateway._messages import (
+from sheetplane.gateway.server import running_gateway
+from sheetplane.protocol import _messages
+from sheetplane.protocol._messages import (
     ABSENT,
     ANSWERS,
     REQUESTS,
@@ -27,9 +28,8 @@ from sheetplane.gateway._messages import (
     structure,
     unstructure,
 )
-from sheetplane.gateway._openapi import OPENAPI_PATH, openapi_document
-from sheetplane.gateway._wire import RUNTIME_PATH
-from sheetplane.gateway.server import running_gateway
+from sheetplane.protocol._openapi import OPENAPI_PATH, openapi_document
+from sheetplane.protocol._wire import RUNTIME_PATH
 from sheetplane.testing.strategies import wire_json, wire_messages
 
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")

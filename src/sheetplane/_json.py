@@ -1,6 +1,6 @@
 """JSON read and written the way the standard library would, at C speed.
 
-The gateway's bodies on both sides (``gateway._wire`` re-exports these) and
+The gateway's bodies on both sides (``protocol._wire`` re-exports these) and
 the store's ``jsonb`` loader (``store._pool``) go through them. Nothing here
 does I/O.
 """

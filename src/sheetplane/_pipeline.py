@@ -25,9 +25,9 @@ from typing import Any
 
 from ._types import SheetContract
 from .errors import InvalidInputError
-from .gateway._converter import WireError
-from .gateway._messages import read_contract
 from .names import normalize_table_namespace
+from .protocol._converter import WireError
+from .protocol._messages import read_contract
 
 __all__ = ["resolve_sheet_contract"]
 

@@ -3,7 +3,7 @@
 ``sheetplane demo`` runs the data plane end to end (``sheetplane.demo``);
 ``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``;
 ``sheetplane serve`` runs the reference gateway (``sheetplane.gateway.server._command``);
-``sheetplane openapi`` prints the gateway's OpenAPI document (``sheetplane.gateway._openapi``).
+``sheetplane openapi`` prints the gateway's OpenAPI document (``sheetplane.protocol._openapi``).
 Each subcommand is one parser plus one function that takes the parsed
 arguments and returns the exit status; add a subcommand by adding both in
 ``build_parser``. Nothing in the package imports this module.
@@ -41,7 +41,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 def _print_openapi(args: argparse.Namespace) -> int:
     import json
 
-    from .gateway._openapi import openapi_document
+    from .protocol._openapi import openapi_document
 
     json.dump(openapi_document(), sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")

@@ -61,7 +61,7 @@ from .budgets import (
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
 from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
-from .gateway import _messages
+from .protocol import _messages
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient

@@ -7,7 +7,7 @@ alternating the two codecs run by run:
 
 * **stdlib**: ``json.dumps(separators=(",", ":"), ensure_ascii=False)`` and
   ``json.loads``, what both sides used before;
-* **wire**: ``gateway._wire.encode_body`` / ``decode_body`` (orjson writes, msgspec reads, with the
+* **wire**: ``protocol._wire.encode_body`` / ``decode_body`` (orjson writes, msgspec reads, with the
   standard library where orjson would read or write otherwise).
 
 It also times ``json_byte_length_up_to`` over the same pages (what the server
@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
-from ..gateway import _messages
-from ..gateway._wire import decode_body, encode_body
+from ..protocol import _messages
+from ..protocol._wire import decode_body, encode_body
 from ..sizes import json_byte_length_up_to
 from ._common import make_rows
 

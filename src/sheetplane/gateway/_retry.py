@@ -32,7 +32,7 @@ from ..budgets import (
     REQUEST_TIMEOUT_MS,
     RETRY_DELAYS_MS,
 )
-from ._wire import UNSUPPORTED_ACTION_TEXT
+from ..protocol._wire import UNSUPPORTED_ACTION_TEXT
 
 #: Error texts of failures that are worth another attempt: the runtime's own list,
 #: alternative for alternative (docs/gateway.md, "Retries").

@@ -86,9 +86,20 @@ from ..errors import (
     UnsupportedActionError,
     WorkReceiptFencedError,
 )
+from ..protocol import _domain as _answers
+from ..protocol import _messages as m
+from ..protocol import _wire
+from ..protocol._wire import (
+    PAGE_READS,
+    READ_ROWS,
+    READ_ROWS_BATCH,
+    RUNTIME_PATH,
+    Code,
+    decode_body,
+    encode_body,
+    token_digest,
+)
 from ..sizes import json_byte_length_up_to
-from . import _answers, _wire
-from . import _messages as m
 from ._body import (
     ACCEPT_ENCODING,
     CorruptBodyError,
@@ -104,16 +115,6 @@ from ._retry import (
     is_transient_message,
     retry_after_from_body,
     retry_after_from_header,
-)
-from ._wire import (
-    PAGE_READS,
-    READ_ROWS,
-    READ_ROWS_BATCH,
-    RUNTIME_PATH,
-    Code,
-    decode_body,
-    encode_body,
-    token_digest,
 )
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]

@@ -31,7 +31,7 @@ from ..budgets import (
     READ_PAGE_MAX_ROWS,
 )
 from ..errors import InvalidInputError
-from ..gateway._wire import token_digest
+from ..protocol._wire import token_digest
 from ..sizes import json_byte_length_up_to
 from ._splitter import read_pages_adaptive
 

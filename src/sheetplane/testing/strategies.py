@@ -16,7 +16,7 @@
 * :func:`bad_numbers`, :func:`wrong_types`, :func:`bad_json_bodies`: inputs
   every entry point must refuse with a typed error (or a 4xx answer);
 * :func:`wire_json` and :func:`wire_messages`: any request or answer of the
-  gateway, drawn from its wire class (``gateway/_messages.py``: its field
+  gateway, drawn from its wire class (``protocol/_messages.py``: its field
   types, bounds and camelCase names), as decoded JSON or as the class.
 """
 
@@ -39,9 +39,9 @@ from .._types import (
     SheetContract,
 )
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
-from ..gateway import _messages, _wire
-from ..gateway._wire import encode_body
 from ..gateway.faults import FAULT_KINDS, FaultSpec
+from ..protocol import _messages, _wire
+from ..protocol._wire import encode_body
 from ..store._schema import SYSTEM_COLUMNS
 
 __all__ = [
@@ -420,7 +420,7 @@ def _json_for(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
 
 def wire_json(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
     """The decoded JSON of a ``cls`` message (a request or answer class of
-    ``gateway/_messages.py``): every required member, some optional ones, under
+    ``protocol/_messages.py``): every required member, some optional ones, under
     their wire names, each within the bounds the converter enforces."""
     fields = attrs.fields(attrs.resolve_types(cls))
 

@@ -39,13 +39,13 @@ from ...budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
+from ...protocol import _messages as m
+from ...protocol import _wire
+from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
 from ...sizes import json_byte_length_up_to
 from ...store import JsonPage, RowCursor, SheetStore
 from ...store._rowdata import physical_columns
 from ...store._staging import prepare_chunk
-from .. import _messages as m
-from .. import _wire
-from .._wire import SERVED_LOGICAL_TABLES, Code
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._config import GatewayConfig

@@ -71,12 +71,12 @@ from ...errors import (
     TransactionConflictError,
     WriteConflictError,
 )
+from ...protocol import _wire
+from ...protocol._messages import error_body
+from ...protocol._openapi import OPENAPI_PATH, openapi_document
+from ...protocol._wire import RUNTIME_PATH, Code, decode_body
 from ...store import SheetStore, TrioPool, open_store
 from ...store._pool import PoolSaturatedError
-from .. import _wire
-from .._messages import error_body
-from .._openapi import OPENAPI_PATH, openapi_document
-from .._wire import RUNTIME_PATH, Code, decode_body
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
 from ._auth import TokenTable, check_org

@@ -7,8 +7,8 @@ from typing import Any
 import attrs
 from starlette.responses import Response
 
-from .._messages import error_body
-from .._wire import Code, encode_body
+from ...protocol._messages import error_body
+from ...protocol._wire import Code, encode_body
 
 
 class ActionError(Exception):

@@ -22,7 +22,7 @@ import attrs
 
 from ..._types import ResolvedPlay
 from ...errors import InvalidInputError
-from .. import _messages as m
+from ...protocol import _messages as m
 
 __all__ = ["PlayDefinition", "load_plays", "play_answer", "play_from_json", "play_of"]
 

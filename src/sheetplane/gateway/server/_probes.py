@@ -32,8 +32,7 @@ from starlette.routing import BaseRoute, Route
 
 from ...budgets import GATEWAY_READINESS_BUDGET_MS
 from ...errors import StoreError, StoreUnavailableError
-from ...store._pool import PoolSaturatedError
-from .._messages import (
+from ...protocol._messages import (
     HealthAnswer,
     ReadyAnswer,
     UnreadyAnswer,
@@ -41,7 +40,8 @@ from .._messages import (
     error_body,
     unstructure,
 )
-from .._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, Code
+from ...protocol._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, Code
+from ...store._pool import PoolSaturatedError
 from ._actions import GatewayState
 from ._http import encode_json, json_bytes_response
 from ._logs import RequestInfo

@@ -1,5 +1,5 @@
 """The gateway's requests and answers as attrs classes, read and written under
-the wire's camelCase names by the one converter of ``gateway/_converter.py``.
+the wire's camelCase names by the one converter of ``protocol/_converter.py``.
 
 Every request is ``{action, playName, ...}``; :data:`REQUESTS` maps each
 action to its request class and :data:`ANSWERS` to its answer class. A request
@@ -7,7 +7,7 @@ that breaks a rule raises :class:`WireError` whose message names the field as
 the wire spells it. The converter's names are re-exported here, so a caller
 reads and writes messages through this one module.
 
-The OpenAPI document (``gateway/_openapi.py``) is generated from these classes.
+The OpenAPI document (``protocol/_openapi.py``) is generated from these classes.
 """
 
 from __future__ import annotations

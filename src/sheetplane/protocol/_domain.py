@@ -1,7 +1,7 @@
 """Checking gateway answers and turning them into sheetplane values.
 
 Every parser takes the decoded JSON object of a successful answer, reads it
-as its wire class (``gateway/_messages.py``: the shape, under the camelCase
+as its wire class (``protocol/_messages.py``: the shape, under the camelCase
 names), checks what the class cannot know (that a page echoes the request it
 answers, that an acquired lease names its holder), and either returns a value
 or raises ``GatewayProtocolError`` naming the action and what was wrong. No

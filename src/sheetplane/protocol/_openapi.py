@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the runtime route, generated from the wire classes.
 
 Nothing here is written by hand but the statuses: every schema comes from an
-attrs class of ``gateway/_messages.py`` (field types, wire names, which
+attrs class of ``protocol/_messages.py`` (field types, wire names, which
 members are required, the bounds the converter enforces), so the document
 cannot drift from what the client and the server read and write. The request
 body is a ``oneOf`` of every action's request, discriminated by ``action``;

@@ -1,4 +1,4 @@
-"""The one cattrs converter of the wire classes (``gateway/_messages.py``), and
+"""The one cattrs converter of the wire classes (``protocol/_messages.py``), and
 the field rules those classes are declared with.
 
 The converter checks what the wire promises, strictly: a string is a ``str``

@@ -1,0 +1,17 @@
+"""The runtime gateway's protocol, both sides of it, without I/O.
+
+The client (``sheetplane.gateway.client``), the reference server
+(``sheetplane.gateway.server``), the sessions, the conformance checks and
+the test strategies all speak the wire through this package, so the two
+sides agree by construction rather than by copy:
+
+* ``_wire``: the vocabulary (the routes, the actions, the error codes, the
+  enumerations) and the body codec;
+* ``_converter``: the one cattrs converter and the field rules;
+* ``_messages``: every request and answer as an attrs class;
+* ``_domain``: domain values to wire messages and back, both directions;
+* ``_openapi``: the OpenAPI 3.1 document, generated from the classes.
+
+Importing it imports neither httpx, starlette, hypercorn nor psycopg (a test
+checks ``sys.modules``).
+"""
