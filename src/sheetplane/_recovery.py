@@ -23,6 +23,15 @@ that are safe to run twice:
 Nothing else on the direct road is retried here. Every other error (bad
 input, a statement timeout, a conflict the caller made, a connect the server
 refused for good: a bad password, an expired role) leaves at once.
+
+A connect wait that spent the whole connect budget
+(``POSTGRES_CONNECT_BUDGET_MS``: refused, reset or timed-out connects, tried
+again until the budget is spent) is not retried either: Postgres is down, and
+each retry would only wait the same budget again (a stopped server took 94 s
+to report, four connect budgets). A call meeting an outage therefore fails
+within one connect budget plus the ladder delays before it, and its message
+states the whole call's wait. A refusal for lack of slots is back-pressure
+and is retried within the call budget.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from typing import TypeVar
 
 import trio
 
-from .errors import StoreUnavailableError, TransactionConflictError
+from .errors import ConnectionSlotsExhaustedError, StoreUnavailableError, TransactionConflictError
 from .gateway._retry import CallBudget
 
 __all__ = ["RETRIED_ERRORS", "retry_idempotent"]
@@ -57,10 +66,34 @@ async def retry_idempotent(attempt: Callable[[], Awaitable[T]]) -> T:
         try:
             return await attempt()
         except RETRIED_ERRORS as exc:
-            if isinstance(exc, StoreUnavailableError) and not exc.transient:
-                raise
             failures += 1
-            wake = budget.next_attempt_at(trio.current_time(), failures, None)
+            final = isinstance(exc, StoreUnavailableError) and (
+                not exc.transient or _postgres_down(exc)
+            )
+            wake = None if final else budget.next_attempt_at(trio.current_time(), failures, None)
             if wake is None:
-                raise
+                waited = round((trio.current_time() - budget.start) * 1000)
+                restated = _gave_up(exc, failures, waited)
+                if restated is exc:
+                    raise
+                raise restated from exc
         await trio.sleep_until(wake)
+
+
+def _postgres_down(exc: StoreUnavailableError) -> bool:
+    """Whether ``exc`` ended a connect wait that spent the whole connect budget
+    for a reason other than slots: Postgres is down, and another attempt would
+    only wait the same budget again (a slot refusal is back-pressure: retried)."""
+    return exc.waited_ms is not None and not isinstance(exc, ConnectionSlotsExhaustedError)
+
+
+def _gave_up(exc: Exception, attempts: int, waited_ms: int) -> Exception:
+    """``exc`` restated with what the whole call waited: same type, same flags."""
+    if attempts == 1 or not isinstance(exc, StoreUnavailableError):
+        return exc
+    error = type(exc)(
+        f"{exc} (the call gave up after {attempts} attempts in {waited_ms} ms)",
+        transient=exc.transient,
+        waited_ms=exc.waited_ms,
+    )
+    return error

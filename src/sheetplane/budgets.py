@@ -168,6 +168,18 @@ POSTGRES_CONNECT_TIMEOUT_MS: Final = 5_000
 #: ECONNREFUSED, ETIMEDOUT, SQLSTATE 57P01, "connection terminated/closed/reset").
 POSTGRES_CONNECT_RETRY_DELAYS_MS: Final = (250, 750, 1_500)
 
+#: The longest one connect to Postgres may take, and the longest a direct call
+#: waits for a connection in all: every attempt of the ladder at its timeout
+#: plus every delay. A refused or reset connect fails at once, so once the
+#: ladder's rungs are spent connects go on at its last delay until this budget
+#: is, riding through a restart of a few seconds; past it Postgres is reported
+#: unreachable (``StoreUnavailableError``, stating the real wait). The direct
+#: road's retries do not start another connect wait after a spent one: a call
+#: finds Postgres down within one connect budget of meeting the outage.
+POSTGRES_CONNECT_BUDGET_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS * (
+    len(POSTGRES_CONNECT_RETRY_DELAYS_MS) + 1
+) + sum(POSTGRES_CONNECT_RETRY_DELAYS_MS)
+
 #: Delays between tries of prewarming one preloaded session (open a pool,
 #: ``SELECT 1``) on transient connection errors: the seed's prewarm ladder,
 #: the connect ladder's values. Each try connects once (no inner ladder).
@@ -193,10 +205,7 @@ POSTGRES_CONFLICT_RETRY_WINDOW_MS: Final = 5_000
 #: timeout, every delay between them, the conflict-retry window, then one
 #: statement at its timeout (the last attempt, started inside the window).
 POSTGRES_OPERATION_BUDGET_MS: Final = (
-    POSTGRES_CONNECT_TIMEOUT_MS * (len(POSTGRES_CONNECT_RETRY_DELAYS_MS) + 1)
-    + sum(POSTGRES_CONNECT_RETRY_DELAYS_MS)
-    + POSTGRES_CONFLICT_RETRY_WINDOW_MS
-    + POSTGRES_STATEMENT_TIMEOUT_MS
+    POSTGRES_CONNECT_BUDGET_MS + POSTGRES_CONFLICT_RETRY_WINDOW_MS + POSTGRES_STATEMENT_TIMEOUT_MS
 )
 
 #: Rows of a sheet's counter log (``store._counters``: the counting triggers

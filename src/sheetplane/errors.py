@@ -292,14 +292,18 @@ class StoreUnavailableError(StoreError):
 
     ``transient`` is False when the server answered with something another
     attempt will not change (a refused password, an unknown database): the
-    direct road retries only transient ones.
+    direct road retries only transient ones. ``waited_ms`` is set when the
+    error ends a wait for a connection that spent the whole connect budget
+    (``POSTGRES_CONNECT_BUDGET_MS``): the milliseconds really waited. The
+    direct road does not wait again after one (Postgres is down).
     """
 
     code = "store_unavailable"
 
-    def __init__(self, *args: object, transient: bool = True) -> None:
+    def __init__(self, *args: object, transient: bool = True, waited_ms: int | None = None) -> None:
         super().__init__(*args)
         self.transient = transient
+        self.waited_ms = waited_ms
 
 
 class ConnectionSlotsExhaustedError(StoreUnavailableError):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import re
 import threading
 import time
@@ -61,6 +62,36 @@ __all__ = [
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
+
+
+log = logging.getLogger("sheetplane.store")
+
+#: The name of every pool this module opens (psycopg_pool's logs carry it).
+_POOL_NAME = "sheetplane"
+
+
+class _QuietConnectWarnings(logging.Filter):
+    """Drops psycopg_pool's warning per failed connect attempt of this module's pools.
+
+    While Postgres is down each pool's background connector logs one warning
+    per attempt (and one more when it gives up): with a runner's several
+    session pools that flooded stderr. The failure reaches the caller as
+    ``StoreUnavailableError`` with the real wait, and each pool logs one
+    warning of its own per outage (``sheetplane.store``) instead.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            isinstance(args, tuple)
+            and args
+            and args[0] == _POOL_NAME
+            and isinstance(record.msg, str)
+            and record.msg.startswith(("error connecting in", "reconnection attempt in pool"))
+        )
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietConnectWarnings())
 
 
 class PoolSaturatedError(StoreError):
@@ -103,22 +134,18 @@ def next_connect_delay_ms(
 ) -> int | None:
     """The wait before the next connect attempt after ``failures`` failed ones, or None to stop.
 
-    Transient errors take the ladder ``delays_ms``, one attempt per rung. A
-    refused connection for lack of slots is back-pressure: it waits on the
-    same ladder and then goes on at its last delay, for as long as the whole
-    connect budget (``budget_ms``, the ladder's attempts at their timeout plus
-    its delays) allows, since a refused connect returns at once. Anything
-    else stops at once, and so does a wait that would end past the budget.
+    Transient errors (refused, reset, timed out, 57P01, and a refusal for lack
+    of slots, which is back-pressure) take the ladder ``delays_ms``, one
+    attempt per rung, and then go on at its last delay for as long as the
+    whole connect budget (``budget_ms``, the ladder's attempts at their
+    timeout plus its delays) allows: a refused connect returns at once, so the
+    rungs alone would be spent in a couple of seconds, less than a restart
+    takes. Anything else stops at once, and so does a wait that would end past
+    the budget. An empty ladder makes one attempt.
     """
-    slots = is_slot_exhaustion(exc)
-    if not slots and not is_transient_connect_error(exc):
+    if not _worth_retrying(exc) or not delays_ms:
         return None
-    if failures <= len(delays_ms):
-        delay = delays_ms[failures - 1]
-    elif slots and delays_ms:
-        delay = delays_ms[-1]
-    else:
-        return None
+    delay = delays_ms[min(failures, len(delays_ms)) - 1]
     return delay if elapsed_ms + delay < budget_ms else None
 
 
@@ -263,6 +290,7 @@ class TrioPool:
         self._connect_errors = 0
         self._conflict_retries = 0
         self._slot_refusals = 0
+        self._outage = False
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             url,
             connection_class=self._connection_class(),
@@ -272,7 +300,7 @@ class TrioPool:
             open=False,
             configure=self._configure,
             reconnect_timeout=self.connect_budget_ms / 1000,
-            name="sheetplane",
+            name=_POOL_NAME,
         )
 
     def __repr__(self) -> str:
@@ -311,13 +339,28 @@ class TrioPool:
                         pool._slot_refusals += is_slot_exhaustion(exc)
                         delay = pool._next_delay_ms(exc, failures, started, time.monotonic())
                         if delay is None:
+                            pool._outage_began(exc, failures, started)
                             raise
                         time.sleep(delay / 1000)
                     else:
                         pool._last_connect_error = None
+                        pool._outage = False
                         return conn
 
         return LadderConnection
+
+    def _outage_began(self, exc: BaseException, failures: int, started: float) -> None:
+        """Log once per outage (until a connect succeeds) that a connect spent its budget."""
+        if self._outage:
+            return
+        self._outage = True
+        waited = round((time.monotonic() - started) * 1000)
+        log.warning(
+            "no Postgres connection after %d attempt(s) in %d ms: %s",
+            failures,
+            waited,
+            _describe(exc, self._redact),
+        )
 
     def _configure(self, conn: Conn) -> None:
         # jsonb values read as json.loads reads them, by msgspec (a tenth of the
@@ -351,11 +394,14 @@ class TrioPool:
                 failures += 1
                 delay = self._next_delay_ms(exc, failures, started, time.monotonic())
                 if delay is None:
+                    waited = round((time.monotonic() - started) * 1000)
                     error = ConnectionSlotsExhaustedError if is_slot_exhaustion(exc) else None
+                    transient = _worth_retrying(exc)
                     raise (error or StoreUnavailableError)(
-                        f"could not connect to Postgres ({failures} attempt(s)): "
+                        f"could not connect to Postgres ({failures} attempt(s) in {waited} ms): "
                         f"{_describe(exc, self._redact)}",
-                        transient=_worth_retrying(exc),
+                        transient=transient,
+                        waited_ms=waited if transient and self.connect_retry_delays_ms else None,
                     ) from exc
                 await trio.sleep(delay / 1000)
             else:
@@ -444,11 +490,16 @@ class TrioPool:
 
     def _work(self, fn: Callable[[Conn], T], call: _Call) -> outcome.Outcome[T]:
         """The worker thread: get a connection, run ``fn`` in a transaction, give it back."""
+        started = time.monotonic()
         try:
             conn = self._pool.getconn(timeout=self.connect_budget_ms / 1000)
         except PoolTimeout:
+            waited = round((time.monotonic() - started) * 1000)
             error = self._last_connect_error
-            message = f"no Postgres connection within {self.connect_budget_ms} ms"
+            message = (
+                f"no Postgres connection after waiting {waited} ms "
+                f"(the connect budget is {self.connect_budget_ms} ms)"
+            )
             kind = StoreUnavailableError
             transient = True
             if error is not None:
@@ -456,7 +507,8 @@ class TrioPool:
                 transient = _worth_retrying(error)
                 if is_slot_exhaustion(error):
                     kind = ConnectionSlotsExhaustedError
-            return outcome.Error(kind(message, transient=transient).with_traceback(None))
+            failure = kind(message, transient=transient, waited_ms=waited)
+            return outcome.Error(failure.with_traceback(None))
         except psycopg.Error as exc:
             return outcome.Error(_chain(_translate(exc, self._redact), exc))
         with call.lock:
