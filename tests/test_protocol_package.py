@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import sheetplane.protocol
 
 _IO_LIBRARIES = ("httpx", "httpcore", "starlette", "hypercorn", "psycopg", "psycopg_pool")
@@ -23,3 +25,32 @@ def test_importing_the_protocol_imports_no_http_server_or_database_library() -> 
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""
     assert sheetplane.protocol.__doc__ is not None
+
+
+def test_every_action_is_named_once_by_its_request_class() -> None:
+    from sheetplane.gateway.server._actions import HANDLERS
+    from sheetplane.protocol import _messages as m
+
+    assert tuple(m.action_of(request) for request, _ in m.EXCHANGES) == m.ACTIONS
+    assert len(set(m.ACTIONS)) == len(m.ACTIONS)
+    for action, request in m.REQUESTS.items():
+        assert m.ANSWERS[action] is dict(m.EXCHANGES)[request]
+    assert set(HANDLERS) == set(m.ACTIONS)
+
+
+def test_two_converters_with_different_policies_do_not_share_rules() -> None:
+    import attrs
+
+    from sheetplane.protocol._converter import WireConverter, WireError
+
+    @attrs.frozen(kw_only=True)
+    class Probe:
+        name: str
+
+    open_ = WireConverter(closed=frozenset(), uncapped=frozenset(), writes_nulls=frozenset())
+    closed = WireConverter(
+        closed=frozenset({Probe}), uncapped=frozenset(), writes_nulls=frozenset()
+    )
+    assert open_.structure({"name": "a", "extra": 1}, Probe) == Probe(name="a")
+    with pytest.raises(WireError, match="extra"):
+        closed.structure({"name": "a", "extra": 1}, Probe)

@@ -38,7 +38,7 @@ from ..budgets import (
     RESPONSE_ENVELOPE_HEADROOM_BYTES,
 )
 from ..errors import ResponseTooLargeError
-from ..protocol._wire import READ_ROWS_BATCH
+from ..protocol._messages import ReadRowsBatchRequest, action_of
 
 #: The decoded-body budget of a batch read, envelope included.
 READ_BATCH_BODY_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES + RESPONSE_ENVELOPE_HEADROOM_BYTES
@@ -64,7 +64,11 @@ class CorruptBodyError(Exception):
 
 def response_byte_limit(action: str) -> int:
     """Decoded bytes an answer to ``action`` may carry."""
-    return READ_BATCH_BODY_BYTES if action == READ_ROWS_BATCH else ACTION_MAX_RESPONSE_BYTES
+    return (
+        READ_BATCH_BODY_BYTES
+        if action == action_of(ReadRowsBatchRequest)
+        else ACTION_MAX_RESPONSE_BYTES
+    )
 
 
 def declared_length(response: httpx.Response) -> int | None:

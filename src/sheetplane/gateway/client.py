@@ -88,11 +88,7 @@ from ..errors import (
 )
 from ..protocol import _domain as _answers
 from ..protocol import _messages as m
-from ..protocol import _wire
 from ..protocol._wire import (
-    PAGE_READS,
-    READ_ROWS,
-    READ_ROWS_BATCH,
     RUNTIME_PATH,
     Code,
     decode_body,
@@ -119,18 +115,23 @@ from ._retry import (
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
+_READ_ROWS: Final = m.action_of(m.ReadRowsRequest)
+_READ_ROWS_BATCH: Final = m.action_of(m.ReadRowsBatchRequest)
+
 _REDACTED: Final = "[redacted]"
 _R = TypeVar("_R", bound=m.Request)
 _S = TypeVar("_S", bound=m.SheetRequest)
 _T = TypeVar("_T")
 #: Staged-admission actions, whose 400 ``invalid_input`` is a bad input row.
-_STAGED: Final = frozenset({_wire.STAGE_ADMISSION_CHUNK, _wire.COMMIT_ADMISSION})
+_STAGED: Final = frozenset(
+    {m.action_of(m.StageAdmissionChunkRequest), m.action_of(m.CommitAdmissionRequest)}
+)
 
 
 #: Actions with a ladder of their own: (delays, whole call budget).
 _LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
-    _wire.RESOLVE_PLAY: (RESOLVE_PLAY_RETRY_DELAYS_MS, RESOLVE_PLAY_CALL_BUDGET_MS),
-    _wire.COMMIT_ADMISSION: (RETRY_DELAYS_MS, ADMISSION_COMMIT_CALL_BUDGET_MS),
+    m.action_of(m.ResolvePlayRequest): (RESOLVE_PLAY_RETRY_DELAYS_MS, RESOLVE_PLAY_CALL_BUDGET_MS),
+    m.action_of(m.CommitAdmissionRequest): (RETRY_DELAYS_MS, ADMISSION_COMMIT_CALL_BUDGET_MS),
 }
 
 
@@ -373,7 +374,7 @@ class GatewayClient:
         details = self._redact_details(raw_details)
         searchable = f"{error_text if isinstance(error_text, str) else ''} {details or ''}"
 
-        if status == 413 and action in PAGE_READS and code == Code.READ_BATCH_TOO_LARGE:
+        if status == 413 and action in m.PAGE_READS and code == Code.READ_BATCH_TOO_LARGE:
             observed = body.get("observed_bytes")
             if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
                 observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
@@ -561,7 +562,7 @@ class GatewayClient:
     async def stage_admission_chunk(self, body: bytes) -> bool:
         """Send one chunk built by ``admission_chunk_body``; False when the gateway had
         staged it before (a retry after a lost answer)."""
-        action = _wire.STAGE_ADMISSION_CHUNK
+        action = m.action_of(m.StageAdmissionChunkRequest)
         answer = await self._call_content(action, body)
         return _answers.read_as(answer.body, m.StageAdmissionChunkAnswer, action).staged
 
@@ -623,7 +624,7 @@ class GatewayClient:
             raise InvalidInputError(
                 f"contract must be a SheetContract or None, got {type(contract).__name__}"
             )
-        action = _wire.CREATE_DB_SESSION
+        action = m.action_of(m.CreateDbSessionRequest)
         try:
             wire_limits = m.structure(dict(limits), m.SessionLimitsWire) if limits else None
             wire_encryption = (
@@ -692,7 +693,7 @@ class GatewayClient:
             offset=request.offset,
         )
         answer = await self._send(self._request(m.ReadRowsRequest, input=read))
-        return _answers.check_page(answer.body, request, READ_ROWS, "the page")
+        return _answers.check_page(answer.body, request, _READ_ROWS, "the page")
 
     async def read_rows_batch(
         self,
@@ -737,7 +738,7 @@ class GatewayClient:
                 )
                 for request in requests
             ]
-        pages = _answers.parse_pages(answer.body, requests, READ_ROWS_BATCH)
+        pages = _answers.parse_pages(answer.body, requests, _READ_ROWS_BATCH)
         if answer.size > READ_BATCH_MAX_RESPONSE_BYTES:
             # The body is large; measure the pages themselves, as the server should have.
             measured = json_byte_length_up_to(answer.body["pages"], READ_BATCH_MAX_RESPONSE_BYTES)
@@ -786,13 +787,13 @@ class GatewayClient:
             after=cursor,
         )
         answer = (await self._send(self._request(m.ReadRowsRequest, input=read))).body
-        page = _answers.check_page(answer, request, READ_ROWS, "the page")
+        page = _answers.check_page(answer, request, _READ_ROWS, "the page")
         if "nextAfter" not in answer:
             return KeysetPage(page.rows, None, keyset=False)
         next_after = answer["nextAfter"]
         if next_after is not None:
             next_after = m.unstructure(
-                _answers.read_as(next_after, m.RowCursorWire, READ_ROWS, "nextAfter.")
+                _answers.read_as(next_after, m.RowCursorWire, _READ_ROWS, "nextAfter.")
             )
         return KeysetPage(page.rows, next_after, keyset=True)
 
@@ -815,7 +816,7 @@ class GatewayClient:
             offset=request.offset,
         )
         answer = await self._send(self._request(m.ReadRowKeysRequest, input=read))
-        return _answers.parse_row_keys(answer.body, request, _wire.READ_ROW_KEYS)
+        return _answers.parse_row_keys(answer.body, request, m.action_of(m.ReadRowKeysRequest))
 
     async def complete_map_rows(
         self,

@@ -1,4 +1,4 @@
-"""The one cattrs converter of the wire classes (``protocol/_messages.py``), and
+"""The converter of the wire classes (``protocol/_messages.py``), and
 the field rules those classes are declared with.
 
 The converter checks what the wire promises, strictly: a string is a ``str``
@@ -42,21 +42,18 @@ __all__ = [
     "TEXT_CAPS",
     "Absent",
     "Verbatim",
+    "WireConverter",
     "WireError",
     "admission_id_field",
     "between",
     "build",
     "check_text_cap",
-    "converter",
     "count_rule",
-    "declare",
     "int_field",
     "optional_int_field",
     "optional_text_field",
     "rule",
-    "structure",
     "text_field",
-    "unstructure",
     "wire_name",
 ]
 
@@ -200,32 +197,7 @@ def wire_name(name: str | attrs.Attribute[Any]) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-@attrs.define
-class _Policy:
-    closed: frozenset[type[Any]] = frozenset()
-    uncapped: frozenset[type[Any]] = frozenset()
-    writes_nulls: frozenset[type[Any]] = frozenset()
-
-
-_POLICY: Final = _Policy()
-
-
-def declare(
-    *,
-    closed: frozenset[type[Any]],
-    uncapped: frozenset[type[Any]],
-    writes_nulls: frozenset[type[Any]],
-) -> None:
-    """Say, once, before any message is read or written, which classes refuse
-    unknown members (``closed``), whose texts are not capped (``uncapped``) and
-    which write the nulls they hold (``writes_nulls``; the others leave a null
-    field with a null default out)."""
-    _POLICY.closed, _POLICY.uncapped, _POLICY.writes_nulls = closed, uncapped, writes_nulls
-
-
 # --- the converter ------------------------------------------------------------------------------
-
-converter: Final = cattrs.Converter()
 
 
 def _strict_str(value: object, _: type) -> str:
@@ -272,19 +244,9 @@ def _array(value: object) -> list[Any]:
     return value
 
 
-converter.register_structure_hook(str, _strict_str)
-converter.register_structure_hook(int, _strict_int)
-converter.register_structure_hook(float, _strict_float)
-converter.register_structure_hook(bool, _strict_bool)
-
-
 def _is_dict(cls: Any) -> bool:
     origin: Any = typing.get_origin(cls)
     return origin is dict
-
-
-converter.register_structure_hook_func(_is_dict, _object)
-converter.register_structure_hook_func(lambda cls: cls is Any, lambda value, _: value)
 
 
 def _is_json_value(cls: Any) -> bool:
@@ -292,45 +254,13 @@ def _is_json_value(cls: Any) -> bool:
     return cls is Any or _is_dict(cls)
 
 
-# A JSON value is written as it is held: rows and results are neither copied nor
-# walked (they were read as JSON, or are checked by the JSON measure before sending).
-converter.register_unstructure_hook_func(_is_json_value, lambda value: value)
-
-
 def _is_list(cls: Any) -> bool:
     return typing.get_origin(cls) is list
 
 
-def _list_hook(cls: Any) -> Callable[[Any, Any], list[Any]]:
-    (item,) = typing.get_args(cls)
-    inner = converter.get_structure_hook(item)
-
-    def structure(value: Any, _: Any) -> list[Any]:
-        out = []
-        for index, element in enumerate(_array(value)):
-            try:
-                out.append(inner(element, item))
-            except _Located as exc:
-                raise _Located(_join(f"[{index}]", exc.where), exc.error) from None
-            except (ValueError, TypeError) as exc:
-                raise _Located(f"[{index}]", exc) from None
-        return out
-
-    if inner is not _object:
-        return structure
-
-    def objects(value: Any, _: Any) -> list[Any]:
-        """A list of JSON objects kept as they are (a page's rows): one pass over
-        the members' types, in C; the member by member walk names a bad one."""
-        members = _array(value)
-        if not set(map(type, members)) - {dict}:
-            return members
-        return structure(value, _)
-
-    return objects
-
-
-converter.register_structure_hook_factory(_is_list, _list_hook)
+def _is_literal(cls: Any) -> bool:
+    origin: Any = typing.get_origin(cls)
+    return origin is Literal
 
 
 def _literal_hook(cls: Any) -> Callable[[Any, Any], Any]:
@@ -344,31 +274,6 @@ def _literal_hook(cls: Any) -> Callable[[Any, Any], Any]:
     return structure
 
 
-def _is_literal(cls: Any) -> bool:
-    origin: Any = typing.get_origin(cls)
-    return origin is Literal
-
-
-converter.register_structure_hook_factory(_is_literal, _literal_hook)
-
-
-def _union_hook(cls: Any) -> Callable[[Any, Any], Any]:
-    """``X | None``, ``X | Absent`` and ``X | None | Absent``: null is None; else X."""
-    members = [m for m in typing.get_args(cls) if m not in (type(None), Absent)]
-    nullable = type(None) in typing.get_args(cls)
-    (inner_type,) = members
-    inner = converter.get_structure_hook(inner_type)
-
-    def structure(value: Any, _: Any) -> Any:
-        if value is None:
-            if nullable:
-                return None
-            raise ValueError("must not be null")
-        return inner(value, inner_type)
-
-    return structure
-
-
 def _is_optional(cls: Any) -> bool:
     args = typing.get_args(cls)
     return (
@@ -378,56 +283,12 @@ def _is_optional(cls: Any) -> bool:
     )
 
 
-converter.register_structure_hook_factory(_is_optional, _union_hook)
-
-
 @attrs.define
 class _Located(Exception):
     """A structuring error with where it happened, innermost last."""
 
     where: str
     error: BaseException
-
-
-def _class_hook(cls: type[Any]) -> Callable[[Any, Any], Any]:
-    fields = attrs.fields(attrs.resolve_types(cls))
-    names = {f.name: wire_name(f) for f in fields}
-    hooks = {f.name: converter.get_structure_hook(f.type) for f in fields}
-    closed = cls in _POLICY.closed
-    capped = {f.name for f in fields if cls not in _POLICY.uncapped and f.type in (str, str | None)}
-
-    def structure(value: Any, _: Any) -> Any:
-        data = _object(value, cls)
-        if closed:
-            unknown = set(data) - set(names.values())
-            if unknown:
-                raise ValueError(f"may carry only {sorted(names.values())}, got {sorted(unknown)}")
-        kwargs: dict[str, Any] = {}
-        for field in fields:
-            key = names[field.name]
-            if key not in data:
-                if field.default is attrs.NOTHING:
-                    raise _Located(key, ValueError("is required"))
-                continue
-            try:
-                kwargs[field.name] = item = hooks[field.name](data[key], field.type)
-                if field.name in capped and item is not None:
-                    problem = check_text_cap(item, key)
-                    if problem is not None:
-                        raise ValueError(problem)
-            except _Located as exc:
-                raise _Located(_join(key, exc.where), exc.error) from None
-            except (ValueError, TypeError) as exc:
-                raise _Located(key, exc) from None
-        try:
-            return cls(**kwargs)
-        except Verbatim as exc:
-            raise _Located("", exc) from None
-        except ValueError as exc:
-            # A field rule: attrs runs validators in field order; find the field named.
-            raise _Located(_failing_field(cls, kwargs), exc) from None
-
-    return structure
 
 
 def _failing_field(cls: type[Any], kwargs: dict[str, Any]) -> str:
@@ -445,41 +306,164 @@ def _join(outer: str, inner: str) -> str:
     return f"{outer}{inner}" if inner.startswith("[") else f"{outer}.{inner}"
 
 
-converter.register_structure_hook_factory(attrs.has, _class_hook)
+class WireConverter:
+    """The converter of a set of wire classes, built once from its whole policy.
 
+    ``closed`` classes refuse unknown members, ``uncapped`` classes' texts are
+    not capped (``TEXT_CAPS``), and ``writes_nulls`` classes write the nulls
+    they hold (the others leave a null field with a null default out). Every
+    hook is registered here, on this converter's own ``cattrs.Converter``:
+    nothing is changed after construction and nothing global is mutated.
+    """
 
-def _unstructure_hook(cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
-    """The class's writer, generated by cattrs: each member under its wire name, an
-    ``ABSENT`` one left out, and a null one left out where its default is null unless
-    the class writes the nulls it holds."""
-    fields = attrs.fields(attrs.resolve_types(cls))
-    writes_nulls = cls in _POLICY.writes_nulls
-    overrides: dict[str, Any] = {
-        field.name: override(
-            rename=wire_name(field),
-            omit_if_default=field.default is ABSENT or (field.default is None and not writes_nulls),
+    def __init__(
+        self,
+        *,
+        closed: frozenset[type[Any]],
+        uncapped: frozenset[type[Any]],
+        writes_nulls: frozenset[type[Any]],
+    ) -> None:
+        self._closed: Final = closed
+        self._uncapped: Final = uncapped
+        self._writes_nulls: Final = writes_nulls
+        c = self._cattrs = cattrs.Converter()
+        c.register_structure_hook(str, _strict_str)
+        c.register_structure_hook(int, _strict_int)
+        c.register_structure_hook(float, _strict_float)
+        c.register_structure_hook(bool, _strict_bool)
+        c.register_structure_hook_func(_is_dict, _object)
+        c.register_structure_hook_func(lambda cls: cls is Any, lambda value, _: value)
+        # A JSON value is written as it is held: rows and results are neither copied nor
+        # walked (they were read as JSON, or are checked by the JSON measure before sending).
+        c.register_unstructure_hook_func(_is_json_value, lambda value: value)
+        c.register_structure_hook_factory(_is_list, self._list_hook)
+        c.register_structure_hook_factory(_is_literal, _literal_hook)
+        c.register_structure_hook_factory(_is_optional, self._union_hook)
+        c.register_structure_hook_factory(attrs.has, self._class_hook)
+        c.register_unstructure_hook_factory(attrs.has, self._unstructure_hook)
+
+    def _list_hook(self, cls: Any) -> Callable[[Any, Any], list[Any]]:
+        (item,) = typing.get_args(cls)
+        inner = self._cattrs.get_structure_hook(item)
+
+        def structure(value: Any, _: Any) -> list[Any]:
+            out = []
+            for index, element in enumerate(_array(value)):
+                try:
+                    out.append(inner(element, item))
+                except _Located as exc:
+                    raise _Located(_join(f"[{index}]", exc.where), exc.error) from None
+                except (ValueError, TypeError) as exc:
+                    raise _Located(f"[{index}]", exc) from None
+            return out
+
+        if inner is not _object:
+            return structure
+
+        def objects(value: Any, _: Any) -> list[Any]:
+            """A list of JSON objects kept as they are (a page's rows): one pass over
+            the members' types, in C; the member by member walk names a bad one."""
+            members = _array(value)
+            if not set(map(type, members)) - {dict}:
+                return members
+            return structure(value, _)
+
+        return objects
+
+    def _union_hook(self, cls: Any) -> Callable[[Any, Any], Any]:
+        """``X | None``, ``X | Absent`` and ``X | None | Absent``: null is None; else X."""
+        members = [m for m in typing.get_args(cls) if m not in (type(None), Absent)]
+        nullable = type(None) in typing.get_args(cls)
+        (inner_type,) = members
+        inner = self._cattrs.get_structure_hook(inner_type)
+
+        def structure(value: Any, _: Any) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise ValueError("must not be null")
+            return inner(value, inner_type)
+
+        return structure
+
+    def _class_hook(self, cls: type[Any]) -> Callable[[Any, Any], Any]:
+        fields = attrs.fields(attrs.resolve_types(cls))
+        names = {f.name: wire_name(f) for f in fields}
+        hooks = {f.name: self._cattrs.get_structure_hook(f.type) for f in fields}
+        closed = cls in self._closed
+        capped = {
+            f.name for f in fields if cls not in self._uncapped and f.type in (str, str | None)
+        }
+
+        def structure(value: Any, _: Any) -> Any:
+            data = _object(value, cls)
+            if closed:
+                unknown = set(data) - set(names.values())
+                if unknown:
+                    raise ValueError(
+                        f"may carry only {sorted(names.values())}, got {sorted(unknown)}"
+                    )
+            kwargs: dict[str, Any] = {}
+            for field in fields:
+                key = names[field.name]
+                if key not in data:
+                    if field.default is attrs.NOTHING:
+                        raise _Located(key, ValueError("is required"))
+                    continue
+                try:
+                    kwargs[field.name] = item = hooks[field.name](data[key], field.type)
+                    if field.name in capped and item is not None:
+                        problem = check_text_cap(item, key)
+                        if problem is not None:
+                            raise ValueError(problem)
+                except _Located as exc:
+                    raise _Located(_join(key, exc.where), exc.error) from None
+                except (ValueError, TypeError) as exc:
+                    raise _Located(key, exc) from None
+            try:
+                return cls(**kwargs)
+            except Verbatim as exc:
+                raise _Located("", exc) from None
+            except ValueError as exc:
+                # A field rule: attrs runs validators in field order; find the field named.
+                raise _Located(_failing_field(cls, kwargs), exc) from None
+
+        return structure
+
+    def _unstructure_hook(self, cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
+        """The class's writer, generated by cattrs: each member under its wire name, an
+        ``ABSENT`` one left out, and a null one left out where its default is null unless
+        the class writes the nulls it holds."""
+        fields = attrs.fields(attrs.resolve_types(cls))
+        writes_nulls = cls in self._writes_nulls
+        overrides: dict[str, Any] = {
+            field.name: override(
+                rename=wire_name(field),
+                omit_if_default=field.default is ABSENT
+                or (field.default is None and not writes_nulls),
+            )
+            for field in fields
+        }
+        hook: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(
+            cls, self._cattrs, _cattrs_omit_if_default=False, **overrides
         )
-        for field in fields
-    }
-    hook: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(
-        cls, converter, _cattrs_omit_if_default=False, **overrides
-    )
-    return hook
+        return hook
 
+    def structure(self, value: object, cls: type[T]) -> T:
+        """``value`` (decoded JSON) as ``cls``; :class:`WireError` naming the field if it is off."""
+        try:
+            return self._cattrs.structure(value, cls)
+        except _Located as exc:
+            if isinstance(exc.error, Verbatim):
+                raise WireError(str(exc.error)) from None
+            raise WireError(f"{exc.where} {exc.error}") from None
+        except (ValueError, TypeError) as exc:
+            raise WireError(f"the body {exc}") from None
 
-converter.register_unstructure_hook_factory(attrs.has, _unstructure_hook)
-
-
-def structure(value: object, cls: type[T]) -> T:
-    """``value`` (decoded JSON) as ``cls``; :class:`WireError` naming the field if it is off."""
-    try:
-        return converter.structure(value, cls)
-    except _Located as exc:
-        if isinstance(exc.error, Verbatim):
-            raise WireError(str(exc.error)) from None
-        raise WireError(f"{exc.where} {exc.error}") from None
-    except (ValueError, TypeError) as exc:
-        raise WireError(f"the body {exc}") from None
+    def unstructure(self, value: Any) -> dict[str, Any]:
+        """The wire form of a message (camelCase, absent members left out)."""
+        out: dict[str, Any] = self._cattrs.unstructure(value)
+        return out
 
 
 def build(cls: type[T], **fields: Any) -> T:
@@ -491,9 +475,3 @@ def build(cls: type[T], **fields: Any) -> T:
         raise WireError(str(exc)) from None
     except ValueError as exc:
         raise WireError(f"{_failing_field(cls, fields)} {exc}") from None
-
-
-def unstructure(value: Any) -> dict[str, Any]:
-    """The wire form of a message (camelCase, absent members left out)."""
-    out: dict[str, Any] = converter.unstructure(value)
-    return out

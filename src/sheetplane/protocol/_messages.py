@@ -1,8 +1,10 @@
 """The gateway's requests and answers as attrs classes, read and written under
-the wire's camelCase names by the one converter of ``protocol/_converter.py``.
+the wire's camelCase names by the converter built from ``protocol/_converter.py``.
 
-Every request is ``{action, playName, ...}``; :data:`REQUESTS` maps each
-action to its request class and :data:`ANSWERS` to its answer class. A request
+Every request is ``{action, playName, ...}``; each request class names its
+action once (its ``action`` member's default), and :data:`EXCHANGES` pairs
+it with its answer class: :data:`ACTIONS`, :data:`REQUESTS` and
+:data:`ANSWERS` are read off that table. A request
 that breaks a rule raises :class:`WireError` whose message names the field as
 the wire spells it. The converter's names are re-exported here, so a caller
 reads and writes messages through this one module.
@@ -35,24 +37,20 @@ from ..budgets import (
     READ_BATCH_MAX_PAGES,
     READ_PAGE_MAX_ROWS,
 )
-from . import _wire
 from ._converter import (
     ABSENT,
     Absent,
+    WireConverter,
     WireError,
     admission_id_field,
     between,
     build,
-    converter,
     count_rule,
-    declare,
     int_field,
     optional_int_field,
     optional_text_field,
     rule,
-    structure,
     text_field,
-    unstructure,
     wire_name,
 )
 
@@ -60,17 +58,20 @@ T = TypeVar("T")
 
 __all__ = [
     "ABSENT",
+    "ACTIONS",
     "ANSWERS",
+    "CONVERTER",
+    "PAGE_READS",
     "REQUESTS",
     "Absent",
     "WireError",
+    "action_of",
     "admitted_of",
     "admitted_wire",
     "build",
     "contract_json",
     "contract_of",
     "contract_wire",
-    "converter",
     "copy_fields",
     "error_body",
     "read_contract",
@@ -714,50 +715,50 @@ def error_body(
     )
 
 
+def action_of(cls: type[Request]) -> str:
+    """The action ``cls`` asks for: the default of its ``action`` member, the one
+    place each action's name is written (beside its ``Literal`` type)."""
+    action = attrs.fields(cls).action.default
+    assert isinstance(action, str), cls
+    return action
+
+
+#: Each action's request class beside its answer class (its 200 body), in the order
+#: the documents list them. The actions, their requests and their answers are all
+#: read off this one table.
+EXCHANGES: Final[tuple[tuple[type[Request], type[Any]], ...]] = (
+    (EnsureSheetRequest, OkAnswer),
+    (StartSheetDatasetRequest, AdmissionAnswer),
+    (CreateDbSessionRequest, CreateDbSessionAnswer),
+    (ReadRowsRequest, ReadRowsAnswer),
+    (ReadRowsBatchRequest, ReadRowsBatchAnswer),
+    (ReadRowKeysRequest, ReadRowKeysAnswer),
+    (CompleteMapRowsRequest, TerminalWriteAnswer),
+    (FailMapRowsRequest, TerminalWriteAnswer),
+    (CompleteWorkReceiptRequest, ReceiptAnswer),
+    (ClaimWorkReceiptRequest, ClaimAnswer),
+    (ReleaseWorkReceiptRequest, ReleaseAnswer),
+    (SummaryRequest, SummaryAnswer),
+    (ResolvePlayRequest, ResolvePlayAnswer),
+    (RegisterPlayRequest, RegisterPlayAnswer),
+    (BeginAdmissionRequest, BeginAdmissionAnswer),
+    (StageAdmissionChunkRequest, StageAdmissionChunkAnswer),
+    (CommitAdmissionRequest, CommitAdmissionAnswer),
+    (AbortAdmissionRequest, AbortAdmissionAnswer),
+)
+
 #: Each action's request class.
 REQUESTS: Final[Mapping[str, type[Request]]] = {
-    _wire.ENSURE_SHEET: EnsureSheetRequest,
-    _wire.START_SHEET_DATASET: StartSheetDatasetRequest,
-    _wire.CREATE_DB_SESSION: CreateDbSessionRequest,
-    _wire.READ_ROWS: ReadRowsRequest,
-    _wire.READ_ROWS_BATCH: ReadRowsBatchRequest,
-    _wire.READ_ROW_KEYS: ReadRowKeysRequest,
-    _wire.COMPLETE_MAP_ROWS: CompleteMapRowsRequest,
-    _wire.FAIL_MAP_ROWS: FailMapRowsRequest,
-    _wire.COMPLETE_WORK_RECEIPT: CompleteWorkReceiptRequest,
-    _wire.CLAIM_WORK_RECEIPT: ClaimWorkReceiptRequest,
-    _wire.RELEASE_WORK_RECEIPT: ReleaseWorkReceiptRequest,
-    _wire.RESOLVE_PLAY: ResolvePlayRequest,
-    _wire.REGISTER_PLAY: RegisterPlayRequest,
-    _wire.SUMMARY: SummaryRequest,
-    _wire.BEGIN_ADMISSION: BeginAdmissionRequest,
-    _wire.STAGE_ADMISSION_CHUNK: StageAdmissionChunkRequest,
-    _wire.COMMIT_ADMISSION: CommitAdmissionRequest,
-    _wire.ABORT_ADMISSION: AbortAdmissionRequest,
+    action_of(request): request for request, _ in EXCHANGES
 }
-
 #: Each action's answer class (its 200 body).
 ANSWERS: Final[Mapping[str, type[Any]]] = {
-    _wire.ENSURE_SHEET: OkAnswer,
-    _wire.START_SHEET_DATASET: AdmissionAnswer,
-    _wire.CREATE_DB_SESSION: CreateDbSessionAnswer,
-    _wire.READ_ROWS: ReadRowsAnswer,
-    _wire.READ_ROWS_BATCH: ReadRowsBatchAnswer,
-    _wire.READ_ROW_KEYS: ReadRowKeysAnswer,
-    _wire.COMPLETE_MAP_ROWS: TerminalWriteAnswer,
-    _wire.FAIL_MAP_ROWS: TerminalWriteAnswer,
-    _wire.COMPLETE_WORK_RECEIPT: ReceiptAnswer,
-    _wire.CLAIM_WORK_RECEIPT: ClaimAnswer,
-    _wire.RELEASE_WORK_RECEIPT: ReleaseAnswer,
-    _wire.RESOLVE_PLAY: ResolvePlayAnswer,
-    _wire.REGISTER_PLAY: RegisterPlayAnswer,
-    _wire.SUMMARY: SummaryAnswer,
-    _wire.BEGIN_ADMISSION: BeginAdmissionAnswer,
-    _wire.STAGE_ADMISSION_CHUNK: StageAdmissionChunkAnswer,
-    _wire.COMMIT_ADMISSION: CommitAdmissionAnswer,
-    _wire.ABORT_ADMISSION: AbortAdmissionAnswer,
+    action_of(request): answer for request, answer in EXCHANGES
 }
-
+#: Every action of the runtime route, in the order the documents list them.
+ACTIONS: Final = tuple(REQUESTS)
+#: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
+PAGE_READS: Final = frozenset({action_of(ReadRowsRequest), action_of(ReadRowsBatchRequest)})
 
 #: The operating routes' answers.
 PROBE_ANSWERS: Final = (HealthAnswer, ReadyAnswer, UnreadyAnswer)
@@ -794,4 +795,15 @@ WRITES_NULLS: Final = frozenset(
 )
 
 
-declare(closed=CLOSED, uncapped=UNCAPPED, writes_nulls=WRITES_NULLS)
+#: The converter of every message above, built once from its whole policy.
+CONVERTER: Final = WireConverter(closed=CLOSED, uncapped=UNCAPPED, writes_nulls=WRITES_NULLS)
+
+
+def structure(value: object, cls: type[T]) -> T:
+    """``value`` (decoded JSON) as the message class ``cls`` (``WireConverter.structure``)."""
+    return CONVERTER.structure(value, cls)
+
+
+def unstructure(value: Any) -> dict[str, Any]:
+    """The wire form of a message (``WireConverter.unstructure``)."""
+    return CONVERTER.unstructure(value)

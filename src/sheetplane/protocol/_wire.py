@@ -1,5 +1,6 @@
-"""The gateway protocol's vocabulary, once: the route, the actions, the error
-codes and the enumerations both sides speak.
+"""The gateway protocol's vocabulary, once: the routes, the error codes and the
+enumerations both sides speak (the actions are the request classes' own, in
+``protocol/_messages.py``).
 
 The client (``gateway/client.py``), the reference server
 (``gateway/server``), the fault injector, the sessions and the
@@ -26,37 +27,17 @@ from .._json import decode_body, encode_body
 from .._types import BIGINT_MAX, BIGINT_MIN, LOGICAL_TABLES, OPERATIONS, ROW_MODES, STALE_REASONS
 
 __all__ = [
-    "ABORT_ADMISSION",
-    "ACTIONS",
-    "BEGIN_ADMISSION",
     "BIGINT_MAX",
     "BIGINT_MIN",
-    "CLAIM_WORK_RECEIPT",
-    "COMMIT_ADMISSION",
-    "COMPLETE_MAP_ROWS",
-    "COMPLETE_WORK_RECEIPT",
-    "CREATE_DB_SESSION",
-    "ENSURE_SHEET",
-    "FAIL_MAP_ROWS",
     "HEALTHZ_PATH",
     "LOGICAL_TABLES",
     "METRICS_PATH",
     "OPERATIONS",
-    "PAGE_READS",
     "READYZ_PATH",
-    "READ_ROWS",
-    "READ_ROWS_BATCH",
-    "READ_ROW_KEYS",
-    "REGISTER_PLAY",
-    "RELEASE_WORK_RECEIPT",
-    "RESOLVE_PLAY",
     "ROW_MODES",
     "RUNTIME_PATH",
     "SERVED_LOGICAL_TABLES",
-    "STAGE_ADMISSION_CHUNK",
     "STALE_REASONS",
-    "START_SHEET_DATASET",
-    "SUMMARY",
     "UNSUPPORTED_ACTION_TEXT",
     "Code",
     "decode_body",
@@ -71,55 +52,9 @@ HEALTHZ_PATH: Final = "/healthz"
 READYZ_PATH: Final = "/readyz"
 METRICS_PATH: Final = "/metrics"
 
-# --- actions ------------------------------------------------------------------------
-
-ENSURE_SHEET: Final = "ensure_sheet"
-START_SHEET_DATASET: Final = "start_sheet_dataset"
-CREATE_DB_SESSION: Final = "create_db_session"
-READ_ROWS: Final = "runtime_sheet_read_rows"
-READ_ROWS_BATCH: Final = "runtime_sheet_read_rows_batch"
-READ_ROW_KEYS: Final = "runtime_sheet_read_row_keys"
-COMPLETE_MAP_ROWS: Final = "runtime_sheet_complete_map_rows"
-FAIL_MAP_ROWS: Final = "runtime_sheet_fail_map_rows"
-COMPLETE_WORK_RECEIPT: Final = "complete_work_receipt"
-CLAIM_WORK_RECEIPT: Final = "claim_work_receipt"
-RELEASE_WORK_RECEIPT: Final = "release_work_receipt"
-SUMMARY: Final = "runtime_sheet_summary"
-RESOLVE_PLAY: Final = "resolve_play"
-REGISTER_PLAY: Final = "register_play"
-BEGIN_ADMISSION: Final = "begin_sheet_admission"
-STAGE_ADMISSION_CHUNK: Final = "stage_sheet_admission_chunk"
-COMMIT_ADMISSION: Final = "commit_sheet_admission"
-ABORT_ADMISSION: Final = "abort_sheet_admission"
-
-#: Every action of the runtime route, in the order the documents list them.
-ACTIONS: Final = (
-    ENSURE_SHEET,
-    START_SHEET_DATASET,
-    CREATE_DB_SESSION,
-    READ_ROWS,
-    READ_ROWS_BATCH,
-    READ_ROW_KEYS,
-    COMPLETE_MAP_ROWS,
-    FAIL_MAP_ROWS,
-    COMPLETE_WORK_RECEIPT,
-    CLAIM_WORK_RECEIPT,
-    RELEASE_WORK_RECEIPT,
-    SUMMARY,
-    RESOLVE_PLAY,
-    REGISTER_PLAY,
-    BEGIN_ADMISSION,
-    STAGE_ADMISSION_CHUNK,
-    COMMIT_ADMISSION,
-    ABORT_ADMISSION,
-)
-
 #: The error text (before ``: <action>``) of a gateway that does not know an action;
 #: the client recognises it in any gateway's answer.
 UNSUPPORTED_ACTION_TEXT: Final = "Unsupported runtime data-plane action"
-
-#: Reads whose 413 ``runtime_sheet_read_batch_too_large`` means "split me".
-PAGE_READS: Final = frozenset({READ_ROWS, READ_ROWS_BATCH})
 
 
 class Code:

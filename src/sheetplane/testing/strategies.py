@@ -40,7 +40,7 @@ from .._types import (
 )
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.faults import FAULT_KINDS, FaultSpec
-from ..protocol import _messages, _wire
+from ..protocol import _messages
 from ..protocol._wire import encode_body
 from ..store._schema import SYSTEM_COLUMNS
 
@@ -70,16 +70,16 @@ T = TypeVar("T")
 #: The actions the fault strategies draw by default: the seed's runtime actions (the
 #: gateway's later ones, play registry and staged admission, have suites of their own).
 ACTIONS: tuple[str, ...] = (
-    _wire.ENSURE_SHEET,
-    _wire.START_SHEET_DATASET,
-    _wire.CREATE_DB_SESSION,
-    _wire.READ_ROWS,
-    _wire.READ_ROWS_BATCH,
-    _wire.READ_ROW_KEYS,
-    _wire.COMPLETE_MAP_ROWS,
-    _wire.FAIL_MAP_ROWS,
-    _wire.COMPLETE_WORK_RECEIPT,
-    _wire.SUMMARY,
+    _messages.action_of(_messages.EnsureSheetRequest),
+    _messages.action_of(_messages.StartSheetDatasetRequest),
+    _messages.action_of(_messages.CreateDbSessionRequest),
+    _messages.action_of(_messages.ReadRowsRequest),
+    _messages.action_of(_messages.ReadRowsBatchRequest),
+    _messages.action_of(_messages.ReadRowKeysRequest),
+    _messages.action_of(_messages.CompleteMapRowsRequest),
+    _messages.action_of(_messages.FailMapRowsRequest),
+    _messages.action_of(_messages.CompleteWorkReceiptRequest),
+    _messages.action_of(_messages.SummaryRequest),
 )
 
 #: Strings that look like SQL, quoting or injection attempts.

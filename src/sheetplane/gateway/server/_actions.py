@@ -673,27 +673,31 @@ async def abort_sheet_admission(call: Call) -> dict[str, Any]:
     return m.unstructure(m.AbortAdmissionAnswer(aborted=aborted))
 
 
-#: Every action this gateway answers, by name.
+#: Every action this gateway answers, by name (each request class names its action).
 HANDLERS: Final[Mapping[str, Handler]] = {
-    _wire.ENSURE_SHEET: ensure_sheet,
-    _wire.START_SHEET_DATASET: start_sheet_dataset,
-    _wire.CREATE_DB_SESSION: create_db_session,
-    _wire.READ_ROWS: runtime_sheet_read_rows,
-    _wire.READ_ROWS_BATCH: runtime_sheet_read_rows_batch,
-    _wire.READ_ROW_KEYS: runtime_sheet_read_row_keys,
-    _wire.COMPLETE_MAP_ROWS: runtime_sheet_complete_map_rows,
-    _wire.FAIL_MAP_ROWS: runtime_sheet_fail_map_rows,
-    _wire.COMPLETE_WORK_RECEIPT: complete_work_receipt,
-    _wire.CLAIM_WORK_RECEIPT: claim_work_receipt,
-    _wire.RELEASE_WORK_RECEIPT: release_work_receipt,
-    _wire.RESOLVE_PLAY: resolve_play,
-    _wire.REGISTER_PLAY: register_play,
-    _wire.SUMMARY: runtime_sheet_summary,
-    _wire.BEGIN_ADMISSION: begin_sheet_admission,
-    _wire.STAGE_ADMISSION_CHUNK: stage_sheet_admission_chunk,
-    _wire.COMMIT_ADMISSION: commit_sheet_admission,
-    _wire.ABORT_ADMISSION: abort_sheet_admission,
+    m.action_of(request): handler
+    for request, handler in (
+        (m.EnsureSheetRequest, ensure_sheet),
+        (m.StartSheetDatasetRequest, start_sheet_dataset),
+        (m.CreateDbSessionRequest, create_db_session),
+        (m.ReadRowsRequest, runtime_sheet_read_rows),
+        (m.ReadRowsBatchRequest, runtime_sheet_read_rows_batch),
+        (m.ReadRowKeysRequest, runtime_sheet_read_row_keys),
+        (m.CompleteMapRowsRequest, runtime_sheet_complete_map_rows),
+        (m.FailMapRowsRequest, runtime_sheet_fail_map_rows),
+        (m.CompleteWorkReceiptRequest, complete_work_receipt),
+        (m.ClaimWorkReceiptRequest, claim_work_receipt),
+        (m.ReleaseWorkReceiptRequest, release_work_receipt),
+        (m.ResolvePlayRequest, resolve_play),
+        (m.RegisterPlayRequest, register_play),
+        (m.SummaryRequest, runtime_sheet_summary),
+        (m.BeginAdmissionRequest, begin_sheet_admission),
+        (m.StageAdmissionChunkRequest, stage_sheet_admission_chunk),
+        (m.CommitAdmissionRequest, commit_sheet_admission),
+        (m.AbortAdmissionRequest, abort_sheet_admission),
+    )
 }
+assert set(HANDLERS) == set(m.ACTIONS), set(m.ACTIONS) ^ set(HANDLERS)
 
 #: Actions a legacy gateway (``legacy=True``) does not know.
-LEGACY_UNSUPPORTED: Final = frozenset({_wire.READ_ROWS_BATCH})
+LEGACY_UNSUPPORTED: Final = frozenset({m.action_of(m.ReadRowsBatchRequest)})

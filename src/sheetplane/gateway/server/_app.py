@@ -71,8 +71,12 @@ from ...errors import (
     TransactionConflictError,
     WriteConflictError,
 )
-from ...protocol import _wire
-from ...protocol._messages import error_body
+from ...protocol._messages import (
+    CommitAdmissionRequest,
+    StartSheetDatasetRequest,
+    action_of,
+    error_body,
+)
 from ...protocol._openapi import OPENAPI_PATH, openapi_document
 from ...protocol._wire import RUNTIME_PATH, Code, decode_body
 from ...store import SheetStore, TrioPool, open_store
@@ -97,14 +101,14 @@ T = TypeVar("T")
 
 #: Actions whose answers can be large: their JSON is encoded on a worker thread. (Page
 #: reads answer an ``EncodedAnswer``, spliced from the rows' JSON that Postgres wrote.)
-_LARGE_ANSWERS: Final = frozenset({_wire.START_SHEET_DATASET})
+_LARGE_ANSWERS: Final = frozenset({action_of(StartSheetDatasetRequest)})
 
 
 #: Actions whose caller waits longer than ``GATEWAY_ACTION_BUDGET_MS`` for them: a
 #: staged commit is one transaction over the whole input, and its client's
 #: attempt timeout is ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``.
 _ACTION_BUDGETS_MS: Final[Mapping[str, int]] = {
-    _wire.COMMIT_ADMISSION: ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
+    action_of(CommitAdmissionRequest): ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
 }
 
 
