@@ -262,19 +262,40 @@ class SchedulingCore(Generic[K, V]):
     # --- intake ----------------------------------------------------------------
 
     def submit(
-        self, lane_id: Hashable, key: K, value: V, nbytes: int, now: float, deadline: float
-    ) -> Entry[K, V]:
+        self,
+        lane_id: Hashable,
+        key: K,
+        value: V,
+        nbytes: int,
+        now: float,
+        deadline: float,
+        nowait: bool = False,
+    ) -> Entry[K, V] | None:
         """Take one value: admit it into its lane now, or queue it for admission.
+
+        With ``nowait``, a value that would have to queue for admission (rule 3:
+        no room under a retention cap, or values already waiting for it) is
+        refused instead: this returns None and keeps nothing. Otherwise it
+        returns the value's entry; only a ``nowait`` call ever returns None.
 
         Raises ``OversizedValueError`` (and keeps nothing) when ``nbytes`` alone
         exceeds ``max_retained_bytes``; ``TypeError`` if ``lane_id`` is unhashable.
+        Both come before the refusal: ``nowait`` raises what the waiting
+        call raises at once.
         """
-        if nbytes > self.max_retained_bytes:
-            raise OversizedValueError(
-                f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
-                f"{self.max_retained_bytes}"
-            )
+        retained_bytes = self.retained_bytes + nbytes
+        if retained_bytes > self.max_retained_bytes:
+            if nbytes > self.max_retained_bytes:
+                raise OversizedValueError(
+                    f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
+                    f"{self.max_retained_bytes}"
+                )
+            admit = False
+        else:
+            admit = not self._admission and self.retained_items < self.max_retained_items
         lane = self._lanes.get(lane_id)  # an unhashable lane id fails here, changing nothing
+        if nowait and not admit:
+            return None
         self._seq = seq = self._seq + 1
         entry = self._entry_type(
             seq, lane_id, key, value, nbytes, now + self.flush_seconds, deadline
@@ -287,11 +308,7 @@ class SchedulingCore(Generic[K, V]):
                 heapq.heappush(self._deadlines, (deadline, seq, entry))
             if deadline < self.wakeup_hint:
                 self.wakeup_hint = deadline
-        if (
-            self._admission
-            or self.retained_items >= self.max_retained_items
-            or self.retained_bytes + nbytes > self.max_retained_bytes
-        ):
+        if not admit:
             self._admission.append(entry)
         elif lane is not None and lane.closed:
             # The common case under load, inlined: a closed lane only grows at its tail.
@@ -300,43 +317,23 @@ class SchedulingCore(Generic[K, V]):
             lane.entries.append(entry)
             lane.nbytes += nbytes
             self.queued += 1
-            self.retained_items += 1
-            self.retained_bytes += nbytes
-            if self.retained_items > self._peak_items:
-                self._peak_items = self.retained_items
-            if self.retained_bytes > self._peak_bytes:
-                self._peak_bytes = self.retained_bytes
+            self.retained_items = items = self.retained_items + 1
+            self.retained_bytes = retained_bytes
+            if items > self._peak_items:
+                self._peak_items = items
+            if retained_bytes > self._peak_bytes:
+                self._peak_bytes = retained_bytes
         else:
             self._enqueue(entry, lane)
         return entry
 
-    def has_room(self, nbytes: int) -> bool:
-        """Whether a value of ``nbytes`` would be admitted at once: nobody waits for
-        admission and it fits under both retention caps. Where this is False,
-        ``submit`` queues the value for admission and ``submit_nowait`` refuses it."""
-        return not (
-            self._admission
-            or self.retained_items >= self.max_retained_items
-            or self.retained_bytes + nbytes > self.max_retained_bytes
-        )
-
     def submit_nowait(
         self, lane_id: Hashable, key: K, value: V, nbytes: int, now: float, deadline: float
     ) -> Entry[K, V] | None:
-        """Take one value as ``submit`` does, but only if it is admitted at once.
-
-        Returns None (and keeps nothing) where ``submit`` would queue it for
-        admission (rule 3's wait for room), so the entry returned is never
-        ``ADMITTING``. Raises what ``submit`` raises, first:
-        ``OversizedValueError`` when ``nbytes`` alone exceeds
-        ``max_retained_bytes``, ``TypeError`` for an unhashable ``lane_id``.
-        Everything after (lanes, caps, the flush deadline, the value deadline)
-        follows the same rules as ``submit``: it is ``submit``.
-        """
-        if nbytes <= self.max_retained_bytes and not self.has_room(nbytes):
-            hash(lane_id)  # an unhashable lane id fails as submit would fail it
-            return None
-        return self.submit(lane_id, key, value, nbytes, now, deadline)
+        """``submit(..., nowait=True)``: the value's entry if it is admitted at once,
+        else None (keeping nothing). The entry returned is never ``ADMITTING``; every
+        rule after admission is ``submit``'s."""
+        return self.submit(lane_id, key, value, nbytes, now, deadline, True)
 
     def _enqueue(self, entry: Entry[K, V], lane: _Lane | None) -> None:
         """Put an admitted entry at the tail of its lane (``lane``: the current

@@ -411,13 +411,11 @@ class BoundedBatchFunction(Generic[K, V, R]):
             deadline = now + max_wait
         else:
             deadline = now + _checked_max_wait(max_wait)
-        if nowait:
-            taken = core.submit_nowait(lane_id, key, value, nbytes, now, deadline)
-            if taken is None:
-                return None
-            entry: Pending[K, V] = taken  # type: ignore[assignment]
-        else:
-            entry = core.submit(lane_id, key, value, nbytes, now, deadline)  # type: ignore[assignment]
+        entry: Pending[K, V] | None = core.submit(  # type: ignore[assignment]
+            lane_id, key, value, nbytes, now, deadline, nowait
+        )
+        if entry is None:
+            return None
         entry.batcher = self
         entry.results = None
         if core.wakeup_hint < self._timer_at:

@@ -12,6 +12,13 @@ be outstanding) and bytes, an in-flight cap, the page reader's flush linger
 (``READ_BATCH_FLUSH_MS``) and a per-value ``max_wait`` (``MAX_QUEUE_WAIT_MS``).
 Each value is its own estimate of 1 byte (the default).
 
+A second pair measures the non-waiting entry points: one producer task queues
+the same ``callers x values`` values with ``batcher.submit_nowait`` (no task
+per value), keeping at most ``callers`` outstanding (the retained-items cap:
+where it raises ``trio.WouldBlock`` the producer awaits its oldest value),
+against aiodataloader's ``load`` (a future per value, no task) with the same
+window of outstanding values. Every result is read and checked on both sides.
+
 A third column is a floor for context, not a peer: the same callers on trio
 with no batcher at all, only the park/reschedule round trip every trio
 batcher needs (every fourth caller wakes its batch inline; no bounds, no
@@ -29,16 +36,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from ..batching import Batch, BoundedBatchFunction
+from ..batching import Batch, BoundedBatchFunction, Pending
 from ..budgets import (
     MAX_QUEUE_WAIT_MS,
     READ_BATCH_FLUSH_MS,
@@ -81,30 +90,44 @@ class Result:
     """aiodataloader values/s, run by run."""
     floor: tuple[float, ...]
     """Bare trio park/reschedule values/s, run by run (empty when not run)."""
+    ours_nowait: tuple[float, ...] = ()
+    """``submit_nowait`` values/s, run by run."""
+    peer_nowait: tuple[float, ...] = ()
+    """aiodataloader ``load`` futures values/s, run by run."""
 
     @property
     def ratio(self) -> float:
-        """Median ours / median peer."""
+        """Median ours / median peer (``await submit`` against awaited ``load``)."""
         return statistics.median(self.ours) / statistics.median(self.peer)
+
+    @property
+    def nowait_ratio(self) -> float:
+        """Median ours / median peer for the non-waiting entry points."""
+        return statistics.median(self.ours_nowait) / statistics.median(self.peer_nowait)
+
+
+async def _echo(batch: Batch[int, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return batch.values
+
+
+def _batcher(workload: Workload) -> BoundedBatchFunction[int, tuple[int, int], tuple[int, int]]:
+    """The batcher both of its sides use: every bound enforced, none throttling."""
+    return BoundedBatchFunction(
+        _echo,
+        max_batch_items=workload.batch,
+        max_batch_bytes=READ_BATCH_MAX_REQUEST_BYTES,
+        max_retained_items=workload.callers,
+        max_retained_bytes=READ_BATCH_MAX_RETAINED_REQUEST_BYTES,
+        max_in_flight_batches=IN_FLIGHT,
+        flush_seconds=READ_BATCH_FLUSH_MS / 1000,
+    )
 
 
 def run_bounded(workload: Workload) -> float:
     """One run of ``BoundedBatchFunction``; returns values/s."""
 
-    async def execute(batch: Batch[int, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-        return batch.values
-
     async def main() -> float:
-        batcher: BoundedBatchFunction[int, tuple[int, int], tuple[int, int]]
-        batcher = BoundedBatchFunction(
-            execute,
-            max_batch_items=workload.batch,
-            max_batch_bytes=READ_BATCH_MAX_REQUEST_BYTES,
-            max_retained_items=workload.callers,
-            max_retained_bytes=READ_BATCH_MAX_RETAINED_REQUEST_BYTES,
-            max_in_flight_batches=IN_FLIGHT,
-            flush_seconds=READ_BATCH_FLUSH_MS / 1000,
-        )
+        batcher = _batcher(workload)
         max_wait = MAX_QUEUE_WAIT_MS / 1000
         wrong = 0
 
@@ -126,6 +149,83 @@ def run_bounded(workload: Workload) -> float:
         return workload.total / elapsed
 
     return trio.run(main)
+
+
+def run_bounded_nowait(workload: Workload) -> float:
+    """One run of ``submit_nowait`` from one producer task; returns values/s."""
+
+    async def main() -> float:
+        batcher = _batcher(workload)
+        max_wait = MAX_QUEUE_WAIT_MS / 1000
+        wrong = 0
+        window: deque[tuple[tuple[int, int], Pending[int, tuple[int, int]]]] = deque()
+
+        async def settle_oldest() -> None:
+            """Wait for the oldest value, then take every settled one after it."""
+            nonlocal wrong
+            value, pending = window.popleft()
+            if await pending.wait() != value:
+                wrong += 1
+            while window and window[0][1].done:
+                value, pending = window.popleft()
+                if pending.outcome.unwrap() != value:  # type: ignore[union-attr]
+                    wrong += 1
+
+        started = time.perf_counter()
+        async with batcher:
+            for index in range(workload.total):
+                value = (index % workload.callers, index // workload.callers)
+                while True:
+                    try:
+                        pending = batcher.submit_nowait(0, value, max_wait=max_wait)
+                    except trio.WouldBlock:
+                        await settle_oldest()
+                    else:
+                        break
+                window.append((value, pending))
+            while window:
+                await settle_oldest()
+        elapsed = time.perf_counter() - started
+        stats = batcher.stats()
+        if wrong or stats.values != workload.total:
+            raise AssertionError(f"submit_nowait answered wrongly: {wrong}, {stats}")
+        return workload.total / elapsed
+
+    return trio.run(main)
+
+
+def run_aiodataloader_futures(workload: Workload) -> float:
+    """One run of aiodataloader's ``load`` futures from one producer; returns values/s."""
+    from aiodataloader import DataLoader
+
+    async def load(keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return list(keys)
+
+    async def main() -> float:
+        loader = DataLoader(load, max_batch_size=workload.batch, cache=False)
+        wrong = 0
+        window: deque[tuple[tuple[int, int], asyncio.Future[tuple[int, int]]]] = deque()
+
+        async def settle_oldest() -> None:
+            nonlocal wrong
+            value, future = window.popleft()
+            if await future != value:
+                wrong += 1
+
+        started = time.perf_counter()
+        for index in range(workload.total):
+            value = (index % workload.callers, index // workload.callers)
+            if len(window) >= workload.callers:
+                await settle_oldest()
+            window.append((value, loader.load(value)))
+        while window:
+            await settle_oldest()
+        elapsed = time.perf_counter() - started
+        if wrong:
+            raise AssertionError(f"aiodataloader futures answered wrongly: {wrong}")
+        return workload.total / elapsed
+
+    return asyncio.run(main())
 
 
 def run_aiodataloader(workload: Workload) -> float:
@@ -201,9 +301,15 @@ def run_trio_floor(workload: Workload) -> float:
 def run_bench(workload: Workload, runs: int) -> Result:
     """``runs`` rounds; each round runs every side, rotating which goes first. The
     floor is left out (no figures) unless the caller count divides into batches."""
-    sides: tuple[Any, ...] = (run_bounded, run_aiodataloader, run_trio_floor)
+    sides: tuple[Any, ...] = (
+        run_bounded,
+        run_aiodataloader,
+        run_bounded_nowait,
+        run_aiodataloader_futures,
+        run_trio_floor,
+    )
     if workload.callers % workload.batch:
-        sides = sides[:2]
+        sides = sides[:-1]
     figures: dict[Any, list[float]] = {side: [] for side in sides}
     for round_ in range(runs):
         for offset in range(len(sides)):
@@ -217,6 +323,8 @@ def run_bench(workload: Workload, runs: int) -> Result:
         tuple(figures[run_bounded]),
         tuple(figures[run_aiodataloader]),
         tuple(figures.get(run_trio_floor, ())),
+        tuple(figures[run_bounded_nowait]),
+        tuple(figures[run_aiodataloader_futures]),
     )
 
 
@@ -235,17 +343,34 @@ def report(workload: Workload, result: Result) -> Any:
     table.add_column("BoundedBatchFunction values/s", justify="right")
     table.add_column("aiodataloader values/s", justify="right")
     table.add_column("ratio", justify="right")
+    table.add_column("submit_nowait values/s", justify="right")
+    table.add_column("load futures values/s", justify="right")
+    table.add_column("ratio", justify="right")
     table.add_column("trio floor values/s", justify="right")
     floors = [f"{floor:,.0f}" for floor in result.floor] or ["-"] * len(result.ours)
-    rows = zip(result.ours, result.peer, floors, strict=True)
-    for index, (ours, peer, floor) in enumerate(rows, 1):
-        table.add_row(str(index), f"{ours:,.0f}", f"{peer:,.0f}", f"{ours / peer:.2f}x", floor)
+    nowaits = zip(result.ours_nowait, result.peer_nowait, strict=True)
+    rows = zip(result.ours, result.peer, nowaits, floors, strict=True)
+    for index, (ours, peer, (nowait, futures), floor) in enumerate(rows, 1):
+        table.add_row(
+            str(index),
+            f"{ours:,.0f}",
+            f"{peer:,.0f}",
+            f"{ours / peer:.2f}x",
+            f"{nowait:,.0f}",
+            f"{futures:,.0f}",
+            f"{nowait / futures:.2f}x",
+            floor,
+        )
+    median = statistics.median
     table.add_row(
         "median",
-        f"{statistics.median(result.ours):,.0f}",
-        f"{statistics.median(result.peer):,.0f}",
+        f"{median(result.ours):,.0f}",
+        f"{median(result.peer):,.0f}",
         f"{result.ratio:.2f}x",
-        f"{statistics.median(result.floor):,.0f}" if result.floor else "-",
+        f"{median(result.ours_nowait):,.0f}",
+        f"{median(result.peer_nowait):,.0f}",
+        f"{result.nowait_ratio:.2f}x",
+        f"{median(result.floor):,.0f}" if result.floor else "-",
         style="bold",
     )
     return table
@@ -269,8 +394,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console()
     console.print(report(workload, result))
+    console.print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     console.print(
         f"median ratio BoundedBatchFunction / aiodataloader: {result.ratio:.2f}x (target >= 1.00x)"
+    )
+    console.print(
+        f"median ratio submit_nowait / aiodataloader load futures: {result.nowait_ratio:.2f}x "
+        "(target >= 1.50x)"
     )
     if result.floor:
         floor = statistics.median(result.floor)
