@@ -27,7 +27,7 @@ from ._types import SheetContract
 from .errors import InvalidInputError
 from .names import normalize_table_namespace
 from .protocol._converter import WireError
-from .protocol._messages import read_contract
+from .protocol._domain import read_contract
 
 __all__ = ["resolve_sheet_contract"]
 

@@ -61,7 +61,7 @@ from .budgets import (
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
 from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
-from .protocol import _messages
+from .protocol import _domain, _messages
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient
@@ -192,7 +192,7 @@ class AccessShape:
             "limits": self.limits.to_json(),
             "sheetContract": None
             if self.contract is None
-            else _messages.contract_json(self.contract),
+            else _domain.contract_json(self.contract),
             "userEmail": self.user_email,
         }
 

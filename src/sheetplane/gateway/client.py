@@ -34,7 +34,8 @@ back-pressure, ``GatewayProtocolError`` for a body that was not JSON, and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -459,7 +460,7 @@ class GatewayClient:
         return self._request(
             cls,
             table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            sheet_contract=_answers.contract_wire(contract),
             **fields,
         )
 
@@ -474,7 +475,7 @@ class GatewayClient:
         request = self._request(
             m.EnsureSheetRequest,
             table_namespace=table_namespace,
-            sheet_contract=m.contract_wire(contract),
+            sheet_contract=_answers.contract_wire(contract),
             user_email=self.user_email,
         )
         _answers.parse_ok((await self._send(request)).body, request.action)
@@ -593,7 +594,7 @@ class GatewayClient:
         )
         answer = await self._send(request, attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS)
         read = _answers.read_as(answer.body, m.CommitAdmissionAnswer, request.action)
-        return m.copy_fields(read, AdmissionCounts)
+        return _answers.copy_fields(read, AdmissionCounts)
 
     async def abort_admission(self, table_namespace: str, admission_id: str) -> bool:
         """Drop an open staged admission's rows; False when it was not open."""
@@ -639,7 +640,7 @@ class GatewayClient:
             ),
             operations=list(operations),
             limits=wire_limits,
-            sheet_contract=None if contract is None else m.contract_wire(contract),
+            sheet_contract=None if contract is None else _answers.contract_wire(contract),
             ttl_seconds=ttl_seconds,
             user_email=self.user_email,
             postgres_url_encryption=wire_encryption,
@@ -668,7 +669,7 @@ class GatewayClient:
             cls,
             table_namespace=table_namespace,
             run_id=run_id,
-            admission=m.admitted_wire(admitted),
+            admission=_answers.admitted_wire(admitted),
             **fields,
         )
 
@@ -829,22 +830,11 @@ class GatewayClient:
     ) -> TerminalWriteResult:
         """Record map outputs under write-version fencing; stale rows come back with reasons."""
         self._check_row_writes(rows, CompleteRow)
-        wire_rows = [
-            {
-                "key": row.key,
-                "data": dict(row.data),
-                "cell_meta_patch": None
-                if row.cell_meta_patch is None
-                else dict(row.cell_meta_patch),
-            }
-            for row in rows
-        ]
         return await self._terminal_write(
             m.CompleteMapRowsRequest,
-            m.CompleteRowWire,
+            partial(_answers.complete_rows_wire, rows),
             table_namespace,
             contract,
-            wire_rows,
             run_id,
             write_version,
         )
@@ -860,20 +850,11 @@ class GatewayClient:
     ) -> TerminalWriteResult:
         """Record map failures under write-version fencing; stale rows come back with reasons."""
         self._check_row_writes(rows, FailRow)
-        wire_rows = [
-            {
-                "key": row.key,
-                "error": row.error,
-                "data": None if row.data is None else dict(row.data),
-            }
-            for row in rows
-        ]
         return await self._terminal_write(
             m.FailMapRowsRequest,
-            m.FailRowWire,
+            partial(_answers.fail_rows_wire, rows),
             table_namespace,
             contract,
-            wire_rows,
             run_id,
             write_version,
         )
@@ -881,27 +862,24 @@ class GatewayClient:
     async def _terminal_write(
         self,
         cls: type[m.TerminalWriteRequest],
-        row_cls: type[Any],
+        wire_rows: Callable[[], list[Any]],
         table_namespace: str,
         contract: SheetContract,
-        rows: list[dict[str, Any]],
         run_id: str,
         write_version: int | None,
     ) -> TerminalWriteResult:
-        """A complete or fail request: each row's fields as ``row_cls``, under one fence."""
-        wire_rows = []
-        for position, fields in enumerate(rows):
-            try:
-                wire_rows.append(m.build(row_cls, **fields))
-            except m.WireError as exc:
-                raise InvalidInputError(f"{cls.__name__}: rows[{position}].{exc}") from None
+        """A complete or fail request: its rows as ``wire_rows()`` builds them, under one fence."""
+        try:
+            rows = wire_rows()
+        except m.WireError as exc:
+            raise InvalidInputError(f"{cls.__name__}: {exc}") from None
         request = self._sheet_request(
             cls,
             table_namespace,
             contract,
             run_id=run_id,
             write_version=write_version,
-            rows=wire_rows,
+            rows=rows,
         )
         return _answers.parse_terminal_write((await self._send(request)).body, request.action)
 

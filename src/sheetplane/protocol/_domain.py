@@ -1,22 +1,35 @@
-"""Checking gateway answers and turning them into sheetplane values.
+"""Domain values to wire messages and back, in both directions, once.
 
-Every parser takes the decoded JSON object of a successful answer, reads it
-as its wire class (``protocol/_messages.py``: the shape, under the camelCase
-names), checks what the class cannot know (that a page echoes the request it
-answers, that an acquired lease names its holder), and either returns a value
-or raises ``GatewayProtocolError`` naming the action and what was wrong. No
-parser retries or reads again: a malformed answer to an accepted request is a
-gateway bug, and reading again could hide it.
+Both sides convert here: the client builds its requests from domain values
+(``contract_wire``, ``admitted_wire``) and reads answers into domain values
+(the ``parse_*`` functions); the reference server reads requests into domain
+values (``contract_of``, ``complete_rows_of``) and builds its answers from
+the store's values (the ``*_answer`` functions). A pair that goes both ways
+sits side by side, so the two directions cannot drift apart.
+
+Every parser of an answer takes the decoded JSON object of a successful
+answer, reads it as its wire class (``protocol/_messages.py``: the shape,
+under the camelCase names), checks what the class cannot know (that a page
+echoes the request it answers, that an acquired lease names its holder),
+and either returns a value or raises ``GatewayProtocolError`` naming the
+action and what was wrong. No parser retries or reads again: a malformed
+answer to an accepted request is a gateway bug, and reading again could
+hide it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
 
 from .._types import (
+    AdmittedPart,
+    CompleteRow,
+    ContractColumn,
+    FailRow,
     InlineAdmission,
     Page,
     PageRequest,
@@ -24,6 +37,7 @@ from .._types import (
     ReceiptClaim,
     ReceiptCompletion,
     ResolvedPlay,
+    SheetContract,
     StaleRow,
     Summary,
     TerminalWriteResult,
@@ -32,6 +46,188 @@ from ..errors import GatewayProtocolError
 from . import _messages as m
 
 T = TypeVar("T")
+
+
+# --- both directions ---------------------------------------------------------------------
+
+
+def copy_fields(value: Any, cls: type[T]) -> T:
+    """A ``cls`` (a domain value or a wire class) holding ``value``'s members of the
+    same names: where a message and a value agree field for field."""
+    fields = attrs.fields(typing.cast(Any, cls))
+    return cls(**{field.name: getattr(value, field.name) for field in fields})
+
+
+def contract_wire(contract: SheetContract) -> m.SheetContractWire:
+    """A sheet contract as the wire carries it."""
+    return m.SheetContractWire(
+        columns=[
+            m.ContractColumnWire(id=c.id, sql_name=c.sql_name, source=c.source, field=c.field)
+            for c in contract.columns
+        ]
+    )
+
+
+def contract_of(value: m.SheetContractWire | None) -> SheetContract:
+    """The sheet contract a request carries (none: no columns)."""
+    if value is None:
+        return SheetContract()
+    return SheetContract(
+        tuple(ContractColumn(c.id, c.sql_name, c.source, c.field) for c in value.columns)
+    )
+
+
+def contract_json(contract: SheetContract) -> dict[str, Any]:
+    """A sheet contract's decoded JSON ``{columns: [{id, sqlName, source, field?}]}``."""
+    return m.unstructure(contract_wire(contract))
+
+
+def read_contract(value: object) -> SheetContract:
+    """A sheet contract from its decoded JSON ``{columns: [...]}``; ``WireError``
+    naming the member if it is off."""
+    return contract_of(m.structure(value, m.SheetContractWire))
+
+
+def admitted_wire(part: AdmittedPart | None) -> m.AdmittedPartWire | None:
+    """A read's ``input.admission`` filter."""
+    return (
+        None
+        if part is None
+        else m.AdmittedPartWire(write_version=part.write_version, part=part.part)
+    )
+
+
+def admitted_of(value: m.AdmittedPartWire | None) -> AdmittedPart | None:
+    """``input.admission``: null, or one admission's pending or completed rows."""
+    return None if value is None else AdmittedPart(value.write_version, value.part)
+
+
+def receipt_wire(receipt: Receipt) -> m.ReceiptWire:
+    """A work receipt as an answer carries it."""
+    return copy_fields(receipt, m.ReceiptWire)
+
+
+def receipt_of(receipt: m.ReceiptWire) -> Receipt:
+    """The work receipt an answer carries."""
+    return copy_fields(receipt, Receipt)
+
+
+def play_wire(play: ResolvedPlay) -> m.PlayWire:
+    """The ``play`` member of a ``resolve_play`` answer."""
+    snapshot = play.contract_snapshot
+    return m.PlayWire(
+        play_id=play.play_id,
+        source_code=play.source_code,
+        artifact=play.artifact,
+        code_format=play.code_format,
+        contract_snapshot=None if snapshot is None else dict(snapshot),
+    )
+
+
+def complete_rows_wire(rows: Iterable[CompleteRow]) -> list[m.CompleteRowWire]:
+    """A complete request's ``rows``; ``WireError`` naming the first bad one."""
+    return _built(
+        m.CompleteRowWire,
+        (
+            {"key": r.key, "data": dict(r.data), "cell_meta_patch": _dict(r.cell_meta_patch)}
+            for r in rows
+        ),
+    )
+
+
+def complete_rows_of(rows: Iterable[m.CompleteRowWire]) -> list[CompleteRow]:
+    """The rows a complete request carries."""
+    return [CompleteRow(row.key, row.data, row.cell_meta_patch) for row in rows]
+
+
+def fail_rows_wire(rows: Iterable[FailRow]) -> list[m.FailRowWire]:
+    """A fail request's ``rows``; ``WireError`` naming the first bad one."""
+    return _built(
+        m.FailRowWire, ({"key": r.key, "error": r.error, "data": _dict(r.data)} for r in rows)
+    )
+
+
+def fail_rows_of(rows: Iterable[m.FailRowWire]) -> list[FailRow]:
+    """The rows a fail request carries."""
+    return [FailRow(row.key, row.error, row.data) for row in rows]
+
+
+def _built(cls: type[T], rows: Iterable[dict[str, Any]]) -> list[T]:
+    built = []
+    for position, fields in enumerate(rows):
+        try:
+            built.append(m.build(cls, **fields))
+        except m.WireError as exc:
+            raise m.WireError(f"rows[{position}].{exc}") from None
+    return built
+
+
+def _dict(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return None if value is None else dict(value)
+
+
+# --- domain values to answers (the server) -----------------------------------------------
+
+
+def admission_answer(admission: InlineAdmission) -> dict[str, Any]:
+    """``start_sheet_dataset``'s answer."""
+    return m.unstructure(
+        m.AdmissionAnswer(
+            inserted=admission.inserted,
+            skipped=admission.skipped,
+            pending_rows=list(admission.pending_rows),
+            completed_rows=list(admission.completed_rows),
+            table_namespace=admission.table_namespace,
+            write_version=admission.write_version,
+        )
+    )
+
+
+def terminal_write_answer(result: TerminalWriteResult, *, legacy: bool) -> dict[str, Any]:
+    """A complete or fail answer; a ``legacy`` gateway leaves ``staleRows`` out."""
+    stale_rows: list[m.StaleRowWire] | m.Absent = m.ABSENT
+    if not legacy:
+        stale_rows = [copy_fields(row, m.StaleRowWire) for row in result.stale_rows]
+    answer = m.TerminalWriteAnswer(
+        committed_keys=list(result.committed_keys),
+        stale_keys=list(result.stale_keys),
+        updated=result.updated,
+        stale_rows=stale_rows,
+    )
+    return m.unstructure(answer)
+
+
+def receipt_answer(completion: ReceiptCompletion) -> dict[str, Any]:
+    """``complete_work_receipt``'s answer."""
+    answer = m.ReceiptAnswer(
+        receipt=receipt_wire(completion.receipt),
+        completion_disposition=completion.completion_disposition,
+    )
+    return m.unstructure(answer)
+
+
+def claim_answer(claim: ReceiptClaim) -> dict[str, Any]:
+    """``claim_work_receipt``'s answer."""
+    answer = m.ClaimAnswer(
+        acquired=claim.acquired,
+        holder=claim.holder,
+        expires_at=claim.expires_at,
+        receipt=m.ABSENT if claim.receipt is None else receipt_wire(claim.receipt),
+    )
+    return m.unstructure(answer)
+
+
+def summary_answer(summary: Summary) -> dict[str, Any]:
+    """``runtime_sheet_summary``'s answer."""
+    return m.unstructure(copy_fields(summary, m.SummaryAnswer))
+
+
+def resolved_play_answer(play: ResolvedPlay | None) -> dict[str, Any]:
+    """``resolve_play``'s answer."""
+    return m.unstructure(m.ResolvePlayAnswer(play=None if play is None else play_wire(play)))
+
+
+# --- answers to domain values (the client) -----------------------------------------------
 
 
 def protocol_error(action: str, what: str, status: int = 200) -> GatewayProtocolError:
@@ -126,10 +322,6 @@ def parse_terminal_write(answer: Mapping[str, Any], action: str) -> TerminalWrit
     )
 
 
-def _receipt(receipt: m.ReceiptWire) -> Receipt:
-    return Receipt(**attrs.asdict(receipt, recurse=False))
-
-
 def parse_receipt_completion(
     answer: Mapping[str, Any], action: str, run_id: str
 ) -> ReceiptCompletion:
@@ -139,7 +331,7 @@ def parse_receipt_completion(
     comparing run ids: the receipt is ``persisted`` when this run wrote it.
     """
     read = read_as(answer, m.ReceiptAnswer, action)
-    receipt = _receipt(read.receipt)
+    receipt = receipt_of(read.receipt)
     disposition = read.completion_disposition
     if disposition is m.ABSENT:
         disposition = "persisted" if receipt.run_id == run_id else "existing"
@@ -150,7 +342,7 @@ def parse_receipt_claim(answer: Mapping[str, Any], action: str, holder: str) -> 
     """``{acquired, holder, expiresAt, receipt?}``; an acquired lease must name ``holder``
     and an expiry, and a completed one carries no lease."""
     read = read_as(answer, m.ClaimAnswer, action)
-    receipt = None if read.receipt is m.ABSENT else _receipt(read.receipt)
+    receipt = None if read.receipt is m.ABSENT else receipt_of(read.receipt)
     if read.acquired and (read.holder != holder or read.expires_at is None or receipt is not None):
         raise protocol_error(action, "an acquired lease must name its holder and expiry")
     return ReceiptClaim(read.acquired, read.holder, read.expires_at, receipt)
@@ -164,9 +356,9 @@ def parse_released(answer: Mapping[str, Any], action: str) -> bool:
 def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay | None:
     """``{play: {playId, sourceCode?, artifact?, codeFormat?, contractSnapshot?} | null}``."""
     play = read_as(answer, m.ResolvePlayAnswer, action).play
-    return None if play is None else m.copy_fields(play, ResolvedPlay)
+    return None if play is None else copy_fields(play, ResolvedPlay)
 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:
     """``{total, queued, running, completed, failed}``."""
-    return Summary(**attrs.asdict(read_as(answer, m.SummaryAnswer, action)))
+    return copy_fields(read_as(answer, m.SummaryAnswer, action), Summary)

@@ -23,13 +23,10 @@ import attrs
 from .._types import (
     BIGINT_MAX,
     BIGINT_MIN,
-    AdmittedPart,
     CodeFormat,
-    ContractColumn,
     LogicalTable,
     Operation,
     RowMode,
-    SheetContract,
     StaleReason,
 )
 from ..budgets import (
@@ -66,15 +63,8 @@ __all__ = [
     "Absent",
     "WireError",
     "action_of",
-    "admitted_of",
-    "admitted_wire",
     "build",
-    "contract_json",
-    "contract_of",
-    "contract_wire",
-    "copy_fields",
     "error_body",
-    "read_contract",
     "structure",
     "unstructure",
     "wire_name",
@@ -105,43 +95,6 @@ class SheetContractWire:
     columns: list[ContractColumnWire] = attrs.field(factory=list)
 
 
-def copy_fields(value: Any, cls: type[T]) -> T:
-    """A ``cls`` (a domain value or a wire class) holding ``value``'s members of the
-    same names: where a message and a value agree field for field."""
-    fields = attrs.fields(typing.cast(Any, cls))
-    return cls(**{field.name: getattr(value, field.name) for field in fields})
-
-
-def contract_wire(contract: SheetContract) -> SheetContractWire:
-    """A sheet contract as the wire carries it."""
-    return SheetContractWire(
-        columns=[
-            ContractColumnWire(id=c.id, sql_name=c.sql_name, source=c.source, field=c.field)
-            for c in contract.columns
-        ]
-    )
-
-
-def contract_of(value: SheetContractWire | None) -> SheetContract:
-    """The sheet contract a request carries (none: no columns)."""
-    if value is None:
-        return SheetContract()
-    return SheetContract(
-        tuple(ContractColumn(c.id, c.sql_name, c.source, c.field) for c in value.columns)
-    )
-
-
-def contract_json(contract: SheetContract) -> dict[str, Any]:
-    """A sheet contract's decoded JSON ``{columns: [{id, sqlName, source, field?}]}``."""
-    return unstructure(contract_wire(contract))
-
-
-def read_contract(value: object) -> SheetContract:
-    """A sheet contract from its decoded JSON ``{columns: [...]}``; :class:`WireError`
-    naming the member if it is off."""
-    return contract_of(structure(value, SheetContractWire))
-
-
 @attrs.frozen(kw_only=True)
 class PageRequestWire:
     """``{limit, offset}``."""
@@ -165,18 +118,6 @@ class AdmittedPartWire:
 
     write_version: int = int_field(1, BIGINT_MAX)
     part: Literal["pending", "completed"]
-
-
-def admitted_wire(part: AdmittedPart | None) -> AdmittedPartWire | None:
-    """A read's ``input.admission`` filter."""
-    return (
-        None if part is None else AdmittedPartWire(write_version=part.write_version, part=part.part)
-    )
-
-
-def admitted_of(value: AdmittedPartWire | None) -> AdmittedPart | None:
-    """``input.admission``: null, or one admission's pending or completed rows."""
-    return None if value is None else AdmittedPart(value.write_version, value.part)
 
 
 @attrs.frozen(kw_only=True)

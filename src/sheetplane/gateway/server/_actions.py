@@ -19,17 +19,13 @@ import trio
 from ... import crypto
 from ..._types import (
     OPERATIONS,
-    CompleteRow,
-    FailRow,
     InlineAdmission,
     LogicalTable,
     Operation,
     PageRequest,
-    Receipt,
     RowMode,
     SheetContract,
     SheetRef,
-    TerminalWriteResult,
     canonical_operations,
 )
 from ...budgets import (
@@ -39,6 +35,7 @@ from ...budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
+from ...protocol import _domain as d
 from ...protocol import _messages as m
 from ...protocol import _wire
 from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
@@ -51,7 +48,7 @@ from ._auth import TokenTable
 from ._config import GatewayConfig
 from ._http import ActionError, EncodedAnswer, bad_request
 from ._metrics import GatewayMetrics
-from ._plays import play_answer, play_of
+from ._plays import play_of
 from ._roles import (
     ReaperProgress,
     SessionCapReachedError,
@@ -138,22 +135,6 @@ def _page_body(page: JsonPage) -> bytes:
     return _with_rows(m.PageWire(rows=[], limit=page.limit, offset=page.offset), page.rows)
 
 
-def _terminal_json(call: Call, result: TerminalWriteResult) -> dict[str, Any]:
-    stale_rows: list[m.StaleRowWire] | m.Absent = m.ABSENT
-    if not call.state.config.legacy:
-        stale_rows = [
-            m.StaleRowWire(key=row.key, reason=row.reason, row_version_stamp=row.row_version_stamp)
-            for row in result.stale_rows
-        ]
-    answer = m.TerminalWriteAnswer(
-        committed_keys=list(result.committed_keys),
-        stale_keys=list(result.stale_keys),
-        updated=result.updated,
-        stale_rows=stale_rows,
-    )
-    return m.unstructure(answer)
-
-
 # --- sheet actions -------------------------------------------------------------------------
 
 
@@ -161,7 +142,7 @@ async def ensure_sheet(call: Call) -> dict[str, Any]:
     """``{tableNamespace, sheetContract?, userEmail?}`` → ``{ok: true}``."""
     request = _read(call, m.EnsureSheetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    await call.state.store.ensure_sheet(sheet, m.contract_of(request.sheet_contract))
+    await call.state.store.ensure_sheet(sheet, d.contract_of(request.sheet_contract))
     return m.unstructure(m.OkAnswer())
 
 
@@ -170,26 +151,14 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     ``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
     request = _read(call, m.StartSheetDatasetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = m.contract_of(request.sheet_contract)
+    contract = d.contract_of(request.sheet_contract)
     store = call.state.store
     await store.ensure_sheet(sheet, contract)
     admission = await store.start_dataset(
         sheet, request.rows, request.run_id, contract, check=_fits_one_answer
     )
     call.state.metrics.admissions.inc()
-    return _admission_json(admission)
-
-
-def _admission_json(admission: InlineAdmission) -> dict[str, Any]:
-    answer = m.AdmissionAnswer(
-        inserted=admission.inserted,
-        skipped=admission.skipped,
-        pending_rows=list(admission.pending_rows),
-        completed_rows=list(admission.completed_rows),
-        table_namespace=admission.table_namespace,
-        write_version=admission.write_version,
-    )
-    return m.unstructure(answer)
+    return d.admission_answer(admission)
 
 
 def _fits_one_answer(admission: InlineAdmission) -> None:
@@ -200,7 +169,7 @@ def _fits_one_answer(admission: InlineAdmission) -> None:
     committed anyway. The answer is measured as the compact JSON the app
     sends, stopping at the ceiling.
     """
-    measured = json_byte_length_up_to(_admission_json(admission), TRANSPORT_CEILING_BYTES)
+    measured = json_byte_length_up_to(d.admission_answer(admission), TRANSPORT_CEILING_BYTES)
     if measured.exceeded:
         raise AdmissionTooLargeError(measured.bytes)
 
@@ -210,15 +179,15 @@ async def runtime_sheet_complete_map_rows(call: Call) -> dict[str, Any]:
     cellMetaPatch?}]}`` → ``{committedKeys, staleKeys, staleRows, updated}``."""
     request = _read(call, m.CompleteMapRowsRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    rows = [CompleteRow(row.key, row.data, row.cell_meta_patch) for row in request.rows]
+    rows = d.complete_rows_of(request.rows)
     result = await call.state.store.complete_map_rows(
         sheet,
-        m.contract_of(request.sheet_contract),
+        d.contract_of(request.sheet_contract),
         rows,
         run_id=request.run_id,
         write_version=request.write_version,
     )
-    return _terminal_json(call, result)
+    return d.terminal_write_answer(result, legacy=call.state.config.legacy)
 
 
 async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
@@ -226,15 +195,15 @@ async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
     data?}]}`` → the same shape as complete."""
     request = _read(call, m.FailMapRowsRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    rows = [FailRow(row.key, row.error, row.data) for row in request.rows]
+    rows = d.fail_rows_of(request.rows)
     result = await call.state.store.fail_map_rows(
         sheet,
-        m.contract_of(request.sheet_contract),
+        d.contract_of(request.sheet_contract),
         rows,
         run_id=request.run_id,
         write_version=request.write_version,
     )
-    return _terminal_json(call, result)
+    return d.terminal_write_answer(result, legacy=call.state.config.legacy)
 
 
 async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
@@ -243,16 +212,7 @@ async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
     summary = await call.state.store.summary(
         _sheet(call, request.play_name, request.table_namespace)
     )
-    return m.unstructure(m.SummaryAnswer(**attrs.asdict(summary)))
-
-
-def _receipt(receipt: Receipt) -> m.ReceiptWire:
-    return m.ReceiptWire(
-        key=receipt.key,
-        result=receipt.result,
-        run_id=receipt.run_id,
-        completed_at=receipt.completed_at,
-    )
+    return d.summary_answer(summary)
 
 
 async def complete_work_receipt(call: Call) -> dict[str, Any]:
@@ -276,11 +236,7 @@ async def complete_work_receipt(call: Call) -> dict[str, Any]:
         )
     except WorkReceiptFencedError as exc:
         raise ActionError(409, exc.code, str(exc)) from None
-    answer = m.ReceiptAnswer(
-        receipt=_receipt(completion.receipt),
-        completion_disposition=completion.completion_disposition,
-    )
-    return m.unstructure(answer)
+    return d.receipt_answer(completion)
 
 
 async def claim_work_receipt(call: Call) -> dict[str, Any]:
@@ -296,13 +252,7 @@ async def claim_work_receipt(call: Call) -> dict[str, Any]:
     claim = await call.state.store.claim_work_receipt(
         call.org_id, request.play_name, request.key, request.holder
     )
-    answer = m.ClaimAnswer(
-        acquired=claim.acquired,
-        holder=claim.holder,
-        expires_at=claim.expires_at,
-        receipt=m.ABSENT if claim.receipt is None else _receipt(claim.receipt),
-    )
-    return m.unstructure(answer)
+    return d.claim_answer(claim)
 
 
 async def release_work_receipt(call: Call) -> dict[str, Any]:
@@ -324,7 +274,7 @@ async def resolve_play(call: Call) -> dict[str, Any]:
     name, is ``playRef``. Another org's play is never found."""
     request = _read(call, m.ResolvePlayRequest)
     play = await call.state.store.resolve_play(call.org_id, request.play_ref)
-    return m.unstructure(m.ResolvePlayAnswer(play=None if play is None else play_answer(play)))
+    return d.resolved_play_answer(play)
 
 
 async def register_play(call: Call) -> dict[str, Any]:
@@ -383,7 +333,7 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     request = PageRequest(limit=spec.limit, offset=spec.offset)
     store = call.state.store
-    mode, admitted = _row_mode(spec.row_mode), m.admitted_of(spec.admission)
+    mode, admitted = _row_mode(spec.row_mode), d.admitted_of(spec.admission)
     if spec.after is m.ABSENT or call.state.config.legacy:
         (page,) = await store.read_rows_batch_json(
             sheet, [request], run_id=spec.run_id, row_mode=mode, admitted=admitted
@@ -413,7 +363,7 @@ async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
         requests,
         run_id=spec.run_id,
         row_mode=_row_mode(spec.row_mode),
-        admitted=m.admitted_of(spec.admission),
+        admitted=d.admitted_of(spec.admission),
     )
     # {"pages":[...]}: the envelope the store's budget counted around the pages.
     body = b",".join(_page_body(page) for page in pages)
@@ -427,7 +377,7 @@ async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     request = PageRequest(limit=spec.limit, offset=spec.offset)
     keys = await call.state.store.read_row_keys(
-        sheet, request, run_id=spec.run_id, admitted=m.admitted_of(spec.admission)
+        sheet, request, run_id=spec.run_id, admitted=d.admitted_of(spec.admission)
     )
     answer = m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
     return m.unstructure(answer)
@@ -492,8 +442,8 @@ async def _mint(
             logical_table=logical_table,
         ),
         operations=list(minted.operations),
-        limits=m.copy_fields(limits, m.SessionLimitsAnswer),
-        postgres=m.copy_fields(minted.names, m.PostgresTablesWire),
+        limits=d.copy_fields(limits, m.SessionLimitsAnswer),
+        postgres=d.copy_fields(minted.names, m.PostgresTablesWire),
     )
     aad = crypto.session_aad(
         org_id=sheet.org_id,
@@ -522,7 +472,7 @@ async def create_db_session(call: Call) -> dict[str, Any]:
     operations = canonical_operations(request.operations)
     assert operations  # the wire class allows only operations, at least one
     limits = m.SessionLimitsWire() if request.limits is None else request.limits
-    contract = m.contract_of(request.sheet_contract)
+    contract = d.contract_of(request.sheet_contract)
     ttl_ms = _ttl_ms(request.ttl_seconds, call.state.config.session_ttl_ms)
     encryption = request.postgres_url_encryption
     if encryption is not None:
@@ -604,7 +554,7 @@ async def begin_sheet_admission(call: Call) -> dict[str, Any]:
     (idempotent), after expiring the sheet's abandoned ones."""
     request = _read(call, m.BeginAdmissionRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = m.contract_of(request.sheet_contract)
+    contract = d.contract_of(request.sheet_contract)
     await call.state.store.begin_admission(sheet, contract, request.admission_id, request.run_id)
     return m.unstructure(
         m.BeginAdmissionAnswer(
@@ -626,7 +576,7 @@ async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
     """
     request = _read(call, m.StageAdmissionChunkRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = m.contract_of(request.sheet_contract)
+    contract = d.contract_of(request.sheet_contract)
     store = call.state.store
     try:
         prepared = await trio.to_thread.run_sync(
@@ -653,7 +603,7 @@ async def commit_sheet_admission(call: Call) -> dict[str, Any]:
     sheet = _sheet(call, request.play_name, request.table_namespace)
     counts = await call.state.store.commit_admission(
         sheet,
-        m.contract_of(request.sheet_contract),
+        d.contract_of(request.sheet_contract),
         request.admission_id,
         request.run_id,
         chunks=request.chunks,

@@ -22,9 +22,10 @@ import attrs
 
 from ..._types import ResolvedPlay
 from ...errors import InvalidInputError
+from ...protocol import _domain as d
 from ...protocol import _messages as m
 
-__all__ = ["PlayDefinition", "load_plays", "play_answer", "play_from_json", "play_of"]
+__all__ = ["PlayDefinition", "load_plays", "play_from_json", "play_of"]
 
 
 @attrs.frozen
@@ -56,19 +57,7 @@ def play_of(wire: m.PlayDefinitionWire, org_id: str) -> PlayDefinition:
     it names another org)."""
     if wire.org_id is not None and wire.org_id != org_id:
         raise InvalidInputError("play.orgId must be the token's org (or left out)")
-    return PlayDefinition(org_id, wire.name, m.copy_fields(wire, ResolvedPlay))
-
-
-def play_answer(play: ResolvedPlay) -> m.PlayWire:
-    """The ``play`` member of a ``resolve_play`` answer."""
-    snapshot = play.contract_snapshot
-    return m.PlayWire(
-        play_id=play.play_id,
-        source_code=play.source_code,
-        artifact=play.artifact,
-        code_format=play.code_format,
-        contract_snapshot=None if snapshot is None else dict(snapshot),
-    )
+    return PlayDefinition(org_id, wire.name, d.copy_fields(wire, ResolvedPlay))
 
 
 def load_plays(directory: Path) -> tuple[PlayDefinition, ...]:
