@@ -79,3 +79,17 @@ def test_read_batch_too_large_carries_observed_bytes() -> None:
     exc = sheetplane.ReadBatchTooLargeError(12_345)
     assert exc.observed_bytes == 12_345
     assert exc.code == "runtime_sheet_read_batch_too_large"
+
+
+def test_contract_rows_and_store_back_pressure_are_top_level_names() -> None:
+    from sheetplane import _types, errors
+
+    assert sheetplane.SheetContract is _types.SheetContract
+    assert sheetplane.ContractColumn is _types.ContractColumn
+    assert sheetplane.CompleteRow is _types.CompleteRow
+    assert sheetplane.FailRow is _types.FailRow
+    assert sheetplane.PoolSaturatedError is errors.PoolSaturatedError
+    assert sheetplane.TransactionConflictError is errors.TransactionConflictError
+    assert issubclass(sheetplane.PoolSaturatedError, sheetplane.StoreError)
+    tree = errors.__doc__ or ""
+    assert "PoolSaturatedError" in tree and "TransactionConflictError" in tree

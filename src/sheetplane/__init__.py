@@ -13,7 +13,11 @@ import typing
 from ._leases import Lease as Lease
 from ._map import MapProgress as MapProgress
 from ._map import MapReport as MapReport
+from ._types import CompleteRow as CompleteRow
+from ._types import ContractColumn as ContractColumn
+from ._types import FailRow as FailRow
 from ._types import ResolvedPlay as ResolvedPlay
+from ._types import SheetContract as SheetContract
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
 from .errors import AdmissionStateError as AdmissionStateError
@@ -37,6 +41,7 @@ from .errors import LeaseError as LeaseError
 from .errors import LeaseHeldError as LeaseHeldError
 from .errors import LeaseLostError as LeaseLostError
 from .errors import OversizedValueError as OversizedValueError
+from .errors import PoolSaturatedError as PoolSaturatedError
 from .errors import ReadBatchTooLargeError as ReadBatchTooLargeError
 from .errors import ReceiptCompletedError as ReceiptCompletedError
 from .errors import ResponseTooLargeError as ResponseTooLargeError
@@ -99,9 +104,12 @@ __all__ = [
     "BatcherStatistics",
     "BatchingError",
     "BoundedBatchFunction",
+    "CompleteRow",
     "ConnectionSlotsExhaustedError",
+    "ContractColumn",
     "DatabaseNotHardenedError",
     "EnvelopeDecryptionError",
+    "FailRow",
     "GatewayAuthError",
     "GatewayError",
     "GatewayProtocolError",
@@ -116,6 +124,7 @@ __all__ = [
     "MapProgress",
     "MapReport",
     "OversizedValueError",
+    "PoolSaturatedError",
     "ReadBatchTooLargeError",
     "ReceiptCompletedError",
     "ResolvedPlay",
@@ -125,6 +134,7 @@ __all__ = [
     "SessionError",
     "SessionExpiredError",
     "SessionPrewarmError",
+    "SheetContract",
     "SheetplaneError",
     "SizeMeasurement",
     "StatementTimeoutError",

@@ -28,6 +28,8 @@ The tree::
     ├── StoreError                            Postgres failed an operation
     │   ├── StoreUnavailableError             could not connect within the ladder
     │   │   └── ConnectionSlotsExhaustedError no connection slot freed within the ladder
+    │   ├── PoolSaturatedError                no pooled connection freed in time (back-pressure)
+    │   ├── TransactionConflictError          deadlock or serialization failure on every attempt
     │   ├── StatementTimeoutError             a statement ran past its timeout
     │   └── DatabaseNotHardenedError          PUBLIC keeps privileges a tenant could abuse
     │       └── GatewayRoleLacksPrivilegesError a non-superuser gateway cannot bound sessions
@@ -313,6 +315,12 @@ class ConnectionSlotsExhaustedError(StoreUnavailableError):
     up on; nothing ran. Retryable."""
 
     code = "store_connection_slots_exhausted"
+
+
+class PoolSaturatedError(StoreError):
+    """No pooled connection freed within ``acquire_timeout_ms``: back-pressure, retry later."""
+
+    code = "store_pool_saturated"
 
 
 class TransactionConflictError(StoreError):

@@ -45,6 +45,7 @@ from .._json import decode_body
 from ..errors import (
     ConnectionSlotsExhaustedError,
     InvalidInputError,
+    PoolSaturatedError,
     StatementTimeoutError,
     StoreError,
     StoreUnavailableError,
@@ -92,12 +93,6 @@ class _QuietConnectWarnings(logging.Filter):
 
 
 logging.getLogger("psycopg.pool").addFilter(_QuietConnectWarnings())
-
-
-class PoolSaturatedError(StoreError):
-    """No pooled connection freed within ``acquire_timeout_ms``: back-pressure, retry later."""
-
-    code = "store_pool_saturated"
 
 
 # --- transient errors and redaction ------------------------------------------------------

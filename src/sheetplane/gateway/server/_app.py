@@ -64,6 +64,7 @@ from ...errors import (
     AdmissionStateError,
     AdmissionTooLargeError,
     InvalidInputError,
+    PoolSaturatedError,
     ReadBatchTooLargeError,
     StatementTimeoutError,
     StoreError,
@@ -80,7 +81,6 @@ from ...protocol._messages import (
 from ...protocol._openapi import OPENAPI_PATH, openapi_document
 from ...protocol._wire import RUNTIME_PATH, Code, decode_body
 from ...store import SheetStore, TrioPool, open_store
-from ...store._pool import PoolSaturatedError
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
 from ._auth import TokenTable, check_org

@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ...budgets import GATEWAY_READINESS_BUDGET_MS
-from ...errors import StoreError, StoreUnavailableError
+from ...errors import PoolSaturatedError, StoreError, StoreUnavailableError
 from ...protocol._messages import (
     HealthAnswer,
     ReadyAnswer,
@@ -41,7 +41,6 @@ from ...protocol._messages import (
     unstructure,
 )
 from ...protocol._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, Code
-from ...store._pool import PoolSaturatedError
 from ._actions import GatewayState
 from ._http import encode_json, json_bytes_response
 from ._logs import RequestInfo
