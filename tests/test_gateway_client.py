@@ -970,7 +970,7 @@ async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any
             lambda c: c.commit_admission("ns", CONTRACT, "0" * 32, "r", chunks=-1, rows=0),
             "chunks must be between 0 and",
         ),
-        (lambda c: c.summary(" "), "tableNamespace must be a non-empty string"),
+        (lambda c: c.summary(" "), "table_namespace must not be empty once trimmed"),
         (lambda c: c.claim_work_receipt("k", 7), "holder must be a string, got int"),
         (
             lambda c: c.create_db_session(

@@ -19,7 +19,12 @@ import httpx
 import pytest
 import trio
 
-from sheetplane import EnvelopeDecryptionError, GatewayProtocolError, SessionError
+from sheetplane import (
+    EnvelopeDecryptionError,
+    GatewayProtocolError,
+    InvalidInputError,
+    SessionError,
+)
 from sheetplane._types import ContractColumn, SheetContract
 from sheetplane.budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
 from sheetplane.crypto import (
@@ -106,6 +111,8 @@ class FakeGateway:
     requests: list[dict[str, Any]] = attrs.field(factory=list)
     tamper: bool = False
     other_scope: bool = False
+    #: The namespace the answers name, when not the requested one as it was sent.
+    spelled: str | None = None
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(await request.aread())
@@ -125,7 +132,9 @@ class FakeGateway:
 
         answer = session_answer(
             n,
-            namespace="other" if self.other_scope else body["target"]["tableNamespace"],
+            namespace="other"
+            if self.other_scope
+            else self.spelled or body["target"]["tableNamespace"],
             table=body["target"]["logicalTable"],
             operations=tuple(body["operations"]),
             limits=body.get("limits"),
@@ -450,3 +459,50 @@ async def test_leaving_the_manager_closes_every_pool(
         (5.0, "close"),
         (5.0, "close"),
     ]
+
+
+# --- names as identities ---------------------------------------------------------------------
+
+
+async def test_spellings_of_one_namespace_share_one_cached_session(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    gateway = FakeGateway()
+    spellings = ("NormTest", "normtest", " NormTest ", "\tNORMTEST\n")
+    async with manager_for(key, gateway) as manager:
+        sessions = [await manager.session(AccessShape(ns, ("rows.read",))) for ns in spellings]
+        keys = {manager.cache_key(AccessShape(ns, ("rows.read",))) for ns in spellings}
+    assert all(session is sessions[0] for session in sessions)
+    assert len(keys) == 1
+    (request,) = gateway.requests
+    assert request["target"]["tableNamespace"] == "normtest"
+
+
+async def test_a_preloaded_session_matches_every_spelling_of_its_names(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    # Minted by a harness that kept the names as typed: they are compared normalised.
+    candidate = preloaded(play=" Enrich-Leads ", namespace="NormTest", table_namespace=" NormTest ")
+    gateway = FakeGateway()
+    async with manager_for(key, gateway, preloaded=[candidate], unwrap_key=UNWRAP_KEY) as manager:
+        session = await manager.session(AccessShape("normTEST", ("rows.read",)))
+    assert session.postgres_url == url_of(100)
+    assert gateway.requests == []
+
+
+async def test_a_minted_answer_naming_the_sheet_otherwise_spelled_is_its_scope(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    # A gateway may echo the namespace as its caller typed it, not as it was sent.
+    async with manager_for(key, FakeGateway(spelled=" Leads ")) as manager:
+        session = await manager.session(AccessShape("leads", ("rows.read",)))
+    assert session.table_namespace == " Leads "  # as answered: the seal is bound to it
+    assert session.postgres_url == url_of(1)
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t\n"])
+def test_a_namespace_blank_once_trimmed_is_refused(blank: str) -> None:
+    with pytest.raises(InvalidInputError, match="table_namespace"):
+        AccessShape(blank, ("rows.read",))
+    with pytest.raises(InvalidInputError, match="table_namespace"):
+        PreloadedSession(table_namespace=blank, operations=("rows.read",), session={})

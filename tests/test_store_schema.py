@@ -39,7 +39,7 @@ HOSTILE = (
     'it\'s "quoted"',
     "ünïcödé ☃ 名前",
     "Robert'); DROP TABLE students;--",
-    "   ",
+    "  padded\tname  ",
     "a" * MAX_LOGICAL_NAME_CHARS,
 )
 
@@ -69,8 +69,10 @@ def test_names_are_short_plain_identifiers(org: str, play: str, namespace: str) 
         ref = SheetRef(org, play, namespace)
         names = _all_names(ref)
     except InvalidInputError:
-        # Only lone surrogates are refused among these.
-        assert any(0xD800 <= ord(ch) <= 0xDFFF for ch in org + play + namespace)
+        # Only lone surrogates, and a play or namespace blank once trimmed, are refused.
+        assert any(0xD800 <= ord(ch) <= 0xDFFF for ch in org + play + namespace) or not (
+            play.strip() and namespace.strip()
+        )
         return
     for name in names:
         assert IDENTIFIER.match(name), name
@@ -83,14 +85,29 @@ def test_names_are_short_plain_identifiers(org: str, play: str, namespace: str) 
 def test_distinct_sheets_never_share_a_table(
     a: tuple[str, str, str], b: tuple[str, str, str]
 ) -> None:
-    if a == b or any(0xD800 <= ord(ch) <= 0xDFFF for ch in "".join(a + b)):
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in "".join(a + b)):
         return
-    first, second = sheet_names(SheetRef(*a)), sheet_names(SheetRef(*b))
+    try:
+        refs = SheetRef(*a), SheetRef(*b)
+    except InvalidInputError:  # a play or namespace blank once trimmed
+        return
+    if refs[0] == refs[1]:  # the same sheet once the names are normalised
+        return
+    a = (refs[0].org_id, refs[0].play_name, refs[0].table_namespace)
+    b = (refs[1].org_id, refs[1].play_name, refs[1].table_namespace)
+    first, second = sheet_names(refs[0]), sheet_names(refs[1])
     assert (first.schema, first.sheet_table) != (second.schema, second.sheet_table)
     if a[0] != b[0]:
         assert first.schema != second.schema
     if a[:2] != b[:2]:
         assert (first.schema, first.receipts_table) != (second.schema, second.receipts_table)
+
+
+def test_names_that_normalise_alike_are_one_sheet() -> None:
+    one = sheet_names(SheetRef("org", "normtest", "normtest"))
+    for play, namespace in (("NormTest", "NormTest"), (" NormTest ", "\tNORMTEST\n")):
+        assert sheet_names(SheetRef("org", play, namespace)) == one
+    assert receipt_names("org", " NormTest ").receipts_table == one.receipts_table
 
 
 def test_names_that_sanitise_alike_still_differ() -> None:
@@ -107,6 +124,8 @@ def test_names_that_sanitise_alike_still_differ() -> None:
         ("", "p", "n"),
         ("o", "", "n"),
         ("o", "p", ""),
+        ("o", "p", "   "),
+        ("o", "\t\n", "n"),
         ("o\x00", "p", "n"),
         ("o", "p", "n\x00x"),
         ("o" * (MAX_LOGICAL_NAME_CHARS + 1), "p", "n"),

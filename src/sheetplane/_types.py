@@ -17,6 +17,7 @@ import attrs
 
 from .budgets import READ_PAGE_MAX_ROWS
 from .errors import InvalidInputError
+from .names import normalize_play_name, normalize_table_namespace
 
 RowStatus = Literal["pending", "running", "enriched", "failed", "stale"]
 RowMode = Literal["output", "all"]
@@ -59,14 +60,15 @@ def canonical_operations(operations: Iterable[object]) -> tuple[Operation, ...] 
 
 @attrs.frozen
 class SheetRef:
-    """Which sheet: an org's play's table namespace."""
+    """Which sheet: an org's play's table namespace. The play name and the namespace
+    are held normalised (``sheetplane.names``): they are the sheet's identity."""
 
     org_id: str
     """The owning organisation."""
-    play_name: str
-    """The play whose sheet this is."""
-    table_namespace: str
-    """The sheet's namespace within the play."""
+    play_name: str = attrs.field(converter=normalize_play_name)
+    """The play whose sheet this is (normalised)."""
+    table_namespace: str = attrs.field(converter=normalize_table_namespace)
+    """The sheet's namespace within the play (normalised)."""
 
 
 @attrs.frozen

@@ -14,8 +14,9 @@ user) into an open session and a pool on it:
   reused session finishes before the role expires.
 * **Preloaded sessions.** A harness may mint sessions ahead of a run. One
   matches a request when it still has its renewal window and its org, play,
-  namespace, logical table and operations are the requested ones, and its
-  limits are at least the requested ones; a limit the preloaded session does
+  namespace, logical table and operations are the requested ones (names
+  compared normalised, ``sheetplane.names``), and its limits are at least the
+  requested ones; a limit the preloaded session does
   not set satisfies any request (the role's grants are the real boundary).
 * **Encryption.** A minted session's URL comes back as a JWE addressed to an
   RSA key this manager generated (one per manager); a preloaded one is sealed
@@ -61,6 +62,7 @@ from .budgets import (
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
 from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
+from .names import normalize_name, normalize_table_namespace
 from .protocol import _domain, _messages
 
 if TYPE_CHECKING:
@@ -147,11 +149,6 @@ def _operations(value: Iterable[str]) -> tuple[str, ...]:
     return ops
 
 
-def _namespace(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"{attribute.name} must be a non-empty string, got {value!r}")
-
-
 def _raw_session(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Mapping):
         raise InvalidInputError(
@@ -170,8 +167,8 @@ def _logical_table(value: str) -> str:
 class AccessShape:
     """What a session is for: everything that decides its grants, and its cache key."""
 
-    table_namespace: str = attrs.field(validator=_namespace)
-    """The sheet's namespace within the play."""
+    table_namespace: str = attrs.field(converter=normalize_table_namespace)
+    """The sheet's namespace within the play (normalised: ``sheetplane.names``)."""
     operations: tuple[str, ...] = attrs.field(converter=_operations)
     """Granted operations, in the canonical order (``OPERATIONS``; any order may be given)."""
     logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
@@ -269,7 +266,7 @@ class DbSession:
 class PreloadedSession:
     """A session a harness minted ahead of the run, with the shape it was minted for."""
 
-    table_namespace: str = attrs.field(validator=_namespace)
+    table_namespace: str = attrs.field(converter=normalize_table_namespace)
     operations: tuple[str, ...] = attrs.field(converter=_operations)
     session: Mapping[str, Any] = attrs.field(repr=False, validator=_raw_session)
     """The raw ``create_db_session`` answer (its URL sealed under the unwrap key)."""
@@ -342,6 +339,15 @@ def _check_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     from .store import open_store
 
     return open_store(url, max_connections=1, connect_retry_delays_ms=())
+
+
+def _same_name(answered: str, wanted: str) -> bool:
+    """Whether a name a session answer carries (as the gateway wrote it, which is
+    what its seal is bound to) is ``wanted`` (already normalised) once normalised."""
+    try:
+        return normalize_name("name", answered) == wanted
+    except InvalidInputError:
+        return False
 
 
 def _identity(session: DbSession) -> str:
@@ -520,9 +526,9 @@ class SessionManager:
             if not (
                 session.reusable(now)
                 and (client.org_id is None or session.org_id == client.org_id)
-                and session.play_name == client.play_name
+                and _same_name(session.play_name, client.play_name)
                 and preloaded.table_namespace == shape.table_namespace
-                and session.table_namespace == shape.table_namespace
+                and _same_name(session.table_namespace, shape.table_namespace)
                 and preloaded.logical_table == shape.logical_table
                 and session.logical_table == shape.logical_table
                 and preloaded.operations == shape.operations
@@ -596,9 +602,9 @@ class SessionManager:
         session = parsed.identity
         client = self._client
         if (
-            session.play_name != client.play_name
+            not _same_name(session.play_name, client.play_name)
             or (client.org_id is not None and session.org_id != client.org_id)
-            or session.table_namespace != shape.table_namespace
+            or not _same_name(session.table_namespace, shape.table_namespace)
             or session.logical_table != shape.logical_table
             or session.operations != shape.operations
         ):

@@ -87,6 +87,7 @@ from ..errors import (
     UnsupportedActionError,
     WorkReceiptFencedError,
 )
+from ..names import normalize_play_name, normalize_table_namespace
 from ..protocol import _domain as _answers
 from ..protocol import _messages as m
 from ..protocol._wire import (
@@ -166,6 +167,15 @@ class _Answer:
     size: int
 
 
+def _normalised(fields: dict[str, Any]) -> dict[str, Any]:
+    """A request's members with its table namespace normalised (``sheetplane.names``):
+    every request names its sheet the way the sheet is identified. A namespace that
+    normalises to nothing raises ``InvalidInputError`` before anything is sent."""
+    if "table_namespace" in fields:
+        fields["table_namespace"] = normalize_table_namespace(fields["table_namespace"])
+    return fields
+
+
 def _dumps(value: Any) -> bytes:
     """The request body. What ``json_byte_length_up_to`` refuses (a non-finite
     float, a lone surrogate) is refused first, and so is a non-string key
@@ -219,12 +229,11 @@ class GatewayClient:
             raise InvalidInputError("the executor token holds a NUL or line break")
         if not isinstance(base_url, str) or not base_url.strip():
             raise InvalidInputError("the gateway client needs a base URL")
-        if not isinstance(play_name, str) or not play_name:
-            raise InvalidInputError("the gateway client needs a play name")
         self._token = token.strip()
         self.base_url: Final = base_url.strip().rstrip("/")
         self.url: Final = self.base_url + RUNTIME_PATH
-        self.play_name: Final = play_name
+        #: The play, normalised (``sheetplane.names``): it is the sheets' identity.
+        self.play_name: Final = normalize_play_name(play_name)
         self.org_id: Final = org_id
         self.user_email: Final = (user_email or "").strip() or None
         #: SHA-256 hex digest of the token: for cache keys and authority scopes.
@@ -425,10 +434,7 @@ class GatewayClient:
 
     @staticmethod
     def _check_sheet_args(table_namespace: object, contract: object) -> None:
-        if not isinstance(table_namespace, str) or not table_namespace:
-            raise InvalidInputError(
-                f"table_namespace must be a non-empty string, got {table_namespace!r}"
-            )
+        normalize_table_namespace(table_namespace)
         if not isinstance(contract, SheetContract):
             raise InvalidInputError(
                 f"contract must be a SheetContract, got {type(contract).__name__}"
@@ -448,7 +454,7 @@ class GatewayClient:
         """The request ``cls`` of this client's play (``InvalidInputError`` naming the
         member whose rule a value breaks, nothing sent)."""
         try:
-            return m.build(cls, play_name=self.play_name, **fields)
+            return m.build(cls, play_name=self.play_name, **_normalised(fields))
         except m.WireError as exc:
             raise InvalidInputError(f"{cls.__name__}: {exc}") from None
 
@@ -651,7 +657,7 @@ class GatewayClient:
     def _request_part(cls: type[_T], **fields: Any) -> _T:
         """A part of a request (``InvalidInputError`` naming the member, nothing sent)."""
         try:
-            return m.build(cls, **fields)
+            return m.build(cls, **_normalised(fields))
         except m.WireError as exc:
             raise InvalidInputError(f"{cls.__name__}: {exc}") from None
 

@@ -31,6 +31,7 @@ from ..budgets import (
     READ_PAGE_MAX_ROWS,
 )
 from ..errors import InvalidInputError
+from ..names import normalize_play_name, normalize_table_namespace
 from ..protocol._wire import token_digest
 from ..sizes import json_byte_length_up_to
 from ._splitter import read_pages_adaptive
@@ -52,12 +53,12 @@ class ReadScope:
     """``token_digest(token)`` of the executor token."""
     org_id: str
     """The organisation that owns the sheet."""
-    play_name: str
-    """The play whose sheet it is."""
+    play_name: str = attrs.field(converter=normalize_play_name)
+    """The play whose sheet it is (normalised: ``sheetplane.names``)."""
     run_id: str | None
     """The run the reads are limited to, or None for every run."""
-    table_namespace: str
-    """The sheet's namespace within the play."""
+    table_namespace: str = attrs.field(converter=normalize_table_namespace)
+    """The sheet's namespace within the play (normalised)."""
     row_mode: RowMode = "output"
     """``output`` (contract columns) or ``all`` (every system column too)."""
     admitted: AdmittedPart | None = None

@@ -10,6 +10,7 @@ import attrs
 from .. import _checks as checks
 from .. import crypto
 from ..errors import InvalidInputError
+from ..names import normalize_play_name
 from ..sessions import PreloadedSession
 
 __all__ = ["STRATEGIES", "RuntimeContext", "Strategy"]
@@ -68,8 +69,8 @@ class RuntimeContext:
     """The executor token (a secret)."""
     org_id: str = attrs.field(validator=_nonempty)
     """The organisation the run belongs to."""
-    play_name: str = attrs.field(validator=_nonempty)
-    """The play being run."""
+    play_name: str = attrs.field(converter=normalize_play_name)
+    """The play being run (normalised: ``sheetplane.names``)."""
     run_id: str = attrs.field(validator=_nonempty)
     """The run: stamped on admitted rows, and carried by terminal writes and receipts."""
     strategy: Strategy = attrs.field(default="direct", validator=_strategy)

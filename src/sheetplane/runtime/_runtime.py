@@ -19,6 +19,7 @@ from ..budgets import READ_PAGE_MAX_ROWS
 from ..dataset import Dataset
 from ..errors import InvalidInputError
 from ..gateway.client import GatewayClient
+from ..names import normalize_table_namespace
 from ..pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
 from ..sessions import PreloadedSession, SessionManager
 from ._context import RuntimeContext, Strategy
@@ -86,7 +87,7 @@ class Runtime:
     ) -> SheetRoad:
         """The road this runtime's strategy reads ``table_namespace`` through (limited to
         one admission's pending or completed rows with ``admitted``)."""
-        checks.text("table_namespace", table_namespace)
+        table_namespace = normalize_table_namespace(table_namespace)
         if row_mode not in ("output", "all"):
             raise InvalidInputError(f"row_mode must be 'output' or 'all', got {row_mode!r}")
         run_id = checks.optional_text("run_id", run_id)
@@ -139,7 +140,7 @@ class Runtime:
         ``write_version`` resumes an attempt admitted elsewhere (another
         process, or another runtime of this run); otherwise ``start`` begins one.
         """
-        checks.text("table_namespace", table_namespace)
+        table_namespace = normalize_table_namespace(table_namespace)
         if not isinstance(contract, SheetContract):
             raise InvalidInputError(f"contract must be a SheetContract, got {contract!r}")
         if write_version is not None:
@@ -195,7 +196,7 @@ class Runtime:
         ``AttemptSupersededError``. Cancelling ``map`` cancels everything it
         started.
         """
-        checks.text("namespace", namespace)
+        namespace = normalize_table_namespace(namespace)
         check_map_options(fn, concurrency, batch_rows, flush_seconds, progress)
         checks.flag("receipts", receipts)
         started = trio.current_time()

@@ -5,7 +5,9 @@ namespace) a sheet table (with its counting triggers, ``_counters``), an event
 table, a summary table, a column-summary table, a counter log, a lock table
 (the writer lock's, ``_locking``), a metadata table and the staging tables,
 and per play a work-receipts table. Logical names can be any text (quotes,
-unicode, SQL-looking strings): the physical names are a sanitised ASCII
+unicode, SQL-looking strings); the play name and the namespace are taken
+normalised (``sheetplane.names``: a ``SheetRef`` holds them so), and the
+physical names are a sanitised ASCII
 prefix plus a SHA-256 suffix of the exact logical name, so they are always
 valid identifiers of at most 63 bytes and two distinct sheets never share a
 table.
@@ -30,6 +32,7 @@ from .._types import SheetContract, SheetRef
 from ..budgets import MAX_CONTRACT_COLUMNS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
 from ..names import check_name as _check_logical
+from ..names import normalize_play_name
 from ._counters import COUNT_TRIGGERS, count_trigger_ddl
 from ._locking import lock_sheet
 from ._pool import TrioPool
@@ -231,12 +234,13 @@ def sheet_names(sheet: SheetRef) -> SheetNames:
 
 
 def receipt_names(org_id: str, play_name: str) -> SheetNames:
-    """Names for work receipts, which belong to a play rather than a sheet.
+    """Names for work receipts, which belong to a play rather than a sheet (the play
+    name normalised, as a sheet's is).
 
     Only ``schema`` and ``receipts_table`` are meaningful; the sheet tables are
     named for the empty namespace, which no sheet can have.
     """
-    return _names(_check_logical("org_id", org_id), _check_logical("play_name", play_name), "")
+    return _names(_check_logical("org_id", org_id), normalize_play_name(play_name), "")
 
 
 def org_schema(org_id: str) -> str:
