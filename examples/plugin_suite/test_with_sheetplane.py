@@ -40,7 +40,9 @@ async def my_runner(client: GatewayClient, namespace: str, rows: list[dict[str, 
     result = await client.complete_map_rows(
         namespace, CONTRACT, writes, run_id="run-1", write_version=admission.write_version
     )
-    raise_if_superseded(result)
+    raise_if_superseded(
+        result, table_namespace=namespace, run_id="run-1", write_version=admission.write_version
+    )
     return len(result.committed_keys)
 
 
@@ -71,7 +73,9 @@ async def test_a_readmitted_sheet_stops_the_older_runner(sheetplane_gateway: Gat
             write_version=first.write_version,
         )
     with pytest.raises(AttemptSupersededError):
-        raise_if_superseded(result)
+        raise_if_superseded(
+            result, table_namespace="leads", run_id="run-1", write_version=first.write_version
+        )
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
