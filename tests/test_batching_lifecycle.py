@@ -1,4 +1,4 @@
-"""BoundedBatchFunction, rules 5 and 7 of docs/protocol.md: cancellation at every point, and
+"""BoundedBatchFunction, rules 5 and 7 of docs/batching.md: cancellation at every point, and
 leaving the ``async with`` block normally (drain) or by an exception."""
 
 from __future__ import annotations

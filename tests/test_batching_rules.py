@@ -1,4 +1,4 @@
-"""BoundedBatchFunction, the rules 1-4, 6, 8 and 9 of docs/protocol.md, on virtual time."""
+"""BoundedBatchFunction, the rules 1-4, 6, 8 and 9 of docs/batching.md, on virtual time."""
 
 from __future__ import annotations
 
