@@ -82,6 +82,9 @@ CLOSED: Final = 7
 
 _STALE_SLACK: Final = 64
 """Stale heap rows tolerated beyond twice the live ones before a rebuild."""
+_COMPACT_EVERY: Final = 16
+"""Dispatches between two looks at the stale rows (they are few and cheap to keep)."""
+_INF: Final = math.inf
 
 
 class Entry(Generic[K, V]):
@@ -300,7 +303,7 @@ class SchedulingCore(Generic[K, V]):
         entry = self._entry_type(
             seq, lane_id, key, value, nbytes, now + self.flush_seconds, deadline
         )
-        if deadline != math.inf:
+        if deadline != _INF:
             timeline = self._timeline
             if not timeline or deadline >= timeline[-1].deadline:
                 timeline.append(entry)
@@ -511,7 +514,8 @@ class SchedulingCore(Generic[K, V]):
             self._peak_in_flight = self.in_flight
         self._batches += 1
         self._values += count
-        self._compact()
+        if not self._batches % _COMPACT_EVERY:
+            self._compact()
         return batch
 
     def finish(self, batch: Batch[K, V]) -> list[Entry[K, V]]:

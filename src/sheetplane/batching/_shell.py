@@ -63,6 +63,7 @@ _reschedule: Final = trio.lowlevel.reschedule
 _current_task: Final = trio.lowlevel.current_task
 _park: Final = trio.lowlevel.wait_task_rescheduled
 _current_time: Final = trio.current_time
+_INF: Final = math.inf
 _TEXT: Final = (str, bytes, bytearray)
 """Sequences that are not a sequence of results."""
 
@@ -406,8 +407,8 @@ class BoundedBatchFunction(Generic[K, V, R]):
         core = self._core
         now = self._now()
         if max_wait is None:
-            deadline = math.inf
-        elif type(max_wait) is float and 0.0 <= max_wait < math.inf:
+            deadline = _INF
+        elif type(max_wait) is float and 0.0 <= max_wait < _INF:
             deadline = now + max_wait
         else:
             deadline = now + _checked_max_wait(max_wait)
