@@ -44,6 +44,8 @@ class CountingGateway:
     token: str
     app: Starlette
     requests: int = 0
+    #: The headers of the last HTTP request received (names lower-case).
+    last_headers: dict[str, str] = attrs.field(factory=dict)
 
     @property
     def state(self) -> GatewayState:
@@ -66,6 +68,7 @@ async def counting_gateway(
     async def counted(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             holder[0].requests += 1
+            holder[0].last_headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         await app(scope, receive, send)
 
     stop = trio.Event()

@@ -1007,3 +1007,49 @@ async def test_a_keyset_cursor_is_the_wire_s_row_cursor(autojump_clock: Any) -> 
         with pytest.raises(InvalidInputError, match=r"after: createdAt is required"):
             await client.read_rows_after("leads", {"i": 1, "k": "k1"}, 2, 2)
     assert [body["input"].get("after", "absent") for _, body, _ in script.seen] == [None, cursor]
+
+
+# --- the protection-bypass header (the runtime's vercelProtectionBypassToken) -----------------
+
+BYPASS = "bypass-secret-5f1e2d3c"
+
+
+async def test_the_bypass_token_goes_with_every_request_and_never_into_an_error(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    echo = {"error": f"rejected {BYPASS} and {TOKEN}", "details": {"header": BYPASS}}
+    script = Script(replies=[ok({"ok": True}), status(400, echo)])
+    client = script.client(protection_bypass_token=f" {BYPASS} ")
+    async with client:
+        await client.ensure_sheet("ns", CONTRACT)
+        with pytest.raises(GatewayError) as excinfo:
+            await client.ensure_sheet("ns", CONTRACT)
+    assert [headers["x-vercel-protection-bypass"] for _, _, headers in script.seen] == [BYPASS] * 2
+    error = excinfo.value
+    shown = f"{error} {error!r} {error.details!r} {client!r}"
+    assert BYPASS not in shown and TOKEN not in shown and "[redacted]" in str(error)
+    assert BYPASS not in caplog.text
+
+
+async def test_without_a_bypass_token_no_bypass_header_is_sent(autojump_clock: Any) -> None:
+    script = Script(replies=[ok({"ok": True})])
+    async with script.client() as client:
+        await client.ensure_sheet("ns", CONTRACT)
+    assert "x-vercel-protection-bypass" not in script.seen[0][2]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"protection_bypass_token": ""},
+        {"protection_bypass_token": "  "},
+        {"protection_bypass_token": "a\nb"},
+        {"protection_bypass_token": 7},
+        {"headers": {"X-Vercel-Protection-Bypass": BYPASS}},
+    ],
+)
+def test_a_bad_bypass_token_is_refused_without_echoing_it(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInputError) as excinfo:
+        Script().client(**options)
+    assert BYPASS not in str(excinfo.value) and "a\nb" not in str(excinfo.value)

@@ -506,3 +506,29 @@ def test_a_namespace_blank_once_trimmed_is_refused(blank: str) -> None:
         AccessShape(blank, ("rows.read",))
     with pytest.raises(InvalidInputError, match="table_namespace"):
         PreloadedSession(table_namespace=blank, operations=("rows.read",), session={})
+
+
+async def test_without_pool_caching_every_use_opens_and_closes_its_own_pool(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    pools = FakePools()
+    gateway = FakeGateway()
+    async with manager_for(key, gateway, pools, cache_pools=False) as manager:
+        async with manager.store(READ) as first:
+            await trio.sleep(1)
+            async with manager.store(READ) as second:
+                assert first is not second
+        await trio.sleep(1)
+        async with manager.store(READ):
+            pass
+        opened_in_block = list(pools.events)
+    assert [(t, kind) for t, kind, _ in opened_in_block] == [
+        (0.0, "open"),
+        (1.0, "open"),
+        (1.0, "close"),
+        (1.0, "close"),
+        (2.0, "open"),
+        (2.0, "close"),
+    ]
+    assert {url for _, _, url in pools.events} == {url_of(1)}  # one session, shared
+    assert len(gateway.requests) == 1

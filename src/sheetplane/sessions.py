@@ -428,9 +428,13 @@ class SessionManager:
         open_pool: PoolOpener = _default_pool_opener,
         open_check_pool: PoolOpener = _check_pool_opener,
         decryption_key: crypto.DecryptionKey | None = None,
+        cache_pools: bool = True,
     ) -> None:
         if unwrap_key is not None:
             crypto.check_unwrap_key(unwrap_key)
+        if not isinstance(cache_pools, bool):
+            raise InvalidInputError(f"cache_pools must be a bool, got {cache_pools!r}")
+        self._cache_pools = cache_pools
         self._client = client
         self._preloaded = tuple(preloaded)
         self._unwrap_key = unwrap_key
@@ -626,10 +630,20 @@ class SessionManager:
         The pool opens on first use. If opening fails, the error propagates
         and the next call tries again. Cancellation while waiting for the pool
         leaves it opening for the others.
+
+        A manager made with ``cache_pools=False`` (``open_runtime``'s
+        ``disable_postgres_pool_cache``, the runtime's ``disablePostgresPoolCache``)
+        shares sessions but no pools: each call opens its own pool on the
+        session's URL and closes it when the block is left, so no connection
+        outlives the operation that used it.
         """
         if self._nursery is None:
             raise RuntimeError("use SessionManager inside 'async with'")
         session = await self.session(shape)
+        if not self._cache_pools:
+            async with self._open_pool(session.postgres_url) as own:
+                yield own
+            return
         key = self.cache_key(shape)
         pool = self._pools.get(key)
         if pool is None or pool.session is not session:

@@ -91,6 +91,7 @@ from ..names import normalize_play_name, normalize_table_namespace
 from ..protocol import _domain as _answers
 from ..protocol import _messages as m
 from ..protocol._wire import (
+    PROTECTION_BYPASS_HEADER,
     RUNTIME_PATH,
     Code,
     decode_body,
@@ -205,6 +206,11 @@ class GatewayClient:
     ``httpx.AsyncClient`` and closes it on exit. ``transport`` replaces the
     network (tests pass an ``httpx.MockTransport``); ``headers`` are sent with
     every request (tests use them to arm the reference gateway's faults).
+    ``protection_bypass_token`` goes with every request as
+    ``x-vercel-protection-bypass`` (``PROTECTION_BYPASS_HEADER``), as the runtime
+    sends its ``vercelProtectionBypassToken``; like the executor token it is a
+    secret, never in a repr, a log or an error message (an answer that echoes it
+    is redacted).
 
     Cancellation: a call cancelled mid-attempt closes that attempt's
     connection and sends nothing more; whether the gateway applied the
@@ -221,6 +227,7 @@ class GatewayClient:
         user_email: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
+        protection_bypass_token: str | None = None,
     ) -> None:
         if not isinstance(token, str) or not token.strip():
             raise InvalidInputError("the gateway client needs a non-empty executor token")
@@ -247,6 +254,27 @@ class GatewayClient:
         extra = {name.lower(): value for name, value in (headers or {}).items()}
         if "authorization" in extra:
             raise InvalidInputError("pass the token as token, not as an authorization header")
+        if PROTECTION_BYPASS_HEADER in extra:
+            raise InvalidInputError(
+                f"pass the bypass token as protection_bypass_token, not as a "
+                f"{PROTECTION_BYPASS_HEADER} header"
+            )
+        #: The secrets error texts are redacted of: the token, and the bypass token.
+        self._secrets: tuple[str, ...] = (self._token,)
+        if protection_bypass_token is not None:
+            if (
+                not isinstance(protection_bypass_token, str)
+                or not protection_bypass_token.strip()
+                or any(ch in protection_bypass_token for ch in "\x00\r\n")
+            ):
+                # Never echoed: a secret.
+                raise InvalidInputError(
+                    "protection_bypass_token must be a non-empty string without NUL or "
+                    "line breaks, or None"
+                )
+            bypass = protection_bypass_token.strip()
+            extra[PROTECTION_BYPASS_HEADER] = bypass
+            self._secrets += (bypass,)
         self._extra_headers = extra
         self._http: httpx.AsyncClient | None = None
 
@@ -420,7 +448,10 @@ class GatewayClient:
         raise GatewayError(status, code, message, details)
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._token, _REDACTED) if self._token in text else text
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, _REDACTED)
+        return text
 
     def _redact_details(self, value: Any) -> Any:
         if value is None or value == "":
@@ -428,7 +459,7 @@ class GatewayClient:
         if isinstance(value, str):
             return self._redact(value)
         text = json.dumps(value, default=str)
-        return self._redact(text) if self._token in text else value
+        return self._redact(text) if any(secret in text for secret in self._secrets) else value
 
     # --- typed helpers ---------------------------------------------------------
 

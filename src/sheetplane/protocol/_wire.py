@@ -33,6 +33,7 @@ __all__ = [
     "LOGICAL_TABLES",
     "METRICS_PATH",
     "OPERATIONS",
+    "PROTECTION_BYPASS_HEADER",
     "READYZ_PATH",
     "ROW_MODES",
     "RUNTIME_PATH",
@@ -51,6 +52,10 @@ RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
 HEALTHZ_PATH: Final = "/healthz"
 READYZ_PATH: Final = "/readyz"
 METRICS_PATH: Final = "/metrics"
+
+#: The header that carries a deployment's protection-bypass token past its edge (the
+#: runtime sends it on every request when it is given one). A secret, like the token.
+PROTECTION_BYPASS_HEADER: Final = "x-vercel-protection-bypass"
 
 #: The error text (before ``: <action>``) of a gateway that does not know an action;
 #: the client recognises it in any gateway's answer.

@@ -264,6 +264,8 @@ async def open_runtime(
     user_email: str | None = None,
     headers: Mapping[str, str] | None = None,
     prewarm: bool = True,
+    disable_postgres_pool_cache: bool = False,
+    protection_bypass_token: str | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a run's data plane: ``async with open_runtime(...) as rt:``.
 
@@ -272,6 +274,14 @@ async def open_runtime(
     the reference gateway's faults with them). The block owns the gateway
     client, the session manager (its pools and their tasks) and the page
     reader (its nursery runs every batch read).
+
+    ``protection_bypass_token`` (the runtime's ``vercelProtectionBypassToken``)
+    goes with every gateway request as the ``x-vercel-protection-bypass``
+    header; it is a secret, kept out of every repr, log and error message.
+    ``disable_postgres_pool_cache`` (the runtime's ``disablePostgresPoolCache``)
+    opens a pool for each direct-road operation and closes it after, instead of
+    keeping one pool per scoped session for the block's lifetime: for hosts
+    where a connection must not outlive the request that opened it.
 
     With ``prewarm`` (the default), every usable preloaded session is opened
     and checked (``SELECT 1``) before the block starts, retrying transient
@@ -301,6 +311,7 @@ async def open_runtime(
     ):
         raise InvalidInputError("headers must be a mapping of strings to strings")
     checks.flag("prewarm", prewarm)
+    checks.flag("disable_postgres_pool_cache", disable_postgres_pool_cache)
     client = GatewayClient(
         context.base_url,
         context.token,
@@ -308,12 +319,16 @@ async def open_runtime(
         org_id=context.org_id,
         user_email=context.user_email,
         headers=headers,
+        protection_bypass_token=protection_bypass_token,
     )
     try:
         async with (
             client,
             SessionManager(
-                client, preloaded=context.preloaded_sessions, unwrap_key=context.unwrap_key
+                client,
+                preloaded=context.preloaded_sessions,
+                unwrap_key=context.unwrap_key,
+                cache_pools=not disable_postgres_pool_cache,
             ) as sessions,
             PageReader() as reader,
         ):

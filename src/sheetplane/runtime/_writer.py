@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Protocol, TypeVar
@@ -10,6 +11,7 @@ import attrs
 import trio
 
 from .. import _checks as checks
+from .._json import encode_body
 from .._recovery import retry_idempotent
 from .._types import (
     AdmittedPart,
@@ -81,6 +83,14 @@ class WriteTarget:
     """A lazy dataset over one part of an admission of this sheet."""
     tally: WriteTally
     """The runtime's counters, bumped by the fence."""
+
+
+def _upsert_key(sheet: SheetRef, run_id: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """The runtime's upsert idempotency key: SHA-1 of ``play:namespace:run:<rows JSON>``
+    (an identity of the write, not a secret)."""
+    prefix = f"{sheet.play_name}:{sheet.table_namespace}:{run_id}:".encode()
+    material = prefix + encode_body([dict(row) for row in rows])
+    return hashlib.sha1(material, usedforsecurity=False).hexdigest()
 
 
 def _session_store(
@@ -264,14 +274,31 @@ class RowWriter:
         self,
         rows: Sequence[Mapping[str, Any]],
         *,
-        idempotency_key: str,
+        idempotency_key: str | None = None,
         key_field: str | None = None,
+        skip_ensure_sheet: bool = True,
     ) -> WriteResult:
-        """Insert or update rows by key; idempotent per ``idempotency_key``."""
+        """Insert or update rows by key; idempotent per ``idempotency_key``.
+
+        As the runtime's ``upsertRuntimeRows``: without an ``idempotency_key``
+        the key is the SHA-1 hex of ``play:namespace:run:`` and the rows'
+        compact JSON, so the same rows upserted again in the same run write
+        nothing; with ``skip_ensure_sheet=False`` the gateway's ``ensure_sheet``
+        runs first (creating the sheet and any new contract column), otherwise
+        the write goes straight to its scoped session.
+        """
         checked = checks.row_mappings("rows", rows)
-        key = checks.text("idempotency_key", idempotency_key)
         field = checks.optional_text("key_field", key_field)
-        sheet = self._target.sheet
+        checks.flag("skip_ensure_sheet", skip_ensure_sheet)
+        target = self._target
+        sheet = target.sheet
+        key = (
+            _upsert_key(sheet, target.run_id, checked)
+            if idempotency_key is None
+            else checks.text("idempotency_key", idempotency_key)
+        )
+        if not skip_ensure_sheet:
+            await target.client.ensure_sheet(sheet.table_namespace, target.contract)
         return await self._direct_write(
             "rows.upsert",
             len(checked),
