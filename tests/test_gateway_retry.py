@@ -14,13 +14,12 @@ from sheetplane.budgets import (
     REQUEST_TIMEOUT_MS,
     RETRY_DELAYS_MS,
 )
-from sheetplane.gateway._retry import (
+from sheetplane.gateway._retry import CallBudget, retry_delay_ms
+from sheetplane.protocol._receive import (
     TRANSIENT_MESSAGE,
-    CallBudget,
     is_transient_message,
     retry_after_from_body,
     retry_after_from_header,
-    retry_delay_ms,
 )
 
 

@@ -20,10 +20,6 @@ The rules:
 
 from __future__ import annotations
 
-import math
-import re
-from typing import Final
-
 import attrs
 
 from ..budgets import (
@@ -32,26 +28,6 @@ from ..budgets import (
     REQUEST_TIMEOUT_MS,
     RETRY_DELAYS_MS,
 )
-from ..protocol._wire import UNSUPPORTED_ACTION_TEXT
-
-#: Error texts of failures that are worth another attempt: the runtime's own list,
-#: alternative for alternative (docs/gateway.md, "Retries").
-TRANSIENT_MESSAGE: Final = re.compile(
-    r"timeout exceeded when trying to connect|timed out|fetch failed|ECONNRESET|ECONNREFUSED"
-    r"|UND_ERR_CONNECT_TIMEOUT|requested endpoint could not be found, or you don't have access"
-    r"|Neon API request failed \((?:408|429|502|503|504)\)"
-    r"|RUNTIME_SCHEDULER_(?:SATURATED|UNAVAILABLE|SCHEMA_NOT_READY)"
-    r"|RUNTIME_RATE_STATE_UNAVAILABLE|Runtime scheduler DB pool is saturated"
-    r"|Runtime scheduler DB circuit breaker is open|Runtime rate state .* is unavailable",
-    re.IGNORECASE,
-)
-
-#: The answer of a gateway that predates an action.
-UNSUPPORTED_ACTION_MESSAGE: Final = re.compile(re.escape(UNSUPPORTED_ACTION_TEXT), re.IGNORECASE)
-
-#: HTTP statuses retried on the ladder whatever their body says (429: a cap such
-#: as the gateway's live sessions per token, with the body's ``retry_after_ms``).
-TRANSIENT_STATUSES: Final = frozenset({429, 502, 503, 504})
 
 
 @attrs.frozen
@@ -105,34 +81,3 @@ def retry_delay_ms(
     if retry_after_ms is not None:
         return max(0, min(retry_after_ms, MAX_RETRY_AFTER_MS))
     return delays_ms[failures - 1]
-
-
-def retry_after_from_body(value: object) -> int | None:
-    """A body's ``retry_after_ms``: a finite, non-negative number, else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return min(math.ceil(value), MAX_RETRY_AFTER_MS)
-
-
-def retry_after_from_header(value: str | None) -> int | None:
-    """A ``Retry-After`` header in delta-seconds, as milliseconds; ``None`` otherwise.
-
-    The HTTP-date form is ignored: it would need a wall clock agreed with
-    the server, and the ladder is a fine answer without one.
-    """
-    if value is None:
-        return None
-    text = value.strip()
-    if not text.isdigit() or not text.isascii():
-        return None
-    # Compare digit counts first so a thousand-digit header is not converted.
-    if len(text) > len(str(MAX_RETRY_AFTER_MS)):
-        return MAX_RETRY_AFTER_MS
-    return min(int(text) * 1000, MAX_RETRY_AFTER_MS)
-
-
-def is_transient_message(text: str) -> bool:
-    """Whether an error text names a transient failure."""
-    return TRANSIENT_MESSAGE.search(text) is not None

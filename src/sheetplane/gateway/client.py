@@ -33,7 +33,6 @@ back-pressure, ``GatewayProtocolError`` for a body that was not JSON, and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
@@ -65,7 +64,6 @@ from ..budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     ADMISSION_COMMIT_CALL_BUDGET_MS,
     CALL_BUDGET_MS,
-    DEFAULT_RETRY_AFTER_MS,
     READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT_MS,
@@ -75,26 +73,21 @@ from ..budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from ..errors import (
-    AdmissionStateError,
     AdmissionTooLargeError,
-    BackpressureError,
-    GatewayAuthError,
     GatewayError,
     GatewayTimeoutError,
     InvalidInputError,
     ReadBatchTooLargeError,
     TransientGatewayError,
     UnsupportedActionError,
-    WorkReceiptFencedError,
 )
 from ..names import normalize_play_name, normalize_table_namespace
 from ..protocol import _domain as _answers
 from ..protocol import _messages as m
+from ..protocol._receive import Answer, Retry, receive
 from ..protocol._wire import (
     PROTECTION_BYPASS_HEADER,
     RUNTIME_PATH,
-    Code,
-    decode_body,
     encode_body,
     token_digest,
 )
@@ -107,14 +100,7 @@ from ._body import (
     read_bounded,
     response_byte_limit,
 )
-from ._retry import (
-    TRANSIENT_STATUSES,
-    UNSUPPORTED_ACTION_MESSAGE,
-    CallBudget,
-    is_transient_message,
-    retry_after_from_body,
-    retry_after_from_header,
-)
+from ._retry import CallBudget
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
@@ -152,22 +138,6 @@ class KeysetPage:
     rows are then the page at the offset sent, and ``next_after`` is None."""
 
 
-@attrs.frozen
-class _Retryable:
-    """A failed attempt worth another: the error to raise if none follows."""
-
-    error: GatewayError
-    retry_after_ms: int | None = None
-
-
-@attrs.frozen
-class _Answer:
-    """A successful attempt: the decoded JSON object and its decoded size."""
-
-    body: dict[str, Any]
-    size: int
-
-
 def _normalised(fields: dict[str, Any]) -> dict[str, Any]:
     """A request's members with its table namespace normalised (``sheetplane.names``):
     every request names its sheet the way the sheet is identified. A namespace that
@@ -186,17 +156,6 @@ def _dumps(value: Any) -> bytes:
         return encode_body(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"the request cannot be sent as JSON: {exc}") from None
-
-
-def _parse_json(raw: bytes) -> Any:
-    """The JSON value of ``raw``, or ``_NOT_JSON``."""
-    try:
-        return decode_body(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return _NOT_JSON
-
-
-_NOT_JSON: Final = object()
 
 
 class GatewayClient:
@@ -312,13 +271,13 @@ class GatewayClient:
         """
         return (await self._call(action, payload)).body
 
-    async def _call(self, action: str, payload: Mapping[str, Any]) -> _Answer:
+    async def _call(self, action: str, payload: Mapping[str, Any]) -> Answer:
         content = _dumps({**payload, "action": action, "playName": self.play_name})
         return await self._call_content(action, content)
 
     async def _call_content(
         self, action: str, content: bytes, *, attempt_ms: int = REQUEST_TIMEOUT_MS
-    ) -> _Answer:
+    ) -> Answer:
         """Send a request body already encoded (it names ``action`` and ``playName``)."""
         http = self._http
         if http is None:
@@ -335,7 +294,7 @@ class GatewayClient:
         failures = 0
         while True:
             outcome = await self._attempt(http, action, content, headers, budget)
-            if isinstance(outcome, _Answer):
+            if isinstance(outcome, Answer):
                 return outcome
             failures += 1
             wake = budget.next_attempt_at(trio.current_time(), failures, outcome.retry_after_ms)
@@ -350,7 +309,7 @@ class GatewayClient:
         content: bytes,
         headers: Mapping[str, str],
         budget: CallBudget,
-    ) -> _Answer | _Retryable:
+    ) -> Answer | Retry:
         now = trio.current_time()
         deadline = budget.attempt_deadline(now)
         limit = response_byte_limit(action)
@@ -361,20 +320,20 @@ class GatewayClient:
                     status, response_headers = resp.status_code, resp.headers
         except trio.TooSlowError:
             ms = round((deadline - now) * 1000)
-            return _Retryable(
+            return Retry(
                 GatewayTimeoutError(0, None, f"{action} attempt did not finish within {ms} ms")
             )
         except httpx.TimeoutException as exc:
-            return _Retryable(self._transport_error(GatewayTimeoutError, action, exc))
+            return Retry(self._transport_error(GatewayTimeoutError, action, exc))
         except (UnsupportedEncodingError, CorruptBodyError) as exc:
             raise _answers.protocol_error(action, str(exc)) from None
         except TruncatedBodyError as exc:
-            return _Retryable(_answers.protocol_error(action, str(exc)))
+            return Retry(_answers.protocol_error(action, str(exc)))
         except httpx.TransportError as exc:
             if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
                 raise self._transport_error(GatewayError, action, exc) from exc
-            return _Retryable(self._transport_error(TransientGatewayError, action, exc))
-        return self._judge(action, status, response_headers, raw)
+            return Retry(self._transport_error(TransientGatewayError, action, exc))
+        return receive(action, status, response_headers, raw, self._redact)
 
     def _transport_error(
         self, cls: type[GatewayError], action: str, exc: Exception
@@ -385,81 +344,11 @@ class GatewayClient:
         error.__cause__ = exc
         return error
 
-    def _judge(
-        self, action: str, status: int, headers: httpx.Headers, raw: bytes
-    ) -> _Answer | _Retryable:
-        parsed = _parse_json(raw)
-        if 200 <= status < 300:
-            if parsed is _NOT_JSON:
-                return _Retryable(
-                    _answers.protocol_error(action, "the body is not JSON (truncated?)", status)
-                )
-            if not isinstance(parsed, dict):
-                raise _answers.protocol_error(action, "the body is not a JSON object", status)
-            return _Answer(parsed, len(raw))
-
-        body: Mapping[str, Any] = parsed if isinstance(parsed, dict) else {}
-        error_text = body.get("error")
-        message = self._redact(
-            f"{action}: {error_text}"
-            if isinstance(error_text, str) and error_text
-            else f"{action} failed with HTTP {status}"
-        )
-        code = body.get("code") if isinstance(body.get("code"), str) else None
-        raw_details = body.get("details")
-        if raw_details in (None, ""):
-            raw_details = body.get("debug_error")
-        details = self._redact_details(raw_details)
-        searchable = f"{error_text if isinstance(error_text, str) else ''} {details or ''}"
-
-        if status == 413 and action in m.PAGE_READS and code == Code.READ_BATCH_TOO_LARGE:
-            observed = body.get("observed_bytes")
-            if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
-                observed = READ_BATCH_MAX_RESPONSE_BYTES + 1
-            raise ReadBatchTooLargeError(observed)
-        if code == Code.ADMISSION_STATE:
-            raise AdmissionStateError(message)
-        if status == 400 and code == InvalidInputError.code and action in _STAGED:
-            # A bad row of a staged chunk: the message names its position in the input.
-            raise InvalidInputError(error_text if isinstance(error_text, str) else message)
-        if status == 413 and code == Code.ADMISSION_TOO_LARGE:
-            observed = body.get("observed_bytes")
-            if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
-                observed = TRANSPORT_CEILING_BYTES + 1
-            raise AdmissionTooLargeError(observed)
-        if status in (401, 403):
-            raise GatewayAuthError(status, code, message, details)
-        if status == 409 and code == WorkReceiptFencedError.code:
-            raise WorkReceiptFencedError(message)
-        if UNSUPPORTED_ACTION_MESSAGE.search(searchable):
-            raise UnsupportedActionError(status, code, message, details)
-        retry_after = retry_after_from_body(body.get("retry_after_ms"))
-        if retry_after is None:
-            retry_after = retry_after_from_header(headers.get("retry-after"))
-        if status == 503 and code == Code.BACKPRESSURE:
-            if retry_after is None:
-                retry_after = DEFAULT_RETRY_AFTER_MS
-            return _Retryable(
-                BackpressureError(status, code, message, details, retry_after_ms=retry_after),
-                retry_after,
-            )
-        if status in TRANSIENT_STATUSES or is_transient_message(searchable):
-            return _Retryable(TransientGatewayError(status, code, message, details), retry_after)
-        raise GatewayError(status, code, message, details)
-
     def _redact(self, text: str) -> str:
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, _REDACTED)
         return text
-
-    def _redact_details(self, value: Any) -> Any:
-        if value is None or value == "":
-            return None
-        if isinstance(value, str):
-            return self._redact(value)
-        text = json.dumps(value, default=str)
-        return self._redact(text) if any(secret in text for secret in self._secrets) else value
 
     # --- typed helpers ---------------------------------------------------------
 
@@ -501,7 +390,7 @@ class GatewayClient:
             **fields,
         )
 
-    async def _send(self, request: m.Request, *, attempt_ms: int = REQUEST_TIMEOUT_MS) -> _Answer:
+    async def _send(self, request: m.Request, *, attempt_ms: int = REQUEST_TIMEOUT_MS) -> Answer:
         """Send one request, written by the wire converter."""
         content = _dumps(m.unstructure(request))
         return await self._call_content(request.action, content, attempt_ms=attempt_ms)

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from . import _messages
+from ._errors import status_descriptions
 from ._messages import (
     ANSWERS,
     REQUESTS,
@@ -44,20 +45,8 @@ __all__ = ["ERROR_STATUSES", "OPENAPI_PATH", "openapi_document"]
 #: Where the reference gateway serves the document.
 OPENAPI_PATH: Final = RUNTIME_PATH + "/openapi.json"
 
-#: Every error status the gateway answers, and when.
-ERROR_STATUSES: Final = {
-    "400": "A malformed request, an unsupported action, or a value the store refuses",
-    "401": "A missing or unknown executor token",
-    "403": "A request naming another org than its token's",
-    "404": "The sheet does not exist (ensure_sheet first)",
-    "408": "The request body did not arrive within the body-read timeout",
-    "409": "A write conflict, or a completion fenced by another holder's lease",
-    "413": "A request body over the transport ceiling, or a read or admission over its budget",
-    "429": "The token's or the org's live DB sessions are at their cap (retry_after_ms)",
-    "500": "An unexpected failure (no trace, no secret)",
-    "503": "Postgres admission back-pressure or Postgres unavailable (retry_after_ms)",
-    "504": "A Postgres statement timed out",
-}
+#: Every error status the gateway answers, and when: read off the error table.
+ERROR_STATUSES: Final = status_descriptions()
 
 
 def _component(cls: type[Any]) -> str:

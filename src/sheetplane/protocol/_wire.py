@@ -25,6 +25,13 @@ from typing import Final
 
 from .._json import decode_body, encode_body
 from .._types import BIGINT_MAX, BIGINT_MIN, LOGICAL_TABLES, OPERATIONS, ROW_MODES, STALE_REASONS
+from ..errors import (
+    AdmissionStateError,
+    AdmissionTooLargeError,
+    BackpressureError,
+    ReadBatchTooLargeError,
+    UnsupportedActionError,
+)
 
 __all__ = [
     "BIGINT_MAX",
@@ -65,21 +72,24 @@ UNSUPPORTED_ACTION_TEXT: Final = "Unsupported runtime data-plane action"
 class Code:
     """The ``code`` member of every error body the gateway writes.
 
-    Errors raised below the gateway (``InvalidInputError``, the store's
-    errors) are answered with their own class's ``code`` (``sheetplane.errors``).
+    A code that is also an exception's is that class's ``code``, stated there
+    once. Errors raised below the gateway (``InvalidInputError``, the store's
+    errors) are answered with their own class's ``code``; the statuses and the
+    client's judgement of every code are the error table's
+    (``protocol/_errors.py``).
     """
 
     INVALID_REQUEST: Final = "invalid_request"
-    UNSUPPORTED_ACTION: Final = "unsupported_action"
+    UNSUPPORTED_ACTION: Final = UnsupportedActionError.code
     ENCRYPTION_REQUIRED: Final = "encryption_required"
     UNAUTHORIZED: Final = "unauthorized"
     FORBIDDEN: Final = "forbidden"
     REQUEST_TOO_LARGE: Final = "request_too_large"
-    BACKPRESSURE: Final = "runtime_postgres_admission_backpressure"
+    BACKPRESSURE: Final = BackpressureError.code
     SESSION_CAP: Final = "runtime_db_session_cap"
-    READ_BATCH_TOO_LARGE: Final = "runtime_sheet_read_batch_too_large"
-    ADMISSION_TOO_LARGE: Final = "runtime_sheet_admission_too_large"
-    ADMISSION_STATE: Final = "runtime_sheet_admission_state"
+    READ_BATCH_TOO_LARGE: Final = ReadBatchTooLargeError.code
+    ADMISSION_TOO_LARGE: Final = AdmissionTooLargeError.code
+    ADMISSION_STATE: Final = AdmissionStateError.code
     SHEET_NOT_FOUND: Final = "sheet_not_found"
     INVALID_TEST_FAULT: Final = "invalid_test_fault"
     TEST_FAULT: Final = "test_fault"

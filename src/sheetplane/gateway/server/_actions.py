@@ -34,7 +34,7 @@ from ...budgets import (
     DB_SESSION_CAP_RETRY_AFTER_MS,
     TRANSPORT_CEILING_BYTES,
 )
-from ...errors import AdmissionTooLargeError, InvalidInputError, WorkReceiptFencedError
+from ...errors import AdmissionTooLargeError, InvalidInputError
 from ...protocol import _domain as d
 from ...protocol import _messages as m
 from ...protocol import _wire
@@ -224,18 +224,15 @@ async def complete_work_receipt(call: Call) -> dict[str, Any]:
     ``work_receipt_fenced`` and nothing is written.
     """
     request = _read(call, m.CompleteWorkReceiptRequest)
-    try:
-        completion = await call.state.store.complete_work_receipt(
-            call.org_id,
-            request.play_name,
-            request.key,
-            request.result,
-            request.run_id,
-            run_attempt=request.run_attempt,
-            holder=request.holder,
-        )
-    except WorkReceiptFencedError as exc:
-        raise ActionError(409, exc.code, str(exc)) from None
+    completion = await call.state.store.complete_work_receipt(
+        call.org_id,
+        request.play_name,
+        request.key,
+        request.result,
+        request.run_id,
+        run_attempt=request.run_attempt,
+        holder=request.holder,
+    )
     return d.receipt_answer(completion)
 
 

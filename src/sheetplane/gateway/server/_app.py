@@ -57,21 +57,17 @@ from starlette.routing import Route
 
 from ...budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
-    POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import (
-    AdmissionStateError,
     AdmissionTooLargeError,
     InvalidInputError,
     PoolSaturatedError,
     ReadBatchTooLargeError,
-    StatementTimeoutError,
+    SheetplaneError,
     StoreError,
-    StoreUnavailableError,
-    TransactionConflictError,
-    WriteConflictError,
 )
+from ...protocol._errors import rule_for_exception
 from ...protocol._messages import (
     CommitAdmissionRequest,
     StartSheetDatasetRequest,
@@ -197,45 +193,34 @@ def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
     return body, action
 
 
-def _store_error(exc: StoreError, action: str, state: GatewayState) -> ActionError:
-    """Map a store failure to an answer that names no SQL, value or URL."""
+def _error_answer(exc: SheetplaneError, action: str, state: GatewayState) -> ActionError | None:
+    """The answer to ``exc`` by the error table (``protocol/_errors.py``): its status and
+    code, and for a store failure a fixed text that names no SQL, value or URL. None
+    for an error the table does not list (answered as an unexpected failure)."""
+    if isinstance(exc, ReadBatchTooLargeError):
+        state.metrics.read_batch_too_large.inc()
     if isinstance(exc, PoolSaturatedError):
         state.metrics.backpressure.inc()
-        return ActionError(
-            503,
-            Code.BACKPRESSURE,
-            "Runtime Postgres admission is saturated; retry later",
-            retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
-        )
-    if isinstance(exc, StoreUnavailableError):
-        return ActionError(
-            503,
-            exc.code,
-            "Runtime Postgres is unavailable",
-            retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
-        )
-    if isinstance(exc, TransactionConflictError):
-        # Deadlocks and serialization failures were retried inside the
-        # transaction's budget; one that outlasts it is back-pressure, not a 500.
-        return ActionError(
-            503,
-            exc.code,
-            "Runtime Postgres aborted the transaction on conflict; retry later",
-            retry_after_ms=POSTGRES_BACKPRESSURE_RETRY_AFTER_MS,
-        )
-    if isinstance(exc, StatementTimeoutError):
-        return ActionError(504, exc.code, "Runtime Postgres statement timed out")
-    if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+    if isinstance(exc, StoreError) and isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
         return ActionError(
             404, Code.SHEET_NOT_FOUND, "the sheet does not exist (ensure_sheet first)"
         )
-    log.error(
-        "store error answering %s: %s",
-        action,
-        type(exc).__name__,
-        extra=internal_error_fields(exc),
-    )
-    return ActionError(500, exc.code, "Runtime Postgres operation failed")
+    rule = rule_for_exception(exc)
+    if rule is None:
+        return None
+    if rule.code == StoreError.code:
+        log.error(
+            "store error answering %s: %s",
+            action,
+            type(exc).__name__,
+            extra=internal_error_fields(exc),
+        )
+    extra: dict[str, Any] = {}
+    if rule.retry_after_ms is not None:
+        extra["retry_after_ms"] = rule.retry_after_ms
+    if isinstance(exc, ReadBatchTooLargeError | AdmissionTooLargeError):
+        extra["observed_bytes"] = exc.observed_bytes
+    return ActionError(rule.status, rule.code, rule.text or str(exc), **extra)
 
 
 def _body_timeout(timeout_ms: int) -> ActionError:
@@ -278,19 +263,11 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
     try:
         with trio.move_on_after(action_budget_ms / 1000):
             payload = await handler(Call(state, org_id, body, token_id))
-    except (ReadBatchTooLargeError, AdmissionTooLargeError) as exc:
-        if isinstance(exc, ReadBatchTooLargeError):
-            state.metrics.read_batch_too_large.inc()
-        raise ActionError(413, exc.code, str(exc), observed_bytes=exc.observed_bytes) from None
-    except AdmissionStateError as exc:
-        raise ActionError(409, exc.code, str(exc)) from None
-    except InvalidInputError as exc:
-        raise ActionError(400, exc.code, str(exc)) from None
-    except WriteConflictError as exc:
-        # Not a StoreError: one row given two results at one version is the caller's.
-        raise ActionError(409, exc.code, str(exc)) from None
-    except StoreError as exc:
-        raise _store_error(exc, action, state) from None
+    except SheetplaneError as exc:
+        answer = _error_answer(exc, action, state)
+        if answer is None:
+            raise
+        raise answer from None
     if payload is None:
         raise ActionError(
             504,
