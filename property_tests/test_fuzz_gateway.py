@@ -66,7 +66,7 @@ from sheetplane.gateway.server._actions import GatewayState
 from sheetplane.gateway.server._auth import TokenTable
 from sheetplane.gateway.server._roles import ReaperProgress
 from sheetplane.store import SheetStore
-from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS
+from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES
 from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
 
 from ._threaded_gateway import ThreadedGateway, own_database, snapshot
@@ -338,6 +338,7 @@ def _bad(kind: str) -> st.SearchStrategy[Any]:
             _NON_STRINGS,
             st.sampled_from(["", "a" * 64, "é" * 32, "_key\x00", "x\x00y"]),
             st.sampled_from(sorted(POSTGRES_SYSTEM_COLUMNS)),
+            st.sampled_from(sorted(RESERVED_SQL_NAMES)),
         )
     if name == "json":  # a value no store may keep
         return st.one_of(

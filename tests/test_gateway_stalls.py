@@ -4,14 +4,18 @@ connections close, and connections past the cap wait until one closes."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
+from hypercorn.trio.task_group import _handle
 
 from _serve_helpers import secret_file_options, serving
 from sheetplane.gateway.server import RUNTIME_PATH
 from sheetplane.gateway.server._ops import Operations
-from sheetplane.gateway.server._serve import _accept
+from sheetplane.gateway.server._serve import _accept, hypercorn_config
 
 TOKEN = "tok-stall-1c2d3e4f"
 #: How long a test waits for the server to act on a stalled connection.
@@ -166,3 +170,41 @@ async def test_an_error_out_of_one_connection_ends_that_connection_not_the_gatew
             connections.cancel_scope.cancel()
     assert served == [0, 1]
     assert slots.borrowed_tokens == 0
+
+
+async def test_a_connection_the_client_closed_is_not_logged_as_a_server_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A send on a connection the client closed or reset (``trio.BusyResourceError``
+    when a 408 races more body bytes, ``BrokenResourceError`` after a reset) came
+    out of the app, and Hypercorn logged "Error in ASGI Framework" at error level
+    with a traceback: 77 of them while one tenant held stalled sockets. Run through
+    Hypercorn's own app task with the gateway's Hypercorn settings, each is one
+    info line naming the type; any other error stays an error."""
+    config = hypercorn_config("127.0.0.1", 0)
+    sent: list[object] = []
+
+    async def send(message: object) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    raised: list[BaseException] = [
+        trio.BusyResourceError("another task is currently sending data"),
+        trio.BrokenResourceError(),
+        ExceptionGroup("closed", [trio.ClosedResourceError()]),
+        RuntimeError("a real server error"),
+    ]
+    for error in raised:
+
+        async def app(*_: Any, error: BaseException = error) -> None:
+            raise error
+
+        with caplog.at_level(logging.INFO, logger="hypercorn.error"):
+            await _handle(app, config, {"type": "http"}, receive, send, None, None)
+    records = [r for r in caplog.records if r.name == "hypercorn.error"]
+    assert [r.levelno for r in records] == [logging.INFO] * 3 + [logging.ERROR]
+    assert [r.exc_info is None for r in records] == [True, True, True, False]
+    assert "BusyResourceError" in records[0].getMessage()
+    assert "ExceptionGroup" in records[2].getMessage()

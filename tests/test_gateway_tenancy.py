@@ -41,7 +41,7 @@ from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harde
 from sheetplane.protocol._domain import read_contract
 from sheetplane.store import open_store, sheet_names
 from sheetplane.store._counters import column_counts
-from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, SYSTEM_COLUMNS
+from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES, SYSTEM_COLUMNS
 
 TOKEN_A = "tok-tenant-a-7f3e9c1d"
 TOKEN_B = "tok-tenant-b-2a8b4e6f"
@@ -999,3 +999,81 @@ async def test_a_scoped_role_finds_no_other_orgs_metadata_sizes_or_row_counts(
         await store.upsert_rows(sheet, [{"_key": "k0", "email": "new@x"}], idempotency_key="u1")
         rows = await store.read_rows_by_keys(sheet, ["k0"])
     assert rows[0]["email"] == "new@x"
+
+
+# --- second pass, finding 10: small items ------------------------------------------------
+
+
+async def test_a_sheet_system_column_as_a_sqlname_is_400_not_silently_dropped(
+    gateway: RunningGateway, database_url: str, namespace: str
+) -> None:
+    """``sqlName: "_status"`` (any of the sheet's or the staging table's own columns)
+    answered 200 and was never stored: a ``_`` name is no physical column."""
+    assert {"_key", "_status", "_write_version", "_admission_id", "_position"} <= (
+        RESERVED_SQL_NAMES
+    )
+    for name in sorted(RESERVED_SQL_NAMES):
+        contract = {
+            "columns": [
+                {"id": "email", "sqlName": "email", "source": "input"},
+                {"id": "x", "sqlName": name, "source": "output"},
+            ]
+        }
+        for action, fields in (
+            ("ensure_sheet", {}),
+            ("start_sheet_dataset", {"rows": [{"_key": "k", "email": "e"}], "runId": "r"}),
+        ):
+            response = await post(
+                gateway,
+                TOKEN_A,
+                action,
+                tableNamespace=namespace,
+                sheetContract=contract,
+                **fields,
+            )
+            assert response.status_code == 400, (name, action, response.text)
+            assert "system column" in response.json()["error"]
+    names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    assert await run_sql(
+        database_url, "SELECT to_regclass(%s)", (names.ident("sheet_table").as_string(None),)
+    ) == [(None,)]
+    # Any other ``_`` name stays a virtual column, as the runtime re-created has it.
+    virtual = {"columns": [*CONTRACT["columns"], {"id": "v", "sqlName": "_v", "source": "output"}]}
+    await act(gateway, TOKEN_A, "ensure_sheet", tableNamespace=namespace, sheetContract=virtual)
+
+
+async def test_a_scoped_role_cannot_read_other_sessions_role_expiry_settings_or_database_size(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)
+    await admit(gateway, TOKEN_B, namespace)
+    _, url_b = await mint(gateway, TOKEN_B, namespace, ["rows.read"])
+    _, url_a = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
+    held = await trio.to_thread.run_sync(
+        functools.partial(psycopg.connect, url_b, application_name="org-b-secret-app")
+    )
+    try:
+        for statement in (
+            "SELECT application_name FROM pg_stat_activity",
+            "SELECT count(*) FROM pg_stat_activity",
+            "SELECT * FROM pg_stat_get_activity(NULL)",
+            "SELECT pg_stat_get_backend_userid(1)",
+            "SELECT rolvaliduntil FROM pg_roles",
+            "SELECT rolconfig FROM pg_roles",
+            "SELECT * FROM pg_roles",
+            "SELECT valuntil, useconfig FROM pg_user",
+            "SELECT setconfig FROM pg_db_role_setting",
+            "SELECT pg_database_size(current_database())",
+            "SELECT pg_database_size(oid) FROM pg_database",
+            "SELECT pg_tablespace_size('pg_default')",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await run_sql(url_a, statement)
+        # What drivers and tools read of pg_roles stays readable.
+        me = await run_sql(
+            url_a,
+            "SELECT rolname, rolsuper, rolcanlogin FROM pg_roles WHERE rolname = current_user",
+        )
+        assert len(me) == 1 and me[0][1:] == (False, True)
+    finally:
+        await trio.to_thread.run_sync(held.close)

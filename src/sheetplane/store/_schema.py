@@ -39,6 +39,7 @@ from ._pool import TrioPool
 
 __all__ = [
     "POSTGRES_SYSTEM_COLUMNS",
+    "RESERVED_SQL_NAMES",
     "SYSTEM_COLUMNS",
     "SheetNames",
     "column_ids",
@@ -77,6 +78,12 @@ SYSTEM_COLUMNS: tuple[str, ...] = (
 POSTGRES_SYSTEM_COLUMNS: frozenset[str] = frozenset(
     {"tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"}
 )
+
+#: Names no contract column may take: the sheet table's system columns and the
+#: staging table's own (``_admission_id``, ``_position``). Any other ``_`` name is
+#: a virtual column (never physical, as in the runtime this library re-creates);
+#: these would silently never be stored, so they are refused.
+RESERVED_SQL_NAMES: frozenset[str] = frozenset({*SYSTEM_COLUMNS, "_admission_id", "_position"})
 
 _HASH_CHARS = 12
 # Table names are <base><suffix>; the longest derived name is the staging
@@ -347,9 +354,13 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
         )
     columns: dict[str, str] = {}
     for column in contract.columns:
+        name = column.sql_name
+        if name in RESERVED_SQL_NAMES:
+            raise InvalidInputError(
+                f"sheet contract sqlName {name!r} is a system column of the sheet"
+            )
         if not column.is_physical:
             continue
-        name = column.sql_name
         if "\x00" in name or len(name.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
             raise InvalidInputError(
                 f"sheet contract sqlName {name!r} is not a valid column name "

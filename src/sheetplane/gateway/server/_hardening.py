@@ -26,6 +26,14 @@ could call them. Some let one tenant reach past its sheet:
   tuples, scans, vacuums): they tell one tenant how big another's sheets are
   and how busy. (``pg_class.reltuples`` and ``relpages`` stay readable: the
   catalog has no row-level privileges, see docs/gateway.md.)
+* ``pg_database_size`` / ``pg_tablespace_size``: the size of every org's data
+  together;
+* the views that show other sessions: ``pg_stat_activity`` (and the functions
+  behind it, ``pg_stat_get_activity`` and ``pg_stat_get_backend_*``: other
+  sessions' ``application_name``, client address and start times),
+  ``pg_user`` and ``pg_db_role_setting`` (every session role's expiry and
+  settings), and the columns ``rolvaliduntil`` and ``rolconfig`` of
+  ``pg_roles`` (its other columns stay readable: drivers and tools read them).
 
 At startup a superuser gateway revokes all of these from ``PUBLIC`` (in the
 current database only), once, under a lock so gateways starting together do
@@ -59,6 +67,8 @@ __all__ = [
     "GATEWAY_FUNCTIONS",
     "GATEWAY_MEMBERSHIPS",
     "REVOKED_FUNCTION_PATTERN",
+    "REVOKED_ROLE_COLUMNS",
+    "REVOKED_VIEWS",
     "harden_database",
     "hardening_statements",
     "public_functions",
@@ -74,7 +84,23 @@ REVOKED_FUNCTION_PATTERN: Final = (
     r"|pg_(relation|total_relation|table|indexes)_size"
     r"|pg_stat_get_(xact_)?(numscans|lastscan|tuples_.*|live_tuples|dead_tuples"
     r"|mod_since_analyze|ins_since_vacuum|blocks_fetched|blocks_hit|last_.*_time"
-    r"|(auto)?(vacuum|analyze)_count|total_(auto)?(vacuum|analyze)_time))$"
+    r"|(auto)?(vacuum|analyze)_count|total_(auto)?(vacuum|analyze)_time)"
+    # The database's total size; other sessions' backends.
+    r"|pg_(database|tablespace)_size|pg_stat_get_activity|pg_stat_get_backend_.*)$"
+)
+
+#: Catalog views no scoped session may read at all (``SELECT`` revoked from ``PUBLIC``).
+REVOKED_VIEWS: Final = ("pg_stat_activity", "pg_user", "pg_db_role_setting")
+
+#: ``pg_roles`` stays readable but for these columns: every session role's expiry
+#: and settings (a revoke of the whole view, then a grant of the rest by column).
+REVOKED_ROLE_COLUMNS: Final = ("rolvaliduntil", "rolconfig")
+
+#: What a gateway reads itself of those: ``pg_stat_activity`` (its watchdog and
+#: reaper) and the roles' expiry (its reaper); a non-superuser gateway needs them granted.
+GATEWAY_READS: Final = (
+    "GRANT SELECT ON pg_catalog.pg_stat_activity TO {role}",
+    "GRANT SELECT (rolvaliduntil) ON pg_catalog.pg_roles TO {role}",
 )
 
 #: Of those, what the gateway itself calls (a non-superuser gateway needs them granted).
@@ -118,6 +144,53 @@ _PUBLIC_TEMPORARY = sql.SQL(
 )
 
 
+#: Of ``REVOKED_VIEWS`` and ``pg_roles``, those ``PUBLIC`` may still read whole.
+_PUBLIC_VIEWS = sql.SQL(
+    """
+    SELECT c.relname FROM pg_class AS c
+    WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relname = ANY(%(views)s)
+      AND (c.relacl IS NULL OR EXISTS (
+          SELECT FROM aclexplode(c.relacl) AS a
+          WHERE a.grantee = 0 AND a.privilege_type = 'SELECT'))
+    ORDER BY 1
+    """
+)
+
+
+def _public_views(conn: psycopg.Connection[Any]) -> list[str]:
+    views = [*REVOKED_VIEWS, "pg_roles"]
+    return [str(row[0]) for row in conn.execute(_PUBLIC_VIEWS, {"views": views}).fetchall()]
+
+
+def _view_statements(conn: psycopg.Connection[Any]) -> list[sql.Composed]:
+    statements = []
+    for view in _public_views(conn):
+        ident = sql.Identifier("pg_catalog", view)
+        statements.append(sql.SQL("REVOKE SELECT ON {} FROM PUBLIC").format(ident))
+        if view == "pg_roles":
+            kept = conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_roles'::regclass"
+                " AND attnum > 0 AND NOT attisdropped AND NOT attname = ANY(%s) ORDER BY attnum",
+                (list(REVOKED_ROLE_COLUMNS),),
+            ).fetchall()
+            statements.append(
+                sql.SQL("GRANT SELECT ({}) ON {} TO PUBLIC").format(
+                    sql.SQL(", ").join(sql.Identifier(str(row[0])) for row in kept), ident
+                )
+            )
+    return statements
+
+
+def _lacking_reads(conn: psycopg.Connection[Any]) -> list[str]:
+    """Of ``GATEWAY_READS``, those the current role cannot do (by what they read)."""
+    row = conn.execute(
+        "SELECT has_table_privilege('pg_catalog.pg_stat_activity', 'SELECT'),"
+        " has_column_privilege('pg_catalog.pg_roles', 'rolvaliduntil', 'SELECT')"
+    ).fetchone()
+    assert row is not None
+    return [what for what, ok in zip(("pg_stat_activity", "pg_roles.rolvaliduntil"), row) if not ok]
+
+
 def public_functions(conn: psycopg.Connection[Any]) -> list[str]:
     """The revoked family's functions ``PUBLIC`` may still execute (``name(args)``)."""
     rows = conn.execute(_PUBLIC_FUNCTIONS, {"pattern": REVOKED_FUNCTION_PATTERN}).fetchall()
@@ -144,6 +217,7 @@ def hardening_statements(
         sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(sql.SQL(signature))
         for signature in public_functions(conn)
     ]
+    statements += _view_statements(conn)
     if _public_temporary(conn):
         database = conn.execute("SELECT current_database()").fetchone()
         assert database is not None
@@ -158,6 +232,7 @@ def hardening_statements(
             sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(signature), role)
             for signature in GATEWAY_FUNCTIONS
         )
+        statements.extend(sql.SQL(grant).format(role=role) for grant in GATEWAY_READS)
         lacking = _lacking_memberships(conn, gateway_role)
         if lacking:
             statements.append(
@@ -228,10 +303,13 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
         for signature in GATEWAY_FUNCTIONS
         if conn.execute(check, (signature,)).fetchone() != (True,)
     ]
-    if left or _public_temporary(conn) or missing:
+    missing += _lacking_reads(conn)
+    views = _public_views(conn)
+    if left or views or _public_temporary(conn) or missing:
         raise DatabaseNotHardenedError(
             f"the database still lets every role call {len(left)} lock, sleep, signal or "
-            f"storage function(s) (or create temporary tables), or role {me!r} lacks "
+            f"storage function(s), read {len(views)} view(s) of other sessions (or create "
+            f"temporary tables), or role {me!r} lacks "
             f"{len(missing)} it needs; a superuser must run the statements of "
             "sheetplane.gateway.server.hardening_statements first (docs/gateway.md, Security)"
         )

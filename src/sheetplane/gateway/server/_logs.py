@@ -32,11 +32,14 @@ from collections.abc import Iterable
 from typing import Any, Final, TextIO
 
 import attrs
+import trio
 
 from ...store._pool import _Redactor
 
 __all__ = [
     "REQUEST_ID_HEADER",
+    "ClosedConnectionFilter",
+    "is_closed_connection",
     "JsonFormatter",
     "RequestInfo",
     "configure_logging",
@@ -153,6 +156,49 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             entry["stack"] = _redact(self.formatStack(record.stack_info))
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+#: What a connection the client closed (or reset) raises out of a send on it.
+_CLOSED_CONNECTION: Final = (
+    trio.BusyResourceError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+)
+
+
+def is_closed_connection(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or every error of a group) is what a closed connection raises."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_closed_connection(inner) for inner in exc.exceptions)
+    return isinstance(exc, _CLOSED_CONNECTION)
+
+
+class ClosedConnectionFilter(logging.Filter):
+    """Turns Hypercorn's "Error in ASGI Framework" for a connection the client closed
+    into one info line naming the error's type.
+
+    When a client resets or closes its connection while an answer goes out (a
+    408 racing more body bytes, a client that gave up), the answer's send
+    raises ``trio.BusyResourceError`` / ``BrokenResourceError`` /
+    ``ClosedResourceError`` out of the app and Hypercorn logs it at error
+    level with a traceback: no server error, nothing to act on, and enough of
+    them bury the real ones. Every other record passes unchanged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.exc_info:
+            return True
+        exc = record.exc_info[1]
+        if not is_closed_connection(exc):
+            return True
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        record.msg, record.args = (
+            "connection closed by the client during an answer: %s",
+            (type(exc).__name__,),
+        )
+        record.exc_info, record.exc_text = None, None
+        record.event = "connection_closed"
+        return True
 
 
 def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> None:

@@ -57,6 +57,7 @@ from ...errors import InvalidInputError
 from ._actions import GatewayState, mint_preloaded_session
 from ._app import create_app, gateway_state, startup_failure
 from ._config import GatewayConfig
+from ._logs import ClosedConnectionFilter, is_closed_connection
 from ._ops import Operations
 
 __all__ = [
@@ -104,7 +105,10 @@ def hypercorn_config(host: str, port: int, options: ServeOptions | None = None) 
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
+    errors = logging.getLogger("hypercorn.error")
+    if not any(isinstance(f, ClosedConnectionFilter) for f in errors.filters):
+        errors.addFilter(ClosedConnectionFilter())
+    config.errorlog = errors
     config.keep_alive_timeout = options.keep_alive_timeout_ms / 1000
     config.read_timeout = math.ceil(options.read_timeout_ms / 1000)
     config.backlog = options.backlog
@@ -186,7 +190,8 @@ async def _serve_connection(
         # client keeps sending while Hypercorn closes the connection (a 408, say),
         # Hypercorn's own send of an error answer races its close and raises
         # trio.BusyResourceError out of its connection task.
-        log.warning(
+        log.log(
+            logging.INFO if is_closed_connection(exc) else logging.WARNING,
             "connection ended by %s",
             type(exc).__name__,
             extra={"event": "connection_error", "error": type(exc).__name__},
