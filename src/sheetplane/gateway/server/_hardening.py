@@ -188,7 +188,8 @@ def _lacking_reads(conn: psycopg.Connection[Any]) -> list[str]:
         " has_column_privilege('pg_catalog.pg_roles', 'rolvaliduntil', 'SELECT')"
     ).fetchone()
     assert row is not None
-    return [what for what, ok in zip(("pg_stat_activity", "pg_roles.rolvaliduntil"), row) if not ok]
+    reads = ("pg_stat_activity", "pg_roles.rolvaliduntil")
+    return [what for what, ok in zip(reads, row, strict=True) if not ok]
 
 
 def public_functions(conn: psycopg.Connection[Any]) -> list[str]:

@@ -39,12 +39,12 @@ from ...store._pool import _Redactor
 __all__ = [
     "REQUEST_ID_HEADER",
     "ClosedConnectionFilter",
-    "is_closed_connection",
     "JsonFormatter",
     "RequestInfo",
     "configure_logging",
     "current_request",
     "internal_error_fields",
+    "is_closed_connection",
     "redact_in_logs",
     "request_id_from",
 ]
