@@ -232,10 +232,23 @@ def test_role_statements_grant_only_what_the_operations_need() -> None:
     for forbidden in ("INSERT", "UPDATE", "DELETE", names.event_table):
         assert forbidden not in grants
     writes = " ".join(
-        s.as_string(None) for s in create_role_statements("r", "v", "t", names, ["rows.append"])
+        s.as_string(None)
+        for s in create_role_statements("r", "v", "t", names, ["rows.append"], columns=["email"])
     )
     assert "DELETE" not in writes
-    assert f'GRANT SELECT, INSERT ON TABLE "{names.schema}"."{names.sheet_table}"' in writes
+    assert (
+        'GRANT SELECT, INSERT ("_key", "_run_id", "_input_index", "email") ON TABLE'
+        f' "{names.schema}"."{names.sheet_table}"'
+    ) in writes
+    replace = " ".join(
+        s.as_string(None) for s in create_role_statements("r", "v", "t", names, ["rows.replace"])
+    )
+    # No DELETE and no table-level UPDATE on the rows (either would let LOCK TABLE
+    # ... ACCESS EXCLUSIVE through): the replace deletes through the clear function.
+    assert "DELETE" not in replace
+    assert 'UPDATE ("_status", "_run_id", "_error", "_updated_at", "_cell_meta")' in replace
+    clear = names.sheet_table.removesuffix("_rows") + "_clear"
+    assert f'GRANT EXECUTE ON FUNCTION "{names.schema}"."{clear}"() TO "r"' in replace
 
 
 # --- expiry and the reaper --------------------------------------------------------------

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from _session_helpers import aad_of, run_sql
 from sheetplane import DatabaseNotHardenedError, crypto
-from sheetplane._types import SheetRef
+from sheetplane._types import CompleteRow, FailRow, SheetRef
 from sheetplane.budgets import (
     MAX_CONTRACT_COLUMNS,
     MAX_ERROR_TEXT_BYTES,
@@ -256,6 +256,9 @@ TABLE_COLUMNS = {
     "otherMetaTable": ("kind", "name", "value"),
 }
 WRITE_EVENT = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
+#: What a write role may insert into and update of the rows (the contract's columns too).
+ROW_INSERT_COLUMNS = ("_key", "_run_id", "_input_index", "email", "score")
+ROW_UPDATE_COLUMNS = ("_status", "_run_id", "_error", "_updated_at", "_cell_meta", "email", "score")
 
 
 def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
@@ -277,14 +280,16 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
     allowed |= {("eventTable", "INSERT", c) for c in WRITE_EVENT}
     # The writer lock is LOCK TABLE on the empty, columnless lock table (table-level
     # UPDATE). Counters, summary and column summary: SELECT only, for every operation.
-    allowed |= {("lockTable", "LOCK", "")}
-    allowed |= {("sheetTable", "INSERT", c) for c in SHEET_COLUMNS}
+    # Any lock mode on it, ACCESS EXCLUSIVE included: it is the writer lock its own
+    # writes take exclusively, and no statement reads the empty table.
+    allowed |= {("lockTable", "LOCK", ""), ("lockTable", "LOCK ACCESS EXCLUSIVE", "")}
+    # The rows by column: never the version, the admitted version, the creation time,
+    # the stage or the provider; a direct write's new row takes status 'pending' and
+    # version 0 from the defaults. No table-level UPDATE and no DELETE (replace
+    # deletes through the sheet's clear function), so no LOCK TABLE on the rows.
+    allowed |= {("sheetTable", "INSERT", c) for c in ROW_INSERT_COLUMNS}
     if operation in ("rows.upsert", "rows.replace"):
-        # Table-level UPDATE (and DELETE) on the rows lets LOCK TABLE through too.
-        allowed |= {("sheetTable", "UPDATE", c) for c in SHEET_COLUMNS}
-        allowed |= {("sheetTable", "LOCK", "")}
-    if operation == "rows.replace":
-        allowed |= {("sheetTable", "DELETE", "")}
+        allowed |= {("sheetTable", "UPDATE", c) for c in ROW_UPDATE_COLUMNS}
     return allowed
 
 
@@ -302,6 +307,11 @@ def probe_matrix(url: str, tables: dict[str, sql.Identifier]) -> set[tuple[str, 
                 ("DELETE", "", sql.SQL("DELETE FROM {} WHERE false").format(table)),
                 ("TRUNCATE", "", sql.SQL("TRUNCATE {}").format(table)),
                 ("LOCK", "", sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table)),
+                (
+                    "LOCK ACCESS EXCLUSIVE",
+                    "",
+                    sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table),
+                ),
             ]
             for column in TABLE_COLUMNS[name]:
                 col = sql.Identifier(column)
@@ -455,22 +465,23 @@ def hostile_row_changes(url: str, names: Any) -> None:
     """As the role: the row changes its grants allow, in its own SQL, without the
     store's write path (no writer lock, no event), inside and outside savepoints."""
     rows = names.ident("sheet_table")
+    clear = sql.Identifier(names.schema, names.sheet_table.removesuffix("_rows") + "_clear")
     statements = [
-        "INSERT INTO {} (_key, _status, email, score) VALUES"
-        " ('h1', 'enriched', to_jsonb('a'::text), '1'), ('h2', 'failed', NULL, '2'),"
-        " ('h3', 'running', to_jsonb('c'::text), NULL), ('h4', 'stale', NULL, NULL)",
+        "INSERT INTO {} (_key, email, score) VALUES"
+        " ('h1', to_jsonb('a'::text), '1'), ('h2', NULL, '2'),"
+        " ('h3', to_jsonb('c'::text), NULL), ('h4', NULL, NULL)",
+        "UPDATE {} SET _status = 'enriched' WHERE _key = 'h1'",
+        "UPDATE {} SET _status = 'failed' WHERE _key = 'h2'",
         "UPDATE {} SET _status = 'failed', score = '3' WHERE _key = 'k0'",
-        "INSERT INTO {} (_key, _status, email) VALUES ('k2', 'pending', to_jsonb('x'::text))"
+        "INSERT INTO {} (_key, email) VALUES ('k2', to_jsonb('x'::text))"
         " ON CONFLICT (_key) DO UPDATE SET _status = 'enriched', email = NULL",
     ]
     with psycopg.connect(url) as conn:
         for statement in statements:
             conn.execute(sql.SQL(statement).format(rows))
-        with conn.transaction():
-            conn.execute(sql.SQL("DELETE FROM {} WHERE _key = 'k1'").format(rows))
         try:
             with conn.transaction():
-                conn.execute(sql.SQL("DELETE FROM {}").format(rows))
+                conn.execute(sql.SQL("SELECT {}()").format(clear))
                 raise _Rollback
         except _Rollback:
             pass
@@ -503,9 +514,9 @@ async def test_a_hostile_write_role_cannot_move_its_sheets_counters_and_they_sta
         "completed": completed,
         "failed": failed,
     }
-    # k0 failed, k2 enriched, h1 enriched, h2 failed, h3 running, h4 stale; k1 deleted.
-    assert (total, queued, running, completed, failed) == (6, 1, 1, 2, 2)
-    assert (emails, scores) == (3, 3)
+    # k0 failed, k1 pending, k2 enriched, h1 enriched, h2 failed, h3 and h4 pending.
+    assert (total, queued, running, completed, failed) == (7, 3, 0, 2, 2)
+    assert (emails, scores) == (4, 3)
     async with open_store(gateway.config.database_url, max_connections=1) as store:
         counts = await store.pool.run(functools.partial(column_counts, names=names))
     assert (counts.get("email", 0), counts.get("score", 0)) == (emails, scores)
@@ -1077,3 +1088,151 @@ async def test_a_scoped_role_cannot_read_other_sessions_role_expiry_settings_or_
         assert len(me) == 1 and me[0][1:] == (False, True)
     finally:
         await trio.to_thread.run_sync(held.close)
+
+
+# --- second pass, finding 6: a write role cannot break fencing on its own sheet ----------
+
+
+def fence_breaking_writes(url: str, names: Any, version: int) -> list[str]:
+    """As the role: every way the probe found (and a few more) to move what the fence
+    decides; returns the ones Postgres let through (each in its own transaction)."""
+    rows, events = names.ident("sheet_table"), names.ident("event_table")
+    attempts: list[tuple[str, sql.Composable]] = [
+        (
+            "version up",
+            sql.SQL("UPDATE {} SET _write_version = _write_version + 1000").format(rows),
+        ),
+        ("admitted version", sql.SQL("UPDATE {} SET _admitted_version = 99").format(rows)),
+        ("key", sql.SQL("UPDATE {} SET _key = _key || 'x' WHERE _key = 'k1'").format(rows)),
+        ("input index", sql.SQL("UPDATE {} SET _input_index = 99").format(rows)),
+        (
+            "insert enriched",
+            sql.SQL("INSERT INTO {} (_key, _status) VALUES ('f', 'enriched')").format(rows),
+        ),
+        (
+            "insert versioned",
+            sql.SQL("INSERT INTO {} (_key, _write_version) VALUES ('f', 99)").format(rows),
+        ),
+        (
+            "enriched back to pending",
+            sql.SQL("UPDATE {} SET _status = 'pending' WHERE _key = 'k0'").format(rows),
+        ),
+        (
+            "enriched to failed",
+            sql.SQL("UPDATE {} SET _status = 'failed' WHERE _key = 'k0'").format(rows),
+        ),
+        (
+            "pending to stale",
+            sql.SQL("UPDATE {} SET _status = 'stale' WHERE _key = 'k1'").format(rows),
+        ),
+        (
+            "pending to running",
+            sql.SQL("UPDATE {} SET _status = 'running' WHERE _key = 'k1'").format(rows),
+        ),
+        (
+            "admission event",
+            sql.SQL(
+                "INSERT INTO {} (kind, write_version, row_count) VALUES ('admission', 1e15, 1)"
+            ).format(events),
+        ),
+        (
+            "terminal event past the counter",
+            sql.SQL(
+                "INSERT INTO {} (kind, write_version, row_count)"
+                " VALUES ('complete_map_rows', %s, 1)"
+            ).format(events),
+        ),
+        (
+            "replace event",
+            sql.SQL("INSERT INTO {} (kind, row_count) VALUES ('replace', 1)").format(events),
+        ),
+        ("delete", sql.SQL("DELETE FROM {}").format(rows)),
+        ("lock the rows", sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(rows)),
+        ("lock the rows, share", sql.SQL("LOCK TABLE {} IN SHARE MODE").format(rows)),
+        ("lock the events", sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(events)),
+    ]
+    through = []
+    with psycopg.connect(url) as conn:
+        for what, statement in attempts:
+            params = (version + 1,) if "%s" in str(statement) else None
+            try:
+                with conn.transaction():
+                    conn.execute(statement, params)
+                    raise _Rollback  # it got through: undone, so the next one sees the same rows
+            except psycopg.errors.InsufficientPrivilege:
+                continue
+            except (_Rollback, psycopg.Error):
+                pass  # through, or past the privilege check (a duplicate key, say)
+            through.append(what)
+    return through
+
+
+async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """``rows.upsert`` had table-wide UPDATE: it moved ``_write_version`` by 1000, marked
+    rows with forged outputs, inserted an ``admission`` event of version 10^15 and
+    took ``LOCK TABLE ... ACCESS EXCLUSIVE``; the gateway's own write at the real
+    version then answered 409. Every one of those is refused now, and the direct
+    road's own writes (fenced completes, upserts, appends, replace) still work."""
+    version = (await admit(gateway, TOKEN_A, namespace, n=4))["writeVersion"]
+    fields = {"tableNamespace": namespace, "sheetContract": CONTRACT, "runId": "run-1"}
+    await act(
+        gateway,
+        TOKEN_A,
+        "runtime_sheet_complete_map_rows",
+        writeVersion=version,
+        rows=[{"key": "k0", "data": {"score": 7}}],
+        **fields,
+    )
+    names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    # Only its own kind of event gets through: a replace role's "replace".
+    for operations, own in (
+        (["rows.read", "rows.upsert"], []),
+        (["rows.replace"], ["replace event"]),
+    ):
+        _, url = await mint(gateway, TOKEN_A, namespace, operations)
+        through = await trio.to_thread.run_sync(fence_breaking_writes, url, names, version)
+        assert through == own, operations
+    # The gateway's own write at the real version is not stale and not a conflict.
+    answer = await act(
+        gateway,
+        TOKEN_A,
+        "runtime_sheet_complete_map_rows",
+        writeVersion=version,
+        rows=[{"key": "k1", "data": {"score": 1}}],
+        **fields,
+    )
+    assert answer["committedKeys"] == ["k1"], answer
+    # The direct road's writes on the narrower grants.
+    sheet = SheetRef(ORG_A, PLAY, namespace)
+    contract = read_contract(CONTRACT)
+    _, url = await mint(gateway, TOKEN_A, namespace, ["rows.read", "rows.upsert"])
+    async with open_store(url, max_connections=1) as store:
+        done = await store.complete_map_rows(
+            sheet,
+            contract,
+            [CompleteRow("k2", {"score": 2})],
+            run_id="run-1",
+            write_version=version,
+        )
+        assert done.committed_keys == ("k2",)
+        failed = await store.fail_map_rows(
+            sheet, contract, [FailRow("k3", "boom")], run_id="run-1", write_version=version
+        )
+        assert failed.committed_keys == ("k3",)
+        upserted = await store.upsert_rows(
+            sheet, [{"_key": "k1", "email": "new@x"}, {"_key": "n1"}], idempotency_key="u1"
+        )
+        assert upserted.written == 2
+    for operation, write in (
+        ("rows.append", lambda s: s.append_rows(sheet, [{"email": "a@x"}], idempotency_key="a1")),
+        ("rows.replace", lambda s: s.replace_rows(sheet, [{"_key": "r"}], idempotency_key="r1")),
+    ):
+        _, url = await mint(gateway, TOKEN_A, namespace, [operation])
+        async with open_store(url, max_connections=1) as store:
+            assert (await write(store)).written == 1
+    assert await run_sql(
+        gateway.config.database_url,
+        sql.SQL("SELECT _status, _write_version FROM {}").format(names.ident("sheet_table")),
+    ) == [("pending", 0)]

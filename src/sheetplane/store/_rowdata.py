@@ -415,7 +415,13 @@ def copy_new_rows(
     stamped with ``version`` too. Returns the row count (the counting triggers
     move the counters).
     """
-    system = ["_key", "_status", "_run_id", "_input_index", "_write_version"]
+    # A row never admitted (a direct write's, version 0) takes the status and the
+    # version from the columns' defaults ('pending', 0): a session role may insert
+    # neither column (its grants are by column, see gateway.server._roles).
+    versioned = admitted or version != 0
+    system = ["_key", "_run_id", "_input_index"]
+    if versioned:
+        system += ["_status", "_write_version"]
     if admitted:
         system.append("_admitted_version")
     targets = sql.SQL(", ").join(sql.Identifier(name) for name in [*system, *sql_names])
@@ -429,8 +435,10 @@ def copy_new_rows(
         write_row = copy.write_row
         for key, index, texts in rows:
             if admitted:
-                write_row((key, "pending", run_id, index, version, version, *texts))
+                write_row((key, run_id, index, "pending", version, version, *texts))
+            elif versioned:
+                write_row((key, run_id, index, "pending", version, *texts))
             else:
-                write_row((key, "pending", run_id, index, version, *texts))
+                write_row((key, run_id, index, *texts))
             count += 1
     return count

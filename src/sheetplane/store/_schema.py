@@ -34,6 +34,7 @@ from ..errors import InvalidInputError
 from ..names import check_name as _check_logical
 from ..names import normalize_play_name
 from ._counters import COUNT_TRIGGERS, count_trigger_ddl
+from ._guards import guard_ddl, guards_missing
 from ._locking import lock_sheet
 from ._pool import TrioPool
 
@@ -433,7 +434,9 @@ def _missing_ddl(
             )
         ).fetchall()
     )
-    return any(ids.get(name) != column_id for name, column_id in columns.items())
+    if any(ids.get(name) != column_id for name, column_id in columns.items()):
+        return True
+    return guards_missing(conn, names)
 
 
 def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, str]) -> sql.Composed:
@@ -741,6 +744,8 @@ async def ensure_sheet(
         # The counting triggers count every physical column the rows table has now.
         counted = [name for name, _ in column_ids(conn, names) or ()]
         for statement in count_trigger_ddl(conn, names, counted):
+            conn.execute(statement)
+        for statement in guard_ddl(conn, names):
             conn.execute(statement)
 
     await ensure_ddl(pool, names.schema, lambda conn: _missing_ddl(conn, names, columns), create)

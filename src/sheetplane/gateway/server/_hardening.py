@@ -108,6 +108,9 @@ GATEWAY_FUNCTIONS: Final = (
     "pg_advisory_xact_lock(bigint)",
     "pg_try_advisory_xact_lock(bigint)",
     "pg_terminate_backend(integer,bigint)",
+    # Behind pg_stat_activity (a view checks the functions it calls against the
+    # reader, not its owner).
+    "pg_stat_get_activity(integer)",
 )
 
 #: Predefined roles a non-superuser gateway must be a member of: its reaper and

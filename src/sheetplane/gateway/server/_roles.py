@@ -9,10 +9,16 @@ sheet's tables:
 operation           privileges
 ==================  ==========================================================
 ``rows.read``       sheet: SELECT; summary, column summary, counters: SELECT
-``rows.append``     sheet: SELECT, INSERT
-``rows.upsert``     sheet: SELECT, INSERT, UPDATE
-``rows.replace``    sheet: SELECT, INSERT, UPDATE, DELETE
+``rows.append``     sheet: SELECT, INSERT by column
+``rows.upsert``     sheet: SELECT, INSERT and UPDATE by column
+``rows.replace``    as ``rows.upsert``, and EXECUTE on the sheet's clear function
 ==================  ==========================================================
+
+The rows are granted by column (``_sheet_grants``): never ``_write_version``
+or the other columns only admissions set, and no table-level UPDATE or
+DELETE (either would let ``LOCK TABLE ... IN ACCESS EXCLUSIVE MODE``
+through); the guard triggers of ``store._guards`` refuse the status changes
+and events the fence decides.
 
 Every write operation also gets what the store's write path touches besides
 the sheet table, column by column: SELECT and INSERT (kind, run_id,
@@ -77,6 +83,8 @@ from ...budgets import (
 )
 from ...errors import InvalidInputError
 from ...store import SheetNames, SheetStore, sheet_names
+from ...store._guards import clear_function
+from ...store._schema import column_ids
 
 __all__ = [
     "GATEWAY_SCHEMA",
@@ -121,7 +129,6 @@ _SHEET_PRIVILEGES: Final[dict[str, frozenset[Privilege]]] = {
 _ROW_WRITES: Final = frozenset({"rows.append", "rows.upsert", "rows.replace"})
 #: What ``rows.stage`` inserts into the chunk table (``created_at`` is the server's).
 _CHUNK_INSERT_COLUMNS: Final = ("admission_id", "seq", "first_position", "row_count")
-_PRIVILEGE_ORDER: Final[tuple[Privilege, ...]] = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 #: PBKDF2 iterations of the SCRAM verifier (Postgres' own default).
 _SCRAM_ITERATIONS: Final = 4096
@@ -307,13 +314,50 @@ _EVENT_INSERT_COLUMNS: Final = ("kind", "run_id", "write_version", "idempotency_
 Grant = tuple[Privilege, tuple[str, ...]]
 
 
-def _grants(names: SheetNames, operations: Sequence[str]) -> list[tuple[str, list[Grant]]]:
-    """``[(table attribute, grants)]`` for ``operations``, in a stable order."""
+#: The rows' system columns a direct write inserts (status and version take their
+#: defaults, 'pending' and 0), and those a write's UPDATE sets: a fenced terminal
+#: write (status, run id, error, cell meta) and an upsert's merge (status, for a
+#: stale row reopened). ``_write_version``, ``_admitted_version``, ``_key`` (on
+#: UPDATE), ``_input_index`` (on UPDATE), ``_created_at``, ``_stage`` and
+#: ``_provider`` are the gateway's only. The contract's columns are added to both.
+_ROW_INSERT_COLUMNS: Final = ("_key", "_run_id", "_input_index")
+_ROW_UPDATE_COLUMNS: Final = ("_status", "_run_id", "_error", "_updated_at", "_cell_meta")
+
+
+def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
+    """The rows table's grants: SELECT on the table, INSERT and UPDATE by column.
+
+    No table-level UPDATE or DELETE: either lets ``LOCK TABLE ... IN ACCESS
+    EXCLUSIVE MODE`` through (Postgres checks table-level privileges only for
+    it), which would hold every reader of the sheet. ``rows.replace`` deletes
+    through the sheet's clear function instead (``store._guards``), and the
+    guard triggers refuse the status changes and events the fence decides.
+    """
+    grants: list[Grant] = [("SELECT", ())] if "SELECT" in sheet else []
+    if "INSERT" in sheet:
+        grants.append(("INSERT", (*_ROW_INSERT_COLUMNS, *columns)))
+    if "UPDATE" in sheet:
+        grants.append(("UPDATE", (*_ROW_UPDATE_COLUMNS, *columns)))
+    return grants
+
+
+def _function_grants(names: SheetNames, operations: Sequence[str]) -> list[sql.Composed]:
+    """``rows.replace``'s EXECUTE on the sheet's clear function (no DELETE on the rows)."""
+    if "rows.replace" not in operations:
+        return []
+    return [sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(clear_function(names))]
+
+
+def _grants(
+    names: SheetNames, operations: Sequence[str], columns: Sequence[str] = ()
+) -> list[tuple[str, list[Grant]]]:
+    """``[(table attribute, grants)]`` for ``operations``, in a stable order;
+    ``columns`` are the sheet's contract columns (the rows table's physical ones)."""
     sheet: set[Privilege] = set()
     for op in operations:
         sheet |= _SHEET_PRIVILEGES[op]
     tables: dict[str, list[Grant]] = {
-        "sheet_table": [(p, ()) for p in _PRIVILEGE_ORDER if p in sheet],
+        "sheet_table": _sheet_grants(sheet, columns),
         "summary_table": [("SELECT", ())],
         "column_summary_table": [("SELECT", ())],
         "counter_table": [("SELECT", ())],
@@ -354,8 +398,10 @@ def create_role_statements(
     names: SheetNames,
     operations: Sequence[str],
     bounds: SessionBounds = SessionBounds(),
+    columns: Sequence[str] = (),
 ) -> list[sql.Composed]:
-    """The statements that create, bound and grant one session role (pinned by tests)."""
+    """The statements that create, bound and grant one session role (pinned by tests);
+    ``columns`` are the sheet's contract columns, granted by name."""
     ident = sql.Identifier(role)
     statements = [
         sql.SQL(
@@ -381,7 +427,7 @@ def create_role_statements(
             schema=sql.Identifier(names.schema), role=ident
         ),
     ]
-    for attr, grants in _grants(names, operations):
+    for attr, grants in _grants(names, operations, columns):
         statements.append(
             sql.SQL("GRANT {privileges} ON TABLE {table} TO {role}").format(
                 privileges=sql.SQL(", ").join(_grant_sql(g) for g in grants),
@@ -389,6 +435,9 @@ def create_role_statements(
                 role=ident,
             )
         )
+    statements += [
+        sql.SQL("{} TO {}").format(grant, ident) for grant in _function_grants(names, operations)
+    ]
     return statements
 
 
@@ -470,7 +519,10 @@ async def create_session_role(
             ).format(_LEDGER),
             (role, sheet.org_id, token_id, names.schema, expires),
         )
-        for statement in create_role_statements(role, verifier, expires_at, names, ops, bounds):
+        columns = [name for name, _ in column_ids(conn, names) or ()]
+        for statement in create_role_statements(
+            role, verifier, expires_at, names, ops, bounds, columns
+        ):
             conn.execute(statement)
         if writes:
             # The event table's id is a bigserial; an INSERT needs its sequence.
