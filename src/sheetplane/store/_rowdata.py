@@ -380,21 +380,37 @@ def status_of(value: object) -> RowStatus:
     return value  # type: ignore[return-value]
 
 
-def table_columns(conn: psycopg.Connection[Any], names: SheetNames) -> tuple[ContractColumn, ...]:
-    """The sheet table's physical columns as the catalog knows them.
+def table_columns(
+    conn: psycopg.Connection[Any], names: SheetNames, writes: Sequence[str] = ("INSERT",)
+) -> tuple[ContractColumn, ...]:
+    """The sheet table's physical columns as the catalog knows them, of those the
+    current role may ``writes`` (every one of these privileges).
 
     Used by writes that carry no contract (append, upsert, replace): each jsonb
     column the table has beyond the system columns, its id the one
     ``ensure_sheet`` recorded in the sheet's metadata table (else its name). A
-    row carries a column's value under the column id or its sql name.
+    row carries a column's value under the column id or its sql name. A session
+    role is granted the sheet's columns by name when it is minted, so a column
+    another contract added since is not its to write (the owner writes every one).
     """
     found = column_ids(conn, names)
     if found is None:
         # No such sheet: fail as a query on it does (UndefinedTable, answered 404).
         conn.execute("SELECT %s::regclass", (names.ident("sheet_table").as_string(conn),))
+    granted = {
+        str(row[0])
+        for row in conn.execute(
+            "SELECT a.attname FROM pg_attribute AS a WHERE a.attrelid = %s::regclass"
+            " AND a.attnum > 0 AND NOT a.attisdropped"
+            " AND (SELECT bool_and(has_column_privilege(a.attrelid, a.attnum, p))"
+            "      FROM unnest(%s::text[]) AS p)",
+            (names.ident("sheet_table").as_string(conn), list(writes)),
+        ).fetchall()
+    }
     return tuple(
         ContractColumn(id=column_id, sql_name=name, source="input")
         for name, column_id in found or ()
+        if name in granted
     )
 
 

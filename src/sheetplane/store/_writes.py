@@ -234,7 +234,7 @@ async def upsert_rows(
     entries = await trio.to_thread.run_sync(_merge_by_key, checked, key_field)
 
     def body(conn: psycopg.Connection[Any]) -> int:
-        columns = table_columns(conn, names)
+        columns = table_columns(conn, names, ("INSERT", "UPDATE"))
         sql_names = [c.sql_name for c in columns]
         lookups = column_lookups(columns)
         sheet = names.ident("sheet_table")
