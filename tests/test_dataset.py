@@ -77,12 +77,18 @@ async def test_peek_at_and_count() -> None:
         assert await dataset.at(30) is None
 
 
-async def test_peek_beyond_one_page_reads_sequentially() -> None:
+async def test_peek_clamps_like_the_runtime() -> None:
+    # The runtime's peek: limit <= 0 answers [] unread; above READ_PAGE_MAX_ROWS, that many.
     road = FakeRoad(make_rows(READ_PAGE_MAX_ROWS + 10))
     async with open_dataset(road, page_rows=READ_PAGE_MAX_ROWS) as dataset:
-        assert await dataset.peek(READ_PAGE_MAX_ROWS + 5) == road.rows[: READ_PAGE_MAX_ROWS + 5]
-    assert road.batch_calls == []
-    assert [limit for _, limit in road.after_calls] == [READ_PAGE_MAX_ROWS, 5]
+        assert await dataset.peek(-3) == []
+        assert await dataset.peek(0) == []
+        assert road.batch_calls == [] and road.after_calls == []
+        assert await dataset.peek(READ_PAGE_MAX_ROWS + 5) == road.rows[:READ_PAGE_MAX_ROWS]
+    assert road.after_calls == []
+    in_memory = InMemoryDataset(road.rows)
+    assert await in_memory.peek(-1) == []
+    assert await in_memory.peek(READ_PAGE_MAX_ROWS + 5) == road.rows[:READ_PAGE_MAX_ROWS]
 
 
 async def test_concurrent_at_calls_coalesce_into_batch_reads(
@@ -219,8 +225,8 @@ async def test_iterator_cancelled_mid_read_resumes_at_the_same_page(
     [
         lambda d: d.at(-1),
         lambda d: d.at(1.5),
-        lambda d: d.peek(-1),
         lambda d: d.peek(None),
+        lambda d: d.peek(2.0),
         lambda d: d.materialize(limit=-1),
         lambda d: d.materialize(limit=True),
     ],

@@ -156,6 +156,10 @@ READ_BATCH_FLUSH_MS: Final = 5
 #: Rows one page read may ask for; larger limits are clamped.
 READ_PAGE_MAX_ROWS: Final = 5_000
 
+#: Rows a dataset's ``preview_rows`` holds (the runtime's first ten). A CSV
+#: dataset with no more rows than this answers from the rows it holds.
+DATASET_PREVIEW_ROWS: Final = 10
+
 # --- Postgres ------------------------------------------------------------------
 
 #: Rows per admission or write statement.

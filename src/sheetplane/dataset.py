@@ -6,6 +6,16 @@ sequential iteration (``async for``, ``materialize``) pages by keyset with the
 road's ``read_after``, so reading n rows costs O(n) rather than the O(n^2) of
 ever-growing offsets, in the same row order. ``InMemoryDataset`` offers the
 same interface over rows already at hand, such as a small CSV input.
+
+Both carry the runtime's dataset descriptors (``DatasetDescriptor``):
+``dataset_kind`` (``csv`` or ``map``), ``dataset_id`` (``runtime_dataset_id``
+of the play and the namespace, the role of the runtime's
+``createRuntimeDatasetId``), ``preview_rows`` (at most the first
+``DATASET_PREVIEW_ROWS``), ``source_label`` and ``backing`` (``storage`` and
+``sheet: {play_name, table_namespace}`` for a dataset read from a sheet).
+
+``peek(n)`` clamps as the runtime does: ``n <= 0`` answers ``[]`` and ``n``
+above ``READ_PAGE_MAX_ROWS`` answers at most that many rows (one page).
 """
 
 from __future__ import annotations
@@ -14,17 +24,157 @@ import csv
 import io
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+from typing import Any, Final, Literal
+from urllib.parse import quote
 
+import attrs
 import trio
 
-from .budgets import READ_PAGE_MAX_ROWS
+from .budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from .errors import BatchContractError, InvalidInputError, ReadBatchTooLargeError
 from .pages import PageReader, SheetRoad
 
-__all__ = ["Dataset", "DatasetIterator", "InMemoryDataset", "PageSizer"]
+__all__ = [
+    "SHEET_STORAGE",
+    "Dataset",
+    "DatasetBacking",
+    "DatasetDescriptor",
+    "DatasetIterator",
+    "DatasetKind",
+    "InMemoryDataset",
+    "PageSizer",
+    "SheetBacking",
+    "runtime_dataset_id",
+]
 
 Row = dict[str, Any]
+
+#: ``csv``: rows a runner was handed (``persist_csv_dataset``); ``map``: a sheet a map writes.
+DatasetKind = Literal["csv", "map"]
+
+#: The ``storage`` a sheet-backed dataset's ``backing`` names: the runtime's own value,
+#: kept so that code which switches on it reads sheetplane's sheets the same way.
+SHEET_STORAGE: Final = "neon_sheet"
+
+
+def runtime_dataset_id(play_name: str, table_namespace: str) -> str:
+    """The id of the dataset a play's sheet ``table_namespace`` holds:
+    ``sheet:<play>:<namespace>``, each name percent-encoded (so a ``:`` inside a
+    name cannot make two sheets share an id). Pass normalised names
+    (``sheetplane.names``); the runtime's ``createRuntimeDatasetId`` plays this role."""
+    return f"sheet:{quote(play_name, safe='')}:{quote(table_namespace, safe='')}"
+
+
+@attrs.frozen
+class SheetBacking:
+    """The sheet a dataset is read from."""
+
+    play_name: str
+    """Its play (normalised)."""
+    table_namespace: str
+    """Its namespace (normalised)."""
+
+
+@attrs.frozen
+class DatasetBacking:
+    """Where a dataset's rows are kept."""
+
+    storage: str
+    """``SHEET_STORAGE`` for a sheet."""
+    sheet: SheetBacking
+    """Which sheet."""
+
+
+@attrs.frozen
+class DatasetDescriptor:
+    """What a dataset is, apart from its rows (the runtime's dataset descriptors)."""
+
+    dataset_kind: DatasetKind
+    """``csv`` or ``map``."""
+    dataset_id: str | None = None
+    """``runtime_dataset_id`` of its sheet, or None for rows that belong to no sheet."""
+    preview_rows: tuple[Row, ...] = ()
+    """At most the first ``DATASET_PREVIEW_ROWS`` rows, when they were at hand."""
+    source_label: str | None = None
+    """Where the rows came from (a file name, say), as the runner labelled them."""
+    backing: DatasetBacking | None = None
+    """The sheet the rows are read from, or None for rows held in memory."""
+
+    @classmethod
+    def of_sheet(
+        cls,
+        kind: DatasetKind,
+        play_name: str,
+        table_namespace: str,
+        *,
+        preview_rows: Iterable[Mapping[str, Any]] = (),
+        source_label: str | None = None,
+        backed: bool = True,
+    ) -> DatasetDescriptor:
+        """The descriptor of a dataset of the sheet ``table_namespace`` of ``play_name``
+        (``backed=False``: the rows are held in memory, as a small CSV's are)."""
+        return cls(
+            dataset_kind=kind,
+            dataset_id=runtime_dataset_id(play_name, table_namespace),
+            preview_rows=_preview(preview_rows),
+            source_label=source_label,
+            backing=DatasetBacking(SHEET_STORAGE, SheetBacking(play_name, table_namespace))
+            if backed
+            else None,
+        )
+
+
+def _preview(rows: Iterable[Mapping[str, Any]]) -> tuple[Row, ...]:
+    preview: list[Row] = []
+    for row in rows:
+        if len(preview) == DATASET_PREVIEW_ROWS:
+            break
+        preview.append(dict(row))
+    return tuple(preview)
+
+
+class _Described:
+    """The descriptor properties both dataset classes share."""
+
+    _descriptor: DatasetDescriptor
+
+    @property
+    def descriptor(self) -> DatasetDescriptor:
+        """Everything below at once."""
+        return self._descriptor
+
+    @property
+    def dataset_kind(self) -> DatasetKind:
+        """``csv`` (rows a runner was handed) or ``map`` (a sheet a map writes)."""
+        return self._descriptor.dataset_kind
+
+    @property
+    def dataset_id(self) -> str | None:
+        """The id of the sheet's dataset (``runtime_dataset_id``), or None."""
+        return self._descriptor.dataset_id
+
+    @property
+    def preview_rows(self) -> list[Row]:
+        """At most the first ``DATASET_PREVIEW_ROWS`` rows, as they were at hand (copies)."""
+        return [dict(row) for row in self._descriptor.preview_rows]
+
+    @property
+    def source_label(self) -> str | None:
+        """Where the rows came from, as labelled, or None."""
+        return self._descriptor.source_label
+
+    @property
+    def backing(self) -> DatasetBacking | None:
+        """The sheet the rows are read from, or None for rows held in memory."""
+        return self._descriptor.backing
+
+
+def _peek_limit(value: object) -> int:
+    """``peek``'s ``n`` as the runtime clamps it: at most ``READ_PAGE_MAX_ROWS``, and
+    0 for anything below 1 (an integer is still required)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"n must be an integer, got {value!r}")
+    return max(0, min(value, READ_PAGE_MAX_ROWS))
 
 
 def _count_arg(name: str, value: object) -> int:
@@ -163,15 +313,21 @@ class DatasetIterator:
         self._exhausted = cursor is None or not rows
 
 
-class Dataset:
+class Dataset(_Described):
     """A sheet's rows, read lazily through ``road`` and ``reader``.
 
     ``reader`` must be open (inside its ``async with``) while the dataset is
-    used. Rows come in the sheet's read order.
+    used. Rows come in the sheet's read order. ``descriptor`` says what it is
+    (by default a ``map`` dataset with no id, preview or backing).
     """
 
     def __init__(
-        self, reader: PageReader, road: SheetRoad, *, page_rows: int = READ_PAGE_MAX_ROWS
+        self,
+        reader: PageReader,
+        road: SheetRoad,
+        *,
+        page_rows: int = READ_PAGE_MAX_ROWS,
+        descriptor: DatasetDescriptor | None = None,
     ) -> None:
         if not 1 <= _count_arg("page_rows", page_rows) <= READ_PAGE_MAX_ROWS:
             raise InvalidInputError(
@@ -180,6 +336,7 @@ class Dataset:
         self._reader = reader
         self._road = road
         self._page_rows = page_rows
+        self._descriptor = descriptor or DatasetDescriptor("map")
 
     @property
     def road(self) -> SheetRoad:
@@ -191,16 +348,14 @@ class Dataset:
         return await self._road.count()
 
     async def peek(self, n: int) -> list[Row]:
-        """The first ``n`` rows (fewer if the sheet is shorter).
-
-        Up to ``READ_PAGE_MAX_ROWS`` rows are one page read through the
-        reader; more are read sequentially like ``materialize(limit=n)``.
+        """The first ``n`` rows (fewer if the sheet is shorter), one page read through
+        the reader; ``n <= 0`` answers ``[]`` without reading, and ``n`` is clamped
+        to ``READ_PAGE_MAX_ROWS`` (read more with ``materialize(limit=n)``).
         """
-        n = _count_arg("n", n)
+        n = _peek_limit(n)
         if n == 0:
+            await trio.lowlevel.checkpoint()
             return []
-        if n > READ_PAGE_MAX_ROWS:
-            return await self.materialize(limit=n)
         return list((await self._reader.read_page(self._road, n, 0)).rows)
 
     async def at(self, index: int) -> Row | None:
@@ -251,16 +406,20 @@ class _RowsIterator:
         return row
 
 
-class InMemoryDataset:
+class InMemoryDataset(_Described):
     """A dataset over rows already at hand, with the same interface as ``Dataset``.
 
     The rows are copied (each into a new ``dict``) when the dataset is made
     and held for its lifetime, so it suits inputs small enough to keep in
-    memory, such as a CSV a runner was handed.
+    memory, such as a CSV a runner was handed. ``descriptor`` says what it is
+    (by default a ``csv`` dataset of no sheet, previewing its first rows).
     """
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, rows: Iterable[Mapping[str, Any]], *, descriptor: DatasetDescriptor | None = None
+    ) -> None:
         self._rows: tuple[Row, ...] = tuple(dict(row) for row in rows)
+        self._descriptor = descriptor or DatasetDescriptor("csv", preview_rows=_preview(self._rows))
 
     @classmethod
     def from_csv(cls, source: str | os.PathLike[str]) -> InMemoryDataset:
@@ -283,8 +442,8 @@ class InMemoryDataset:
         return len(self._rows)
 
     async def peek(self, n: int) -> list[Row]:
-        """The first ``n`` rows."""
-        n = _count_arg("n", n)
+        """The first ``n`` rows, ``n`` clamped as ``Dataset.peek`` clamps it."""
+        n = _peek_limit(n)
         await trio.lowlevel.checkpoint()
         return list(self._rows[:n])
 

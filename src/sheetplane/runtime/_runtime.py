@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Final
+from typing import Any, Final, cast
 
 import attrs
 import trio
@@ -15,8 +15,8 @@ from .._groups import raise_single
 from .._map import MapFn, MapProgress, MapReport, check_map_options, run_map
 from .._types import BIGINT_MAX, AdmittedPart, ResolvedPlay, RowMode, SheetContract, SheetRef
 from ..admission import AdmissionInput
-from ..budgets import READ_PAGE_MAX_ROWS
-from ..dataset import Dataset
+from ..budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
+from ..dataset import Dataset, DatasetDescriptor, DatasetKind, InMemoryDataset
 from ..errors import InvalidInputError
 from ..gateway.client import GatewayClient
 from ..names import normalize_table_namespace
@@ -119,14 +119,69 @@ class Runtime:
         ``run_id`` limits it to the rows one run stamped (None: every row).
         Random access (``at``, ``peek``) is batched by the runtime's page
         reader; ``async for`` and ``materialize`` read by keyset, one page of
-        up to ``page_rows`` rows held at a time.
+        up to ``page_rows`` rows held at a time. Its descriptors: kind ``map``,
+        the sheet's ``dataset_id`` and ``backing``, no preview rows.
         """
         road = self.road(table_namespace, row_mode=row_mode, run_id=run_id)
-        return Dataset(self.reader, road, page_rows=page_rows)
+        descriptor = self._descriptor("map", road)
+        return Dataset(self.reader, road, page_rows=page_rows, descriptor=descriptor)
 
     def _admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
         """A lazy dataset over one admission's pending or completed rows."""
-        return Dataset(self.reader, self.road(table_namespace, admitted=admitted))
+        road = self.road(table_namespace, admitted=admitted)
+        return Dataset(self.reader, road, descriptor=self._descriptor("map", road))
+
+    def _descriptor(
+        self,
+        kind: DatasetKind,
+        road: SheetRoad,
+        *,
+        rows: Sequence[Mapping[str, Any]] = (),
+        source_label: str | None = None,
+        backed: bool = True,
+    ) -> DatasetDescriptor:
+        scope = road.scope
+        assert isinstance(scope, ReadScope)
+        return DatasetDescriptor.of_sheet(
+            kind,
+            scope.play_name,
+            scope.table_namespace,
+            preview_rows=rows[:DATASET_PREVIEW_ROWS],
+            source_label=source_label,
+            backed=backed,
+        )
+
+    async def persist_csv_dataset(
+        self,
+        namespace: str,
+        contract: SheetContract,
+        rows: Sequence[Mapping[str, Any]],
+        source_label: str | None = None,
+    ) -> Dataset | InMemoryDataset:
+        """Admit ``rows`` (a CSV a runner was handed) into the sheet ``namespace`` and
+        answer a ``csv`` dataset of it: the runtime's ``persistRuntimeCsvDataset``.
+
+        The rows are admitted as ``writer(namespace, contract).start(rows)`` admits
+        them (a new write version). When every row fits the preview (at most
+        ``DATASET_PREVIEW_ROWS``), the answer is an ``InMemoryDataset`` of the rows
+        as given, read without another request (``backing`` None); otherwise it is
+        a ``Dataset`` read from the sheet, backed by it. Either way ``dataset_id`` is
+        the sheet's, ``preview_rows`` the first rows given and ``source_label`` the
+        label given.
+        """
+        # Any size, as start admits it; start refuses a row that is not a mapping.
+        checked = cast(Sequence[Mapping[str, Any]], checks.sequence("rows", rows, "row objects"))
+        if source_label is not None and not isinstance(source_label, str):
+            raise InvalidInputError(f"source_label must be a string or None, got {source_label!r}")
+        await self.writer(namespace, contract).start(checked)
+        road = self.road(namespace)
+        if len(checked) <= DATASET_PREVIEW_ROWS:
+            held = self._descriptor(
+                "csv", road, rows=checked, source_label=source_label, backed=False
+            )
+            return InMemoryDataset(checked, descriptor=held)
+        backed = self._descriptor("csv", road, rows=checked, source_label=source_label)
+        return Dataset(self.reader, road, descriptor=backed)
 
     def writer(
         self,
