@@ -3,6 +3,7 @@
 ``sheetplane demo`` runs the data plane end to end (``sheetplane.demo``);
 ``sheetplane bench NAME [ARGS...]`` runs ``sheetplane.bench.NAME.main(ARGS)``;
 ``sheetplane serve`` runs the reference gateway (``sheetplane.gateway.server._command``);
+``sheetplane conformance URL --token T`` checks a gateway (``sheetplane.conformance``);
 ``sheetplane openapi`` prints the gateway's OpenAPI document (``sheetplane.protocol._openapi``).
 Each subcommand is one parser plus one function that takes the parsed
 arguments and returns the exit status; add a subcommand by adding both in
@@ -17,6 +18,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
+from .conformance._command import add_conformance_parser
 from .demo import add_demo_parser
 from .gateway.server._command import add_serve_parser
 
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_run_bench)
 
+    add_conformance_parser(commands)
     add_demo_parser(commands)
     add_serve_parser(commands)
 

@@ -13,6 +13,9 @@ hold the real thing beside it and compare:
 * :func:`predict_call`: one ``GatewayClient.post_action`` call under a fault
   schedule (the retry ladder, a clamped Retry-After, the attempt timeout cut
   at the call deadline): when each request goes out, when the call ends, how.
+* :class:`ReceiptModel`: work receipts (the first completion wins) and their
+  leases (one live holder per key, released or superseded by completion),
+  with no clock: its leases never expire, so use it within a lease's TTL.
 * :class:`FaultQueueModel`: the reference gateway's armed test faults, a FIFO
   per action.
 * :class:`BatcherModel`: the scheduling rules of ``BoundedBatchFunction``
@@ -46,6 +49,7 @@ __all__ = [
     "ModelWrite",
     "ModelWriteResult",
     "PredictedCall",
+    "ReceiptModel",
     "SheetModel",
     "fewest_chunks",
     "halving_depth",
@@ -261,6 +265,52 @@ def json_equal(left: Any, right: Any) -> bool:
             json_equal(a, b) for a, b in zip(left, right, strict=True)
         )
     return type(left) is type(right) and left == right
+
+
+# --- work receipts and their leases ---------------------------------------------------------
+
+
+@attrs.define
+class ReceiptModel:
+    """Work receipts by key: the first completion wins; leases name one live holder.
+
+    Each method returns what the gateway's answer should say.
+    """
+
+    receipts: dict[str, tuple[Any, str]] = attrs.field(factory=dict)
+    """``key -> (result, run_id)`` of the completion that won."""
+    holders: dict[str, str] = attrs.field(factory=dict)
+    """``key -> holder`` of each live lease."""
+
+    def complete(
+        self, key: str, result: Any, run_id: str, holder: str | None = None
+    ) -> tuple[str, Any, str] | None:
+        """``(disposition, result, run_id)``, or None when fenced: a live lease is held by
+        another than ``holder`` (a completion with no holder included); nothing is
+        written then."""
+        if key in self.receipts:
+            won, won_run = self.receipts[key]
+            return "existing", won, won_run
+        live = self.holders.get(key)
+        if live is not None and live != holder:
+            return None
+        self.receipts[key] = (result, run_id)
+        self.holders.pop(key, None)
+        return "persisted", result, run_id
+
+    def claim(self, key: str, holder: str) -> tuple[bool, str | None]:
+        """``(acquired, holder named)``: completed work names no holder."""
+        if key in self.receipts:
+            return False, None
+        live = self.holders.setdefault(key, holder)
+        return live == holder, live
+
+    def release(self, key: str, holder: str) -> bool:
+        """Whether ``holder`` held the key's lease (and so gave it up)."""
+        if key in self.receipts or self.holders.get(key) != holder:
+            return False
+        del self.holders[key]
+        return True
 
 
 # --- the splitter's optimum -----------------------------------------------------------------

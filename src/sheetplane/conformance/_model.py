@@ -1,0 +1,379 @@
+"""The model-based phase: a Hypothesis state machine drives the gateway beside the models.
+
+Each example starts a fresh sheet under the prefix. Rules admit random rows,
+write terminal results from the current attempt, from stale ones and without
+a version, read the sheet back, count it, and complete, claim and release
+work receipts; every answer is compared with ``sheetplane.testing.models``
+(:class:`SheetModel`, :class:`ReceiptModel`). A mismatch fails SP-MODEL-1 with
+the shortest sequence Hypothesis found and the seed that replays it
+(``--seed``). Hypothesis is a test dependency: without it the phase is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+from ..testing.models import ModelWrite, ReceiptModel, SheetModel
+from ._checks_sheetplane import claim, lease_extras
+from ._context import CONTRACT, CheckFailed, CheckSkipped, Context, check, rows_of
+from ._http import Exchange
+
+__all__ = ["run_model_phase"]
+
+#: Row values (``n``) the machine draws from: few, so admissions overlap.
+N_VALUES: Final = 6
+RECEIPT_KEYS: Final = 3
+HOLDERS: Final = 3
+STEPS: Final = 12
+
+
+class ModelMismatch(AssertionError):
+    """The gateway answered otherwise than the model."""
+
+
+def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
+    """The machine class for one run; ``deadline[0]`` ends new work (not a replay of a
+    failure: the first mismatch lifts it, so shrinking sees the same gateway answers)."""
+
+    def _agree(condition: bool, what: str, exchange: Exchange | None = None) -> None:
+        if not condition:
+            deadline[0] = float("inf")
+            shown = f"; {exchange.describe()}" if exchange is not None else ""
+            raise ModelMismatch(f"expected {what}{shown}")
+
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+    _ADMITTED = st.lists(st.integers(0, N_VALUES - 1), min_size=1, max_size=5)
+
+    # One sheet serves every example (a new sheet per example would spend most of the
+    # phase creating tables): each example's rows carry its own salt, so their keys are
+    # its own; it admits and writes under one run id, so reading that run reads its
+    # rows only; and it counts the summary from what the sheet held before it began.
+    namespace = ctx.namespace("model")
+
+    class GatewayMachine(RuleBasedStateMachine):
+        """One example: its own rows and receipts in the shared sheet, beside the models."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sheet = SheetModel(columns=("n", "label", "out"), input_columns=("n", "label"))
+            self.receipts = ReceiptModel()
+            self.namespace = namespace
+            self.salt = ctx.name("example")
+            self.run_id = ctx.name("run")
+            self.before: dict[str, Any] = {}
+            self.keys: dict[int, str] = {}
+            self.versions: dict[int, int] = {}
+            """model write version -> the gateway's"""
+            self.extras: dict[tuple[str, str], dict[str, Any]] = {}
+
+        def _inert(self) -> bool:
+            return time.monotonic() >= deadline[0]
+
+        @initialize(values=_ADMITTED)
+        def start(self, values: list[int]) -> None:
+            if self._inert():
+                return
+            answer = ctx.wire.post("runtime_sheet_summary", {"tableNamespace": self.namespace})
+            # Before the first example the sheet does not exist yet: it holds nothing.
+            self.before = answer.json_object if answer.status == 200 else {}
+            self.admit(values)
+
+        def _receipt_key(self, i: int) -> str:
+            return f"{self.salt}-receipt-{i}"
+
+        def _rows(self, values: list[int]) -> list[dict[str, Any]]:
+            return rows_of(values, salt=f" {self.salt}")
+
+        @rule(values=_ADMITTED)
+        def admit(self, values: list[int]) -> None:
+            if self._inert():
+                return
+            run_id = self.run_id
+            answer = ctx.wire.post(
+                "start_sheet_dataset",
+                {
+                    "tableNamespace": self.namespace,
+                    "sheetContract": CONTRACT,
+                    "rows": self._rows(values),
+                    "runId": run_id,
+                },
+            )
+            body = answer.json_object
+            _agree(answer.status == 200, "start_sheet_dataset to answer 200", answer)
+            seen = [*body.get("pendingRows", []), *body.get("completedRows", [])]
+            for row in seen:
+                n, key = row.get("n"), row.get("_key")
+                _agree(
+                    isinstance(n, int) and self.keys.setdefault(n, key) == key,
+                    f"row n={n} to keep its key {self.keys.get(n)}",
+                    answer,
+                )
+            _agree(all(v in self.keys for v in values), "every admitted row answered", answer)
+            expected = self.sheet.admit(
+                [(self.keys[v], row) for v, row in zip(values, self._rows(values), strict=True)],
+                run_id,
+            )
+            previous = self.versions.get(expected.version - 1)
+            version = body.get("writeVersion")
+            _agree(
+                isinstance(version, int) and (previous is None or version > previous),
+                f"a writeVersion greater than the last ({previous})",
+                answer,
+            )
+            assert isinstance(version, int)
+            self.versions[expected.version] = version
+            got = (
+                body.get("inserted"),
+                body.get("skipped"),
+                [r.get("_key") for r in body.get("pendingRows", [])],
+                [r.get("_key") for r in body.get("completedRows", [])],
+            )
+            want = (
+                expected.inserted,
+                expected.skipped,
+                list(expected.pending_keys),
+                list(expected.completed_keys),
+            )
+            _agree(
+                got == want, f"(inserted, skipped, pending keys, completed keys) = {want}", answer
+            )
+
+        @rule(
+            kind=st.sampled_from(["enriched", "failed"]),
+            attempt=st.integers(1, 2),
+            values=st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3),
+            out=st.sampled_from(["a", "b"]),
+        )
+        def write_stale(self, kind: str, attempt: int, values: list[int], out: str) -> None:
+            """A terminal write from an attempt ``attempt`` admissions back."""
+            self.write(kind, attempt, values, out)
+
+        @rule(
+            kind=st.sampled_from(["enriched", "failed"]),
+            attempt=st.integers(0, 3),
+            values=st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3),
+            out=st.sampled_from(["a", "b"]),
+        )
+        def write(self, kind: str, attempt: int, values: list[int], out: str) -> None:
+            """A terminal write from the current attempt (0), a stale one (1, 2: that many
+            admissions back) or with no version (3); n = N_VALUES is a key never admitted."""
+            if self._inert() or not self.versions:
+                return
+            model_version: int | None = None
+            if attempt < 3:
+                model_version = max(1, self.sheet.version - attempt)
+            run_id = self.run_id
+            keys = [self.keys.get(v, f"{self.salt}-never-{v}") for v in values]
+            writes, rows = [], []
+            for key in keys:
+                if kind == "enriched":
+                    writes.append(ModelWrite(key, "enriched", {"out": out}))
+                    rows.append({"key": key, "data": {"out": out}})
+                else:
+                    writes.append(ModelWrite(key, "failed", error=f"failed {out}"))
+                    rows.append({"key": key, "error": f"failed {out}"})
+            payload: dict[str, Any] = {
+                "tableNamespace": self.namespace,
+                "sheetContract": CONTRACT,
+                "runId": run_id,
+                "rows": rows,
+            }
+            if model_version is not None:
+                payload["writeVersion"] = self.versions[model_version]
+            action = (
+                "runtime_sheet_complete_map_rows"
+                if kind == "enriched"
+                else "runtime_sheet_fail_map_rows"
+            )
+            answer = ctx.wire.post(action, payload)
+            expected = self.sheet.terminal_write(writes, model_version, run_id)
+            if expected.conflict:
+                _agree(
+                    answer.status == 409 and answer.json_object.get("code") == "write_conflict",
+                    "409 write_conflict",
+                    answer,
+                )
+                return
+            body = answer.json_object
+            _agree(answer.status == 200, f"{action} to answer 200", answer)
+            stamps = {v: k for k, v in self.versions.items()}
+            got_stale = sorted(
+                (r.get("key"), r.get("reason"), stamps.get(r.get("rowVersionStamp")))
+                for r in body.get("staleRows", [])
+            )
+            want_stale = sorted(expected.stale)
+            _agree(
+                sorted(body.get("committedKeys", [])) == sorted(expected.committed)
+                and got_stale == want_stale
+                and sorted(body.get("staleKeys", [])) == sorted(k for k, _, _ in expected.stale)
+                and body.get("updated") == expected.updated,
+                f"committed {sorted(expected.committed)}, stale (key, reason, model version) "
+                f"{want_stale}, updated {expected.updated}",
+                answer,
+            )
+
+        @rule()
+        def read_back(self) -> None:
+            if self._inert() or not self.versions:
+                return
+            rows = ctx.all_rows(self.namespace, runId=self.run_id)
+            got = {r.get("_key"): (r.get("_status"), r.get("out"), r.get("_error")) for r in rows}
+            want = {
+                key: (row.status, row.values.get("out"), row.error)
+                for key, row in self.sheet.rows.items()
+            }
+            _agree(got == want, f"rows (status, out, error) by key {want}", ctx.wire.exchanges[-1])
+            order = [self.sheet.rows[r["_key"]].input_index for r in rows]
+            _agree(order == sorted(order), "rows in input order", ctx.wire.exchanges[-1])
+
+        @rule()
+        def summary(self) -> None:
+            if self._inert() or not self.versions:
+                return
+            answer = ctx.wire.post("runtime_sheet_summary", {"tableNamespace": self.namespace})
+            want = {k: v + self.before.get(k, 0) for k, v in self.sheet.summary().items()}
+            got = {k: answer.json_object.get(k) for k in want}
+            _agree(got == want, f"summary {want}", answer)
+
+        @rule(
+            i=st.integers(0, RECEIPT_KEYS - 1),
+            result=st.integers(0, 2),
+            holder=st.one_of(st.none(), st.integers(0, HOLDERS - 1)),
+        )
+        def complete_receipt(self, i: int, result: int, holder: int | None) -> None:
+            if self._inert():
+                return
+            key, run_id = self._receipt_key(i), ctx.name("run")
+            payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
+            name = None if holder is None else f"{ctx.prefix}-holder-{holder}"
+            if name is not None:
+                payload.update(self.extras.get((key, name), {}), holder=name)
+            answer = ctx.wire.post("complete_work_receipt", payload)
+            expected = self.receipts.complete(key, result, run_id, name)
+            if expected is None:
+                _agree(
+                    answer.status == 409
+                    and answer.json_object.get("code") == "work_receipt_fenced",
+                    "409 work_receipt_fenced",
+                    answer,
+                )
+                return
+            receipt = answer.json_object.get("receipt") or {}
+            got = (
+                answer.json_object.get("completionDisposition"),
+                receipt.get("result"),
+                receipt.get("runId"),
+            )
+            _agree(got == expected, f"(disposition, result, runId) = {expected}", answer)
+
+        @rule(i=st.integers(0, RECEIPT_KEYS - 1), holder=st.integers(0, HOLDERS - 1))
+        def claim_receipt(self, i: int, holder: int) -> None:
+            if self._inert():
+                return
+            key, name = self._receipt_key(i), f"{ctx.prefix}-holder-{holder}"
+            answer = claim(ctx, key, name)
+            want = self.receipts.claim(key, name)
+            got = (answer.json_object.get("acquired"), answer.json_object.get("holder"))
+            _agree(got == want, f"(acquired, holder) = {want}", answer)
+            if want[0]:
+                self.extras[(key, name)] = lease_extras(answer)
+
+        @rule(i=st.integers(0, RECEIPT_KEYS - 1), holder=st.integers(0, HOLDERS - 1))
+        def release_receipt(self, i: int, holder: int) -> None:
+            if self._inert():
+                return
+            key, name = self._receipt_key(i), f"{ctx.prefix}-holder-{holder}"
+            payload = {"key": key, "holder": name, **self.extras.get((key, name), {})}
+            answer = ctx.wire.post("release_work_receipt", payload)
+            want = self.receipts.release(key, name)
+            _agree(answer.json_object.get("released") is want, f"{{released: {want}}}", answer)
+
+        @invariant()
+        def answered(self) -> None:
+            # Every exchange of the run so far was answered (no 5xx slipped past a rule).
+            if ctx.wire.exchanges:
+                last = ctx.wire.exchanges[-1]
+                _agree(last.status < 500, "no 5xx answer", last)
+
+    return GatewayMachine
+
+
+def run_model_phase(ctx: Context) -> None:
+    """Run the machine for ``ctx.examples`` examples (at most ``ctx.max_seconds`` of new
+    ones) from ``ctx.seed``; raise :class:`CheckFailed` with the shortest failing sequence."""
+    try:
+        import hypothesis
+        from hypothesis import HealthCheck, settings
+        from hypothesis.reporting import with_reporter
+        from hypothesis.stateful import get_state_machine_test
+    except ImportError:
+        raise CheckSkipped(
+            "Hypothesis is not installed (pip install 'sheetplane[test]' runs this phase)"
+        ) from None
+    deadline = [time.monotonic() + ctx.max_seconds]
+    machine = _build_machine(ctx, deadline)
+    examples = max(1, ctx.examples if not ctx.quick else min(ctx.examples, 10))
+    chosen = settings(
+        max_examples=examples,
+        stateful_step_count=STEPS,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    test = hypothesis.seed(ctx.seed)(get_state_machine_test(machine, settings=chosen))
+    lines: list[object] = []
+    try:
+        with with_reporter(lines.append), _shrinking_for(ctx.max_seconds):
+            test()
+    except (ModelMismatch, hypothesis.errors.Flaky) as mismatch:
+        steps = [line for line in [*lines, *getattr(mismatch, "__notes__", [])] if line.strip()]
+        raise CheckFailed(
+            "the gateway to answer as the model does",
+            detail=(
+                f"{mismatch}; shortest sequence (replay with --seed {ctx.seed}): "
+                + " | ".join(_steps(steps))
+            ),
+        ) from None
+
+
+@contextmanager
+def _shrinking_for(seconds: float) -> Iterator[None]:
+    """Bound Hypothesis' shrinking to ``seconds`` (its own bound is five minutes).
+
+    Every example of this phase makes real requests, so shrinking a failure may
+    take minutes; past the bound Hypothesis reports the shortest failing
+    sequence found so far. The bound is Hypothesis' engine constant
+    ``MAX_SHRINKING_SECONDS``; a version without it shrinks under its own bound.
+    """
+    engine = importlib.import_module("hypothesis.internal.conjecture.engine")
+    saved = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if saved is not None:
+        setattr(engine, "MAX_SHRINKING_SECONDS", seconds)  # noqa: B010 (a private constant)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            setattr(engine, "MAX_SHRINKING_SECONDS", saved)  # noqa: B010
+
+
+def _steps(lines: Sequence[object]) -> list[str]:
+    """The reported program (``state = ...``, ``state.rule(...)``), one step a line."""
+    return [
+        line.strip()
+        for text in lines
+        for line in str(text).splitlines()
+        if line.strip().startswith("state")
+    ]
+
+
+@check("SP-MODEL-1")
+def model_phase(ctx: Context) -> None:
+    run_model_phase(ctx)
