@@ -88,8 +88,8 @@ def ensure_sheet(ctx: Context) -> None:
 
 @check("SP-ADMIT-1")
 def admission_answer(ctx: Context) -> None:
-    namespace = ctx.namespace("admit")
-    admitted = ctx.admit(namespace, rows_of(range(5)), ctx.name("run"))
+    admitted = ctx.fresh(range(5), tag="admit")
+    namespace = admitted.namespace
     body = admitted.answer.json_object
     expect(
         body.get("inserted") == 5
@@ -106,7 +106,7 @@ def admission_answer(ctx: Context) -> None:
 
 @check("SP-ADMIT-2")
 def admission_keys(ctx: Context) -> None:
-    admitted = ctx.admit(ctx.namespace("keys"), rows_of([3, 1, 4, 0, 2]), ctx.name("run"))
+    admitted = ctx.fresh([3, 1, 4, 0, 2], tag="keys")
     pending = admitted.answer.json_object["pendingRows"]
     expect(
         [row.get("n") for row in pending] == [3, 1, 4, 0, 2]
@@ -119,7 +119,7 @@ def admission_keys(ctx: Context) -> None:
 
 @check("SP-ADMIT-3")
 def admission_dedupe(ctx: Context) -> None:
-    admitted = ctx.admit(ctx.namespace("dedupe"), rows_of([7, 8, 7]), ctx.name("run"))
+    admitted = ctx.fresh([7, 8, 7], tag="dedupe")
     body = admitted.answer.json_object
     expect(
         body.get("inserted") == 2
@@ -132,10 +132,9 @@ def admission_dedupe(ctx: Context) -> None:
 
 @check("SP-ADMIT-4")
 def admission_versions(ctx: Context) -> None:
-    namespace = ctx.namespace("versions")
-    first = ctx.admit(namespace, rows_of([1]), ctx.name("run"))
-    second = ctx.admit(namespace, rows_of([1, 2]), ctx.name("run"))
-    third = ctx.admit(namespace, rows_of([3]), ctx.name("run"))
+    first = ctx.fresh([1], tag="versions")
+    second = ctx.admit(first.namespace, rows_of([1, 2], first.salt), ctx.name("run"))
+    third = ctx.fresh([3], tag="versions")
     expect(
         first.write_version < second.write_version < third.write_version,
         f"increasing writeVersions (first {first.write_version}, second {second.write_version})",
@@ -274,11 +273,10 @@ def row_keys(ctx: Context) -> None:
 
 @check("SP-READ-9")
 def read_by_run(ctx: Context) -> None:
-    namespace = ctx.namespace("byrun")
-    first = ctx.admit(namespace, rows_of([1, 2]), ctx.name("run"))
-    second = ctx.admit(namespace, rows_of([3, 4, 5]), ctx.name("run"))
+    first = ctx.fresh([1, 2], tag="byrun")
+    second = ctx.fresh([3, 4, 5], tag="byrun")
     for admitted in (first, second):
-        answer = ctx.read(namespace, 10, 0, runId=admitted.run_id)
+        answer = ctx.read(admitted.namespace, 10, 0, runId=admitted.run_id)
         expect(
             _keys(ok(answer).get("rows")) == list(admitted.keys),
             f"only the rows run {admitted.run_id} admitted: {list(admitted.keys)}",

@@ -94,7 +94,7 @@ def _row(ctx: Context, namespace: str, key: str) -> dict[str, Any]:
 
 
 def _fresh(ctx: Context, tag: str, n_values: Sequence[int] = (1, 2, 3)) -> Admitted:
-    return ctx.admit(ctx.namespace(tag), rows_of(n_values), ctx.name("run"))
+    return ctx.fresh(n_values, tag=tag)
 
 
 @check("SP-WRITE-1")
@@ -121,7 +121,7 @@ def write_current(ctx: Context) -> None:
 @check("SP-WRITE-2")
 def write_stale_attempt(ctx: Context) -> None:
     old = _fresh(ctx, "stale")
-    new = ctx.admit(old.namespace, rows_of([1, 2, 3]), ctx.name("run"))
+    new = ctx.admit(old.namespace, rows_of([1, 2, 3], old.salt), ctx.name("run"))
     answer = complete(ctx, old, old.keys[:1])
     _stale(answer, old.keys[0], "newer_write_version", new.write_version)
     row = _row(ctx, old.namespace, old.keys[0])
@@ -209,7 +209,7 @@ def fail_then_readmit(ctx: Context) -> None:
         "the row to read back failed with its error",
         ctx.wire.exchanges[-1],
     )
-    again = ctx.admit(sheet.namespace, rows_of([1]), ctx.name("run"))
+    again = ctx.admit(sheet.namespace, rows_of([1], sheet.salt), ctx.name("run"))
     expect(
         again.keys == (sheet.keys[0],) and again.write_version > sheet.write_version,
         "the failed row re-admitted in pendingRows under a newer writeVersion",
@@ -221,7 +221,7 @@ def fail_then_readmit(ctx: Context) -> None:
 def enriched_not_readmitted(ctx: Context) -> None:
     sheet = _fresh(ctx, "enriched")
     terminal(complete(ctx, sheet, sheet.keys[:1]))
-    again = ctx.admit(sheet.namespace, rows_of([1, 2]), ctx.name("run"))
+    again = ctx.admit(sheet.namespace, rows_of([1, 2], sheet.salt), ctx.name("run"))
     body = again.answer.json_object
     expect(
         _keys(body.get("completedRows")) == [sheet.keys[0]]
@@ -235,7 +235,8 @@ def enriched_not_readmitted(ctx: Context) -> None:
 
 @check("SP-SUM-1")
 def summary(ctx: Context) -> None:
-    sheet = _fresh(ctx, "summary", (1, 2, 3, 4))
+    # The summary counts a whole sheet: this check needs one of its own.
+    sheet = ctx.admit(ctx.namespace("summary"), rows_of([1, 2, 3, 4]), ctx.name("run"))
     terminal(complete(ctx, sheet, sheet.keys[:2]))
     terminal(
         ctx.wire.post(

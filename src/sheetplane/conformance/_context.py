@@ -92,6 +92,8 @@ class Admitted:
     write_version: int
     keys: tuple[str, ...]
     answer: Exchange
+    salt: str = ""
+    """What its rows' labels end with (rows of another salt have other keys)."""
 
 
 @attrs.define(eq=False)
@@ -114,6 +116,7 @@ class Context:
     """How long the big-body budget checks may take each."""
     _counter: itertools.count[int] = attrs.field(factory=itertools.count, repr=False)
     _shared: Admitted | None = attrs.field(default=None, repr=False)
+    _scratch: str | None = attrs.field(default=None, repr=False)
     big: Admitted | None = attrs.field(default=None, repr=False)
     """The budget checks' sheet of big rows, once admitted."""
 
@@ -157,6 +160,16 @@ class Context:
         )
         assert isinstance(pending, list) and isinstance(version, int)
         return Admitted(namespace, run_id, version, tuple(r["_key"] for r in pending), answer)
+
+    def fresh(self, n_values: Sequence[int], *, tag: str) -> Admitted:
+        """Rows no other check has (their labels carry a salt of their own), admitted under
+        a run of their own into the run's scratch sheet: one sheet's tables serve every
+        check that needs rows of its own rather than a sheet of its own."""
+        if self._scratch is None:
+            self._scratch = self.namespace("scratch")
+        salt = f" {self.name(tag)}"
+        admitted = self.admit(self._scratch, rows_of(n_values, salt), self.name("run"))
+        return attrs.evolve(admitted, salt=salt)
 
     def shared_sheet(self) -> Admitted:
         """One sheet of ten rows (``n`` 0..9), admitted once per run for the read checks."""

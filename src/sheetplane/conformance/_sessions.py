@@ -205,12 +205,12 @@ def _reads_sheet(ctx: Context) -> tuple[Admitted, Session]:
 
 @check("SP-SESS-1")
 def session_answer(ctx: Context) -> None:
-    mint(ctx, ctx.namespace("session"), ["rows.read"])
+    mint(ctx, ctx.shared_sheet().namespace, ["rows.read"])
 
 
 @check("SP-SESS-2")
 def session_envelope(ctx: Context) -> None:
-    open_session(ctx, ctx.namespace("envelope"), ["rows.read"])
+    open_session(ctx, ctx.shared_sheet().namespace, ["rows.read"])
 
 
 @check("SP-SESS-3")
@@ -259,9 +259,8 @@ def session_limits(ctx: Context) -> None:
 
 @check("SP-SESS-5")
 def session_upserts(ctx: Context) -> None:
-    namespace = ctx.namespace("upsert")
-    admitted = ctx.admit(namespace, [{"n": 1, "label": "upsert"}], ctx.name("run"))
-    session = open_session(ctx, namespace, ["rows.read", "rows.upsert"])
+    admitted = ctx.fresh([1], tag="upsert")
+    session = open_session(ctx, admitted.namespace, ["rows.read", "rows.upsert"])
     with _connect(session) as conn:
         try:
             cursor = conn.execute(
