@@ -61,7 +61,7 @@ import attrs
 import trio
 
 from ._groups import raise_single
-from ._types import CompleteRow, FailRow, TerminalWriteResult
+from ._types import CompleteRow, FailRow, SheetContract, TerminalWriteResult
 from .batching import Batch, BoundedBatchFunction, Pending
 from .budgets import (
     MAP_MAX_BATCH_ROWS,
@@ -77,7 +77,15 @@ from .budgets import (
 from .errors import BatcherClosedError, InvalidInputError
 from .sizes import json_byte_length_up_to
 
-__all__ = ["MapProgress", "MapReport", "receipt_key", "run_map"]
+__all__ = [
+    "UNKNOWN_OUTPUTS",
+    "MapProgress",
+    "MapReport",
+    "OutputKeys",
+    "UnknownOutputs",
+    "receipt_key",
+    "run_map",
+]
 
 Row = dict[str, Any]
 MapFn = Callable[[Row], Awaitable[Mapping[str, Any]]]
@@ -234,8 +242,43 @@ def _complete(key: str, outputs: Mapping[str, Any]) -> Outcome:
 
 
 def _failure_text(exc: Exception) -> str:
+    """A failed row's ``_error``: the exception's type and its message (a ``KeyError``
+    reads ``KeyError: 'provider'``, not just ``'provider'``)."""
     text = str(exc)
-    return text if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+#: What ``map`` does with outputs that carry a key naming no contract column.
+UnknownOutputs = Literal["fail", "raise"]
+UNKNOWN_OUTPUTS: Final[tuple[UnknownOutputs, ...]] = ("fail", "raise")
+
+
+@attrs.frozen
+class OutputKeys:
+    """The keys ``fn``'s outputs may carry: a column's ``id`` (or its ``sql_name`` or
+    ``field``); ``_key``, which every row handed to ``fn`` carries, is let through."""
+
+    names: frozenset[str]
+    """Every name of every contract column."""
+    outputs: tuple[str, ...]
+    """The ids of the contract's output columns, for the message."""
+
+    @classmethod
+    def of(cls, contract: SheetContract) -> OutputKeys:
+        """The keys ``contract``'s columns may be written under."""
+        names = {name for c in contract.columns for name in (c.id, c.sql_name, c.field) if name}
+        outputs = tuple(c.id for c in contract.columns if c.source == "output")
+        return cls(frozenset(names | {"_key"}), outputs)
+
+    def problem(self, outputs: Mapping[str, Any]) -> str | None:
+        """Why ``outputs`` cannot be written as they are (the first unknown key), or None."""
+        for key in outputs:
+            if key not in self.names:
+                return (
+                    f"fn returned the output key {key!r}, which names no column of the "
+                    f"contract; its outputs are {list(self.outputs)} (keyed by column id)"
+                )
+        return None
 
 
 @attrs.define(eq=False)
@@ -292,6 +335,8 @@ async def run_map(
     once: Once | None = None,
     namespace: str = "",
     progress: Callable[[MapProgress], object] | None = None,
+    output_keys: OutputKeys | None = None,
+    unknown_outputs: UnknownOutputs = "fail",
 ) -> tuple[int, int, int]:
     """Map ``fn`` over ``pending`` and write every outcome; ``(completed, failed, reused)``.
 
@@ -396,6 +441,11 @@ async def run_map(
         if not isinstance(outputs, Mapping):
             what = type(outputs).__name__
             return _fail(key, f"fn must return a mapping of outputs, got {what}")
+        problem = None if output_keys is None else output_keys.problem(outputs)
+        if problem is not None:
+            if unknown_outputs == "raise":
+                raise InvalidInputError(f"row {key!r}: {problem}")
+            return _fail(key, problem)
         return _complete(key, outputs)
 
     async def worker() -> None:

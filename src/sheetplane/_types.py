@@ -71,17 +71,68 @@ class SheetRef:
     """The sheet's namespace within the play (normalised)."""
 
 
+#: The sheet table's system columns, in table order: every row read carries some of
+#: them (``_key``, ``_status``, ...), so no contract column may take one as its id or name.
+SYSTEM_COLUMNS: Final[tuple[str, ...]] = (
+    "_key",
+    "_status",
+    "_run_id",
+    "_error",
+    "_stage",
+    "_provider",
+    "_input_index",
+    "_created_at",
+    "_updated_at",
+    "_cell_meta",
+    "_write_version",
+    "_admitted_version",
+)
+
+_COLUMN_SOURCES: Final = get_args(ColumnSource)
+
+
+def _column_text(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(
+            f"ContractColumn.{attribute.name} must be a non-empty string, got {value!r}"
+        )
+    if value in SYSTEM_COLUMNS:
+        raise InvalidInputError(
+            f"ContractColumn.{attribute.name} {value!r} is a system column of every sheet "
+            f"(reads carry it): name the column otherwise"
+        )
+
+
+def _column_source(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in _COLUMN_SOURCES:
+        raise InvalidInputError(
+            f"ContractColumn.source must be one of {list(_COLUMN_SOURCES)}, got {value!r}"
+        )
+
+
+def _column_field(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidInputError(
+            f"ContractColumn.field must be a non-empty string or None, got {value!r}"
+        )
+
+
 @attrs.frozen
 class ContractColumn:
-    """One column of a sheet contract."""
+    """One column of a sheet contract: ``ContractColumn(id, sql_name, source, field=None)``.
 
-    id: str
-    """The column's id in the play."""
-    sql_name: str
+    A map's ``fn`` returns its outputs keyed by column ``id`` (the ``sql_name``
+    is accepted too), and reads return rows keyed by ``id``.
+    """
+
+    id: str = attrs.field(validator=_column_text)
+    """The column's id in the play: the key of its value in rows read and in outputs."""
+    sql_name: str = attrs.field(validator=_column_text)
     """Its physical name; a name starting with ``_`` is never a physical column."""
-    source: ColumnSource
-    """Where its value comes from."""
-    field: str | None = None
+    source: ColumnSource = attrs.field(validator=_column_source)
+    """Where its value comes from: the input row (``input``), a field the map sets
+    (``mapField``) or the map's outputs (``output``)."""
+    field: str | None = attrs.field(default=None, validator=_column_field)
     """The row field it reads, when it differs from ``id``."""
 
     @property
@@ -90,11 +141,33 @@ class ContractColumn:
         return not self.sql_name.startswith("_")
 
 
+def _contract_columns(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple):
+        raise InvalidInputError(
+            "SheetContract takes a tuple of ContractColumn "
+            f"(SheetContract((ContractColumn(...), ...))), got {type(value).__name__}"
+        )
+    seen: set[str] = set()
+    for index, column in enumerate(value):
+        if not isinstance(column, ContractColumn):
+            raise InvalidInputError(
+                f"SheetContract.columns[{index}] must be a ContractColumn, got {column!r}"
+            )
+        if column.id in seen:
+            raise InvalidInputError(f"SheetContract has two columns with the id {column.id!r}")
+        seen.add(column.id)
+
+
 @attrs.frozen
 class SheetContract:
-    """The columns a play declares for its sheet."""
+    """The columns a play declares for its sheet: ``SheetContract((column, ...))``.
 
-    columns: tuple[ContractColumn, ...] = ()
+    Checked when built: a tuple of ``ContractColumn`` with distinct ids, none
+    named as a system column (``SYSTEM_COLUMNS``); anything else raises
+    ``InvalidInputError`` before any request is sent.
+    """
+
+    columns: tuple[ContractColumn, ...] = attrs.field(default=(), validator=_contract_columns)
     """In declaration order."""
 
 

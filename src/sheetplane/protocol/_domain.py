@@ -42,7 +42,7 @@ from .._types import (
     Summary,
     TerminalWriteResult,
 )
-from ..errors import GatewayProtocolError
+from ..errors import GatewayProtocolError, InvalidInputError
 from . import _messages as m
 
 T = TypeVar("T")
@@ -85,7 +85,11 @@ def contract_json(contract: SheetContract) -> dict[str, Any]:
 def read_contract(value: object) -> SheetContract:
     """A sheet contract from its decoded JSON ``{columns: [...]}``; ``WireError``
     naming the member if it is off."""
-    return contract_of(m.structure(value, m.SheetContractWire))
+    read = m.structure(value, m.SheetContractWire)
+    try:
+        return contract_of(read)
+    except InvalidInputError as exc:
+        raise m.WireError(str(exc)) from None
 
 
 def admitted_wire(part: AdmittedPart | None) -> m.AdmittedPartWire | None:

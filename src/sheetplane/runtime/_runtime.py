@@ -12,7 +12,16 @@ import trio
 
 from .. import _checks as checks
 from .._groups import raise_single
-from .._map import MapFn, MapProgress, MapReport, check_map_options, run_map
+from .._map import (
+    UNKNOWN_OUTPUTS,
+    MapFn,
+    MapProgress,
+    MapReport,
+    OutputKeys,
+    UnknownOutputs,
+    check_map_options,
+    run_map,
+)
 from .._types import BIGINT_MAX, AdmittedPart, ResolvedPlay, RowMode, SheetContract, SheetRef
 from ..admission import AdmissionInput
 from ..budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
@@ -230,6 +239,7 @@ class Runtime:
         flush_seconds: float = 0.25,
         receipts: bool = False,
         progress: Callable[[MapProgress], object] | None = None,
+        unknown_outputs: UnknownOutputs = "fail",
     ) -> MapReport:
         """Admit ``rows`` on ``namespace`` and map ``fn`` (``async (row) -> outputs``) over
         the rows to map; every outcome is written, fenced by the admission's version.
@@ -246,6 +256,12 @@ class Runtime:
         reuses every finished call. ``progress(MapProgress)`` is called as
         rows settle.
 
+        ``fn``'s outputs are keyed by contract column id (a column's ``sql_name``
+        is accepted too). A key that names no column of ``contract`` fails its
+        row with an error naming the key and the contract's outputs; with
+        ``unknown_outputs="raise"`` the map raises ``InvalidInputError`` at the
+        first instead (the rows already written stay written).
+
         When a write finds the attempt superseded, every ``fn`` call still
         running is cancelled at once, no further call starts, and this raises
         ``AttemptSupersededError``. Cancelling ``map`` cancels everything it
@@ -254,6 +270,10 @@ class Runtime:
         namespace = normalize_table_namespace(namespace)
         check_map_options(fn, concurrency, batch_rows, flush_seconds, progress)
         checks.flag("receipts", receipts)
+        if unknown_outputs not in UNKNOWN_OUTPUTS:
+            raise InvalidInputError(
+                f"unknown_outputs must be one of {list(UNKNOWN_OUTPUTS)}, got {unknown_outputs!r}"
+            )
         started = trio.current_time()
         writer = self.writer(namespace, contract)
         admission = await writer.start(rows)
@@ -269,6 +289,8 @@ class Runtime:
             once=self.receipts().once_reused if receipts else None,
             namespace=namespace,
             progress=progress,
+            output_keys=OutputKeys.of(contract),
+            unknown_outputs=unknown_outputs,
         )
         return MapReport(
             write_version=admission.write_version,

@@ -28,7 +28,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from .._types import SheetContract, SheetRef
+from .._types import SYSTEM_COLUMNS, SheetContract, SheetRef
 from ..budgets import MAX_CONTRACT_COLUMNS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
 from ..names import check_name as _check_logical
@@ -57,22 +57,6 @@ __all__ = [
 
 #: Postgres truncates identifiers longer than this many bytes.
 MAX_IDENTIFIER_BYTES = 63
-
-#: The sheet table's system columns, in table order.
-SYSTEM_COLUMNS: tuple[str, ...] = (
-    "_key",
-    "_status",
-    "_run_id",
-    "_error",
-    "_stage",
-    "_provider",
-    "_input_index",
-    "_created_at",
-    "_updated_at",
-    "_cell_meta",
-    "_write_version",
-    "_admitted_version",
-)
 
 #: Postgres's own system columns (every table has them); no user column may
 #: take one of these names (``ALTER TABLE`` refuses it).
