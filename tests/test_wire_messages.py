@@ -5,6 +5,7 @@ from the classes is valid and is what the gateway serves."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -231,6 +232,24 @@ def test_sheetplane_openapi_prints_the_document() -> None:
         check=True,
     )
     assert json.loads(done.stdout) == json.loads(json.dumps(openapi_document()))
+
+
+def test_openapi_into_a_closed_pipe_ends_quietly_without_a_traceback() -> None:
+    # `sheetplane openapi | head`: the reader is gone before the document is written.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sheetplane.cli", "openapi"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
+    assert done.returncode == 141
 
 
 async def test_the_gateway_serves_the_document(sheetplane_database_url: str) -> None:

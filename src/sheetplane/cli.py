@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -82,10 +83,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The status of a command whose reader went away (128 + SIGPIPE), as a shell reports it.
+_PIPE_CLOSED = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the subcommand; return its status."""
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the subcommand; return its status.
+
+    A reader that stops early (``sheetplane openapi | head``) ends the command
+    quietly with status 141, as a killed-by-SIGPIPE command would, instead of a
+    ``BrokenPipeError`` traceback.
+    """
     args = build_parser().parse_args(argv)
-    status: int = args.run(args)
+    try:
+        status: int = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush
+        # cannot fail too (the standard library's signal documentation does the same).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return _PIPE_CLOSED
     return status
 
 
