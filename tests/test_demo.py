@@ -4,6 +4,7 @@ failures (bad arguments, an unreachable database) as one clear line and a non-ze
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,15 @@ async def test_the_demo_runs_to_exit_0_on_an_embedded_postgres() -> None:
     assert "newer_write_version -> AttemptSupersededError" in out
     assert "provider calls cancelled in flight, none left running" in out
     assert "its rerun reused" in out and "from their receipts" in out
+    # The retry supersedes the version attempt 1 mapped at (map admits its rows itself).
+    versions = re.search(
+        r"retry admitted as write version (\d+) \(attempt 1 mapped at write version (\d+)\)",
+        " ".join(out.split()),
+    )
+    assert versions is not None, out
+    assert int(versions[1]) == int(versions[2]) + 1
+    # Every finished call of the stopped map is accounted for, the crash window included.
+    assert "finished inside the stop before their receipt was recorded" in " ".join(out.split())
     for line in ("rows admitted", "rows read back", "requests saved by batching", "splits"):
         assert line in out
     assert "500/500" in out  # the progress bars finished

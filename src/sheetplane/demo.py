@@ -135,6 +135,8 @@ class DemoReport:
     rows: int = 0
     inserted: int = 0
     batch_rows: int = 0
+    admitted_version: int = 0
+    attempt1_version: int | None = None
     attempt1_settled: int = 0
     fenced_rows: int = 0
     fenced_reasons: set[str] = attrs.field(factory=set)
@@ -143,6 +145,8 @@ class DemoReport:
     retry_completed: int = 0
     receipt_rows: int = 0
     receipt_first_calls: int = 0
+    receipt_written: int = 0
+    receipt_window: int = 0
     receipt_rerun_calls: int = 0
     receipt_reused: int = 0
     rows_read: dict[str, int] = attrs.field(factory=dict)
@@ -311,7 +315,7 @@ async def _run_phases(
     report.inserted = admission.inserted
     progress.update(task, completed=admission.inserted)
     report.timings["admission"] = clock() - t0
-    version1 = admission.write_version
+    report.admitted_version = admission.write_version
 
     # 2. Attempt 1 maps on the direct road; a retry supersedes it mid-map.
     size = max(1, min(MAP_BATCH_ROWS, rows // 20))
@@ -343,6 +347,8 @@ async def _run_phases(
                 progress=settled,
             )
         except AttemptSupersededError as exc:
+            # map admits the rows itself: attempt 1 mapped at its own admission's version.
+            report.attempt1_version = exc.write_version
             reasons: set[str] = {row.reason for row in exc.superseded_rows}
             report.fenced_rows = len(exc.superseded_rows)
             report.fenced_reasons = reasons
@@ -359,10 +365,13 @@ async def _run_phases(
             )
         else:
             raise DemoCheckFailed("attempt 1 was never superseded")
+        finally:
+            progress.stop_task(task)  # the map has stopped: so does its bar's clock
     report.timings["map (attempt 1)"] = clock() - t0
     progress.console.print(
-        f"retry admitted as write version {retry[0]} (attempt 1 had {version1}) "
-        f"after {report.attempt1_settled:,} of attempt 1's rows were written"
+        f"retry admitted as write version {retry[0]} (attempt 1 mapped at write version "
+        f"{report.attempt1_version}) after {report.attempt1_settled:,} of attempt 1's rows "
+        "were written"
     )
 
     # 3. A rerun on the gateway road maps what is still pending.
@@ -405,22 +414,29 @@ async def _run_phases(
             receipts=True,
             progress=stop_half_way,
         )
+    progress.stop_task(task)
     again = Provider()
     rerun = await via_gateway.map(
         RECEIPT_NAMESPACE, CONTRACT, calls, again, concurrency=8, receipts=True
     )
-    progress.update(task, completed=len(calls))
+    progress.update(task, completed=len(calls))  # the rerun finished the rest
     report.receipt_first_calls = first.started - first.cancelled
+    report.receipt_written = rerun.admitted - rerun.pending
     report.receipt_rerun_calls = again.started
     report.receipt_reused = rerun.reused
-    if again.started + rerun.reused != rerun.pending:
+    # A call that returned while the stop cancelled its receipt's write is finished
+    # but unrecorded: the rerun calls it again.
+    report.receipt_window = report.receipt_first_calls - report.receipt_written - rerun.reused
+    if again.started + rerun.reused != rerun.pending or report.receipt_window < 0:
         raise DemoCheckFailed("the rerun neither reused nor called some rows")
     progress.console.print(
-        f"receipts: a map stopped half way finished {report.receipt_first_calls} provider calls"
+        f"receipts: a map stopped half way finished {report.receipt_first_calls} provider calls: "
+        f"{report.receipt_written} rows written, {rerun.reused} recorded but not yet written, "
+        f"{report.receipt_window} finished inside the stop before their receipt was recorded"
     )
     progress.console.print(
-        f"its rerun reused {rerun.reused} from their receipts, "
-        f"called the provider {again.started} times"
+        f"its rerun reused {rerun.reused} from their receipts and called the provider "
+        f"{again.started} times ({report.receipt_window} of them a second time)"
     )
     report.timings["receipts"] = clock() - t0
 
@@ -443,12 +459,18 @@ def report_table(report: DemoReport) -> Table:
     table.add_column("gateway road", justify="right")
     table.add_column("notes")
     direct, gateway = report.stats["direct"], report.stats["gateway"]
-    table.add_row("rows admitted", "", f"{report.inserted:,}", "one start(), write version 1")
+    table.add_row(
+        "rows admitted",
+        "",
+        f"{report.inserted:,}",
+        f"one start(), write version {report.admitted_version}",
+    )
     table.add_row(
         "map (attempt 1)",
         f"{report.attempt1_settled:,}",
         "",
-        f"rows settled in batches of up to {report.batch_rows}, then superseded",
+        f"rows settled in batches of up to {report.batch_rows} at write version "
+        f"{report.attempt1_version}, then superseded",
     )
     table.add_row(
         "fenced writes",
@@ -467,8 +489,8 @@ def report_table(report: DemoReport) -> Table:
         "receipts (rerun)",
         f"{report.receipt_first_calls}",
         f"{report.receipt_rerun_calls}",
-        f"provider calls; {report.receipt_reused} reused from receipts "
-        f"of {report.receipt_rows} rows",
+        f"provider calls; {report.receipt_reused} reused from receipts, "
+        f"{report.receipt_window} finished inside the stop, of {report.receipt_rows} rows",
     )
     table.add_row(
         "rows read back",
