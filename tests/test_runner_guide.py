@@ -3,8 +3,11 @@ real Postgres and the reference gateway: both strategies, a rerun, and a superse
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -103,3 +106,28 @@ async def test_the_guide_example_stops_when_a_retry_supersedes_it(
     result = await example["run_enrichment"](**arguments(gateway, play, rows=rows))
     assert retried
     assert result["superseded"] is True and result["stale_rows"] > 0
+
+
+def test_the_guides_plugin_tests_pass_as_their_own_pytest_run(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The guide's "Testing a runner" block, beside its example as runner.py, run by pytest
+    with the installed plugin and nothing else."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S)
+    (plugin_tests,) = [block for block in blocks if "sheetplane_gateway" in block]
+    (tmp_path / "runner.py").write_text(blocks[0], encoding="utf-8")
+    (tmp_path / "test_runner.py").write_text(plugin_tests, encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\ntrio_mode = true\naddopts = -p no:cacheprovider\n", encoding="utf-8"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly"],
+        cwd=tmp_path,
+        env={**os.environ, "SHEETPLANE_DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "2 passed" in done.stdout
