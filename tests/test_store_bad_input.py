@@ -215,7 +215,7 @@ async def test_a_key_past_the_btree_entry_limit_is_refused_not_a_store_error(
 
 async def test_a_bad_receipt_argument_creates_no_receipts_table(store: SheetStore) -> None:
     # The receipts table used to be created before the arguments were checked.
-    from sheetplane.store._schema import receipt_names
+    from sheetplane.store._names import receipt_names
 
     org, play = f"org-{id(store)}-receipts", "play-receipts"
     names = receipt_names(org, play)

@@ -14,8 +14,9 @@ from sheetplane._types import ReceiptCompletion
 from sheetplane.budgets import WORK_RECEIPT_LEASE_TTL_MS
 from sheetplane.errors import InvalidInputError, WorkReceiptFencedError
 from sheetplane.store import SheetStore
+from sheetplane.store._names import receipt_names
 from sheetplane.store._receipts import claim_work_receipt, complete_work_receipt
-from sheetplane.store._schema import ensure_receipts, receipt_names
+from sheetplane.store._schema import ensure_receipts
 
 ORG, PLAY = "org-receipts", "play-receipts"
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)

@@ -17,7 +17,7 @@ from sheetplane._types import ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import MAX_LOGICAL_NAME_CHARS
 from sheetplane.errors import InvalidInputError
 from sheetplane.store import SheetStore, sheet_names
-from sheetplane.store._schema import receipt_names
+from sheetplane.store._names import receipt_names
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 TABLES = (

@@ -14,7 +14,7 @@ the store (a ``SheetRef`` holds normalised names):
 
 Every other character is kept and is significant (inner spaces, punctuation,
 non-ASCII letters: ``a-b`` and ``a_b`` stay two sheets); the physical table
-names hash the normalised name (``store._schema``), so any text is safe. A
+names hash the normalised name (``store._names``), so any text is safe. A
 name that normalises to nothing, or holds a NUL or a lone surrogate, or is
 longer than ``MAX_LOGICAL_NAME_CHARS`` after normalising, raises
 ``InvalidInputError`` (the gateway answers it 400 ``invalid_input``).

@@ -9,13 +9,13 @@ from __future__ import annotations
 from ._fencing import raise_if_superseded as raise_if_superseded
 from ._fencing import superseded_error as superseded_error
 from ._fencing import superseded_rows as superseded_rows
+from ._names import SheetNames as SheetNames
+from ._names import sheet_names as sheet_names
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
 from ._pool import open_pool as open_pool
 from ._reads import JsonPage as JsonPage
 from ._reads import RowCursor as RowCursor
-from ._schema import SheetNames as SheetNames
-from ._schema import sheet_names as sheet_names
 from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
 

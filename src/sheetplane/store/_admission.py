@@ -54,6 +54,7 @@ from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import row_key
 from ._counters import compact_counters
+from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
     check_row,
@@ -70,7 +71,6 @@ from ._rowdata import (
     record_event,
     status_of,
 )
-from ._schema import SheetNames
 
 __all__ = ["merge_completed_row", "start_dataset"]
 

@@ -47,7 +47,7 @@ from psycopg import sql
 from ..budgets import COUNTER_LOG_COMPACT_ROWS
 
 if TYPE_CHECKING:
-    from ._schema import SheetNames
+    from ._names import SheetNames
 
 __all__ = [
     "COUNT_TRIGGERS",

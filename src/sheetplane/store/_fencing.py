@@ -79,6 +79,7 @@ from .._types import (
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import AttemptSupersededError, InvalidInputError, WriteConflictError
 from ._locking import lock_sheet
+from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
     check_json_value,
@@ -91,7 +92,7 @@ from ._rowdata import (
     record_event,
     status_of,
 )
-from ._schema import SheetNames, sheet_exists
+from ._schema import sheet_exists
 
 __all__ = [
     "Decision",

@@ -37,7 +37,7 @@ import psycopg
 from psycopg import sql
 
 if TYPE_CHECKING:
-    from ._schema import SheetNames
+    from ._names import SheetNames
 
 __all__ = [
     "FENCE_TRIGGERS",

@@ -44,7 +44,7 @@ import psycopg
 from psycopg import sql
 
 if TYPE_CHECKING:
-    from ._schema import SheetNames
+    from ._names import SheetNames
 
 __all__ = ["SheetLockMode", "lock_sheet"]
 

@@ -18,9 +18,10 @@ from psycopg.types.json import Jsonb
 
 from .._types import ResolvedPlay
 from ..errors import InvalidInputError
+from ._names import org_schema
 from ._pool import TrioPool
 from ._rowdata import check_json_value, check_key
-from ._schema import ensure_ddl, org_schema, relations_missing
+from ._schema import ensure_ddl, relations_missing
 
 __all__ = ["register_play", "resolve_play"]
 

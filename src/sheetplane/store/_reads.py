@@ -51,8 +51,9 @@ from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
+from ._names import SheetNames
 from ._pool import TrioPool
-from ._schema import SheetNames, column_ids
+from ._schema import column_ids
 
 __all__ = [
     "JsonPage",

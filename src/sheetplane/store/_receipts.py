@@ -36,9 +36,9 @@ from psycopg.types.json import Jsonb
 from .._types import Receipt, ReceiptClaim, ReceiptCompletion
 from ..budgets import WORK_RECEIPT_LEASE_TTL_MS
 from ..errors import InvalidInputError, WorkReceiptFencedError
+from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import check_json_value, check_key, check_text
-from ._schema import SheetNames
 
 __all__ = [
     "ReceiptClaim",

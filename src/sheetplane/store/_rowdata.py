@@ -23,7 +23,8 @@ from ..errors import InvalidInputError
 from ..sizes import json_byte_length_up_to
 from ._counters import STATUS_COUNTER
 from ._locking import lock_sheet as lock_sheet_in
-from ._schema import SheetNames, column_ids
+from ._names import SheetNames
+from ._schema import column_ids
 
 T = TypeVar("T")
 

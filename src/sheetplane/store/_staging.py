@@ -66,6 +66,7 @@ from ..budgets import (
 from ..errors import AdmissionStateError, InvalidInputError
 from ..identity import row_key
 from ._counters import compact_counters, compact_if_long
+from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 from ._pool import TrioPool
 from ._rowdata import (
     check_row,
@@ -75,7 +76,6 @@ from ._rowdata import (
     next_write_version,
     record_event,
 )
-from ._schema import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 
 __all__ = [
     "ADMISSION_ID_PATTERN",

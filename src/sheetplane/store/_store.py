@@ -33,10 +33,10 @@ from .._types import (
     WriteResult,
 )
 from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _staging, _writes
+from ._names import SheetNames, receipt_names, sheet_names
 from ._pool import TrioPool, open_pool
 from ._reads import JsonPage, RowCursor
 from ._rowdata import physical_columns
-from ._schema import SheetNames, sheet_names
 from ._staging import StagedRow
 
 __all__ = ["SheetStore", "open_store"]
@@ -250,7 +250,7 @@ class SheetStore:
         )
 
     async def _receipt_names(self, org_id: str, play_name: str) -> SheetNames:
-        names = _schema.receipt_names(org_id, play_name)
+        names = receipt_names(org_id, play_name)
         if names not in self._receipts_ensured:
             await _schema.ensure_receipts(self.pool, names)
             self._receipts_ensured[names] = None

@@ -58,6 +58,7 @@ from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
 from ..identity import derive_row_identity, row_key
 from ._guards import clear_rows
+from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
     check_key_size,
@@ -72,7 +73,6 @@ from ._rowdata import (
     record_event,
     table_columns,
 )
-from ._schema import SheetNames
 
 __all__ = ["append_rows", "appended_row_key", "replace_rows", "upsert_rows"]
 
