@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from sheetplane._types import SheetRef
 from sheetplane.store import SheetStore, open_store
 from sheetplane.store.embedded import EmbeddedPostgres, database_url_from_env
 from sheetplane.testing.plugin import SecretURL
+
+if TYPE_CHECKING:
+    from _runtime_helpers import CountingGateway
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +89,25 @@ def entry_point(request: pytest.FixtureRequest) -> str:
     """Which of the batcher's two entry points a test submits through: ``submit``, or
     ``submit_nowait`` awaited through its ``Pending`` (``_batching_helpers.submitter``)."""
     return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def session_roles_reaped(database_url: str) -> Iterator[None]:
+    """Drop every session role when the module ends (its runtimes minted them; they
+    would otherwise stay live for a session TTL and show in later role counts)."""
+    yield
+    from _runtime_helpers import reap_session_roles
+
+    reap_session_roles(database_url)
+
+
+@pytest.fixture
+async def runtime_gateway(
+    database_url: str, session_roles_reaped: None
+) -> AsyncIterator[CountingGateway]:
+    """A reference gateway on loopback that counts its requests, for runtime tests
+    (``_runtime_helpers.counting_gateway``); the module's session roles are reaped."""
+    from _runtime_helpers import counting_gateway
+
+    async with counting_gateway(database_url) as gateway:
+        yield gateway

@@ -4,7 +4,7 @@ and peek's clamps, on both roads against the reference gateway."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,8 +15,6 @@ from _runtime_helpers import (
     ROADS,
     CountingGateway,
     Seed,
-    counting_gateway,
-    reap_session_roles,
     runtime,
     seeding,
 )
@@ -35,16 +33,9 @@ from sheetplane.runtime import Strategy
 from sheetplane.store import SheetStore
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _drop_session_roles(database_url: str) -> Iterator[None]:
-    yield
-    reap_session_roles(database_url)
-
-
 @pytest.fixture
-async def gateway(database_url: str) -> AsyncIterator[CountingGateway]:
-    async with counting_gateway(database_url) as gw:
-        yield gw
+def gateway(runtime_gateway: CountingGateway) -> CountingGateway:
+    return runtime_gateway
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ reaches one sheet, on both roads and on the gateway, and a blank name is refused
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -15,8 +14,6 @@ from _runtime_helpers import (
     ORG,
     ROADS,
     CountingGateway,
-    counting_gateway,
-    reap_session_roles,
     runtime,
 )
 from sheetplane import InvalidInputError
@@ -27,16 +24,9 @@ from sheetplane.runtime import Strategy, open_runtime
 from sheetplane.store import SheetStore
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _drop_session_roles(database_url: str) -> Iterator[None]:
-    yield
-    reap_session_roles(database_url)
-
-
 @pytest.fixture
-async def gateway(database_url: str) -> AsyncIterator[CountingGateway]:
-    async with counting_gateway(database_url) as gw:
-        yield gw
+def gateway(runtime_gateway: CountingGateway) -> CountingGateway:
+    return runtime_gateway
 
 
 def _rows(keys: range) -> list[dict[str, Any]]:

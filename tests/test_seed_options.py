@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -15,8 +14,6 @@ import trio
 from _runtime_helpers import (
     CONTRACT,
     CountingGateway,
-    counting_gateway,
-    reap_session_roles,
 )
 from sheetplane import InvalidInputError
 from sheetplane._types import ContractColumn, SheetContract, SheetRef
@@ -28,16 +25,9 @@ ORG = "acme-runtime"
 BYPASS = "bypass-7e6d5c4b3a29"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _drop_session_roles(database_url: str) -> Iterator[None]:
-    yield
-    reap_session_roles(database_url)
-
-
 @pytest.fixture
-async def gateway(database_url: str) -> AsyncIterator[CountingGateway]:
-    async with counting_gateway(database_url) as gw:
-        yield gw
+def gateway(runtime_gateway: CountingGateway) -> CountingGateway:
+    return runtime_gateway
 
 
 def _runtime(gateway: CountingGateway, play: str, **options: Any) -> Any:
