@@ -16,12 +16,13 @@ from _runtime_helpers import (
     CountingGateway,
     runtime,
 )
-from sheetplane import InvalidInputError
+from _session_helpers import aad_of
+from sheetplane import InvalidInputError, crypto
 from sheetplane._types import SheetRef
 from sheetplane.gateway.server import RUNTIME_PATH
 from sheetplane.protocol._domain import contract_json
 from sheetplane.runtime import Strategy, open_runtime
-from sheetplane.store import SheetStore
+from sheetplane.store import SheetStore, sheet_names
 
 
 @pytest.fixture
@@ -111,6 +112,8 @@ async def test_the_gateway_normalises_the_names_a_seed_client_sends(
         answers.append(response.json())
     assert [answer["inserted"] for answer in answers] == [1, 1, 1]
     assert [answer["writeVersion"] for answer in answers] == [1, 2, 3]
+    # Each answer names the namespace as its request spelled it, as the runtime does.
+    assert [answer["tableNamespace"] for answer in answers] == [ns for _, ns in spellings]
     assert await store.count(SheetRef(ORG, f"seed-{tag}", "normtest")) == 3
 
 
@@ -131,3 +134,27 @@ async def test_the_gateway_refuses_a_name_that_normalises_to_nothing(
     response = await _post(gateway, body)
     assert response.status_code == 400, response.text
     assert response.json()["code"] in ("invalid_input", "invalid_request")
+
+
+async def test_a_session_answer_names_the_sheet_as_the_request_spelled_it(
+    gateway: CountingGateway,
+) -> None:
+    # A runtime matches preloaded sessions by the play name it sent, exactly.
+    key = crypto.generate_decryption_key()
+    body = {
+        "action": "create_db_session",
+        "playName": " Seed-Play ",
+        "target": {"tableNamespace": "NormTest", "logicalTable": "sheet_rows"},
+        "operations": ["rows.read"],
+        "postgresUrlEncryption": key.encryption_request(),
+    }
+    response = await _post(gateway, body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["playName"] == " Seed-Play "
+    assert answer["target"]["tableNamespace"] == "NormTest"
+    url = crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad_of(answer))
+    # The role is the normalised sheet's: it reads what "normtest" of "seed-play" holds.
+    tables = answer["postgres"]
+    assert tables["sheetTable"] == sheet_names(SheetRef(ORG, "seed-play", "normtest")).sheet_table
+    assert url.startswith("postgresql://")

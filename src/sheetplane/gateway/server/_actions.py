@@ -154,14 +154,23 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     contract = d.contract_of(request.sheet_contract)
     store = call.state.store
     await store.ensure_sheet(sheet, contract)
+
+    def answer(admission: InlineAdmission) -> dict[str, Any]:
+        # The namespace as the request spelled it, as the runtime answers its input's.
+        return d.admission_answer(attrs.evolve(admission, table_namespace=request.table_namespace))
+
     admission = await store.start_dataset(
-        sheet, request.rows, request.run_id, contract, check=_fits_one_answer
+        sheet,
+        request.rows,
+        request.run_id,
+        contract,
+        check=lambda admission: _fits_one_answer(answer(admission)),
     )
     call.state.metrics.admissions.inc()
-    return d.admission_answer(admission)
+    return answer(admission)
 
 
-def _fits_one_answer(admission: InlineAdmission) -> None:
+def _fits_one_answer(answer: dict[str, Any]) -> None:
     """Refuse, before the commit, an admission whose answer would pass the ceiling.
 
     Runs inside the admission's transaction: ``AdmissionTooLargeError`` rolls
@@ -169,7 +178,7 @@ def _fits_one_answer(admission: InlineAdmission) -> None:
     committed anyway. The answer is measured as the compact JSON the app
     sends, stopping at the ceiling.
     """
-    measured = json_byte_length_up_to(d.admission_answer(admission), TRANSPORT_CEILING_BYTES)
+    measured = json_byte_length_up_to(answer, TRANSPORT_CEILING_BYTES)
     if measured.exceeded:
         raise AdmissionTooLargeError(measured.bytes)
 
@@ -408,11 +417,19 @@ async def _mint(
     contract: SheetContract,
     ttl_ms: int,
     token_id: str | None = None,
+    *,
+    as_asked: tuple[str, str],
 ) -> _Minted:
     """Ensure the sheet, create its scoped role, and build the answer without a URL.
 
+    The answer (and the AAD its URL is sealed with) names the play and the
+    namespace ``as_asked``, as the request spelled them: the role is the
+    normalised ``sheet``'s, and a caller that matches sessions by the names it
+    sent (the runtime compares the play name exactly) finds its own.
+
     429 (nothing created) when the org or the token holds its cap of live sessions.
     """
+    play_name, table_namespace = as_asked
     await state.store.ensure_sheet(sheet, contract)
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=ttl_ms)
     try:
@@ -432,10 +449,10 @@ async def _mint(
     state.metrics.sessions_minted.inc()
     answer = m.CreateDbSessionAnswer(
         expires_at=minted.expires_at,
-        play_name=sheet.play_name,
+        play_name=play_name,
         target=m.SessionTargetAnswer(
             org_id=sheet.org_id,
-            table_namespace=sheet.table_namespace,
+            table_namespace=table_namespace,
             logical_table=logical_table,
         ),
         operations=list(minted.operations),
@@ -444,8 +461,8 @@ async def _mint(
     )
     aad = crypto.session_aad(
         org_id=sheet.org_id,
-        play_name=sheet.play_name,
-        table_namespace=sheet.table_namespace,
+        play_name=play_name,
+        table_namespace=table_namespace,
         logical_table=logical_table,
         operations=minted.operations,
         expires_at=minted.expires_at,
@@ -483,7 +500,15 @@ async def create_db_session(call: Call) -> dict[str, Any]:
             "this gateway never sends a Postgres URL in the clear",
         )
     minted = await _mint(
-        call.state, sheet, logical_table, operations, limits, contract, ttl_ms, call.token_id
+        call.state,
+        sheet,
+        logical_table,
+        operations,
+        limits,
+        contract,
+        ttl_ms,
+        call.token_id,
+        as_asked=(request.play_name, target.table_namespace),
     )
     if encryption is None:
         return m.unstructure(attrs.evolve(minted.answer, postgres_url=minted.url))
@@ -538,6 +563,7 @@ async def mint_preloaded_session(
         wire_limits,
         contract or SheetContract(),
         ceiling if ttl_ms is None else min(ttl_ms, ceiling),
+        as_asked=(play_name, table_namespace),
     )
     return _sealed_answer(minted, crypto.encrypt_with_unwrap_key(minted.url, key, minted.aad))
 
@@ -606,6 +632,7 @@ async def commit_sheet_admission(call: Call) -> dict[str, Any]:
         chunks=request.chunks,
         rows=request.rows,
     )
+    counts = attrs.evolve(counts, table_namespace=request.table_namespace)  # as spelled
     return m.unstructure(
         m.CommitAdmissionAnswer(admission_id=request.admission_id, **attrs.asdict(counts))
     )
