@@ -15,8 +15,9 @@ server (``SHEETPLANE_DATABASE_URL``, else a throwaway embedded server):
   ``RowWriter.start`` of a generator of N rows on each road, through a
   ``sheetplane serve`` subprocess, against one ``COPY`` of the same rows (same
   keys and jsonb column texts, from the same generator) into a fresh sheet
-  table of the same shape. Targets: >= 0.6x COPY on ``direct``, >= 0.4x on
-  ``gateway_only``; the peak RSS of this process (the runner, generator input)
+  table of the same shape, run after each admission; ``--rounds`` rounds (default
+  3) of both roads, alternating, medians. Targets: >= 0.6x COPY on ``direct``,
+  >= 0.5x on ``gateway_only``; the peak RSS of this process (the runner, generator input)
   and of the gateway process during each admission under 200 MiB (``VmHWM``,
   reset before each admission through ``/proc/PID/clear_refs``).
 
@@ -36,7 +37,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import psycopg
@@ -295,18 +296,19 @@ async def _copy_generated(store: SheetStore, sheet: SheetRef, n: int) -> None:
 
 @attrs.frozen
 class StagedFigure:
-    """One staged admission against the COPY peer, with peak memory."""
+    """One road's staged admissions against the COPY peer, over several rounds, with the
+    highest peak memory of any round."""
 
     road: str
     rows: int
-    ours_s: float
-    peer_s: float
+    ours_s: list[float]
+    peer_s: list[float]
     runner_peak_rss: int
     gateway_peak_rss: int
 
     @property
     def ratio(self) -> float:
-        return self.peer_s / self.ours_s
+        return statistics.median(self.peer_s) / statistics.median(self.ours_s)
 
 
 async def _serve(url: str, token: str) -> tuple[trio.Process, str]:
@@ -340,59 +342,83 @@ async def _serve(url: str, token: str) -> tuple[trio.Process, str]:
     return process, text.removeprefix("listening on ")
 
 
-async def bench_staged(url: str, rows: int) -> list[StagedFigure]:
+STAGED_ROADS: tuple[Literal["direct", "gateway_only"], ...] = ("direct", "gateway_only")
+
+
+async def bench_staged(url: str, rows: int, rounds: int) -> list[StagedFigure]:
+    """``rounds`` rounds, each admitting on every road and running the COPY peer after
+    each admission, so the roads and the peer alternate under the same load."""
     from ..runtime import open_runtime
 
     token = f"bench-{uuid.uuid4().hex[:12]}"
     process, base_url = await _serve(url, token)
-    figures = []
+    ours: dict[str, list[float]] = {road: [] for road in STAGED_ROADS}
+    peer: dict[str, list[float]] = {road: [] for road in STAGED_ROADS}
+    runner_peak = dict.fromkeys(STAGED_ROADS, 0)
+    gateway_peak = dict.fromkeys(STAGED_ROADS, 0)
     try:
         async with open_store(url, max_connections=2) as store:
-            for road in ("direct", "gateway_only"):
-                play = f"bench-staged-{uuid.uuid4().hex[:8]}"
-                _reset_peak_rss()
-                _reset_peak_rss(process.pid)
-                started = time.perf_counter()
-                async with open_runtime(
-                    base_url=base_url,
-                    token=token,
-                    org_id="bench-org",
-                    play_name=play,
-                    run_id="bench-run",
-                    strategy=road,
-                ) as rt:
-                    admission = await rt.writer("leads", CONTRACT).start(_staged_rows(rows))
-                ours = time.perf_counter() - started
-                assert admission.inserted == rows, admission
-                runner_peak, gateway_peak = _peak_rss(), _peak_rss(process.pid)
-                await _drop(store, SheetRef("bench-org", play, "leads"))
+            for round_no in range(rounds):
+                for road in STAGED_ROADS:
+                    play = f"bench-staged-{uuid.uuid4().hex[:8]}"
+                    _reset_peak_rss()
+                    _reset_peak_rss(process.pid)
+                    started = time.perf_counter()
+                    async with open_runtime(
+                        base_url=base_url,
+                        token=token,
+                        org_id="bench-org",
+                        play_name=play,
+                        run_id="bench-run",
+                        strategy=road,
+                    ) as rt:
+                        admission = await rt.writer("leads", CONTRACT).start(_staged_rows(rows))
+                    ours[road].append(time.perf_counter() - started)
+                    assert admission.inserted == rows, admission
+                    runner_peak[road] = max(runner_peak[road], _peak_rss())
+                    gateway_peak[road] = max(gateway_peak[road], _peak_rss(process.pid))
+                    await _drop(store, SheetRef("bench-org", play, "leads"))
 
-                sheet = _fresh_sheet("staged-copy")
-                await store.ensure_sheet(sheet, CONTRACT)
-                started = time.perf_counter()
-                await _copy_generated(store, sheet, rows)
-                peer = time.perf_counter() - started
-                await _drop(store, sheet)
-                figures.append(StagedFigure(road, rows, ours, peer, runner_peak, gateway_peak))
-                print(staged_report(figures[-1:]), flush=True)
+                    sheet = _fresh_sheet("staged-copy")
+                    await store.ensure_sheet(sheet, CONTRACT)
+                    started = time.perf_counter()
+                    await _copy_generated(store, sheet, rows)
+                    peer[road].append(time.perf_counter() - started)
+                    await _drop(store, sheet)
+                    print(
+                        f"round {round_no + 1} {road}: ours {ours[road][-1]:.2f} s, "
+                        f"COPY {peer[road][-1]:.2f} s",
+                        flush=True,
+                    )
     finally:
         process.terminate()
         with trio.move_on_after(30):
             await process.wait()
-    return figures
+    return [
+        StagedFigure(road, rows, ours[road], peer[road], runner_peak[road], gateway_peak[road])
+        for road in STAGED_ROADS
+    ]
 
 
 def staged_report(figures: Sequence[StagedFigure]) -> str:
+    rounds = max((len(f.ours_s) for f in figures), default=0)
     lines = [
-        "staged admission (RowWriter.start of a generator) vs COPY of the same rows, one run",
+        "staged admission (RowWriter.start of a generator) vs COPY of the same rows, "
+        f"median of {rounds} alternating rounds",
         f"{'road':<14} {'rows':>9} {'ours rows/s':>12} {'COPY rows/s':>12} {'ratio':>6}"
         f" {'runner peak RSS':>16} {'gateway peak RSS':>17}",
     ]
     for f in figures:
+        ours, peer = statistics.median(f.ours_s), statistics.median(f.peer_s)
         lines.append(
-            f"{f.road:<14} {f.rows:>9} {f.rows / f.ours_s:>12,.0f} {f.rows / f.peer_s:>12,.0f}"
+            f"{f.road:<14} {f.rows:>9} {f.rows / ours:>12,.0f} {f.rows / peer:>12,.0f}"
             f" {f.ratio:>6.2f} {f.runner_peak_rss / MiB:>12.0f} MiB"
             f" {f.gateway_peak_rss / MiB:>13.0f} MiB"
+        )
+    for f in figures:
+        lines.append(
+            f"  {f.road}: ours {[round(s, 2) for s in f.ours_s]} s, "
+            f"COPY {[round(s, 2) for s in f.peer_s]} s"
         )
     return "\n".join(lines)
 
@@ -426,6 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=None, help="default 200,000; staged 1,000,000")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
+        "--rounds", type=int, default=3, help="staged: alternating rounds of every road and COPY"
+    )
+    parser.add_argument(
         "--only", choices=("reads", "admission", "staged"), default=None, help="run one part only"
     )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
@@ -438,7 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = []
         if "reads" in parts or "admission" in parts:
             figures = trio.run(run_bench, url, args.rows or 200_000, args.repeats, parts)
-        staged = trio.run(bench_staged, url, args.rows or 1_000_000) if "staged" in parts else []
+        staged = (
+            trio.run(bench_staged, url, args.rows or 1_000_000, args.rounds)
+            if "staged" in parts
+            else []
+        )
     if staged:
         print(staged_report(staged))
     if figures:
