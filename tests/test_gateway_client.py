@@ -54,6 +54,7 @@ from sheetplane.budgets import (
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest
 from sheetplane.protocol import _messages
+from sheetplane.store._staging import prepare_chunk
 
 TOKEN = "exec-token-0123456789"
 BASE = "http://gateway.test"
@@ -943,7 +944,9 @@ async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any
             client.summary("ns"),
             client.begin_admission("ns", contract, admission, "r"),
             client.stage_admission_chunk(
-                client.admission_chunk_body("ns", contract, admission, 0, 0, [b'{"_key":"a"}'])
+                client.admission_chunk_body(
+                    "ns", contract, admission, 0, 0, prepare_chunk([{"_key": "a"}], 0)
+                )
             ),
             client.commit_admission("ns", contract, admission, "r", chunks=1, rows=1),
             client.abort_admission("ns", admission),

@@ -42,8 +42,8 @@ async def staged(
     await store.begin_admission(sheet, CONTRACT, admission_id, run_id)
     seq = 0
     for first in range(0, len(rows), chunk):
-        prepared = prepare_chunk(rows[first : first + chunk], first, COLUMNS)
-        assert await store.stage_chunk(sheet, CONTRACT, admission_id, seq, first, prepared)
+        prepared = prepare_chunk(rows[first : first + chunk], first)
+        assert await store.stage_chunk(sheet, admission_id, seq, first, prepared)
         seq += 1
     return await store.commit_admission(
         sheet, CONTRACT, admission_id, run_id, chunks=seq, rows=len(rows)
@@ -145,11 +145,11 @@ async def test_a_replayed_chunk_and_commit_are_applied_once(store: SheetStore) -
     await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")
     await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")  # a retried begin
     rows = [{"_key": f"k{i}", "company": str(i)} for i in range(5)]
-    first = prepare_chunk(rows[:3], 0, COLUMNS)
-    assert await store.stage_chunk(sheet, CONTRACT, admission_id, 0, 0, first)
-    assert not await store.stage_chunk(sheet, CONTRACT, admission_id, 0, 0, first)
-    second = prepare_chunk(rows[3:], 3, COLUMNS)
-    assert await store.stage_chunk(sheet, CONTRACT, admission_id, 1, 3, second)
+    first = prepare_chunk(rows[:3], 0)
+    assert await store.stage_chunk(sheet, admission_id, 0, 0, first)
+    assert not await store.stage_chunk(sheet, admission_id, 0, 0, first)
+    second = prepare_chunk(rows[3:], 3)
+    assert await store.stage_chunk(sheet, admission_id, 1, 3, second)
     before = await snapshot(store, sheet)
     assert before["rows"] == []
     counts = await store.commit_admission(sheet, CONTRACT, admission_id, "run-1", chunks=2, rows=5)
@@ -160,7 +160,7 @@ async def test_a_replayed_chunk_and_commit_are_applied_once(store: SheetStore) -
     assert (counts.write_version, counts.inserted, counts.pending_count) == (1, 5, 5)
     assert [e[1] for e in after["events"]] == ["admission"]
     with pytest.raises(AdmissionStateError):  # a chunk after the commit
-        await store.stage_chunk(sheet, CONTRACT, admission_id, 2, 5, second)
+        await store.stage_chunk(sheet, admission_id, 2, 5, second)
 
 
 async def test_a_commit_whose_chunks_do_not_add_up_writes_nothing(store: SheetStore) -> None:
@@ -168,12 +168,8 @@ async def test_a_commit_whose_chunks_do_not_add_up_writes_nothing(store: SheetSt
     admission_id = uuid.uuid4().hex
     await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")
     rows = [{"_key": f"k{i}"} for i in range(4)]
-    await store.stage_chunk(
-        sheet, CONTRACT, admission_id, 0, 0, prepare_chunk(rows[:2], 0, COLUMNS)
-    )
-    await store.stage_chunk(
-        sheet, CONTRACT, admission_id, 2, 2, prepare_chunk(rows[2:], 2, COLUMNS)
-    )
+    await store.stage_chunk(sheet, admission_id, 0, 0, prepare_chunk(rows[:2], 0))
+    await store.stage_chunk(sheet, admission_id, 2, 2, prepare_chunk(rows[2:], 2))
     before = await snapshot(store, sheet)
     for chunks, total in ((2, 4), (3, 4), (3, 5)):
         with pytest.raises(AdmissionStateError):
@@ -187,4 +183,4 @@ async def test_a_commit_whose_chunks_do_not_add_up_writes_nothing(store: SheetSt
 
 def test_prepare_chunk_names_the_position_in_the_whole_input() -> None:
     with pytest.raises(InvalidInputError, match="row 6002 must be a JSON object"):
-        prepare_chunk([{"a": 1}, {"a": 2}, ["not", "a", "row"]], 6000, COLUMNS)
+        prepare_chunk([{"a": 1}, {"a": 2}, ["not", "a", "row"]], 6000)

@@ -21,29 +21,26 @@ Each row carries ``_key``, the contract's columns under their column ids,
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
 
 import attrs
 import trio
 
 from ._groups import raise_single
-from ._types import AdmissionCounts, AdmittedPart, ContractColumn, SheetContract, SheetRef
+from ._types import AdmissionCounts, AdmittedPart, SheetContract, SheetRef
 from .budgets import (
     ADMISSION_ABORT_TIMEOUT_MS,
     ADMISSION_CHUNK_BYTES,
     ADMISSION_CHUNK_ROWS,
-    MAX_ROW_BYTES,
     RETRY_DELAYS_MS,
 )
 from .dataset import Dataset
 from .errors import InvalidInputError, SheetplaneError, StoreUnavailableError
 from .gateway.client import GatewayClient
 from .sessions import AccessShape, SessionLimits, SessionManager
-from .store._rowdata import physical_columns
-from .store._staging import prepare_chunk
+from .store._staging import ChunkBuilder, EncodedChunk, encode_row
 
 __all__ = ["Admission", "AdmissionInput", "StagedAdmission", "check_input"]
 
@@ -96,8 +93,6 @@ class Admission:
 AdmissionInput = Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]]
 """What ``RowWriter.start`` takes: a sequence, any iterable or any async iterable of rows."""
 
-_ENCODE: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
-
 
 def check_input(rows: object) -> AdmissionInput:
     """``rows`` if it is an iterable or async iterable of rows (not text or one mapping)."""
@@ -124,71 +119,32 @@ async def _each(rows: AdmissionInput) -> AsyncIterator[Mapping[str, Any]]:
 class _Chunk:
     seq: int
     first_position: int
-    rows: list[Any]
-    """Checked, keyed rows (``StagedRow``, direct road) or their compact JSON (gateway road)."""
+    rows: EncodedChunk
 
 
-def _encoded(row: object, position: int) -> bytes:
-    """One row as the compact JSON a chunk carries; refuses what no admission accepts."""
-    if not isinstance(row, Mapping):
-        raise InvalidInputError(f"row {position} must be a JSON object, got {type(row).__name__}")
-    try:
-        data = _ENCODE(row if isinstance(row, dict) else dict(row)).encode("utf-8")
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
-        raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
-    if len(data) > MAX_ROW_BYTES:
-        raise InvalidInputError(
-            f"row {position} is larger than the {MAX_ROW_BYTES} byte row budget "
-            f"({len(data)} bytes): a row must fit in one page read"
-        )
-    return data
+async def _chunks(rows: AdmissionInput, send: trio.MemorySendChannel[_Chunk]) -> tuple[int, int]:
+    """Check, key and encode ``rows`` (``encode_row``), cut them into chunks (at most
+    ``ADMISSION_CHUNK_ROWS`` rows and ``ADMISSION_CHUNK_BYTES`` of keys and documents)
+    and hand each to ``send``; returns (chunks, rows).
 
-
-async def _chunks(
-    rows: AdmissionInput,
-    send: trio.MemorySendChannel[_Chunk],
-    *,
-    encode: bool,
-    columns: Sequence[ContractColumn] | None = None,
-) -> tuple[int, int]:
-    """Cut ``rows`` into chunks (at most ``ADMISSION_CHUNK_ROWS`` rows and, encoded,
-    ``ADMISSION_CHUNK_BYTES``) and hand each to ``send``; returns (chunks, rows).
-
-    With ``columns`` (the direct road) each chunk is checked and keyed
-    (``prepare_chunk``, on a worker thread) before it is handed on, so a chunk
-    is prepared while the one before it is copied into the staging table.
+    Each row is encoded once, into the form both roads stage it in: the chunk's
+    arrays go to Postgres as they are (direct) or inside the request (gateway).
     """
-    seq = position = first = size = 0
-    held: list[Any] = []
-
-    async def hand_on(chunk: _Chunk) -> None:
-        if columns is not None:
-            prepared = await trio.to_thread.run_sync(
-                prepare_chunk, chunk.rows, chunk.first_position, columns
-            )
-            chunk = _Chunk(chunk.seq, chunk.first_position, prepared)
-        await send.send(chunk)
-
+    seq = position = first = 0
+    held = ChunkBuilder()
     async with send:
         async for row in _each(rows):
-            if encode:
-                item: Any = _encoded(row, position)
-                grown = size + len(item) + 1
-            else:
-                if not isinstance(row, Mapping):
-                    raise InvalidInputError(
-                        f"row {position} must be a JSON object, got {type(row).__name__}"
-                    )
-                item, grown = row, 0
-            if held and (len(held) >= ADMISSION_CHUNK_ROWS or grown > ADMISSION_CHUNK_BYTES):
-                await hand_on(_Chunk(seq, first, held))
-                seq, first, held = seq + 1, position, []
-                grown -= size
-            held.append(item)
-            size = grown
+            key, doc = encode_row(row, position)
+            if held.row_count and (
+                held.row_count >= ADMISSION_CHUNK_ROWS
+                or held.size + len(key) + len(doc) + 2 > ADMISSION_CHUNK_BYTES
+            ):
+                await send.send(_Chunk(seq, first, held.chunk()))
+                seq, first, held = seq + 1, position, ChunkBuilder()
+            held.add(key, doc)
             position += 1
-        if held:
-            await hand_on(_Chunk(seq, first, held))
+        if held.row_count:
+            await send.send(_Chunk(seq, first, held.chunk()))
             seq += 1
     return seq, position
 
@@ -209,10 +165,9 @@ class StagedAdmission:
     async def run(self, rows: AdmissionInput) -> AdmissionCounts:
         """Begin, stage every chunk, commit; the counts of the committed admission.
 
-        A chunk goes out while the next one is cut (on the direct road, also
-        checked and keyed on a worker thread), so the runner holds at most two
-        chunks and the gateway one per admission. Bad input (a row that is
-        not an object, not JSON, or over ``MAX_ROW_BYTES``) raises
+        A chunk goes out while the next one is checked, keyed and encoded, so
+        the runner holds at most two chunks and the gateway one per admission.
+        Bad input (a row that is not an object, not JSON, or over ``MAX_ROW_BYTES``) raises
         ``InvalidInputError`` naming its position in the input; then, or on any
         other failure or a cancellation before the commit, nothing is committed
         and the admission is aborted (its staging rows dropped) on a best-effort
@@ -228,14 +183,7 @@ class StagedAdmission:
             counted: list[tuple[int, int]] = []
 
             async def cut() -> None:
-                counted.append(
-                    await _chunks(
-                        rows,
-                        send,
-                        encode=not self.direct,
-                        columns=physical_columns(self.contract) if self.direct else None,
-                    )
-                )
+                counted.append(await _chunks(rows, send))
 
             try:
                 async with trio.open_nursery() as nursery:
@@ -298,7 +246,6 @@ class StagedAdmission:
                 async with self.sessions.store(shape) as store:
                     await store.stage_chunk(
                         self.sheet,
-                        self.contract,
                         admission_id,
                         chunk.seq,
                         chunk.first_position,

@@ -26,7 +26,6 @@ from psycopg import sql
 from .._types import SheetRef
 from ..budgets import ADMISSION_CHUNK_ROWS
 from ..store import SheetStore, open_store, sheet_names
-from ..store._rowdata import physical_columns
 from ..store._staging import prepare_chunk
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 from ._common import CONTRACT, make_rows
@@ -48,13 +47,12 @@ async def _commit_seconds(store: SheetStore, url: str, rows: int, *, triggers: b
         await trio.to_thread.run_sync(_disable_triggers, url, table)
     admission = uuid.uuid4().hex
     await store.begin_admission(sheet, CONTRACT, admission, "run-bench")
-    columns = physical_columns(CONTRACT)
     chunks = 0
     for first in range(0, rows, ADMISSION_CHUNK_ROWS):
         size = min(ADMISSION_CHUNK_ROWS, rows - first)
         batch: list[Any] = [{**row, "_key": row["id"]} for row in make_rows(size, first)]
-        prepared = await trio.to_thread.run_sync(prepare_chunk, batch, first, columns)
-        await store.stage_chunk(sheet, CONTRACT, admission, chunks, first, prepared)
+        prepared = await trio.to_thread.run_sync(prepare_chunk, batch, first)
+        await store.stage_chunk(sheet, admission, chunks, first, prepared)
         chunks += 1
     started = time.perf_counter()
     counts = await store.commit_admission(

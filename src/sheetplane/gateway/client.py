@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 import httpx
@@ -101,6 +101,9 @@ from ._body import (
     response_byte_limit,
 )
 from ._retry import CallBudget
+
+if TYPE_CHECKING:
+    from ..store._staging import EncodedChunk
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
 
@@ -463,10 +466,11 @@ class GatewayClient:
         admission_id: str,
         seq: int,
         first_position: int,
-        encoded_rows: Sequence[bytes],
+        chunk: EncodedChunk,
     ) -> bytes:
-        """The request body of one staged chunk, around rows already encoded as compact
-        JSON objects (so a row is encoded once, to measure it and to send it)."""
+        """The request body of one staged chunk, around the chunk's keys and rows already
+        encoded (``encode_row``): a row is encoded once, to check it, to measure it
+        and to send it, and the gateway stages the arrays without decoding a row."""
         request = self._sheet_request(
             m.StageAdmissionChunkRequest,
             table_namespace,
@@ -474,17 +478,18 @@ class GatewayClient:
             admission_id=admission_id,
             seq=seq,
             first_position=first_position,
-            rows=list(encoded_rows),
+            rows=[{}] * chunk.row_count,
         )
         fields = m.unstructure(request)
         del fields["rows"]  # spliced in below, already encoded
+        fields.pop("keys", None)
         envelope = _dumps(fields)
         if len(envelope) > ADMISSION_CHUNK_ENVELOPE_BYTES:
             raise InvalidInputError(
                 f"the chunk envelope (names and contract) takes {len(envelope)} bytes, "
                 f"over {ADMISSION_CHUNK_ENVELOPE_BYTES}"
             )
-        return b"".join((envelope[:-1], b',"rows":[', b",".join(encoded_rows), b"]}"))
+        return b"".join((envelope[:-1], b',"keys":', chunk.keys, b',"rows":', chunk.rows, b"}"))
 
     async def stage_admission_chunk(self, body: bytes) -> bool:
         """Send one chunk built by ``admission_chunk_body``; False when the gateway had

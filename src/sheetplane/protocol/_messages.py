@@ -378,6 +378,11 @@ class StageAdmissionChunkRequest(StagedAdmissionRequest):
     action: Literal["stage_sheet_admission_chunk"] = "stage_sheet_admission_chunk"
     seq: int = int_field(0, BIGINT_MAX)
     first_position: int = int_field(0, BIGINT_MAX)
+    keys: list[str] | None = attrs.field(
+        default=None, metadata={"minItems": 1, "maxItems": ADMISSION_CHUNK_ROWS}
+    )
+    """The rows' keys, one per row in order (the runner keys each row where it encodes
+    it); without them the gateway keys the rows itself."""
     rows: list[Any] = attrs.field(
         validator=count_rule(1, ADMISSION_CHUNK_ROWS),
         metadata={"minItems": 1, "maxItems": ADMISSION_CHUNK_ROWS},

@@ -118,7 +118,7 @@ class SheetNames:
 
     @property
     def staging_index(self) -> str:
-        """The staging table's ``(admission_id, position)`` index."""
+        """The staging table's ``(admission id, chunk seq)`` key."""
         return f"{self.staging_table}_pos"
 
     @property

@@ -201,7 +201,7 @@ _CATALOG = sql.SQL(
     JOIN pg_namespace n ON n.oid = c.relnamespace
     LEFT JOIN pg_attribute a
       ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      AND c.relname IN (%(sheet)s, %(counts)s)
+      AND c.relname IN (%(sheet)s, %(counts)s, %(staging)s)
     WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s) AND c.relkind = 'r'
     """
 )
@@ -220,6 +220,7 @@ def _missing_ddl(
         {
             "sheet": names.sheet_table,
             "counts": names.counter_table,
+            "staging": names.staging_table,
             "schema": names.schema,
             "tables": tables,
             "triggers": _TRIGGER_NAMES,
@@ -231,6 +232,8 @@ def _missing_ddl(
         return True
     if any(row[0] == names.counter_table and row[1] == "shard" for row in rows):
         return True
+    if not any(row[0] == names.staging_table and row[1] == "_rows" for row in rows):
+        return True  # the staging table of one row per staged row: made again
     if any(row[0] == names.sheet_table and row[2] != len(_TRIGGER_NAMES) for row in rows):
         return True
     if any(name not in attributes for name in columns):
@@ -349,22 +352,26 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
         ).format(names.ident("counter_table")),
         sql.SQL("CREATE TABLE IF NOT EXISTS {} ()").format(names.ident("lock_table")),
         _receipts_ddl(names),
-        *_staging_ddl(names, columns),
+        *_staging_ddl(names),
     ]
     return sql.SQL(";\n").join(statements)
 
 
-def _staging_ddl(names: SheetNames, columns: Mapping[str, str]) -> list[sql.Composable]:
+def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
     """The staged-admission tables: an admission registry, its chunks, and the rows.
 
     The rows are ``UNLOGGED`` (scratch space: a crash empties them, and a commit
-    counts them against the chunks before it writes anything). A chunk row's
+    counts them against the chunks before it writes anything), one staging row
+    per chunk holding the chunk's keys and row documents as two jsonb arrays (the
+    checks keep them arrays of one length, of non-empty strings and of objects, so
+    the commit can rely on them whoever wrote them). The table does not depend
+    on the contract: a new contract column changes nothing here. A chunk row's
     foreign key makes staging into an unknown admission fail, and its check
     takes a key-share lock on the admission, which the commit's ``FOR UPDATE``
     waits for: no chunk lands while its admission commits.
     """
     staging = names.ident("staging_table")
-    statements: list[sql.Composable] = [
+    return [
         sql.SQL(
             """CREATE TABLE IF NOT EXISTS {} (
                 admission_id text PRIMARY KEY,
@@ -394,25 +401,27 @@ def _staging_ddl(names: SheetNames, columns: Mapping[str, str]) -> list[sql.Comp
         sql.SQL(
             """CREATE UNLOGGED TABLE IF NOT EXISTS {} (
                 _admission_id text NOT NULL,
-                _position bigint NOT NULL,
-                _key text NOT NULL
+                _seq integer NOT NULL,
+                _first_position bigint NOT NULL,
+                _row_count integer NOT NULL,
+                _keys jsonb NOT NULL,
+                _rows jsonb NOT NULL,
+                CONSTRAINT {} PRIMARY KEY (_admission_id, _seq),
+                CHECK (jsonb_typeof(_keys) = 'array' AND jsonb_typeof(_rows) = 'array'
+                    AND jsonb_array_length(_keys) = _row_count
+                    AND jsonb_array_length(_rows) = _row_count
+                    AND NOT jsonb_path_exists(_keys, 'strict $[*] ? (@.type() != "string")')
+                    AND NOT jsonb_path_exists(_keys, 'strict $[*] ? (@ == "")')
+                    AND NOT jsonb_path_exists(_rows, 'strict $[*] ? (@.type() != "object")'))
             )"""
+        ).format(staging, sql.Identifier(names.staging_index)),
+        # Stored out of line as they are: pglz compressing every chunk cost more than
+        # the space it saved on a table that lives for one admission.
+        sql.SQL(
+            "ALTER TABLE {} ALTER COLUMN _keys SET STORAGE EXTERNAL, "
+            "ALTER COLUMN _rows SET STORAGE EXTERNAL"
         ).format(staging),
-        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_admission_id, _position)").format(
-            sql.Identifier(names.staging_index), staging
-        ),
     ]
-    if columns:
-        statements.append(
-            sql.SQL("ALTER TABLE {} {}").format(
-                staging,
-                sql.SQL(", ").join(
-                    sql.SQL("ADD COLUMN IF NOT EXISTS {} jsonb").format(sql.Identifier(name))
-                    for name in columns
-                ),
-            )
-        )
-    return statements
 
 
 def _receipts_ddl(names: SheetNames) -> sql.Composed:
@@ -520,10 +529,14 @@ async def ensure_sheet(
         found = conn.execute(
             "SELECT to_regclass(%(lock)s) IS NOT NULL, to_regclass(%(counts)s) IS NOT NULL,"
             " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
-            "   AND attname = 'shard' AND NOT attisdropped)",
+            "   AND attname = 'shard' AND NOT attisdropped),"
+            " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_attribute"
+            "   WHERE attrelid = to_regclass(%(staging)s) AND attname = '_rows'"
+            "   AND NOT attisdropped)",
             {
                 "lock": names.ident("lock_table").as_string(conn),
                 "counts": names.ident("counter_table").as_string(conn),
+                "staging": names.ident("staging_table").as_string(conn),
             },
         ).fetchone()
         assert found is not None
@@ -533,6 +546,10 @@ async def ensure_sheet(
             conn.execute(
                 sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
             )
+        if found[3]:
+            # The staging table of one row per staged row: scratch space, made again in
+            # the layout of one row per chunk (an admission staged into it starts again).
+            conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
         conn.execute(_ddl(names, columns, logical))
         if not found[0]:
             # No policy: even a role granted more than UPDATE would see and change no row.

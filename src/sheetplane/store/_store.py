@@ -37,7 +37,7 @@ from ._names import SheetNames, receipt_names, sheet_names
 from ._pool import TrioPool, open_pool
 from ._reads import JsonPage, RowCursor
 from ._rowdata import physical_columns
-from ._staging import StagedRow
+from ._staging import EncodedChunk
 
 __all__ = ["SheetStore", "open_store"]
 
@@ -133,23 +133,21 @@ class SheetStore:
     async def stage_chunk(
         self,
         sheet: SheetRef,
-        contract: SheetContract,
         admission_id: str,
         seq: int,
         first_position: int,
-        rows: Sequence[StagedRow],
+        chunk: EncodedChunk,
         *,
         check_state: bool = True,
     ) -> bool:
-        """Stage one prepared chunk; False when it had been staged before (a replay)."""
+        """Stage one encoded chunk; False when it had been staged before (a replay)."""
         return await _staging.stage_chunk(
             self.pool,
             sheet_names(sheet),
             admission_id,
             seq,
             first_position,
-            rows,
-            physical_columns(contract),
+            chunk,
             check_state=check_state,
         )
 

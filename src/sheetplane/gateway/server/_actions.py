@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import attrs
+import psycopg
 import trio
 
 from ... import crypto
@@ -34,17 +35,17 @@ from ...budgets import (
     DB_SESSION_CAP_RETRY_AFTER_MS,
     TRANSPORT_CEILING_BYTES,
 )
-from ...errors import AdmissionTooLargeError, InvalidInputError
+from ...errors import AdmissionTooLargeError, InvalidInputError, StoreError
 from ...protocol import _domain as d
 from ...protocol import _messages as m
 from ...protocol import _wire
 from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
 from ...sizes import json_byte_length_up_to
 from ...store import JsonPage, RowCursor, SheetStore
-from ...store._rowdata import physical_columns
-from ...store._staging import prepare_chunk
+from ...store._staging import EncodedChunk
 from ..faults import FaultSchedule
 from ._auth import TokenTable
+from ._chunks import checked_chunk, chunk_of
 from ._config import GatewayConfig
 from ._http import ActionError, EncodedAnswer, bad_request
 from ._metrics import GatewayMetrics
@@ -88,6 +89,8 @@ class Call:
     """The parsed JSON body."""
     token_id: str | None = None
     """The token's id in the session ledger (never the token itself)."""
+    undecoded: Mapping[str, bytes] | None = None
+    """A staged chunk's ``rows`` and ``keys`` arrays as they arrived (``_chunks``)."""
 
 
 Handler = Callable[[Call], Awaitable[Any]]
@@ -589,33 +592,52 @@ async def begin_sheet_admission(call: Call) -> dict[str, Any]:
 
 
 async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, sheetContract, admissionId, seq, firstPosition, rows}`` →
+    """``{tableNamespace, sheetContract, admissionId, seq, firstPosition, keys?, rows}`` →
     ``{admissionId, seq, staged}``.
 
-    The rows are checked and keyed on a worker thread; a bad row answers 400
-    naming its position in the whole input and aborts the admission (its
-    staging rows are dropped). A chunk staged before answers ``staged: false``
-    and writes nothing.
+    Rows sent with their keys in a form the store accepts are staged as they
+    arrived (``_chunks``); otherwise, or when Postgres refuses them, they are
+    read, checked and keyed on a worker thread. A bad row answers 400 naming
+    its position in the whole input and aborts the admission (its staging rows
+    are dropped). A chunk staged before answers ``staged: false`` and writes
+    nothing.
     """
     request = _read(call, m.StageAdmissionChunkRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = d.contract_of(request.sheet_contract)
     store = call.state.store
-    try:
-        prepared = await trio.to_thread.run_sync(
-            prepare_chunk, request.rows, request.first_position, physical_columns(contract)
+
+    async def stage(chunk: EncodedChunk) -> bool:
+        return await store.stage_chunk(
+            sheet, request.admission_id, request.seq, request.first_position, chunk
         )
+
+    try:
+        chunk, as_sent = await trio.to_thread.run_sync(
+            chunk_of, request.rows, request.keys, call.undecoded, request.first_position
+        )
+        try:
+            staged = await stage(chunk)
+        except StoreError as exc:
+            if not as_sent or not isinstance(exc.__cause__, _REFUSED_AS_SENT):
+                raise
+            # Postgres refused the rows as sent: read them, to stage them or name the bad one.
+            chunk = await trio.to_thread.run_sync(
+                checked_chunk, request.rows, request.keys, request.first_position
+            )
+            staged = await stage(chunk)
     except InvalidInputError:
         await store.abort_admission(sheet, request.admission_id)
         raise
-    staged = await store.stage_chunk(
-        sheet, contract, request.admission_id, request.seq, request.first_position, prepared
-    )
     return m.unstructure(
         m.StageAdmissionChunkAnswer(
             admission_id=request.admission_id, seq=request.seq, staged=staged
         )
     )
+
+
+#: What Postgres answers rows sent in a form it does not store: bad JSON, text it cannot
+#: hold, a staging-table check (an array of objects and of non-empty string keys).
+_REFUSED_AS_SENT: Final = (psycopg.errors.DataError, psycopg.errors.CheckViolation)
 
 
 async def commit_sheet_admission(call: Call) -> dict[str, Any]:

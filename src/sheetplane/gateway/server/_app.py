@@ -80,6 +80,7 @@ from ...store import SheetStore, TrioPool, open_store
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported
 from ._auth import TokenTable, check_org
+from ._chunks import CHUNK_ACTION, parse_chunk_body
 from ._config import GatewayConfig
 from ._hardening import harden_database
 from ._http import ActionError, EncodedAnswer, bad_request, encode_json, json_bytes_response
@@ -176,7 +177,15 @@ def _holds_lone_surrogate(value: object) -> bool:
     return False
 
 
-def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
+def _parse(raw: bytes) -> tuple[Mapping[str, Any], str, dict[str, bytes] | None]:
+    chunk = parse_chunk_body(raw)
+    if chunk is not None:
+        # A staged chunk: its rows stay undecoded (the handler reads them only if it must).
+        body, undecoded = chunk
+        envelope = {name: value for name, value in body.items() if name != "rows"}
+        if _SURROGATE_ESCAPE.search(raw) and _holds_lone_surrogate(envelope):
+            raise bad_request("request body holds a lone surrogate, which has no UTF-8 form")
+        return body, CHUNK_ACTION, undecoded
     try:
         body = decode_body(raw)
     except (UnicodeDecodeError, ValueError):
@@ -190,7 +199,7 @@ def _parse(raw: bytes) -> tuple[Mapping[str, Any], str]:
     action = body.get("action")
     if not isinstance(action, str) or not action:
         raise bad_request("action must be a non-empty string")
-    return body, action
+    return body, action, None
 
 
 def _error_answer(exc: SheetplaneError, action: str, state: GatewayState) -> ActionError | None:
@@ -239,7 +248,7 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         raw = await _read_body(request)
     if raw is None:
         raise _body_timeout(timeout_ms)
-    body, action = _parse(raw)
+    body, action, undecoded = _parse(raw)
     if info is not None:
         info.action = action_label(action, HANDLERS)
     if state.config.allow_test_faults:
@@ -262,7 +271,7 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
     action_budget_ms = _ACTION_BUDGETS_MS.get(action, state.config.action_budget_ms)
     try:
         with trio.move_on_after(action_budget_ms / 1000):
-            payload = await handler(Call(state, org_id, body, token_id))
+            payload = await handler(Call(state, org_id, body, token_id, undecoded))
     except SheetplaneError as exc:
         answer = _error_answer(exc, action, state)
         if answer is None:
