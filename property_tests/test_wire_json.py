@@ -235,3 +235,38 @@ def test_rows_postgres_writes_are_the_compact_json_of_the_rows_the_store_reads(
                 assert json_byte_length_up_to(row, 1 << 30).bytes == len(as_json)
                 assert decode_body(as_json) == row
         conn.rollback()
+
+
+# Any JSON value, NaN, infinities and NUL included, so the checks have something to refuse.
+risky_values = st.recursive(
+    scalars | st.floats() | st.just("nul \x00 inside"),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(text, children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=st.dictionaries(text | st.just("_key"), risky_values, max_size=6))
+def test_encode_row_refuses_what_check_row_refuses_and_writes_the_row_it_accepts(
+    row: dict[str, Any],
+) -> None:
+    """``encode_row`` looks at the document orjson wrote (not at every cell) and sends a
+    row through ``check_row`` only when the document could hide what it refuses; it
+    must refuse exactly those rows, and key and write the others as they are."""
+    from sheetplane.errors import InvalidInputError
+    from sheetplane.identity import row_key
+    from sheetplane.store._rowdata import check_row
+    from sheetplane.store._staging import encode_row
+
+    try:
+        check_row(row, 3)
+        expected_key: str | None = row_key(row)
+    except InvalidInputError:
+        expected_key = None
+    if expected_key is None:
+        with pytest.raises(InvalidInputError, match="row 3"):
+            encode_row(row, 3)
+        return
+    key, doc = encode_row(row, 3)
+    assert json.loads(key) == expected_key
+    assert json.loads(doc) == row

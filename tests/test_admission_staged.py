@@ -32,6 +32,7 @@ from sheetplane._types import SheetRef
 from sheetplane.budgets import ADMISSION_CHUNK_ROWS, MAX_ROW_BYTES, MiB
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.faults import FAULT_HEADER
+from sheetplane.identity import row_key
 from sheetplane.runtime import CompleteRow, Strategy
 from sheetplane.store import SheetStore, sheet_names
 from sheetplane.store._counters import STATUS_COUNTERS, status_counts
@@ -457,3 +458,107 @@ async def test_the_reaper_expires_an_abandoned_admission(database_url: str) -> N
         state = await sheet_state(store, sheet)
         assert (state["staged"], state["chunks"], state["admissions"]) == (0, 0, [("expired",)])
         assert progress.expired_admissions >= 1
+
+
+def chunk_body(
+    gc: GatewayClient, admission_id: str, seq: int, first: int, keys: bytes, rows: bytes
+) -> bytes:
+    """A chunk request around ``keys`` and ``rows`` written by hand (a client's own JSON)."""
+    placeholder = prepare_chunk([{}] * rows.count(b"{"), first)
+    body = gc.admission_chunk_body("leads", CONTRACT, admission_id, seq, first, placeholder)
+    return body.replace(placeholder.keys, keys).replace(placeholder.rows, rows)
+
+
+def stored_texts(store: SheetStore, sheet: SheetRef) -> Any:
+    """Each row's key, input index and its ``text`` cell as Postgres writes it."""
+    table = sheet_names(sheet).ident("sheet_table")
+    return store.pool.run(
+        lambda conn: conn.execute(
+            sql.SQL("SELECT _key, _input_index, text::text FROM {} ORDER BY _input_index").format(
+                table
+            )
+        ).fetchall()
+    )
+
+
+async def test_a_chunk_sent_with_its_keys_is_staged_as_sent_not_decoded_and_encoded_again(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    # Python would read 1.50 as the float 1.5 and write it back as 1.5, and 1E2 as 100.0:
+    # a cell that keeps the sent text shows the gateway never built the row in Python.
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+    admission_id = uuid.uuid4().hex
+    async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
+        await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
+        body = chunk_body(
+            gc,
+            admission_id,
+            0,
+            0,
+            b'["a", "b", "c"]',
+            b'[{"text": 1.50}, {"text":1E2,"other":[1,{"x":null}]} ,{"_key":"ignored","text":"t"}]',
+        )
+        assert await gc.stage_admission_chunk(body)
+        counts = await gc.commit_admission(
+            "leads", CONTRACT, admission_id, "run-1", chunks=1, rows=3
+        )
+    assert counts.inserted == 3
+    assert await stored_texts(store, sheet) == [("a", 0, "1.50"), ("b", 1, "100"), ("c", 2, '"t"')]
+
+
+@pytest.mark.parametrize(
+    ("keys", "rows", "refusal"),
+    [
+        # Postgres refuses these as sent; the gateway then reads the rows and names the bad one.
+        (b'["a","b"]', b'[{"text":"fine"},[1,2]]', "row 11 must be a JSON object"),
+        (b'["a","b"]', b'[{"text":"fine"},"text"]', "row 11 must be a JSON object"),
+        # Not the stored form: a \\u escape (here NUL), and nesting past MAX_JSON_DEPTH.
+        (
+            b'["a","b"]',
+            b'[{"text":"fine"},{"text":"nul \\u0000"}]',
+            "row 11 .*a string holds a NUL",
+        ),
+        (b'["a","b"]', b'[{"text":"fine"},{"t":' + b"[" * 300 + b"]" * 300 + b"}]", "row 11"),
+        # Keys that are not one non-empty string per row.
+        (b'["a"]', b'[{"text":"fine"},{"text":"too"}]', "one key per row"),
+        (b'["a",""]', b'[{"text":"fine"},{"text":"too"}]', "the key of row 11"),
+    ],
+    ids=["array-row", "string-row", "nul", "deep", "key-count", "empty-key"],
+)
+async def test_a_chunk_the_store_cannot_take_as_sent_is_refused_by_row_and_aborted(
+    gateway: CountingGateway, store: SheetStore, keys: bytes, rows: bytes, refusal: str
+) -> None:
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+    admission_id = uuid.uuid4().hex
+    async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
+        await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
+        good = prepare_chunk(list(generated(10)), 0)
+        assert await gc.stage_admission_chunk(
+            gc.admission_chunk_body("leads", CONTRACT, admission_id, 0, 0, good)
+        )
+        with pytest.raises(InvalidInputError, match=refusal):
+            await gc.stage_admission_chunk(chunk_body(gc, admission_id, 1, 10, keys, rows))
+    state = await sheet_state(store, sheet)
+    assert (state["staged"], state["chunks"], state["admissions"]) == (0, 0, [("aborted",)])
+
+
+async def test_a_chunk_sent_without_keys_is_keyed_by_the_gateway(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    # A client that leaves keying to the gateway (the request's keys are optional).
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+    admission_id = uuid.uuid4().hex
+    rows = [{"_key": "carried", "text": "one"}, {"text": "two"}]
+    async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
+        await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
+        encoded = prepare_chunk(rows, 0)
+        body = gc.admission_chunk_body("leads", CONTRACT, admission_id, 0, 0, encoded)
+        keyless = body.replace(b',"keys":' + encoded.keys, b"")
+        assert b'"keys"' not in keyless
+        assert await gc.stage_admission_chunk(keyless)
+        await gc.commit_admission("leads", CONTRACT, admission_id, "run-1", chunks=1, rows=2)
+    derived = row_key({"text": "two"})
+    assert await stored_texts(store, sheet) == [("carried", 0, '"one"'), (derived, 1, '"two"')]

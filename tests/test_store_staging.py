@@ -8,12 +8,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from _store_helpers import snapshot
 from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.errors import AdmissionStateError, InvalidInputError
-from sheetplane.store import SheetStore, _staging
+from sheetplane.store import SheetStore, _staging, sheet_names
 from sheetplane.store._staging import prepare_chunk
 
 CONTRACT = SheetContract(
@@ -184,3 +186,45 @@ async def test_a_commit_whose_chunks_do_not_add_up_writes_nothing(store: SheetSt
 def test_prepare_chunk_names_the_position_in_the_whole_input() -> None:
     with pytest.raises(InvalidInputError, match="row 6002 must be a JSON object"):
         prepare_chunk([{"a": 1}, {"a": 2}, ["not", "a", "row"]], 6000)
+
+
+async def test_a_staging_table_of_the_row_per_row_layout_is_made_again_by_ensure_sheet(
+    store: SheetStore,
+) -> None:
+    # A sheet staged into before chunks were one staging row each: its staging table has
+    # a row per staged row (and a jsonb column per contract column). ensure_sheet makes
+    # it again in the chunk layout, and staged admission works on the sheet.
+    sheet = new_sheet()
+    await store.ensure_sheet(sheet, CONTRACT)
+    names = sheet_names(sheet)
+    staging = names.ident("staging_table")
+
+    def old_layout(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(sql.SQL("DROP TABLE {}").format(staging))
+        conn.execute(
+            sql.SQL(
+                "CREATE UNLOGGED TABLE {} (_admission_id text NOT NULL, _position bigint NOT NULL,"
+                " _key text NOT NULL, company jsonb, domain_col jsonb, score jsonb)"
+            ).format(staging)
+        )
+        conn.execute(
+            sql.SQL("CREATE INDEX {} ON {} (_admission_id, _position)").format(
+                sql.Identifier(names.staging_index), staging
+            )
+        )
+
+    await store.pool.run(old_layout)
+    await store.ensure_sheet(sheet, CONTRACT)  # never cached: reads the catalog
+    rows = [{"_key": "a", "company": "A"}, {"_key": "b", "site": "b.example"}]
+    counts = await staged(store, sheet, rows, "run-1", chunk=1)
+    assert (counts.inserted, counts.pending_count) == (2, 2)
+    columns = await store.pool.run(
+        lambda conn: conn.execute(
+            "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+            (staging.as_string(conn),),
+        ).fetchone()
+    )
+    assert columns == (
+        ["_admission_id", "_seq", "_first_position", "_row_count", "_keys", "_rows"],
+    )

@@ -8,18 +8,24 @@ The path, in order:
    are expired on the way and their staging rows deleted.
 2. ``stage_chunk`` (once per chunk, any number of times): record the chunk
    ``(admission id, seq)`` with ``INSERT ... ON CONFLICT DO NOTHING`` and,
-   only if that inserted it, ``COPY`` its rows into the sheet's staging
-   table, in one transaction. A chunk retried after a lost answer finds its
-   row and writes nothing; two copies racing serialise on the primary key.
-   Rows arrive checked and keyed (``prepare_chunk``): the gateway prepares
-   them from a request, the direct road in the runner, which then needs only
-   ``INSERT`` on the staging and chunk tables (operation ``rows.stage``).
+   only if that inserted it, write its staging row, in one transaction. A
+   chunk retried after a lost answer finds its row and writes nothing; two
+   copies racing serialise on the primary key. A chunk is one staging row: its
+   rows' keys and documents as two jsonb arrays (``EncodedChunk``), which
+   ``encode_row`` wrote once per row, checking each where it encoded it. The
+   runner encodes them on both roads; the gateway stages a chunk's arrays as
+   they arrived when they carry keys and are in a form the store accepts
+   (``gateway/server/_chunks.py``), and the direct road writes them itself,
+   needing only ``INSERT`` on the staging and chunk tables (operation
+   ``rows.stage``).
 3. ``commit_admission``: one transaction. Lock the admission row, check the
    chunks are exactly ``0..n-1``, contiguous, with the row count the runner
-   sent and every staged row present; take the sheet's writer lock and a new
-   write version; then admit the staged rows. On a sheet with no rows (a
-   first admission) an ``INSERT ... SELECT`` per range of positions, in
-   position order (the staging index's order, no sort), takes them all as
+   sent and every chunk's staging row present; take the sheet's writer lock
+   and a new write version; then admit the staged rows, taking each row's key
+   and contract columns out of its chunk's arrays in SQL (no row is encoded
+   again), the chunks starting in one range of positions per statement. On a
+   sheet with no rows (a first admission) an ``INSERT ... SELECT`` per range,
+   in position order (each chunk's arrays in order, no sort), takes them all as
    ``pending`` with their position as ``_input_index``, inside one savepoint:
    a key that repeats in the input fails the sheet's primary key, the
    savepoint rolls the inserts back, and the rows go the general way. The
@@ -171,9 +177,11 @@ def encode_row(row: object, position: int) -> tuple[bytes, bytes]:
     refuses in jsonb) sends the row through ``check_row``, as does anything
     orjson refuses (a non-string field name, an integer past 64 bits, a lone
     surrogate, a type JSON has not, nesting past orjson's limit). So a row is
-    refused exactly when ``check_row`` refuses it, with its message and the row's
-    position in the whole input, and a plain row is looked at once. The key is
-    ``row_key``'s: a ``_key`` the row carries, else its derived identity.
+    refused when ``check_row`` refuses it, with its message and the row's
+    position in the whole input, and a plain row is looked at once (orjson
+    writes a ``uuid.UUID`` as its text, which the standard library's encoder
+    refused). The key is ``row_key``'s: a ``_key`` the row carries, else its
+    derived identity.
     """
     if type(row) is not dict:
         if not isinstance(row, Mapping):

@@ -180,11 +180,10 @@ def _holds_lone_surrogate(value: object) -> bool:
 def _parse(raw: bytes) -> tuple[Mapping[str, Any], str, dict[str, bytes] | None]:
     chunk = parse_chunk_body(raw)
     if chunk is not None:
-        # A staged chunk: its rows stay undecoded (the handler reads them only if it must).
+        # A staged chunk: its rows stay undecoded (the handler reads them only if it
+        # must). msgspec refuses a lone surrogate escape anywhere in the body, and
+        # such a body is parsed whole below.
         body, undecoded = chunk
-        envelope = {name: value for name, value in body.items() if name != "rows"}
-        if _SURROGATE_ESCAPE.search(raw) and _holds_lone_surrogate(envelope):
-            raise bad_request("request body holds a lone surrogate, which has no UTF-8 form")
         return body, CHUNK_ACTION, undecoded
     try:
         body = decode_body(raw)
