@@ -350,31 +350,6 @@ async def test_bad_input_in_chunk_7_of_10_is_refused_by_position_and_commits_not
     assert after["admissions"][-1] == ("aborted",)
 
 
-async def test_the_gateway_refuses_a_bad_row_by_its_position_and_aborts(
-    gateway: CountingGateway, store: SheetStore
-) -> None:
-    # The gateway checks every row itself (a runner may not): position, abort, nothing kept.
-    play = new_play()
-    sheet = sheet_of(play, "leads")
-    admission_id = uuid.uuid4().hex
-    async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
-        await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
-        good = prepare_chunk(list(generated(10)), 0)
-        assert await gc.stage_admission_chunk(
-            gc.admission_chunk_body("leads", CONTRACT, admission_id, 0, 0, good)
-        )
-        # NaN is not JSON: a runner never sends it, but a gateway must refuse it.
-        fine = [{"text": "fine"}, {"text": "not a number"}]
-        bad = gc.admission_chunk_body(
-            "leads", CONTRACT, admission_id, 1, 10, prepare_chunk(fine, 10)
-        ).replace(b'"not a number"', b"NaN")
-        with pytest.raises(InvalidInputError, match="row 11"):
-            await gc.stage_admission_chunk(bad)
-    state = await sheet_state(store, sheet)
-    assert (state["staged"], state["chunks"], state["admissions"]) == (0, 0, [("aborted",)])
-    assert state["rows"] == (0, None)
-
-
 async def test_two_admissions_racing_in_interleaved_chunks_each_commit_whole(
     gateway: CountingGateway, store: SheetStore
 ) -> None:
@@ -510,6 +485,8 @@ async def test_a_chunk_sent_with_its_keys_is_staged_as_sent_not_decoded_and_enco
 @pytest.mark.parametrize(
     ("keys", "rows", "refusal"),
     [
+        # NaN is not JSON: a runner never sends it, but a gateway must refuse it.
+        (b'["a","b"]', b'[{"text":"fine"},{"text":NaN}]', "row 11"),
         # Postgres refuses these as sent; the gateway then reads the rows and names the bad one.
         (b'["a","b"]', b'[{"text":"fine"},[1,2]]', "row 11 must be a JSON object"),
         (b'["a","b"]', b'[{"text":"fine"},"text"]', "row 11 must be a JSON object"),
@@ -524,11 +501,12 @@ async def test_a_chunk_sent_with_its_keys_is_staged_as_sent_not_decoded_and_enco
         (b'["a"]', b'[{"text":"fine"},{"text":"too"}]', "one key per row"),
         (b'["a",""]', b'[{"text":"fine"},{"text":"too"}]', "the key of row 11"),
     ],
-    ids=["array-row", "string-row", "nul", "deep", "key-count", "empty-key"],
+    ids=["nan", "array-row", "string-row", "nul", "deep", "key-count", "empty-key"],
 )
-async def test_a_chunk_the_store_cannot_take_as_sent_is_refused_by_row_and_aborted(
+async def test_the_gateway_refuses_a_bad_row_by_its_position_and_aborts(
     gateway: CountingGateway, store: SheetStore, keys: bytes, rows: bytes, refusal: str
 ) -> None:
+    # The gateway checks what a runner may not have: position, abort, nothing kept.
     play = new_play()
     sheet = sheet_of(play, "leads")
     admission_id = uuid.uuid4().hex
@@ -542,6 +520,7 @@ async def test_a_chunk_the_store_cannot_take_as_sent_is_refused_by_row_and_abort
             await gc.stage_admission_chunk(chunk_body(gc, admission_id, 1, 10, keys, rows))
     state = await sheet_state(store, sheet)
     assert (state["staged"], state["chunks"], state["admissions"]) == (0, 0, [("aborted",)])
+    assert state["rows"] == (0, None)
 
 
 async def test_a_chunk_sent_without_keys_is_keyed_by_the_gateway(
