@@ -15,16 +15,15 @@ import time
 from typing import Final
 from urllib.parse import urlsplit
 
-from ._checks_seed import MAX_PAGES, READ_BATCH_TOO_LARGE, too_large_ok
+from ..budgets import READ_BATCH_MAX_PAGES, TRANSPORT_CEILING_BYTES, KiB, MiB
+from ._checks_seed import READ_BATCH_TOO_LARGE, too_large_ok
 from ._context import Admitted, CheckFailed, Context, check, expect
 from ._http import RUNTIME_PATH
 
 __all__ = ["big_sheet", "raw_exchange"]
 
-MiB: Final = 1024 * 1024
-TRANSPORT_CEILING_BYTES: Final = 16 * MiB
 #: What the body checks send of a body before they wait for the answer.
-SENT_PREFIX_BYTES: Final = 64 * 1024
+SENT_PREFIX_BYTES: Final = 64 * KiB
 #: Rows of the big sheet and the label size of each: four pages of all of them
 #: hold 4 * 4 * (1 MiB + framing), past the 12 MiB response budget.
 BIG_ROWS: Final = 4
@@ -117,7 +116,7 @@ def _body_prefix(ctx: Context) -> bytes:
 def batch_budget(ctx: Context) -> None:
     sheet = big_sheet(ctx)
     start = time.monotonic()
-    answer = ctx.read_batch(sheet.namespace, [(50, 0)] * MAX_PAGES)
+    answer = ctx.read_batch(sheet.namespace, [(50, 0)] * READ_BATCH_MAX_PAGES)
     seconds = time.monotonic() - start
     expect(
         too_large_ok(answer),

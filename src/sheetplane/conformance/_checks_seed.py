@@ -8,15 +8,13 @@ from __future__ import annotations
 import uuid
 from typing import Any, Final
 
+from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ._context import CONTRACT, CheckFailed, CheckSkipped, Context, check, expect, ok, rows_of
 from ._http import Exchange
 
-#: The largest batch the seed sends.
-MAX_PAGES: Final = 4
 UNSUPPORTED_TEXT: Final = "unsupported runtime data-plane action"
 BACKPRESSURE_CODE: Final = "runtime_postgres_admission_backpressure"
 READ_BATCH_TOO_LARGE: Final = "runtime_sheet_read_batch_too_large"
-READ_BATCH_MAX_RESPONSE_BYTES: Final = 12 * 1024 * 1024
 #: The reference gateway's test-fault header (honoured only when it allows test faults).
 FAULT_HEADER: Final = "x-sheetplane-test-fault"
 
@@ -231,11 +229,7 @@ def past_the_end(ctx: Context) -> None:
     sheet = ctx.shared_sheet()
     single = ctx.read(sheet.namespace, 5, 40)
     body = ok(single)
-    expect(
-        body.get("rows") == [] and body.get("limit") == 5 and body.get("offset") == 40,
-        "{rows: [], limit: 5, offset: 40}",
-        single,
-    )
+    expect(_page_ok(body, 5, 40) and body["rows"] == [], "{rows: [], limit: 5, offset: 40}", single)
     batch = ctx.read_batch(sheet.namespace, [(5, 40), (2, 9)])
     pages = _batch_pages(batch, 2)
     expect(
@@ -251,7 +245,7 @@ def past_the_end(ctx: Context) -> None:
 @check("SP-READ-7")
 def batch_page_count(ctx: Context) -> None:
     sheet = ctx.shared_sheet()
-    for pages in ([], [(1, i) for i in range(MAX_PAGES + 1)]):
+    for pages in ([], [(1, i) for i in range(READ_BATCH_MAX_PAGES + 1)]):
         answer = ctx.read_batch(sheet.namespace, pages)
         _json_error(answer, 400, f"a batch of {len(pages)} pages")
 
@@ -320,7 +314,7 @@ def batch_too_large(ctx: Context) -> None:
                 "was built to provoke the 413"
             )
     else:
-        answer = ctx.read_batch(big_sheet(ctx).namespace, [(50, 0)] * MAX_PAGES)
+        answer = ctx.read_batch(big_sheet(ctx).namespace, [(50, 0)] * READ_BATCH_MAX_PAGES)
     expect(
         too_large_ok(answer),
         f"413 code {READ_BATCH_TOO_LARGE} with a numeric observed_bytes over "

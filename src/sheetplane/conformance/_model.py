@@ -29,6 +29,8 @@ N_VALUES: Final = 6
 RECEIPT_KEYS: Final = 3
 HOLDERS: Final = 3
 STEPS: Final = 12
+#: The most examples ``--quick`` draws.
+QUICK_EXAMPLES: Final = 5
 
 
 class ModelMismatch(AssertionError):
@@ -318,7 +320,7 @@ def run_model_phase(ctx: Context) -> None:
         ) from None
     deadline = [time.monotonic() + ctx.max_seconds]
     machine = _build_machine(ctx, deadline)
-    examples = max(1, ctx.examples if not ctx.quick else min(ctx.examples, 10))
+    examples = max(1, ctx.examples if not ctx.quick else min(ctx.examples, QUICK_EXAMPLES))
     chosen = settings(
         max_examples=examples,
         stateful_step_count=STEPS,

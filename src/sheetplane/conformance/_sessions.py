@@ -22,6 +22,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import RSAKey
 from psycopg import sql
 
+from ..budgets import DB_SESSION_TTL_MS, POSTGRES_CONNECT_TIMEOUT_MS, REQUEST_TIMEOUT_MS
 from ._context import CONTRACT, Admitted, CheckFailed, CheckSkipped, Context, check, expect, ok
 from ._http import Exchange
 
@@ -29,9 +30,10 @@ __all__ = ["Session", "mint", "open_envelope", "open_session"]
 
 ENVELOPE_ALG: Final = "RSA-OAEP-256+A256GCM"
 #: The seed's session lifetime: the gateway may grant less, never more (plus clock slack).
-SESSION_TTL: Final = dt.timedelta(minutes=10)
-CLOCK_SLACK: Final = dt.timedelta(seconds=30)
-CONNECT_TIMEOUT_S: Final = 5
+SESSION_TTL: Final = dt.timedelta(milliseconds=DB_SESSION_TTL_MS)
+#: The answer's clock may run ahead of the kit's by at most one request's time.
+CLOCK_SLACK: Final = dt.timedelta(milliseconds=REQUEST_TIMEOUT_MS)
+_MS_PER_S: Final = 1000
 _TABLE_NAMES: Final = ("schema", "sheetTable", "eventTable", "summaryTable", "columnSummaryTable")
 _PERMISSION_DENIED: Final = "42501"
 
@@ -172,7 +174,9 @@ def open_session(ctx: Context, namespace: str, operations: list[str]) -> Session
 
 def _connect(session: Session) -> psycopg.Connection[Any]:
     try:
-        return psycopg.connect(session.url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        return psycopg.connect(
+            session.url, connect_timeout=POSTGRES_CONNECT_TIMEOUT_MS // _MS_PER_S, autocommit=True
+        )
     except psycopg.OperationalError as exc:
         text = str(exc).lower()
         if "password" in text or "authentication" in text or "role" in text:
