@@ -8,8 +8,8 @@ runtime, its writer and its recorder share these, so a rule (what a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ._types import CompleteRow, FailRow
 from .budgets import TRANSPORT_CEILING_BYTES
@@ -91,31 +91,45 @@ def row_mappings(what: str, rows: object) -> list[Mapping[str, Any]]:
 
 def complete_rows(rows: object) -> list[CompleteRow]:
     """``rows`` as a list if it is a sequence of well-formed ``CompleteRow``."""
-    checked = []
-    for index, row in enumerate(sequence("rows", rows, "CompleteRow")):
-        if not isinstance(row, CompleteRow):
-            raise InvalidInputError(f"rows[{index}] must be a CompleteRow, got {row!r}")
-        text(f"rows[{index}].key", row.key)
-        if not isinstance(row.data, Mapping):
-            raise InvalidInputError(f"rows[{index}].data must be a mapping, got {row.data!r}")
-        if row.cell_meta_patch is not None and not isinstance(row.cell_meta_patch, Mapping):
-            raise InvalidInputError(f"rows[{index}].cell_meta_patch must be a mapping or None")
-        checked.append(row)
-    json_value("rows", [[row.data, row.cell_meta_patch] for row in checked])
-    return checked
+    return _terminal_rows(rows, CompleteRow, _complete_fields)
 
 
 def fail_rows(rows: object) -> list[FailRow]:
     """``rows`` as a list if it is a sequence of well-formed ``FailRow``."""
-    checked = []
-    for index, row in enumerate(sequence("rows", rows, "FailRow")):
-        if not isinstance(row, FailRow):
-            raise InvalidInputError(f"rows[{index}] must be a FailRow, got {row!r}")
+    return _terminal_rows(rows, FailRow, _fail_fields)
+
+
+def _complete_fields(where: str, row: CompleteRow) -> list[object]:
+    if not isinstance(row.data, Mapping):
+        raise InvalidInputError(f"{where}.data must be a mapping, got {row.data!r}")
+    if row.cell_meta_patch is not None and not isinstance(row.cell_meta_patch, Mapping):
+        raise InvalidInputError(f"{where}.cell_meta_patch must be a mapping or None")
+    return [row.data, row.cell_meta_patch]
+
+
+def _fail_fields(where: str, row: FailRow) -> list[object]:
+    if not isinstance(row.error, str):
+        raise InvalidInputError(f"{where}.error must be a string, got {row.error!r}")
+    if row.data is not None and not isinstance(row.data, Mapping):
+        raise InvalidInputError(f"{where}.data must be a mapping or None")
+    return [row.error, row.data]
+
+
+_R = TypeVar("_R", CompleteRow, FailRow)
+
+
+def _terminal_rows(
+    rows: object, cls: type[_R], fields: Callable[[str, _R], list[object]]
+) -> list[_R]:
+    """The rows of a terminal write, each a ``cls`` with a key and the fields ``fields``
+    checks (and answers, to be measured as JSON together)."""
+    checked: list[_R] = []
+    payload = []
+    for index, row in enumerate(sequence("rows", rows, cls.__name__)):
+        if not isinstance(row, cls):
+            raise InvalidInputError(f"rows[{index}] must be a {cls.__name__}, got {row!r}")
         text(f"rows[{index}].key", row.key)
-        if not isinstance(row.error, str):
-            raise InvalidInputError(f"rows[{index}].error must be a string, got {row.error!r}")
-        if row.data is not None and not isinstance(row.data, Mapping):
-            raise InvalidInputError(f"rows[{index}].data must be a mapping or None")
+        payload.append(fields(f"rows[{index}]", row))
         checked.append(row)
-    json_value("rows", [[row.error, row.data] for row in checked])
+    json_value("rows", payload)
     return checked

@@ -261,14 +261,7 @@ class RowWriter:
         self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
     ) -> WriteResult:
         """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
-        checked = checks.row_mappings("rows", rows)
-        key = checks.text("idempotency_key", idempotency_key)
-        sheet = self._target.sheet
-        return await self._direct_write(
-            "rows.append",
-            len(checked),
-            lambda store: store.append_rows(sheet, checked, idempotency_key=key),
-        )
+        return await self._keyed_write("rows.append", rows, idempotency_key, _append)
 
     async def upsert(
         self,
@@ -309,13 +302,17 @@ class RowWriter:
         self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
     ) -> WriteResult:
         """Replace every row of the sheet; idempotent per ``idempotency_key``."""
+        return await self._keyed_write("rows.replace", rows, idempotency_key, _replace)
+
+    async def _keyed_write(
+        self, operation: str, rows: object, idempotency_key: object, write: _KeyedWrite
+    ) -> WriteResult:
+        """``write`` of the checked ``rows`` under the checked ``idempotency_key``."""
         checked = checks.row_mappings("rows", rows)
         key = checks.text("idempotency_key", idempotency_key)
         sheet = self._target.sheet
         return await self._direct_write(
-            "rows.replace",
-            len(checked),
-            lambda store: store.replace_rows(sheet, checked, idempotency_key=key),
+            operation, len(checked), lambda store: write(store, sheet, checked, key)
         )
 
     async def _direct_write(
@@ -329,3 +326,19 @@ class RowWriter:
                 return await write(store)
 
         return await retry_idempotent(attempt)
+
+
+#: A store write of checked rows under an idempotency key.
+_KeyedWrite = Callable[[SheetStore, SheetRef, list[Mapping[str, Any]], str], Awaitable[WriteResult]]
+
+
+def _append(
+    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str
+) -> Awaitable[WriteResult]:
+    return store.append_rows(sheet, rows, idempotency_key=key)
+
+
+def _replace(
+    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str
+) -> Awaitable[WriteResult]:
+    return store.replace_rows(sheet, rows, idempotency_key=key)
