@@ -45,3 +45,22 @@ def test_every_cited_doc_exists() -> None:
         if not (ROOT / "docs" / doc).is_file()
     )
     assert missing == []
+
+
+TEST_CITE = re.compile(r"(?<![\w/])((?:property_)?tests/[A-Za-z0-9_]+\.py)?::([A-Za-z0-9_]+)")
+
+
+def test_every_test_a_doc_cites_exists() -> None:
+    missing = []
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            cited_file: str | None = None
+            for match in TEST_CITE.finditer(line):
+                cited_file = match.group(1) or cited_file
+                if cited_file is None:
+                    continue
+                path = ROOT / cited_file
+                name = match.group(2)
+                if not path.is_file() or f"def {name}(" not in path.read_text(encoding="utf-8"):
+                    missing.append(f"docs/{doc.name}:{number}: {cited_file}::{name}")
+    assert missing == []
