@@ -203,6 +203,27 @@ def test_the_reference_gateway_passes_the_seed_profile_quick_skipping_only_the_t
     assert report.passed, verdicts
 
 
+_BATCH_CHECKS = {"SP-READ-3", "SP-READ-4", "SP-READ-5", "SP-READ-6", "SP-READ-7", "SP-READ-10"}
+
+
+def test_a_gateway_that_predates_the_batch_action_passes_the_seed_profile_not_sheetplanes(
+    served: Served,
+) -> None:
+    # The seed's runtime reads page by page from such a gateway, so the seed profile skips
+    # the batch checks; the sheetplane profile requires the action.
+    with ThreadedGateway(
+        served.database_url, tokens={TOKEN_A: "org-conformance-legacy"}, legacy=True
+    ) as legacy:
+        seed = run(_options(legacy.base_url, profile="seed", quick=True, token_b=None))
+        sheetplane = run(_options(legacy.base_url, only=_BATCH_CHECKS - {"SP-READ-10"}))
+    # (SP-READ-7 holds either way: an unknown action is refused 400 too.)
+    verdicts = {r.requirement.id: (r.status, r.detail) for r in seed.results}
+    assert seed.passed, verdicts
+    assert {rid for rid, (status, _) in verdicts.items() if status == "SKIP"} >= _BATCH_CHECKS
+    assert "predates runtime_sheet_read_rows_batch" in verdicts["SP-READ-3"][1]
+    assert set(sheetplane.failed_ids()) == _BATCH_CHECKS - {"SP-READ-10", "SP-READ-7"}
+
+
 # --- FAIL: one mutant per requirement -----------------------------------------------------------
 
 _TIMED_FAKES = {"SP-BUDGET-2": reads_whole_body, "SP-BUDGET-3": never_closes}

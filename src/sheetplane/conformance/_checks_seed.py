@@ -12,19 +12,10 @@ from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ._context import CONTRACT, CheckFailed, CheckSkipped, Context, check, expect, ok, rows_of
 from ._http import Exchange
 
-UNSUPPORTED_TEXT: Final = "unsupported runtime data-plane action"
 BACKPRESSURE_CODE: Final = "runtime_postgres_admission_backpressure"
 READ_BATCH_TOO_LARGE: Final = "runtime_sheet_read_batch_too_large"
 #: The reference gateway's test-fault header (honoured only when it allows test faults).
 FAULT_HEADER: Final = "x-sheetplane-test-fault"
-
-
-def _error_text(exchange: Exchange) -> str:
-    body = exchange.json_object
-    for member in ("error", "details", "debug_error"):
-        if isinstance(body.get(member), str):
-            return str(body[member])
-    return ""
 
 
 def _json_error(exchange: Exchange, status: int, what: str) -> None:
@@ -62,7 +53,7 @@ def no_token(ctx: Context) -> None:
 def unknown_action(ctx: Context) -> None:
     answer = ctx.wire.post("conformance_unknown_action", {})
     expect(
-        answer.status == 400 and UNSUPPORTED_TEXT in _error_text(answer).lower(),
+        answer.unsupported,
         "400 whose error contains 'Unsupported runtime data-plane action'",
         answer,
     )
@@ -303,11 +294,7 @@ def batch_too_large(ctx: Context) -> None:
     if ctx.quick:
         sheet = ctx.shared_sheet()
         headers = fault_headers(ctx, "runtime_sheet_read_rows_batch=413")
-        answer = ctx.wire.post(
-            "runtime_sheet_read_rows_batch",
-            {"input": {"tableNamespace": sheet.namespace, "pages": [{"limit": 1, "offset": 0}]}},
-            headers=headers,
-        )
+        answer = ctx.read_batch(sheet.namespace, [(1, 0)], headers=headers)
         if answer.status == 200:
             raise CheckSkipped(
                 "--quick and the gateway ignores the test-fault header: no body over 12 MiB "

@@ -15,10 +15,14 @@ from typing import Any, Final
 import attrs
 import httpx
 
-__all__ = ["RUNTIME_PATH", "Exchange", "Wire", "clip"]
+__all__ = ["RUNTIME_PATH", "UNSUPPORTED_TEXT", "Exchange", "Wire", "clip"]
 
 #: The runtime route under a gateway's base URL (the seed's and the docs' path).
 RUNTIME_PATH: Final = "/api/v2/plays/internal/runtime"
+
+#: What the error of a gateway that does not know an action says (lower case; the seed
+#: matches it case-insensitively).
+UNSUPPORTED_TEXT: Final = "unsupported runtime data-plane action"
 
 #: How much of a request or an answer a line of evidence shows.
 EVIDENCE_CHARS: Final = 400
@@ -53,6 +57,18 @@ class Exchange:
     def json_object(self) -> dict[str, Any]:
         """The answer when it is a JSON object, else an empty dict."""
         return self.answer if isinstance(self.answer, dict) else {}
+
+    def error_text(self) -> str:
+        """The answer's error message: ``error``, else ``details``, else ``debug_error``."""
+        for member in ("error", "details", "debug_error"):
+            if isinstance(self.json_object.get(member), str):
+                return str(self.json_object[member])
+        return ""
+
+    @property
+    def unsupported(self) -> bool:
+        """A 400 saying the gateway does not know the action."""
+        return self.status == 400 and UNSUPPORTED_TEXT in self.error_text().lower()
 
     def describe(self) -> str:
         """``request: POST /path {...}; answer: 200 {...}``."""

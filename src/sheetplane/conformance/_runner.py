@@ -140,6 +140,7 @@ def run(options: Options, on_result: Callable[[Result], None] | None = None) -> 
             wire=wire,
             wire_b=wire_b,
             prefix=prefix,
+            profile=options.profile,
             quick=options.quick,
             seed=seed,
             examples=options.examples,
