@@ -41,7 +41,9 @@ async def test_new_rows_are_pending_stamped_and_in_input_order(
     assert admission.table_namespace == sheet.table_namespace
     assert admission.completed_rows == ()
     assert [r["company"] for r in admission.pending_rows] == ["b", "a", "c"]
-    assert [r["_key"] for r in admission.pending_rows] == [derive_row_identity(r) for r in rows]
+    assert [r["_key"] for r in admission.pending_rows] == [
+        derive_row_identity(r, sheet.table_namespace) for r in rows
+    ]
     assert admission.pending_rows[2]["extra"] == 1
 
     stored = await stored_rows(store, sheet)
@@ -101,7 +103,13 @@ async def test_every_admission_takes_a_new_version_and_readmits_open_rows(
     assert second.skipped == 1  # the enriched row
     assert [r["_key"] for r in second.pending_rows] == ["1", "2", "3"]
     assert [r["_key"] for r in second.completed_rows] == ["0"]
-    assert second.completed_rows[0] == {"id": 0, "company": "c0", "score": 10, "_key": "0"}
+    assert second.completed_rows[0] == {
+        "id": 0,
+        "company": "c0",
+        "score": 10,
+        "_key": "0",
+        "__deeplineRowKey": "0",
+    }
 
     stored = await stored_rows(store, sheet)
     assert stored["0"]["_write_version"] == 1  # enriched rows keep their version
@@ -167,7 +175,9 @@ async def test_completed_rows_never_take_synthetic_nulls(
     # "site" (the domain column's field) was never in the input: its stored null
     # is synthetic and stays out; the stored null company does not overwrite the
     # input's value; the output column's null is reported.
-    assert admission.completed_rows == ({"id": 1, "company": "acme", "score": None, "_key": "1"},)
+    assert admission.completed_rows == (
+        {"id": 1, "company": "acme", "score": None, "_key": "1", "__deeplineRowKey": "1"},
+    )
 
 
 async def test_keys_with_quotes_unicode_and_sql_are_just_keys(

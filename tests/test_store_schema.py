@@ -330,3 +330,35 @@ async def test_longest_column_name_fits(store: SheetStore, sheet: SheetRef) -> N
     names = sheet_names(sheet)
     columns = await store.pool.run(lambda c: _columns(c, names.schema, names.sheet_table))
     assert longest in columns
+
+
+async def test_a_sheet_records_its_identity_scheme_once(store: SheetStore, sheet: SheetRef) -> None:
+    from sheetplane.identity import IDENTITY_SCHEME
+
+    names = sheet_names(sheet)
+    meta = names.ident("meta_table")
+
+    def scheme(conn: psycopg.Connection[Any]) -> Any:
+        return conn.execute(
+            sql.SQL(
+                "SELECT value FROM {} WHERE kind = 'sheet' AND name = 'identity_scheme'"
+            ).format(meta)
+        ).fetchall()
+
+    def pretend_older(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET value = 'older-scheme' "
+                "WHERE kind = 'sheet' AND name = 'identity_scheme'"
+            ).format(meta)
+        )
+
+    one = SheetContract((ContractColumn("a", "a_col", "input"),))
+    await store.ensure_sheet(sheet, one)
+    assert await store.pool.run(scheme) == [(IDENTITY_SCHEME,)]
+    await store.pool.run(pretend_older)
+    # A new column runs the sheet's DDL again: the recorded scheme is never rewritten.
+    await store.ensure_sheet(
+        sheet, SheetContract((*one.columns, ContractColumn("b", "b_col", "output")))
+    )
+    assert await store.pool.run(scheme) == [("older-scheme",)]

@@ -48,7 +48,7 @@ async def test_append_writes_once_per_idempotency_key(store: SheetStore, sheet: 
     stored = await stored_rows(store, sheet)
     assert len(stored) == 5
     key = appended_row_key({"company": "b"}, "k1", 1)
-    assert key.startswith(derive_row_identity({"company": "b"}) + ":append:")
+    assert key.startswith(derive_row_identity({"company": "b"}, sheet.table_namespace) + ":append:")
     row = stored[key]
     assert (row["_status"], row["_write_version"], row["_input_index"]) == ("pending", 0, 2)
     assert stored[appended_row_key({"score": 3}, "k1", 2)]["score_col"] == 3

@@ -72,7 +72,7 @@ async def test_a_readmitted_sheet_stops_the_older_runner(sheetplane_gateway: Gat
             run_id="run-1",
             write_version=first.write_version,
         )
-    with pytest.raises(AttemptSupersededError):
+    with pytest.raises(AttemptSupersededError, match="RUNTIME_SHEET_ATTEMPT_SUPERSEDED"):
         raise_if_superseded(
             result, table_namespace="leads", run_id="run-1", write_version=first.write_version
         )

@@ -30,6 +30,7 @@ from .errors import BatchingError as BatchingError
 from .errors import ConnectionSlotsExhaustedError as ConnectionSlotsExhaustedError
 from .errors import DatabaseNotHardenedError as DatabaseNotHardenedError
 from .errors import EnvelopeDecryptionError as EnvelopeDecryptionError
+from .errors import GatewayActionMissingError as GatewayActionMissingError
 from .errors import GatewayAuthError as GatewayAuthError
 from .errors import GatewayError as GatewayError
 from .errors import GatewayProtocolError as GatewayProtocolError
@@ -58,6 +59,7 @@ from .errors import UnsupportedActionError as UnsupportedActionError
 from .errors import ValueCancelledError as ValueCancelledError
 from .errors import WorkReceiptFencedError as WorkReceiptFencedError
 from .errors import WriteConflictError as WriteConflictError
+from .identity import derive_row_identity as derive_row_identity
 from .names import normalize_play_name as normalize_play_name
 from .names import normalize_table_namespace as normalize_table_namespace
 from .sizes import SizeMeasurement as SizeMeasurement
@@ -110,6 +112,7 @@ __all__ = [
     "DatabaseNotHardenedError",
     "EnvelopeDecryptionError",
     "FailRow",
+    "GatewayActionMissingError",
     "GatewayAuthError",
     "GatewayError",
     "GatewayProtocolError",
@@ -146,6 +149,7 @@ __all__ = [
     "ValueCancelledError",
     "WorkReceiptFencedError",
     "WriteConflictError",
+    "derive_row_identity",
     "json_byte_length_up_to",
     "normalize_play_name",
     "normalize_table_namespace",

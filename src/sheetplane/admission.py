@@ -15,34 +15,90 @@ read them back lazily, through the runtime's road (a scoped session on
   outputs and their older version, in input order.
 
 Each row carries ``_key``, the contract's columns under their column ids,
-``_status``, ``_error`` and ``_input_index`` (the sheet's ``output`` row mode).
+``_status``, ``_error`` and ``_input_index`` (the sheet's ``output`` row mode),
+and ``__deeplineRowKey`` (= ``_key``), as the runtime's admitted rows do
+(``KeyedRoad``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Hashable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import attrs
 import trio
 
 from ._groups import raise_single
-from ._types import AdmissionCounts, AdmittedPart, SheetContract, SheetRef
+from ._types import (
+    AdmissionCounts,
+    AdmittedPart,
+    Page,
+    PageRequest,
+    SheetContract,
+    SheetRef,
+)
 from .budgets import (
     ADMISSION_ABORT_TIMEOUT_MS,
     ADMISSION_CHUNK_BYTES,
     ADMISSION_CHUNK_ROWS,
     RETRY_DELAYS_MS,
 )
-from .dataset import Dataset
+from .dataset import Dataset, InMemoryDataset
 from .errors import InvalidInputError, SheetplaneError, StoreUnavailableError
 from .gateway.client import GatewayClient
+from .identity import ROW_KEY_FIELD
+from .pages import SheetRoad
 from .sessions import AccessShape, SessionLimits, SessionManager
 from .store._staging import ChunkBuilder, EncodedChunk, encode_row
 
-__all__ = ["Admission", "AdmissionInput", "StagedAdmission", "check_input"]
+__all__ = ["Admission", "AdmissionInput", "KeyedRoad", "StagedAdmission", "check_input"]
+
+
+class KeyedRoad:
+    """A road whose rows also carry their key as ``__deeplineRowKey`` (an admission's
+    ``pending()`` and ``completed()``: the rows a map fn is handed)."""
+
+    def __init__(self, road: SheetRoad) -> None:
+        self._road = road
+
+    @property
+    def scope(self) -> Hashable:
+        """The inner road's scope (every admitted-part road is keyed, so equal scopes
+        stay interchangeable)."""
+        return self._road.scope
+
+    async def read_batch(self, pages: Sequence[PageRequest]) -> list[Page]:
+        """The inner road's pages, their rows keyed."""
+        return [
+            Page(tuple(map(_keyed, page.rows)), page.limit, page.offset)
+            for page in await self._road.read_batch(pages)
+        ]
+
+    async def read_after(
+        self, cursor: object | None, limit: int
+    ) -> tuple[list[dict[str, Any]], object | None]:
+        """The inner road's keyset page, its rows keyed."""
+        rows, after = await self._road.read_after(cursor, limit)
+        return [_keyed(row) for row in rows], after
+
+    async def count(self) -> int:
+        """The inner road's count."""
+        return await self._road.count()
+
+
+def _keyed(row: dict[str, Any]) -> dict[str, Any]:
+    key = row.get("_key")
+    return row if not isinstance(key, str) else {**row, ROW_KEY_FIELD: key}
 
 
 @attrs.frozen(eq=False)
@@ -61,8 +117,11 @@ class Admission:
     """Already-enriched input rows: what ``completed()`` holds."""
     table_namespace: str
     """The sheet's namespace."""
-    _open: Callable[[AdmittedPart], Dataset] = attrs.field(repr=False, alias="open")
-    """Opens a dataset over one part of this admission (the runtime's road)."""
+    _open: Callable[[AdmittedPart], Dataset | InMemoryDataset] = attrs.field(
+        repr=False, alias="open"
+    )
+    """Opens a dataset over one part of this admission (the runtime's road, or the rows
+    a whole admission's answer holds)."""
 
     @classmethod
     def from_counts(
@@ -79,11 +138,11 @@ class Admission:
             open=open,
         )
 
-    def pending(self) -> Dataset:
+    def pending(self) -> Dataset | InMemoryDataset:
         """The rows to map, in input order, each carrying ``_key`` (read lazily)."""
         return self._open(AdmittedPart(self.write_version, "pending"))
 
-    def completed(self) -> Dataset:
+    def completed(self) -> Dataset | InMemoryDataset:
         """The already-enriched input rows with their outputs, in input order (read lazily)."""
         return self._open(AdmittedPart(self.write_version, "completed"))
 

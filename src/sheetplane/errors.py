@@ -21,6 +21,7 @@ The tree::
     ├── GatewayError                          the gateway answered an error
     │   ├── GatewayAuthError                  401 / 403
     │   ├── UnsupportedActionError            a gateway that predates the action
+    │   │   └── GatewayActionMissingError     known before a call that needs it began
     │   ├── TransientGatewayError             retryable, and retries ran out
     │   │   ├── BackpressureError             503 runtime_postgres_admission_backpressure
     │   │   └── GatewayTimeoutError           an attempt outlived REQUEST_TIMEOUT_MS
@@ -235,6 +236,32 @@ class UnsupportedActionError(GatewayError):
     """The gateway predates the action ("Unsupported runtime data-plane action")."""
 
     code = "unsupported_action"
+
+
+class GatewayActionMissingError(UnsupportedActionError):
+    """The gateway does not serve ``action``, which ``needed_by`` needs.
+
+    Learned from the gateway before the call began (``GatewayClient.probe_action``),
+    so nothing was admitted or written: for example ``rt.map`` on the gateway
+    road of a gateway that serves only the runtime's own actions, which has
+    no terminal-write action.
+    """
+
+    code = "gateway_action_missing"
+
+    def __init__(self, action: str, needed_by: str) -> None:
+        self.action = action
+        self.needed_by = needed_by
+        super().__init__(
+            400,
+            "unsupported_action",
+            f"the gateway does not serve {action}, which {needed_by} needs; nothing was "
+            "admitted or written (a gateway that serves only the runtime's own actions "
+            "leaves row writes to the direct road)",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.action, self.needed_by))
 
 
 class TransientGatewayError(GatewayError):

@@ -74,6 +74,7 @@ from ..budgets import (
 )
 from ..errors import (
     AdmissionTooLargeError,
+    GatewayAuthError,
     GatewayError,
     GatewayTimeoutError,
     InvalidInputError,
@@ -239,9 +240,42 @@ class GatewayClient:
             self._secrets += (bypass,)
         self._extra_headers = extra
         self._http: httpx.AsyncClient | None = None
+        self._served: dict[str, bool] = {}
 
     def __repr__(self) -> str:
         return f"<GatewayClient {self.url} play={self.play_name!r}>"
+
+    # --- what the gateway serves, learned once ---------------------------------------------
+
+    def serves(self, action: str) -> bool | None:
+        """Whether the gateway serves ``action``, as far as this client has learned
+        (None: not known yet). Learned by ``probe_action`` and by the staged begin."""
+        return self._served.get(action)
+
+    def _learn(self, action: str, served: bool) -> None:
+        self._served[action] = served
+
+    async def probe_action(self, action: str) -> bool:
+        """Whether the gateway serves ``action``: asked once, then remembered.
+
+        The probe is the bare action with no input, which a gateway that
+        serves it refuses as malformed (400) without writing anything, and one
+        that does not answers "Unsupported runtime data-plane action". Any
+        other failure (auth, transport) propagates and teaches nothing.
+        """
+        known = self._served.get(action)
+        if known is not None:
+            return known
+        try:
+            await self._call_content(action, _dumps({"action": action, "playName": self.play_name}))
+        except UnsupportedActionError:
+            self._learn(action, False)
+            return False
+        except GatewayError as exc:
+            if isinstance(exc, GatewayAuthError) or exc.status != 400:
+                raise
+        self._learn(action, True)
+        return True
 
     async def __aenter__(self) -> GatewayClient:
         if self._http is not None:
@@ -453,9 +487,13 @@ class GatewayClient:
             run_id=run_id,
             user_email=self.user_email,
         )
-        answer = _answers.read_as(
-            (await self._send(request)).body, m.BeginAdmissionAnswer, request.action
-        )
+        try:
+            sent = await self._send(request)
+        except UnsupportedActionError:
+            self._learn(request.action, False)  # a gateway that only admits whole
+            raise
+        self._learn(request.action, True)
+        answer = _answers.read_as(sent.body, m.BeginAdmissionAnswer, request.action)
         if answer.admission_id != admission_id:
             raise _answers.protocol_error(request.action, "admissionId does not match")
 

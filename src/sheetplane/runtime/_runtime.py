@@ -23,13 +23,14 @@ from .._map import (
     run_map,
 )
 from .._types import BIGINT_MAX, AdmittedPart, ResolvedPlay, RowMode, SheetContract, SheetRef
-from ..admission import AdmissionInput
+from ..admission import AdmissionInput, KeyedRoad
 from ..budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from ..dataset import Dataset, DatasetDescriptor, DatasetKind, InMemoryDataset
-from ..errors import InvalidInputError
+from ..errors import GatewayActionMissingError, InvalidInputError
 from ..gateway.client import GatewayClient
 from ..names import normalize_table_namespace
 from ..pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
+from ..protocol import _messages as m
 from ..sessions import PreloadedSession, SessionManager
 from ._context import RuntimeContext, Strategy
 from ._receipts import ReceiptRecorder
@@ -136,8 +137,9 @@ class Runtime:
         return Dataset(self.reader, road, page_rows=page_rows, descriptor=descriptor)
 
     def _admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
-        """A lazy dataset over one admission's pending or completed rows."""
-        road = self.road(table_namespace, admitted=admitted)
+        """A lazy dataset over one admission's pending or completed rows (each carrying
+        ``__deeplineRowKey`` beside ``_key``)."""
+        road = KeyedRoad(self.road(table_namespace, admitted=admitted))
         return Dataset(self.reader, road, descriptor=self._descriptor("map", road))
 
     def _descriptor(
@@ -276,6 +278,7 @@ class Runtime:
             )
         started = trio.current_time()
         writer = self.writer(namespace, contract)
+        await self._check_map_actions(receipts)
         admission = await writer.start(rows)
         completed, failed, reused = await run_map(
             admission.pending(),
@@ -301,6 +304,19 @@ class Runtime:
             reused=reused,
             elapsed_seconds=trio.current_time() - started,
         )
+
+    async def _check_map_actions(self, receipts: bool) -> None:
+        """Raise ``GatewayActionMissingError`` before ``map`` admits anything when the
+        gateway lacks an action the map would need mid-way: the terminal writes on the
+        gateway road, the receipt actions with ``receipts``. Asked once per client."""
+        needed = []
+        if self.context.strategy != "direct":
+            needed.append(m.action_of(m.CompleteMapRowsRequest))
+        if receipts:
+            needed.append(m.action_of(m.ClaimWorkReceiptRequest))
+        for action in needed:
+            if not await self.client.probe_action(action):
+                raise GatewayActionMissingError(action, f"map on the {self.context.strategy} road")
 
     async def resolve_play(self, ref: str) -> ResolvedPlay | None:
         """The play ``ref`` names (its id, else its name) in the run's org, or None.

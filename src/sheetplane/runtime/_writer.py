@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Protocol, TypeVar
 
@@ -17,6 +17,7 @@ from .._types import (
     AdmittedPart,
     CompleteRow,
     FailRow,
+    InlineAdmission,
     SheetContract,
     SheetRef,
     TerminalWriteResult,
@@ -25,14 +26,19 @@ from .._types import (
 from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..dataset import Dataset
-from ..errors import AttemptSupersededError, InvalidInputError
+from ..errors import AttemptSupersededError, InvalidInputError, UnsupportedActionError
 from ..gateway.client import GatewayClient
+from ..protocol import _messages as m
 from ..sessions import AccessShape, SessionLimits, SessionManager
 from ..store import SheetStore, superseded_error
+from ._whole import Tape, admit_whole, whole_admission
 
 __all__ = ["RowWriter", "WriteTally", "WriteTarget"]
 
 _Row = TypeVar("_Row", CompleteRow, FailRow)
+
+#: The staged admission's first action: a gateway that does not serve it admits whole.
+BEGIN_ADMISSION: Final = m.action_of(m.BeginAdmissionRequest)
 _Row_contra = TypeVar("_Row_contra", contravariant=True)
 _At_contra = TypeVar("_At_contra", contravariant=True)
 
@@ -169,6 +175,9 @@ class RowWriter:
         """
         check_input(rows)
         t = self._target
+        served = t.client.serves(BEGIN_ADMISSION)
+        if served is False:
+            return self._begun(await self._whole(Tape(rows, lambda: True).replay()))
         staged = StagedAdmission(
             client=t.client,
             sessions=t.sessions,
@@ -178,10 +187,27 @@ class RowWriter:
             direct=t.direct,
             user_email=t.user_email,
         )
-        counts = await staged.run(rows)
+        # Until the gateway is known to stage, keep what the staged attempt reads, so
+        # a gateway that admits only whole inputs gets the whole input (``_whole``).
+        tape = Tape(rows, lambda: t.client.serves(BEGIN_ADMISSION) is None)
+        try:
+            counts = await staged.run(tape.play() if served is None else rows)
+        except UnsupportedActionError:
+            if served is not None or t.client.serves(BEGIN_ADMISSION) is not False:
+                raise
+            return self._begun(await self._whole(tape.replay()))
         self._write_version = counts.write_version
         self._superseded = None
         return Admission.from_counts(counts, t.admitted)
+
+    async def _whole(self, rows: AsyncIterator[Mapping[str, Any]]) -> InlineAdmission:
+        t = self._target
+        return await admit_whole(t.client, t.sheet.table_namespace, t.contract, rows, t.run_id)
+
+    def _begun(self, inline: InlineAdmission) -> Admission:
+        self._write_version = inline.write_version
+        self._superseded = None
+        return whole_admission(inline, self._target.direct, self._target.admitted)
 
     def _version(self) -> int:
         if self._superseded is not None:

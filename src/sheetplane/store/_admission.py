@@ -52,7 +52,7 @@ from psycopg.types.json import Jsonb
 from .._types import ContractColumn, InlineAdmission, SheetContract, SheetRef
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
-from ..identity import row_key
+from ..identity import row_key, strip_row_key, with_row_key
 from ._counters import compact_counters
 from ._names import SheetNames
 from ._pool import TrioPool
@@ -165,7 +165,7 @@ class _Writer:
 
         def new_rows() -> Iterator[tuple[str, int, Mapping[str, Any]]]:
             for index, (key, row) in enumerate(kept):
-                pending_rows.append({**row, "_key": key})
+                pending_rows.append(with_row_key(row, key))
                 yield key, index, row
 
         self.insert(new_rows())
@@ -187,11 +187,12 @@ class _Writer:
         completed_rows = []
         for entry in entries:
             if entry.key in enriched_keys:
-                merged = merge_completed_row(entry.row, stored.get(entry.key, {}), self.columns)
-                merged["_key"] = entry.key
-                completed_rows.append(merged)
+                merged = merge_completed_row(
+                    strip_row_key(entry.row), stored.get(entry.key, {}), self.columns
+                )
+                completed_rows.append(with_row_key(merged, entry.key))
             else:
-                pending_rows.append({**entry.row, "_key": entry.key})
+                pending_rows.append(with_row_key(entry.row, entry.key))
         return pending_rows, completed_rows
 
     def admit_chunk(self, chunk: Sequence[_Entry]) -> list[str]:

@@ -20,6 +20,7 @@ from psycopg import sql
 from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
 from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
+from ..identity import ROW_KEY_FIELD
 from ..sizes import json_byte_length_up_to
 from ._counters import STATUS_COUNTER
 from ._locking import lock_sheet as lock_sheet_in
@@ -229,11 +230,12 @@ def column_lookup_names(column: ContractColumn) -> tuple[str, ...]:
     """Names a row may carry the column's value under, in order of preference.
 
     ``field`` (the row field an input column reads), then the column ``id``,
-    then its ``sql_name``.
+    then its ``sql_name``. Never ``__deeplineRowKey``: a row's own key is
+    stripped from its data, whatever the contract calls its columns.
     """
     names = [column.field] if column.field else []
     names += [column.id, column.sql_name]
-    return tuple(dict.fromkeys(names))
+    return tuple(name for name in dict.fromkeys(names) if name != ROW_KEY_FIELD)
 
 
 def input_field_name(column: ContractColumn) -> str:

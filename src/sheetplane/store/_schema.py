@@ -30,6 +30,7 @@ from psycopg import sql
 from .._types import SYSTEM_COLUMNS, SheetContract, SheetRef
 from ..budgets import MAX_CONTRACT_COLUMNS, MAX_REQUEST_TEXT_BYTES
 from ..errors import InvalidInputError
+from ..identity import IDENTITY_SCHEME
 from ._counters import COUNT_TRIGGERS, count_trigger_ddl
 from ._guards import guard_ddl, guards_missing
 from ._locking import lock_sheet
@@ -305,6 +306,12 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
                 sql.SQL("({}, {}, {})").format(*map(sql.Literal, entry)) for entry in entries
             ),
         ),
+        # The identity scheme the sheet was created with: written once, never rewritten
+        # (``sheetplane.identity``'s migration rule; a sheet without it predates the record).
+        sql.SQL(
+            "INSERT INTO {} (kind, name, value) VALUES ('sheet', 'identity_scheme', {}) "
+            "ON CONFLICT (kind, name) DO NOTHING"
+        ).format(meta, sql.Literal(IDENTITY_SCHEME)),
         # A sheet made when this metadata lived in catalog comments loses them.
         sql.SQL("COMMENT ON TABLE {} IS NULL").format(sheet),
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_input_index, _created_at, _key)").format(

@@ -17,8 +17,9 @@ carries a column's value under the column id or its sql name, other fields are
 not stored.
 
 * **append** inserts every row as a new row. Its key is the row's derived
-  identity plus ``:append:`` and 12 hex digits of SHA-256 over the idempotency
-  key and the row's position in the call, so appending the same content twice
+  identity plus ``:append:`` and 12 hex digits of SHA-1 over the idempotency
+  key and the row's position in the call (``identity.append_row_key``, as the
+  runtime builds it), so appending the same content twice
   (with two keys) makes two rows, and a replay makes the same keys. New rows
   follow the sheet's last ``_input_index``.
 * **upsert** merges by key (``key_field``, else the row's ``_key``, else its
@@ -44,7 +45,6 @@ not recorded, so the call can be retried.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -56,7 +56,7 @@ from psycopg.types.json import Jsonb
 from .._types import WriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
-from ..identity import derive_row_identity, row_key
+from ..identity import append_row_key, content_identity, row_key
 from ._guards import clear_rows
 from ._names import SheetNames
 from ._pool import TrioPool
@@ -76,17 +76,13 @@ from ._rowdata import (
 
 __all__ = ["append_rows", "appended_row_key", "replace_rows", "upsert_rows"]
 
-#: Hex digits of the per-row suffix of an appended key.
-APPEND_KEY_SUFFIX_CHARS = 12
-
 WriteKind = Literal["append", "upsert", "replace"]
 
 
 def appended_row_key(row: Mapping[str, Any], idempotency_key: str, ordinal: int) -> str:
-    """The key of the ``ordinal``-th row of an append (or replace) with ``idempotency_key``."""
-    text = f"{len(idempotency_key)}:{idempotency_key}:{ordinal}"
-    suffix = hashlib.sha256(text.encode("utf-8")).hexdigest()[:APPEND_KEY_SUFFIX_CHARS]
-    return f"{derive_row_identity(row)}:append:{suffix}"
+    """The key of the ``ordinal``-th row of an append (or replace) with ``idempotency_key``
+    (``identity.append_row_key`` over the row's derived identity)."""
+    return append_row_key(content_identity(row), idempotency_key, ordinal)
 
 
 def _check_rows(rows: object) -> list[Mapping[str, Any]]:

@@ -17,6 +17,10 @@ any suite can ask for these fixtures by name; every name starts with
     with test faults allowed and a harness unwrap key: a
     :class:`GatewayHandle` with ``base_url``, ``token``, ``org_id``,
     ``fault_header(...)`` and ``client(...)``.
+``sheetplane_seed_gateway``
+    The same, serving only the runtime's own actions
+    (:mod:`sheetplane.testing.seed_gateway`): every other action is answered
+    400 "Unsupported runtime data-plane action", as the runtime's gateway does.
 ``sheetplane_strategy``
     The road ``sheetplane_runtime`` takes: ``"direct"`` unless the test
     parametrizes it (``@pytest.mark.parametrize("sheetplane_strategy",
@@ -167,6 +171,21 @@ async def sheetplane_gateway(sheetplane_database_url: str) -> AsyncIterator[Gate
         tokens={token: org_id},
         allow_test_faults=True,
         unwrap_key=unwrap_key,
+    ) as running:
+        yield GatewayHandle(running.base_url, token, org_id, unwrap_key, running)
+
+
+@pytest.fixture
+async def sheetplane_seed_gateway(sheetplane_database_url: str) -> AsyncIterator[GatewayHandle]:
+    """A gateway that serves only the runtime's own actions (``testing.seed_gateway``),
+    answering every other one 400 "Unsupported runtime data-plane action", for one test."""
+    from .seed_gateway import running_seed_gateway
+
+    token = f"tok-{secrets.token_urlsafe(18)}"
+    org_id = f"org-{uuid.uuid4().hex[:12]}"
+    unwrap_key = secrets.token_bytes(32)
+    async with running_seed_gateway(
+        sheetplane_database_url, tokens={token: org_id}, unwrap_key=unwrap_key
     ) as running:
         yield GatewayHandle(running.base_url, token, org_id, unwrap_key, running)
 

@@ -16,7 +16,8 @@ Each runtime request goes through the same steps, in this order:
    the handler has run);
 4. an ``orgId`` other than the token's is refused 403;
 5. the action's handler runs (400 ``Unsupported runtime data-plane action``
-   for an unknown action, or for the batch read on a ``legacy`` gateway),
+   for an unknown action, for the batch read on a ``legacy`` gateway, or for
+   an action outside the config's ``actions``),
    within ``action_budget_ms`` (``GATEWAY_ACTION_BUDGET_MS``; a staged commit:
    ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``), else 504 ``gateway_action_timeout``:
    the caller's attempt has timed out by then.
@@ -264,7 +265,12 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         fault = None
     check_org(body, org_id)
     handler = HANDLERS.get(action)
-    if handler is None or (state.config.legacy and action in LEGACY_UNSUPPORTED):
+    served = state.config.actions
+    if (
+        handler is None
+        or (state.config.legacy and action in LEGACY_UNSUPPORTED)
+        or (served is not None and action not in served)
+    ):
         raise unsupported(action)
     payload = None
     action_budget_ms = _ACTION_BUDGETS_MS.get(action, state.config.action_budget_ms)

@@ -56,6 +56,13 @@ class GatewayConfig:
     legacy: bool = False
     """Emulate a gateway that predates ``runtime_sheet_read_rows_batch`` and
     stale reasons (``staleKeys`` without ``staleRows``)."""
+    actions: frozenset[str] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(frozenset)
+    )
+    """Serve only these actions (None: every one); any other is answered 400
+    "Unsupported runtime data-plane action: <action>", as a gateway that
+    predates it (``sheetplane.testing.seed_gateway`` makes the runtime's own
+    gateway of it)."""
     max_connections: int | None = attrs.field(default=None, validator=_optional_positive)
     """Size of the gateway's Postgres pool; None keeps the store's default."""
     pool_acquire_timeout_ms: int = attrs.field(
