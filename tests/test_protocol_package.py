@@ -15,7 +15,16 @@ _IO_LIBRARIES = ("httpx", "httpcore", "starlette", "hypercorn", "psycopg", "psyc
 def test_importing_the_protocol_imports_no_http_server_or_database_library() -> None:
     modules = [
         f"sheetplane.protocol.{name}"
-        for name in ("_wire", "_converter", "_messages", "_domain", "_openapi")
+        for name in (
+            "_wire",
+            "_converter",
+            "_messages",
+            "_domain",
+            "_errors",
+            "_receive",
+            "_splice",
+            "_openapi",
+        )
     ]
     probe = (
         "import sys\n"

@@ -86,6 +86,7 @@ from ..names import normalize_play_name, normalize_table_namespace
 from ..protocol import _domain as _answers
 from ..protocol import _messages as m
 from ..protocol._receive import Answer, Retry, receive
+from ..protocol._splice import chunk_body
 from ..protocol._wire import (
     PROTECTION_BYPASS_HEADER,
     RUNTIME_PATH,
@@ -527,7 +528,7 @@ class GatewayClient:
                 f"the chunk envelope (names and contract) takes {len(envelope)} bytes, "
                 f"over {ADMISSION_CHUNK_ENVELOPE_BYTES}"
             )
-        return b"".join((envelope[:-1], b',"keys":', chunk.keys, b',"rows":', chunk.rows, b"}"))
+        return chunk_body(envelope, chunk.keys, chunk.rows)
 
     async def stage_admission_chunk(self, body: bytes) -> bool:
         """Send one chunk built by ``admission_chunk_body``; False when the gateway had

@@ -10,7 +10,10 @@ sides agree by construction rather than by copy:
 * ``_converter``: the one cattrs converter and the field rules;
 * ``_messages``: every request and answer as an attrs class;
 * ``_domain``: domain values to wire messages and back, both directions;
-* ``_openapi``: the OpenAPI 3.1 document, generated from the classes.
+* ``_errors``: the error table (code, status, exception, retryable);
+* ``_receive``: what one answer means (answer, retry or raise), as a pure function;
+* ``_splice``: bodies built around bytes already encoded, and their overheads;
+* ``_openapi``: the OpenAPI 3.1 document, generated from the classes and the table.
 
 Importing it imports neither httpx, starlette, hypercorn nor psycopg (a test
 checks ``sys.modules``).

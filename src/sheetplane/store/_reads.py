@@ -49,6 +49,7 @@ from .._types import (
 )
 from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
+from ..protocol._splice import ANSWER_OVERHEAD, page_overhead
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
 from ._names import SheetNames
@@ -229,11 +230,6 @@ def _snapshot(conn: Conn) -> None:
 
 # --- the byte budget ------------------------------------------------------------------------
 
-# {"pages":[ ... ]}
-_ANSWER_OVERHEAD = len('{"pages":[') + len("]}")
-# {"rows":[ ... ],"limit":L,"offset":O}
-_PAGE_OVERHEAD = len('{"rows":[') + len('],"limit":') + len(',"offset":') + len("}")
-
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -266,13 +262,13 @@ class _Budget:
         self.page_rows = 0
         self._rows_measured = 0
         self._row_bytes_measured = 0
-        self._add(_ANSWER_OVERHEAD)
+        self._add(ANSWER_OVERHEAD)
 
     def start_page(self, request: PageRequest) -> None:
         separator = 1 if self.pages else 0
         self.pages += 1
         self.page_rows = 0
-        self._add(separator + _PAGE_OVERHEAD + len(str(request.limit)) + len(str(request.offset)))
+        self._add(separator + page_overhead(request.limit, request.offset))
 
     def add_rows(self, rows: Sequence[Sequence[Any]], key_bytes: int) -> None:
         """Count rows of the current page, given as value tuples."""

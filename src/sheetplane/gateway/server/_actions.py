@@ -38,6 +38,7 @@ from ...budgets import (
 from ...errors import AdmissionTooLargeError, InvalidInputError, StoreError
 from ...protocol import _domain as d
 from ...protocol import _messages as m
+from ...protocol import _splice as splice
 from ...protocol import _wire
 from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
 from ...sizes import json_byte_length_up_to
@@ -122,20 +123,8 @@ def _row_mode(value: RowMode | None) -> RowMode:
     return "output" if value is None else value
 
 
-_ROWS_OPEN: Final = b'{"rows":['
-
-
-def _with_rows(answer: m.PageWire, rows: Sequence[bytes]) -> bytes:
-    """``answer`` (built with no rows) in its wire form, its rows spliced in from
-    their compact JSON: the bytes the store measured, not encoded again."""
-    empty = _wire.encode_body(m.unstructure(answer))
-    if not empty.startswith(_ROWS_OPEN + b"]"):
-        raise AssertionError("a page answer's wire form starts with its rows")
-    return b"".join((_ROWS_OPEN, b",".join(rows), empty[len(_ROWS_OPEN) :]))
-
-
 def _page_body(page: JsonPage) -> bytes:
-    return _with_rows(m.PageWire(rows=[], limit=page.limit, offset=page.offset), page.rows)
+    return splice.page_body(page.rows, page.limit, page.offset)
 
 
 # --- sheet actions -------------------------------------------------------------------------
@@ -354,10 +343,9 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     rows, next_cursor = await store.read_rows_after_json(
         sheet, cursor, request.limit, run_id=spec.run_id, row_mode=mode, admitted=admitted
     )
-    answer = m.ReadRowsAnswer(
-        rows=[], limit=request.limit, offset=request.offset, next_after=_cursor(next_cursor)
+    return EncodedAnswer(
+        splice.page_body(rows, request.limit, request.offset, next_after=_cursor(next_cursor))
     )
-    return EncodedAnswer(_with_rows(answer, rows))
 
 
 async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
@@ -374,9 +362,8 @@ async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
         row_mode=_row_mode(spec.row_mode),
         admitted=d.admitted_of(spec.admission),
     )
-    # {"pages":[...]}: the envelope the store's budget counted around the pages.
-    body = b",".join(_page_body(page) for page in pages)
-    return EncodedAnswer(b'{"pages":[' + body + b"]}")
+    # The envelope the store's budget counted around the pages (protocol/_splice.py).
+    return EncodedAnswer(splice.pages_body(_page_body(page) for page in pages))
 
 
 async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
