@@ -7,8 +7,8 @@ call reaches Postgres, nothing may be written (schemas, relations, session
 roles and every sheetplane table's rows are compared before and after), and
 where a call would reach the gateway, a refused argument sends nothing.
 
-Covered: ``BoundedBatchFunction`` (constructor, ``submit``, ``estimate_bytes``
-answers), ``json_byte_length_up_to``, ``PageRequest``,
+Covered: ``BoundedBatchFunction`` (constructor, ``submit`` and
+``submit_nowait``, ``estimate_bytes`` answers), ``json_byte_length_up_to``, ``PageRequest``,
 ``read_pages_adaptive``, every ``SheetStore`` method, the ``GatewayClient``
 constructor and helpers, ``AccessShape``/``SessionLimits``/``PreloadedSession``/
 ``SessionManager``, the crypto functions, ``open_runtime``, and the secret
@@ -169,18 +169,21 @@ def test_batcher_limits_are_checked_at_construction(name: str, value: Any) -> No
 )
 def test_submit_refuses_a_bad_max_wait_and_executes_nothing(max_wait: Any) -> None:
     TRIED["BoundedBatchFunction.submit(max_wait)"] += 1
+    TRIED["BoundedBatchFunction.submit_nowait(max_wait)"] += 1
     executed: list[Any] = []
 
     async def execute(batch: Any) -> list[Any]:
         executed.extend(batch.values)
         return list(batch.values)
 
-    async def main() -> BaseException:
+    async def main() -> tuple[BaseException, BaseException]:
         async with BoundedBatchFunction(execute, **LIMITS) as batcher:
-            return must_refuse_async(await _capture(batcher.submit("k", 1, max_wait=max_wait)))
+            waiting = must_refuse_async(await _capture(batcher.submit("k", 1, max_wait=max_wait)))
+            nowait = must_refuse_async(_capture_now(batcher.submit_nowait, "k", 1, max_wait))
+            return waiting, nowait
 
-    error = run_virtual(main)
-    assert isinstance(error, TYPED)
+    waiting, nowait = run_virtual(main)
+    assert isinstance(waiting, TYPED) and type(nowait) is type(waiting)
     assert executed == []
 
 
@@ -210,6 +213,13 @@ def test_a_bad_size_estimate_fails_only_its_own_submit(size: Any) -> None:
         # An int estimate within the caps is a valid one.
         assert type(size) is int and 0 <= size <= LIMITS["max_retained_bytes"]
     assert good == "good"
+
+
+def _capture_now(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except BaseException as exc:  # checked by the caller
+        return exc
 
 
 async def _capture(awaitable: Any) -> Any:
