@@ -536,10 +536,13 @@ class SchedulingCore(Generic[K, V]):
         self.in_flight -= 1
         self.retained_items -= len(entries)
         self.retained_bytes -= batch._nbytes
-        self._admit()
+        if self._admission:
+            self._admit()
         lane = self._oldest_head()
         if lane is not None and lane.entries[0].flush_at < self.wakeup_hint:
-            # With the in-flight cap reached, flush deadlines were not armed.
+            # With the in-flight cap reached, flush deadlines were not armed; and a
+            # dispatch since the shell's timer was set may have left a younger head
+            # (whose deadline the timer was never set to) as the oldest.
             self.wakeup_hint = lane.entries[0].flush_at
         return entries
 
