@@ -36,6 +36,7 @@ from sheetplane.crypto import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import PageRequest
+from sheetplane.protocol._domain import session_limits_of
 from sheetplane.protocol._messages import SessionLimitsWire, structure
 from sheetplane.sessions import (
     AccessShape,
@@ -340,7 +341,7 @@ def preloaded(n: int = 100, **changes: Any) -> PreloadedSession:
         logical_table=shape_args.get("logical_table", answer["target"]["logicalTable"]),
         limits=shape_args.get(
             "declared_limits",
-            SessionLimits.from_wire(structure(answer["limits"], SessionLimitsWire)),
+            session_limits_of(structure(answer["limits"], SessionLimitsWire)),
         ),
     )
 

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, get_args
 
 import attrs
 
-from .budgets import READ_PAGE_MAX_ROWS
+from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, READ_PAGE_MAX_ROWS
 from .errors import InvalidInputError
 from .names import normalize_play_name, normalize_table_namespace
 
@@ -440,3 +440,80 @@ def check_page_request(request: object) -> PageRequest:
     check_page_limit(request.limit)
     check_int("offset", request.offset, 0, BIGINT_MAX)
     return request
+
+
+# --- scoped DB sessions -------------------------------------------------------------
+
+_MS_PER_SECOND: Final = 1000
+
+
+def _optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A limit: None (not limited) or a positive ``bigint``, as the wire carries it."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= BIGINT_MAX
+    ):
+        raise InvalidInputError(
+            f"{attribute.name} must be a positive integer (at most {BIGINT_MAX}) or None, "
+            f"got {value!r}"
+        )
+
+
+@attrs.frozen
+class SessionLimits:
+    """Advisory limits of a session; ``None`` means not limited."""
+
+    max_rows: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Rows one use of the session may touch."""
+    max_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Bytes one use of the session may move."""
+    max_requests: int | None = attrs.field(default=None, validator=_optional_positive)
+    """Requests the session may serve."""
+
+    def satisfies(self, requested: SessionLimits) -> bool:
+        """Whether a session with these limits may serve a request for ``requested``.
+
+        A limit this session does not set satisfies any request.
+        """
+        for field in attrs.fields(SessionLimits):
+            want, have = getattr(requested, field.name), getattr(self, field.name)
+            if want is not None and have is not None and have < want:
+                return False
+        return True
+
+
+@attrs.frozen
+class PostgresTables:
+    """The physical names a session's role is granted on."""
+
+    schema: str
+    sheet_table: str
+    event_table: str
+    summary_table: str
+    column_summary_table: str
+
+
+@attrs.frozen
+class DbSession:
+    """An open scoped session: its identity, its expiry and its (decrypted) URL."""
+
+    org_id: str
+    play_name: str
+    table_namespace: str
+    logical_table: str
+    operations: tuple[str, ...]
+    limits: SessionLimits
+    expires_at: str
+    """``expiresAt`` exactly as the gateway sent it."""
+    expires_at_epoch: float
+    """The same instant in seconds since the epoch."""
+    postgres: PostgresTables
+    postgres_url: str = attrs.field(repr=False)
+    """The scoped URL, with its password. A secret: never logged, never in a repr."""
+
+    def remaining_ms(self, now_epoch: float) -> float:
+        """Milliseconds until expiry at wall time ``now_epoch``."""
+        return (self.expires_at_epoch - now_epoch) * _MS_PER_SECOND
+
+    def reusable(self, now_epoch: float) -> bool:
+        """Whether more than the renewal window remains."""
+        return self.remaining_ms(now_epoch) > DB_SESSION_RENEWAL_WINDOW_MS

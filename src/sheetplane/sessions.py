@@ -32,7 +32,6 @@ user) into an open session and a pool on it:
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import hashlib
 import json
 import time
@@ -47,23 +46,24 @@ import trio
 from . import crypto
 from ._groups import single_error
 from ._types import (
-    BIGINT_MAX,
     LOGICAL_TABLES,
     OPERATIONS,
+    DbSession,
     PageRequest,
+    PostgresTables,
+    SessionLimits,
     SheetContract,
     canonical_operations,
 )
 from .budgets import (
     DB_SESSION_MAX_CONNECTIONS,
-    DB_SESSION_RENEWAL_WINDOW_MS,
     DB_SESSION_TTL_MS,
     POSTGRES_PREWARM_MAX_ATTEMPTS,
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
 from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
 from .names import normalize_name, normalize_table_namespace
-from .protocol import _domain, _messages
+from .protocol import _domain
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient
@@ -85,58 +85,6 @@ __all__ = [
 PoolOpener = Callable[[str], AbstractAsyncContextManager["SheetStore"]]
 
 _MS: Final = 1000
-
-
-def _optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """A limit: None (not limited) or a positive ``bigint``, as the wire carries it."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= BIGINT_MAX
-    ):
-        raise InvalidInputError(
-            f"{attribute.name} must be a positive integer (at most {BIGINT_MAX}) or None, "
-            f"got {value!r}"
-        )
-
-
-@attrs.frozen
-class SessionLimits:
-    """Advisory limits of a session; ``None`` means not limited."""
-
-    max_rows: int | None = attrs.field(default=None, validator=_optional_positive)
-    """Rows one use of the session may touch."""
-    max_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
-    """Bytes one use of the session may move."""
-    max_requests: int | None = attrs.field(default=None, validator=_optional_positive)
-    """Requests the session may serve."""
-
-    def to_json(self) -> dict[str, int]:
-        """The wire shape ``{maxRows?, maxBytes?, maxRequests?}``: only the limits that are set."""
-        return _messages.unstructure(
-            _messages.SessionLimitsWire(
-                **{name: value for name, value in attrs.asdict(self).items() if value is not None}
-            )
-        )
-
-    @classmethod
-    def from_wire(cls, value: _messages.SessionLimitsWire) -> SessionLimits:
-        """The limits of a wire message (a limit left out is not limited)."""
-        return cls(
-            **{
-                name: None if limit is _messages.ABSENT else limit
-                for name, limit in attrs.asdict(value).items()
-            }
-        )
-
-    def satisfies(self, requested: SessionLimits) -> bool:
-        """Whether a session with these limits may serve a request for ``requested``.
-
-        A limit this session does not set satisfies any request.
-        """
-        for field in attrs.fields(SessionLimits):
-            want, have = getattr(requested, field.name), getattr(self, field.name)
-            if want is not None and have is not None and have < want:
-                return False
-        return True
 
 
 def _operations(value: Iterable[str]) -> tuple[str, ...]:
@@ -173,7 +121,7 @@ class AccessShape:
     """Granted operations, in the canonical order (``OPERATIONS``; any order may be given)."""
     logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
     """Which table of the namespace."""
-    limits: SessionLimits = SessionLimits()
+    limits: SessionLimits = attrs.field(factory=SessionLimits)
     """Advisory limits."""
     contract: SheetContract | None = None
     """The sheet contract the session is minted for."""
@@ -186,7 +134,7 @@ class AccessShape:
             "tableNamespace": self.table_namespace,
             "logicalTable": self.logical_table,
             "operations": list(self.operations),
-            "limits": self.limits.to_json(),
+            "limits": _domain.session_limits_json(self.limits),
             "sheetContract": None
             if self.contract is None
             else _domain.contract_json(self.contract),
@@ -225,44 +173,6 @@ def session_cache_key(base_url: str, token_digest: str, play_name: str, shape: A
 
 
 @attrs.frozen
-class PostgresTables:
-    """The physical names a session's role is granted on."""
-
-    schema: str
-    sheet_table: str
-    event_table: str
-    summary_table: str
-    column_summary_table: str
-
-
-@attrs.frozen
-class DbSession:
-    """An open scoped session: its identity, its expiry and its (decrypted) URL."""
-
-    org_id: str
-    play_name: str
-    table_namespace: str
-    logical_table: str
-    operations: tuple[str, ...]
-    limits: SessionLimits
-    expires_at: str
-    """``expiresAt`` exactly as the gateway sent it."""
-    expires_at_epoch: float
-    """The same instant in seconds since the epoch."""
-    postgres: PostgresTables
-    postgres_url: str = attrs.field(repr=False)
-    """The scoped URL, with its password. A secret: never logged, never in a repr."""
-
-    def remaining_ms(self, now_epoch: float) -> float:
-        """Milliseconds until expiry at wall time ``now_epoch``."""
-        return (self.expires_at_epoch - now_epoch) * _MS
-
-    def reusable(self, now_epoch: float) -> bool:
-        """Whether more than the renewal window remains."""
-        return self.remaining_ms(now_epoch) > DB_SESSION_RENEWAL_WINDOW_MS
-
-
-@attrs.frozen
 class PreloadedSession:
     """A session a harness minted ahead of the run, with the shape it was minted for."""
 
@@ -271,7 +181,7 @@ class PreloadedSession:
     session: Mapping[str, Any] = attrs.field(repr=False, validator=_raw_session)
     """The raw ``create_db_session`` answer (its URL sealed under the unwrap key)."""
     logical_table: str = attrs.field(default="sheet_rows", converter=_logical_table)
-    limits: SessionLimits = SessionLimits()
+    limits: SessionLimits = attrs.field(factory=SessionLimits)
 
 
 @attrs.frozen
@@ -284,35 +194,9 @@ class _Answer:
 
 
 def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
-    """Read a ``create_db_session`` answer (its wire class); ``GatewayProtocolError`` if off."""
-
-    def bad(what: str) -> GatewayProtocolError:
-        return GatewayProtocolError(200, None, f"create_db_session answer is malformed: {what}")
-
-    try:
-        read = _messages.structure(answer, _messages.CreateDbSessionAnswer)
-        expires = dt.datetime.fromisoformat(read.expires_at)
-        limits = SessionLimits.from_wire(read.limits)
-        ops = _operations(read.operations)
-    except (ValueError, InvalidInputError) as exc:  # WireError is a ValueError
-        raise bad(str(exc)) from None
-    if expires.tzinfo is None:
-        raise bad("expiresAt must carry a time zone")
-    url, sealed = read.postgres_url, read.encrypted_postgres_url
-    if (url is _messages.ABSENT) == (sealed is _messages.ABSENT):
-        raise bad("exactly one of postgresUrl and encryptedPostgresUrl must be present")
-    identity = DbSession(
-        org_id=read.target.org_id,
-        play_name=read.play_name,
-        table_namespace=read.target.table_namespace,
-        logical_table=read.target.logical_table,
-        operations=ops,
-        limits=limits,
-        expires_at=read.expires_at,
-        expires_at_epoch=expires.timestamp(),
-        postgres=PostgresTables(**attrs.asdict(read.postgres)),
-        postgres_url=url if isinstance(url, str) else "",
-    )
+    """Read a ``create_db_session`` answer (``protocol/_domain.parse_db_session``) and
+    the additional data its sealed URL is bound to."""
+    identity, envelope = _domain.parse_db_session(answer)
     aad = crypto.session_aad(
         org_id=identity.org_id,
         play_name=identity.play_name,
@@ -321,9 +205,6 @@ def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
         operations=identity.operations,
         expires_at=identity.expires_at,
     )
-    # The envelope goes to crypto as it came: its strict reading refuses what the
-    # class would have ignored.
-    envelope = None if sealed is _messages.ABSENT else answer["encryptedPostgresUrl"]
     return _Answer(identity, envelope, aad)
 
 
@@ -597,7 +478,7 @@ class SessionManager:
             table_namespace=shape.table_namespace,
             logical_table=shape.logical_table,
             operations=shape.operations,
-            limits=shape.limits.to_json() or None,
+            limits=_domain.session_limits_json(shape.limits) or None,
             contract=shape.contract,
             ttl_seconds=DB_SESSION_TTL_MS // _MS,
             encryption=key.encryption_request(),

@@ -19,6 +19,7 @@ hide it.
 
 from __future__ import annotations
 
+import datetime as dt
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -26,21 +27,26 @@ from typing import Any, TypeVar
 import attrs
 
 from .._types import (
+    OPERATIONS,
     AdmittedPart,
     CompleteRow,
     ContractColumn,
+    DbSession,
     FailRow,
     InlineAdmission,
     Page,
     PageRequest,
+    PostgresTables,
     Receipt,
     ReceiptClaim,
     ReceiptCompletion,
     ResolvedPlay,
+    SessionLimits,
     SheetContract,
     StaleRow,
     Summary,
     TerminalWriteResult,
+    canonical_operations,
 )
 from ..errors import GatewayProtocolError, InvalidInputError
 from . import _messages as m
@@ -168,6 +174,22 @@ def _built(cls: type[T], rows: Iterable[dict[str, Any]]) -> list[T]:
 
 def _dict(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if value is None else dict(value)
+
+
+def session_limits_json(limits: SessionLimits) -> dict[str, Any]:
+    """``{maxRows?, maxBytes?, maxRequests?}``: only the limits that are set."""
+    set_ = {name: value for name, value in attrs.asdict(limits).items() if value is not None}
+    return m.unstructure(m.SessionLimitsWire(**set_))
+
+
+def session_limits_of(value: m.SessionLimitsWire) -> SessionLimits:
+    """The limits a message carries (a limit left out is not limited)."""
+    return SessionLimits(
+        **{
+            name: None if limit is m.ABSENT else limit
+            for name, limit in attrs.asdict(value).items()
+        }
+    )
 
 
 # --- domain values to answers (the server) -----------------------------------------------
@@ -366,3 +388,43 @@ def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:
     """``{total, queued, running, completed, failed}``."""
     return copy_fields(read_as(answer, m.SummaryAnswer, action), Summary)
+
+
+def parse_db_session(answer: Mapping[str, Any]) -> tuple[DbSession, Mapping[str, Any] | None]:
+    """A ``create_db_session`` answer: the session (its URL empty while sealed) and the
+    sealed URL's envelope as it came (None for a URL sent in clear).
+
+    ``GatewayProtocolError`` when it is malformed: not its wire class, an expiry
+    without a time zone, no operation, or not exactly one of ``postgresUrl`` and
+    ``encryptedPostgresUrl``. The envelope is handed on undecoded: its own strict
+    reading (``sheetplane.crypto``) refuses what the class would have ignored.
+    """
+    action = m.action_of(m.CreateDbSessionRequest)
+    read = read_as(answer, m.CreateDbSessionAnswer, action)
+    try:
+        expires = dt.datetime.fromisoformat(read.expires_at)
+    except ValueError as exc:
+        raise protocol_error(action, f"expiresAt {exc}") from None
+    if expires.tzinfo is None:
+        raise protocol_error(action, "expiresAt must carry a time zone")
+    operations = canonical_operations(read.operations)
+    if not operations:
+        raise protocol_error(action, f"operations must be a non-empty subset of {OPERATIONS}")
+    url, sealed = read.postgres_url, read.encrypted_postgres_url
+    if (url is m.ABSENT) == (sealed is m.ABSENT):
+        raise protocol_error(
+            action, "exactly one of postgresUrl and encryptedPostgresUrl must be present"
+        )
+    session = DbSession(
+        org_id=read.target.org_id,
+        play_name=read.play_name,
+        table_namespace=read.target.table_namespace,
+        logical_table=read.target.logical_table,
+        operations=operations,
+        limits=session_limits_of(read.limits),
+        expires_at=read.expires_at,
+        expires_at_epoch=expires.timestamp(),
+        postgres=copy_fields(read.postgres, PostgresTables),
+        postgres_url=url if isinstance(url, str) else "",
+    )
+    return session, None if sealed is m.ABSENT else answer["encryptedPostgresUrl"]
