@@ -17,6 +17,7 @@ against a fake transport under ``trio.testing.MockClock``. Invariants:
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -41,6 +42,10 @@ from sheetplane.testing.models import predict_call
 from ._fault_transport import FaultTransport, faults
 
 BATCH = "runtime_sheet_read_rows_batch"
+#: Faults that reach no gateway (refused, reset before an answer).
+UNREACHED = frozenset({"connect", "reset", "lost"})
+#: The client's jitter draw in these tests (the model is told the same).
+DRAW = 0.375
 BUDGET = CALL_BUDGET_MS / 1000
 TIMEOUT = REQUEST_TIMEOUT_MS / 1000
 
@@ -68,7 +73,7 @@ def test_every_call_ends_within_its_budget_as_the_model_says(
     schedule: list[tuple[Any, ...]], action: str, start: float
 ) -> None:
     transport = FaultTransport(schedule)
-    predicted = predict_call(schedule, start, action)
+    predicted = predict_call(schedule, start, action, draw=DRAW)
 
     async def main() -> tuple[float, BaseException | None]:
         await trio.sleep_until(start)
@@ -79,7 +84,9 @@ def test_every_call_ends_within_its_budget_as_the_model_says(
                 return trio.current_time(), exc
         return trio.current_time(), None
 
-    end, error = run_virtual(main)
+    # The reconnect back-off's jitter, fixed to the model's draw.
+    with mock.patch("sheetplane.gateway.client.jitter", lambda: DRAW):
+        end, error = run_virtual(main)
     times = [t for t, _, _ in transport.seen]
     assert times == pytest.approx(predicted.request_times, abs=1e-6)
     assert end == pytest.approx(predicted.end, abs=1e-6)
@@ -109,7 +116,9 @@ def test_an_accepted_batch_is_never_read_again(schedule: list[tuple[Any, ...]], 
     batch_calls = [i for i, a in enumerate(actions) if a == BATCH]
     # The batch action is tried first, and only as one call's attempts.
     assert actions[0] == BATCH and batch_calls == list(range(len(batch_calls)))
-    assert len(batch_calls) <= MAX_ATTEMPTS
+    # Attempts that reached no gateway do not spend the ladder.
+    reached = [i for i in batch_calls if transport.seen[i][2][0] not in UNREACHED]
+    assert len(reached) <= MAX_ATTEMPTS
     answered = [i for i in batch_calls if transport.seen[i][2][0] == "ok"]
     # At most one batch answer, and it is the last batch request.
     assert answered in ([], [batch_calls[-1]])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import zlib
@@ -45,6 +46,8 @@ from sheetplane.budgets import (
     ACTION_MAX_RESPONSE_BYTES,
     CALL_BUDGET_MS,
     DEFAULT_RETRY_AFTER_MS,
+    GATEWAY_RECONNECT_BASE_MS,
+    GATEWAY_RECONNECT_CAP_MS,
     MAX_RETRY_AFTER_MS,
     READ_BATCH_MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT_MS,
@@ -257,17 +260,28 @@ async def test_transient_statuses_climb_the_whole_ladder(autojump_clock: Any, co
     [raises(httpx.ConnectError), raises(httpx.ReadError), raises(httpx.ConnectTimeout)],
 )
 async def test_transport_failures_are_retried(autojump_clock: Any, fault: Reply) -> None:
+    # Off the ladder: a jittered back-off from half to all of its first delay, doubling.
     script = Script([fault, fault, ok({"ok": True})])
     async with script.client() as client:
         assert await client.post_action("ensure_sheet", {}) == {"ok": True}
-    assert script.times == ladder_times(3)
+    first, second = (b - a for a, b in itertools.pairwise(script.times))
+    base = GATEWAY_RECONNECT_BASE_MS / 1000
+    assert base / 2 <= first <= base and base <= second <= 2 * base
 
 
-async def test_transport_failures_exhausted_keep_their_kind(autojump_clock: Any) -> None:
+async def test_a_gateway_that_cannot_be_reached_is_retried_for_the_whole_budget(
+    autojump_clock: Any,
+) -> None:
+    # A refused connect fails at once: the five-attempt ladder was spent in 3.75 s while
+    # a restarted gateway needs a few seconds; now the whole call budget is used.
     script = Script(default=raises(httpx.ConnectError, "[Errno 111] ECONNREFUSED"))
     async with script.client() as client:
         with pytest.raises(TransientGatewayError) as excinfo:
             await client.post_action("ensure_sheet", {})
+    gaps = [b - a for a, b in itertools.pairwise(script.times)]
+    assert max(gaps) <= GATEWAY_RECONNECT_CAP_MS / 1000
+    assert script.times[-1] > CALL_BUDGET_MS / 1000 - GATEWAY_RECONNECT_CAP_MS / 1000
+    assert trio.current_time() < CALL_BUDGET_MS / 1000
     assert excinfo.value.status == 0
     assert "ConnectError" in str(excinfo.value) and "ECONNREFUSED" in str(excinfo.value)
     assert isinstance(excinfo.value.__cause__, httpx.ConnectError)
@@ -1056,3 +1070,88 @@ def test_a_bad_bypass_token_is_refused_without_echoing_it(options: dict[str, Any
     with pytest.raises(InvalidInputError) as excinfo:
         Script().client(**options)
     assert BYPASS not in str(excinfo.value) and "a\nb" not in str(excinfo.value)
+
+
+# --- several gateway URLs ----------------------------------------------------------
+
+OTHER = "http://gateway-b.test"
+
+
+@attrs.define
+class TwoGateways:
+    """A transport for two hosts: gateway A plays ``a``, gateway B answers ok."""
+
+    a: Reply
+    hosts: list[tuple[float, str]] = attrs.field(factory=list)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        self.hosts.append((trio.current_time(), request.url.host))
+        if request.url.host == "gateway.test":
+            return await self.a(request)
+        return httpx.Response(200, json={"ok": True, "from": request.url.host})
+
+    def client(self, *urls: str, **kwargs: Any) -> GatewayClient:
+        return GatewayClient(
+            list(urls) if urls else BASE,
+            TOKEN,
+            play_name="enrich-leads",
+            transport=httpx.MockTransport(self.handle),
+            **kwargs,
+        )
+
+
+async def test_a_second_url_takes_over_at_once_when_the_first_cannot_be_reached(
+    autojump_clock: Any,
+) -> None:
+    gateways = TwoGateways(raises(httpx.ConnectError, "[Errno 111] ECONNREFUSED"))
+    async with gateways.client(BASE, OTHER) as client:
+        assert client.base_urls == (BASE, OTHER)
+        first = await client.post_action("ensure_sheet", {})
+        second = await client.post_action("ensure_sheet", {})
+    assert first["from"] == second["from"] == "gateway-b.test"
+    # A, then B at once; the next call stays on B, which answered.
+    assert gateways.hosts == [
+        (0.0, "gateway.test"),
+        (0.0, "gateway-b.test"),
+        (0.0, "gateway-b.test"),
+    ]
+
+
+async def test_a_draining_gateway_hands_the_call_to_the_next_url_at_once(
+    autojump_clock: Any,
+) -> None:
+    draining = status(503, {"error": "draining", "code": "gateway_draining", "retry_after_ms": 250})
+    gateways = TwoGateways(draining)
+    async with gateways.client(base_urls=[OTHER]) as client:
+        assert client.base_urls == (BASE, OTHER)
+        answer = await client.post_action("runtime_sheet_read_rows", {})
+    assert answer["from"] == "gateway-b.test"
+    assert gateways.hosts == [(0.0, "gateway.test"), (0.0, "gateway-b.test")]
+
+
+async def test_every_url_unreachable_backs_off_after_each_round(autojump_clock: Any) -> None:
+    refused = raises(httpx.ConnectError, "[Errno 111] ECONNREFUSED")
+    seen: list[tuple[float, str]] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        seen.append((trio.current_time(), request.url.host))
+        if len(seen) > 6:
+            return httpx.Response(200, json={"ok": True})
+        return await refused(request)
+
+    client = GatewayClient(
+        [BASE, OTHER], TOKEN, play_name="p", transport=httpx.MockTransport(handle)
+    )
+    async with client:
+        assert await client.post_action("ensure_sheet", {}) == {"ok": True}
+    times = [t for t, _ in seen]
+    # Rounds of two at once, a back-off between rounds.
+    assert times[0] == times[1] and times[2] == times[3] and times[4] == times[5]
+    assert times[1] < times[2] < times[4] < times[6]
+    assert [host for _, host in seen[:4]] == ["gateway.test", "gateway-b.test"] * 2
+
+
+@pytest.mark.parametrize("urls", [[], [""], [BASE, 7]])
+def test_bad_gateway_url_lists_are_refused(urls: list[Any]) -> None:
+    with pytest.raises(InvalidInputError):
+        GatewayClient(urls, TOKEN, play_name="p")

@@ -16,14 +16,23 @@ The rules:
   would end at or past the deadline is not taken: the call fails at once
   with the last attempt's error, so no request is ever sent after the budget.
 * Each attempt runs until ``min(start + REQUEST_TIMEOUT_MS, deadline)``.
+* An attempt that reached no gateway (refused, reset, DNS) or met one that
+  is draining does not spend the ladder: the call moves to its next URL at
+  once while one of them is untried since the last full round, and after a
+  full round waits ``reconnect_delay_ms`` (capped, jittered back-off), for as
+  long as the deadline allows.
 """
 
 from __future__ import annotations
+
+import random
 
 import attrs
 
 from ..budgets import (
     CALL_BUDGET_MS,
+    GATEWAY_RECONNECT_BASE_MS,
+    GATEWAY_RECONNECT_CAP_MS,
     MAX_RETRY_AFTER_MS,
     REQUEST_TIMEOUT_MS,
     RETRY_DELAYS_MS,
@@ -67,6 +76,29 @@ class CallBudget:
         if wake >= self.deadline:
             return None
         return wake
+
+    def reconnect_at(self, now: float, rounds: int, draw: float) -> float | None:
+        """When to start again after ``rounds`` full rounds of URLs reached no
+        gateway, or ``None`` when that would be at or past the deadline.
+        ``draw`` is a uniform draw in [0, 1) (the jitter)."""
+        wake = now + reconnect_delay_ms(rounds, draw) / 1000
+        return wake if wake < self.deadline else None
+
+
+def reconnect_delay_ms(rounds: int, draw: float) -> float:
+    """The back-off after ``rounds`` (>= 1) rounds that reached no gateway:
+    ``GATEWAY_RECONNECT_BASE_MS`` doubled per round, capped at
+    ``GATEWAY_RECONNECT_CAP_MS``, then drawn between half of it and all of it."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    doubled: int = GATEWAY_RECONNECT_BASE_MS << min(rounds - 1, 16)
+    ceiling = float(min(GATEWAY_RECONNECT_CAP_MS, doubled))
+    return ceiling / 2 + ceiling / 2 * min(max(draw, 0.0), 1.0)
+
+
+def jitter() -> float:
+    """A uniform draw in [0, 1) for ``reconnect_at``."""
+    return random.random()
 
 
 def retry_delay_ms(

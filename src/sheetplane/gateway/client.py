@@ -7,8 +7,16 @@ makes up to ``MAX_ATTEMPTS`` attempts under ``CALL_BUDGET_MS`` (see
 ``gateway/_retry.py`` for the ladder and ``gateway/_body.py`` for the bounded
 body reader). What is retried:
 
-* connect errors, timeouts, resets and bodies cut short (``httpx`` transport
-  errors) and an attempt that outlives ``REQUEST_TIMEOUT_MS``;
+* timeouts and bodies cut short, and an attempt that outlives
+  ``REQUEST_TIMEOUT_MS``;
+* an attempt that reaches no gateway (connect refused, reset, DNS: ``httpx``
+  transport errors before any response) or a draining one (503
+  ``gateway_draining``): the call moves to its next URL (``base_url`` may be a
+  sequence, or more come as ``base_urls``) at once, and after a round of them
+  all waits a capped, jittered back-off (``GATEWAY_RECONNECT_BASE_MS``
+  doubling to ``GATEWAY_RECONNECT_CAP_MS``), within the whole call budget and
+  without spending the ladder: a gateway restart of a few seconds is ridden
+  through;
 * 502, 503 and 504, and any error whose text matches the transient
   messages of docs/protocol.md (``TRANSIENT_MESSAGE``);
 * 503 ``runtime_postgres_admission_backpressure``, after its ``retry_after_ms``;
@@ -90,6 +98,7 @@ from ..protocol._splice import chunk_body
 from ..protocol._wire import (
     PROTECTION_BYPASS_HEADER,
     RUNTIME_PATH,
+    Code,
     encode_body,
     token_digest,
 )
@@ -102,12 +111,12 @@ from ._body import (
     read_bounded,
     response_byte_limit,
 )
-from ._retry import CallBudget
+from ._retry import CallBudget, jitter
 
 if TYPE_CHECKING:
     from ..store._staging import EncodedChunk
 
-__all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage"]
+__all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage", "gateway_urls"]
 
 _READ_ROWS: Final = m.action_of(m.ReadRowsRequest)
 _READ_ROWS_BATCH: Final = m.action_of(m.ReadRowsBatchRequest)
@@ -127,6 +136,27 @@ _LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
     m.action_of(m.ResolvePlayRequest): (RESOLVE_PLAY_RETRY_DELAYS_MS, RESOLVE_PLAY_CALL_BUDGET_MS),
     m.action_of(m.CommitAdmissionRequest): (RETRY_DELAYS_MS, ADMISSION_COMMIT_CALL_BUDGET_MS),
 }
+
+
+def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None) -> tuple[str, ...]:
+    """Every gateway URL a client was given: ``base_url`` (one URL or a sequence of
+    them) followed by ``base_urls``, stripped of a trailing slash, duplicates
+    dropped; ``InvalidInputError`` for an empty or non-string URL, or none at all."""
+    given: list[object] = [base_url] if isinstance(base_url, str) else list(base_url)
+    if base_urls is not None:
+        if isinstance(base_urls, str) or not isinstance(base_urls, Sequence):
+            raise InvalidInputError("base_urls must be a sequence of URLs")
+        given += list(base_urls)
+    urls: list[str] = []
+    for url in given:
+        if not isinstance(url, str) or not url.strip():
+            raise InvalidInputError("the gateway client needs non-empty base URLs")
+        text = url.strip().rstrip("/")
+        if text not in urls:
+            urls.append(text)
+    if not urls:
+        raise InvalidInputError("the gateway client needs a base URL")
+    return tuple(urls)
 
 
 @attrs.frozen
@@ -183,10 +213,11 @@ class GatewayClient:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         token: str,
         *,
         play_name: str,
+        base_urls: Sequence[str] | None = None,
         org_id: str | None = None,
         user_email: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -198,11 +229,15 @@ class GatewayClient:
         if any(ch in token for ch in "\x00\r\n"):
             # It could never be sent in an authorization header (never echoed: a secret).
             raise InvalidInputError("the executor token holds a NUL or line break")
-        if not isinstance(base_url, str) or not base_url.strip():
-            raise InvalidInputError("the gateway client needs a base URL")
+        urls = gateway_urls(base_url, base_urls)
         self._token = token.strip()
-        self.base_url: Final = base_url.strip().rstrip("/")
+        #: Every gateway URL, in the order given: a call that cannot reach one
+        #: tries the next; the client stays on the last one that answered.
+        self.base_urls: Final = urls
+        #: The first URL: the deployment's name in session cache keys.
+        self.base_url: Final = urls[0]
         self.url: Final = self.base_url + RUNTIME_PATH
+        self._current = 0
         #: The play, normalised (``sheetplane.names``): it is the sheets' identity.
         self.play_name: Final = normalize_play_name(play_name)
         self.org_id: Final = org_id
@@ -330,12 +365,27 @@ class GatewayClient:
         delays_ms, budget_ms = _LADDERS.get(action, (RETRY_DELAYS_MS, CALL_BUDGET_MS))
         budget = CallBudget(trio.current_time(), delays_ms, budget_ms, attempt_ms)
         failures = 0
+        unreached = 0  # attempts in a row that reached no (serving) gateway
         while True:
-            outcome = await self._attempt(http, action, content, headers, budget)
+            url = self.base_urls[self._current] + RUNTIME_PATH
+            outcome, reached = await self._attempt(http, url, action, content, headers, budget)
             if isinstance(outcome, Answer):
                 return outcome
-            failures += 1
-            wake = budget.next_attempt_at(trio.current_time(), failures, outcome.retry_after_ms)
+            now = trio.current_time()
+            if not reached or outcome.error.code == Code.DRAINING:
+                # Not the ladder's business: the next URL at once while one is
+                # untried this round, then a jittered back-off, all within the budget.
+                unreached += 1
+                self._current = (self._current + 1) % len(self.base_urls)
+                rounds, untried = divmod(unreached, len(self.base_urls))
+                if untried:
+                    wake: float | None = now if now < budget.deadline else None
+                else:
+                    wake = budget.reconnect_at(now, rounds, jitter())
+            else:
+                unreached = 0
+                failures += 1
+                wake = budget.next_attempt_at(now, failures, outcome.retry_after_ms)
             if wake is None:
                 raise outcome.error
             await trio.sleep_until(wake)
@@ -343,35 +393,42 @@ class GatewayClient:
     async def _attempt(
         self,
         http: httpx.AsyncClient,
+        url: str,
         action: str,
         content: bytes,
         headers: Mapping[str, str],
         budget: CallBudget,
-    ) -> Answer | Retry:
+    ) -> tuple[Answer | Retry, bool]:
+        """One attempt's outcome, and whether it reached a gateway (a response head came)."""
         now = trio.current_time()
         deadline = budget.attempt_deadline(now)
         limit = response_byte_limit(action)
+        answered = False
         try:
             with trio.fail_at(deadline):
-                async with http.stream("POST", self.url, content=content, headers=headers) as resp:
+                async with http.stream("POST", url, content=content, headers=headers) as resp:
+                    answered = True
                     raw = await read_bounded(resp, action, limit)
                     status, response_headers = resp.status_code, resp.headers
         except trio.TooSlowError:
             ms = round((deadline - now) * 1000)
-            return Retry(
-                GatewayTimeoutError(0, None, f"{action} attempt did not finish within {ms} ms")
-            )
+            error = GatewayTimeoutError(0, None, f"{action} attempt did not finish within {ms} ms")
+            return Retry(error), True
         except httpx.TimeoutException as exc:
-            return Retry(self._transport_error(GatewayTimeoutError, action, exc))
+            timeout = Retry(self._transport_error(GatewayTimeoutError, action, exc))
+            return timeout, not isinstance(exc, httpx.ConnectTimeout)
         except (UnsupportedEncodingError, CorruptBodyError) as exc:
             raise _answers.protocol_error(action, str(exc)) from None
         except TruncatedBodyError as exc:
-            return Retry(_answers.protocol_error(action, str(exc)))
+            return Retry(_answers.protocol_error(action, str(exc))), True
         except httpx.TransportError as exc:
             if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
                 raise self._transport_error(GatewayError, action, exc) from exc
-            return Retry(self._transport_error(TransientGatewayError, action, exc))
-        return receive(action, status, response_headers, raw, self._redact)
+            # Refused, reset, DNS, a connection closed before any answer: no gateway
+            # was reached (every action is safe to send again). A body cut short
+            # after its head came is the ladder's.
+            return Retry(self._transport_error(TransientGatewayError, action, exc)), answered
+        return receive(action, status, response_headers, raw, self._redact), True
 
     def _transport_error(
         self, cls: type[GatewayError], action: str, exc: Exception

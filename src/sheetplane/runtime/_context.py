@@ -30,6 +30,15 @@ def _base_url(instance: object, attribute: attrs.Attribute[str], value: object) 
         raise InvalidInputError(f"base_url must be an http(s) URL with a host, got {value!r}")
 
 
+def _url_tuple(value: object) -> tuple[str, ...]:
+    return tuple(str(url) for url in checks.sequence("base_urls", value, "URL"))
+
+
+def _more_urls(instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for url in value:
+        _base_url(instance, attribute, url)
+
+
 def _nonempty(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     checks.text(attribute.name, value)
 
@@ -64,7 +73,7 @@ class RuntimeContext:
     """Everything a run's data plane is authorised by. The token is never in its repr."""
 
     base_url: str = attrs.field(validator=_base_url)
-    """The runtime gateway's base URL."""
+    """The runtime gateway's base URL (the first, when several were given)."""
     token: str = attrs.field(repr=False, validator=_token)
     """The executor token (a secret)."""
     org_id: str = attrs.field(validator=_nonempty)
@@ -85,3 +94,6 @@ class RuntimeContext:
     """The harness key that opens preloaded sessions' URLs (a secret)."""
     user_email: str | None = attrs.field(default=None, validator=_optional_email)
     """The user on whose behalf the run acts, if any."""
+    base_urls: tuple[str, ...] = attrs.field(default=(), converter=_url_tuple, validator=_more_urls)
+    """Further URLs of the same gateway deployment: a call that cannot reach one
+    (or meets one draining) tries the next."""

@@ -27,7 +27,7 @@ from ..admission import AdmissionInput, KeyedRoad
 from ..budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from ..dataset import Dataset, DatasetDescriptor, DatasetKind, InMemoryDataset
 from ..errors import GatewayActionMissingError, InvalidInputError
-from ..gateway.client import GatewayClient
+from ..gateway.client import GatewayClient, gateway_urls
 from ..names import normalize_table_namespace
 from ..pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
 from ..protocol import _messages as m
@@ -346,7 +346,7 @@ class Runtime:
 @asynccontextmanager
 async def open_runtime(
     *,
-    base_url: str,
+    base_url: str | Sequence[str],
     token: str,
     org_id: str,
     play_name: str,
@@ -359,8 +359,15 @@ async def open_runtime(
     prewarm: bool = True,
     disable_postgres_pool_cache: bool = False,
     protection_bypass_token: str | None = None,
+    base_urls: Sequence[str] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a run's data plane: ``async with open_runtime(...) as rt:``.
+
+    ``base_url`` is the gateway's URL, or a sequence of URLs of one gateway
+    deployment (``base_urls`` adds more): a call that cannot reach one, or
+    meets one draining, tries the next at once, and after a round of them all
+    backs off (capped, jittered) within its whole budget; the client stays on
+    the last URL that answered.
 
     Every argument is checked before anything connects (``InvalidInputError``
     names the bad one). ``headers`` go with every gateway request (tests arm
@@ -387,8 +394,10 @@ async def open_runtime(
     server), closes every pool and the client, and re-raises; an error raised
     in the block comes out as itself, not wrapped in an exception group.
     """
+    urls = gateway_urls(base_url, base_urls)
     context = RuntimeContext(
-        base_url=base_url,
+        base_url=urls[0],
+        base_urls=urls[1:],
         token=token,
         org_id=org_id,
         play_name=play_name,
@@ -408,6 +417,7 @@ async def open_runtime(
     client = GatewayClient(
         context.base_url,
         context.token,
+        base_urls=context.base_urls,
         play_name=context.play_name,
         org_id=context.org_id,
         user_email=context.user_email,

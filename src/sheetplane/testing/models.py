@@ -35,6 +35,8 @@ import attrs
 from ..budgets import (
     CALL_BUDGET_MS,
     DEFAULT_RETRY_AFTER_MS,
+    GATEWAY_RECONNECT_BASE_MS,
+    GATEWAY_RECONNECT_CAP_MS,
     MAX_ATTEMPTS,
     MAX_RETRY_AFTER_MS,
     REQUEST_TIMEOUT_MS,
@@ -351,11 +353,18 @@ class PredictedCall:
 
 
 #: Fault kinds (the first element of a fault tuple) and how an attempt ends.
-_TRANSIENT_NOW = frozenset({"status", "connect", "reset", "truncated", "lost"})
+_TRANSIENT_NOW = frozenset({"status", "truncated"})
+#: Faults that reach no gateway (refused, reset before any answer): off the ladder.
+_UNREACHED = frozenset({"connect", "reset", "lost"})
 
 
 def predict_call(
-    schedule: Iterable[Sequence[Any]], start: float, action: str, *, batch: bool = False
+    schedule: Iterable[Sequence[Any]],
+    start: float,
+    action: str,
+    *,
+    batch: bool = False,
+    draw: float = 0.5,
 ) -> PredictedCall:
     """One ``post_action`` call starting at ``start`` under ``schedule``.
 
@@ -364,11 +373,14 @@ def predict_call(
     ``connect``, ``reset``, ``lost`` (applied, answer lost), ``hang``, ``drip``,
     ``truncated``, ``malformed``, ``("slow", seconds)`` (a transient 503 after
     that long), ``413`` and ``unsupported``. ``batch`` says whether the call is a
-    batch read (413 is then ``ReadBatchTooLargeError``).
+    batch read (413 is then ``ReadBatchTooLargeError``). ``connect``, ``reset``
+    and ``lost`` reach no gateway: they do not spend the ladder and wait the
+    reconnect back-off instead (one URL), with ``draw`` as the client's jitter
+    (tests fix the client's draw to it).
     """
     budget, timeout = CALL_BUDGET_MS / 1000, REQUEST_TIMEOUT_MS / 1000
     deadline = start + budget
-    t, failures, times = start, 0, []
+    t, failures, times, unreached = start, 0, [], 0
     faults = iter(schedule)
     while True:
         fault: Sequence[Any] = next(faults, ("ok",))
@@ -395,10 +407,21 @@ def predict_call(
             )
         elif kind == "malformed":
             end, error = t, "GatewayProtocolError"
+        elif kind in _UNREACHED:
+            unreached += 1
+            ceiling = min(
+                GATEWAY_RECONNECT_CAP_MS, GATEWAY_RECONNECT_BASE_MS * 2 ** (unreached - 1)
+            )
+            wake = t + (ceiling / 2 + ceiling / 2 * draw) / 1000
+            if wake >= deadline:
+                return PredictedCall(tuple(times), t, "TransientGatewayError")
+            t = wake
+            continue
         elif kind in _TRANSIENT_NOW:
             end, error = t, "TransientGatewayError"
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
+        unreached = 0
         failures += 1
         if failures >= MAX_ATTEMPTS:
             return PredictedCall(tuple(times), end, error)
