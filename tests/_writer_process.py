@@ -3,7 +3,9 @@ records every key a terminal write acknowledged.
 
 Run as ``python tests/_writer_process.py CONFIG.json``. The configuration (JSON)
 names the sheet, the write version, the keys, the chunk size, how many calls
-run at once, the acknowledgement file and the road:
+run at once, the acknowledgement file and the road (with ``"admit_rows": N``
+the direct runner first admits N rows into a sheet of its own and writes its
+pending keys, as a fleet's runners do):
 
 * ``"road": "store"``: ``open_store`` on the URL in ``SHEETPLANE_WRITER_URL``
   (a secret, so it travels in the environment, never on the command line);
@@ -108,7 +110,14 @@ async def main(config: dict[str, Any], out: TextIO) -> int:
         run_id=config["run_id"],
         strategy="direct",
     ) as runtime:
-        writer = runtime.writer(config["ns"], CONTRACT, write_version=version)
+        if "admit_rows" in config:
+            # The fleet's workload: admit a sheet of its own, then write its rows.
+            writer = runtime.writer(config["ns"], CONTRACT)
+            rows = [{"company": f"c{i:06d}"} for i in range(int(config["admit_rows"]))]
+            admission = await writer.start(rows)
+            config = {**config, "keys": [row["_key"] async for row in admission.pending()]}
+        else:
+            writer = runtime.writer(config["ns"], CONTRACT, write_version=version)
         return await _drive(config, writer.complete, out)
 
 

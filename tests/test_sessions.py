@@ -26,7 +26,11 @@ from sheetplane import (
     SessionError,
 )
 from sheetplane._types import ContractColumn, SheetContract
-from sheetplane.budgets import DB_SESSION_RENEWAL_WINDOW_MS, DB_SESSION_TTL_MS
+from sheetplane.budgets import (
+    DB_SESSION_POOL_IDLE_MS,
+    DB_SESSION_RENEWAL_WINDOW_MS,
+    DB_SESSION_TTL_MS,
+)
 from sheetplane.crypto import (
     DecryptionKey,
     encrypt_postgres_url,
@@ -406,8 +410,40 @@ async def test_pool_is_shared_and_closes_at_expiry(autojump_clock: Any, key: Dec
     async with manager_for(key, pools=pools) as manager:
         async with manager.store(READ) as first, manager.store(READ) as second:
             assert first is second and first["url"] == url_of(1)
-        await trio.sleep(TTL + 1)
+            await trio.sleep(TTL + 1)
         assert pools.events == [(0.0, "open", url_of(1)), (TTL, "close", url_of(1))]
+
+
+async def test_an_idle_pool_gives_its_connections_back_and_opens_again_on_next_use(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    # A runner between two uses must not hold its org's connection budget.
+    pools = FakePools()
+    idle = DB_SESSION_POOL_IDLE_MS / 1000
+    async with manager_for(key, pools=pools) as manager:
+        async with manager.store(READ):
+            await trio.sleep(1)
+        await trio.sleep(idle + 1)
+        async with manager.store(READ) as again:
+            assert again["url"] == url_of(1)  # the same session, a new pool
+        assert manager.minted == 1
+    assert pools.events[:3] == [
+        (0.0, "open", url_of(1)),
+        (1 + idle, "close", url_of(1)),
+        (2 + idle, "open", url_of(1)),
+    ]
+
+
+async def test_a_released_pool_closes_when_its_last_user_leaves(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    pools = FakePools()
+    async with manager_for(key, pools=pools) as manager:
+        async with manager.store(READ):
+            assert manager.release(lambda shape: shape.operations == ("rows.read",)) == 1
+            await trio.sleep(0.5)
+        await trio.sleep(0.25)
+        assert pools.events == [(0.0, "open", url_of(1)), (0.5, "close", url_of(1))]
 
 
 async def test_retired_session_closes_its_pool_when_its_users_leave(
@@ -453,12 +489,12 @@ async def test_leaving_the_manager_closes_every_pool(
             pass
         async with manager.store(AccessShape("leads", ("rows.upsert",))):
             pass
-        await trio.sleep(5)
+        await trio.sleep(1)
     assert [(t, kind) for t, kind, _ in pools.events] == [
         (0.0, "open"),
         (0.0, "open"),
-        (5.0, "close"),
-        (5.0, "close"),
+        (1.0, "close"),
+        (1.0, "close"),
     ]
 
 

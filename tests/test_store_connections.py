@@ -32,6 +32,7 @@ from psycopg.conninfo import make_conninfo
 from _serve_helpers import serving
 from _writer_process import CONTRACT
 from sheetplane._types import SheetRef
+from sheetplane.budgets import DB_SESSION_MAX_CONNECTIONS, org_connection_budget
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.store import sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres
@@ -46,6 +47,10 @@ CONCURRENCY = 8
 MAX_CONNECTIONS = 24
 CHUNK = 25
 CHUNKS_PER_RUNNER = 32
+#: Rows each runner of the own-sheets test admits: one call per writer.
+OWN_ROWS = CONCURRENCY * CHUNK
+#: Postgres's default ``superuser_reserved_connections``.
+SUPERUSER_RESERVED = 3
 #: What Postgres logs when it refuses a connection for lack of slots.
 REFUSALS = ("too many clients", "remaining connection slots are reserved")
 
@@ -79,13 +84,13 @@ def durable_server() -> Iterator[EmbeddedPostgres]:
 
 
 @asynccontextmanager
-async def gateway_on(server: EmbeddedPostgres, tmp_path: Path) -> AsyncIterator[Fleet]:
+async def gateway_on(server: EmbeddedPostgres, tmp_path: Path, *extra: str) -> AsyncIterator[Fleet]:
     token = f"tok-{secrets.token_hex(10)}"
     org, play = f"org-{uuid.uuid4().hex[:10]}", f"play-{uuid.uuid4().hex[:10]}"
     (tmp_path / "url").write_text(server.url)
     (tmp_path / "tokens").write_text(f"{token}={org}\n")
     args = ("--database-url-file", str(tmp_path / "url"), "--tokens-file", str(tmp_path / "tokens"))
-    async with serving(*args, tmp_path=tmp_path) as served:
+    async with serving(*args, *extra, tmp_path=tmp_path) as served:
         yield Fleet(server, served.base_url, token, org, play, tmp_path)
 
 
@@ -100,7 +105,14 @@ async def _admit(fleet: Fleet, ns: str, rows: int) -> tuple[list[str], int]:
 
 
 async def _start_runner(
-    fleet: Fleet, name: str, ns: str, keys: list[str], version: int, concurrency: int
+    fleet: Fleet,
+    name: str,
+    ns: str,
+    keys: list[str],
+    version: int,
+    concurrency: int,
+    *,
+    admit_rows: int | None = None,
 ) -> tuple[trio.Process, Path]:
     acks = fleet.tmp_path / f"acks-{name}.txt"
     config = fleet.tmp_path / f"{name}.json"
@@ -119,6 +131,8 @@ async def _start_runner(
         "deadline_s": DEADLINE_S,
         "retry": False,
     }
+    if admit_rows is not None:
+        settings["admit_rows"] = admit_rows
     config.write_text(json.dumps(settings))
     env = dict(os.environ, SHEETPLANE_WRITER_TOKEN=fleet.token)
     process = await trio.lowlevel.open_process([sys.executable, str(RUNNER), str(config)], env=env)
@@ -237,3 +251,64 @@ async def test_a_direct_runner_rides_through_a_postgres_restart(
     assert done == set(keys)
     stored = _statuses(fleet, ns)
     assert all(stored[key] == "enriched" for key in keys)
+
+
+def _org_backends(server: EmbeddedPostgres, org: str) -> int:
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity a JOIN sheetplane_gateway.sessions l"
+            " ON l.role = a.usename WHERE l.org_id = %s",
+            (org,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_runners_that_admit_their_own_sheets_never_starve_the_org_on_idle_connections(
+    small_server: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    # The fleet's workload scaled to the CI machine: each runner admits a sheet of
+    # its own on the direct road, then writes it with 8 calls at once. Before, every
+    # runner kept the pooled connections of the session it admitted with: the org
+    # held its whole budget idle and write sessions were refused 429 until the
+    # runners failed. The org's backends are sampled throughout: never past budget.
+    # Three sessions' worth of the server's slots (its default budget, 6, is one
+    # session: the runners would take turns one by one, too slow for CI).
+    budget = 3 * DB_SESSION_MAX_CONNECTIONS
+    assert budget > org_connection_budget(MAX_CONNECTIONS, SUPERUSER_RESERVED)
+    peak = 0
+    async with gateway_on(small_server, tmp_path, "--org-db-connections", str(budget)) as fleet:
+        started = [
+            await _start_runner(
+                fleet,
+                f"own{i}",
+                f"ns_{uuid.uuid4().hex[:10]}",
+                [],
+                0,
+                CONCURRENCY,
+                admit_rows=OWN_ROWS,
+            )
+            for i in range(RUNNERS)
+        ]
+        async with trio.open_nursery() as nursery:
+
+            async def sample() -> None:
+                nonlocal peak
+                while True:
+                    held = await trio.to_thread.run_sync(_org_backends, small_server, fleet.org)
+                    peak = max(peak, held)
+                    await trio.sleep(POLL_S)
+
+            nursery.start_soon(sample)
+            codes = await _finish([process for process, _ in started])
+            nursery.cancel_scope.cancel()
+        acknowledged = 0
+        failures: list[str] = []
+        for _, path in started:
+            done, failed = _acks(path)
+            acknowledged += len(done)
+            failures += failed
+    assert failures == [], failures[:10]
+    assert codes == [0] * RUNNERS
+    assert acknowledged == RUNNERS * OWN_ROWS
+    assert 0 < peak <= budget, (peak, budget)

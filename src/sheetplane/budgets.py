@@ -44,6 +44,16 @@ MAX_RETRY_AFTER_MS: Final = 2 * RETRY_DELAYS_MS[-1]
 #: every ladder delay between them.
 CALL_BUDGET_MS: Final = REQUEST_TIMEOUT_MS * MAX_ATTEMPTS + sum(RETRY_DELAYS_MS)
 
+#: A gateway call that cannot reach a gateway (refused, reset, DNS) does not
+#: spend its ladder: a refused connect fails at once, so five attempts were
+#: gone in 3.8 s while a restarted gateway needs a few. It tries every URL it
+#: was given in turn, then waits a back-off that starts at the ladder's first
+#: delay and doubles, capped at its last, each wait drawn between half and the
+#: whole of that ("equal jitter", so a fleet's runners do not retry in step),
+#: until the call's whole budget is spent.
+GATEWAY_RECONNECT_BASE_MS: Final = RETRY_DELAYS_MS[0]
+GATEWAY_RECONNECT_CAP_MS: Final = RETRY_DELAYS_MS[-1]
+
 #: The ladder of ``resolve_play``, the first call of a run, made while a gateway
 #: may still be starting: the call ladder's doubling carried two rungs further.
 #: (The runtime this re-creates names its own resolve-play ladder,
@@ -336,6 +346,32 @@ DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_
 #: once, and as many again leaves room for a write beside them.
 DB_SESSION_MAX_CONNECTIONS: Final = 2 * READ_BATCH_MAX_IN_FLIGHT
 
+#: A runner's session pool that no caller has used for this long closes its
+#: connections (the session stays cached; the next use opens a pool again):
+#: an org's connection budget is held by work, not by runners between uses
+#: (25 runners each kept the pool they admitted with and no write session of
+#: the org could be minted). Two watchdog passes: short next to any call's
+#: budget, long next to the gap between one map's write batches.
+DB_SESSION_POOL_IDLE_MS: Final = 2 * DB_SESSION_WATCHDOG_INTERVAL_MS
+
+#: A mint waiting for its org's connection budget may reclaim a session role
+#: of that org that holds no connection and was minted at least this long
+#: ago: one watchdog interval, time for the runner that minted it to open its
+#: pool. A role in use holds connections (its pool keeps them for
+#: ``DB_SESSION_POOL_IDLE_MS`` after its last caller), so only a role whose
+#: pool was released or went idle is taken; its runner mints anew on next use.
+DB_SESSION_RECLAIM_AFTER_MS: Final = DB_SESSION_WATCHDOG_INTERVAL_MS
+
+#: The longest a mint waits in its org's queue for room in the org's
+#: connection budget before it is refused 429 (with ``retry_after_ms``; the
+#: client retries it within its call budget): the action budget less one
+#: connect timeout, left for the mint itself (``GATEWAY_ACTION_BUDGET_MS`` is
+#: ``REQUEST_TIMEOUT_MS``; checked below).
+DB_SESSION_MINT_QUEUE_MS: Final = REQUEST_TIMEOUT_MS - POSTGRES_CONNECT_TIMEOUT_MS
+
+#: How often the head of an org's mint queue looks for room again.
+DB_SESSION_MINT_POLL_MS: Final = DB_SESSION_WATCHDOG_INTERVAL_MS // 4
+
 #: Live (unexpired) sessions one org may hold: a bound on the roles, grants and
 #: ledger rows one org piles into the catalog (a probe minted 900 in 37 s). A
 #: runner mints one session per access shape, and a shape carries its row
@@ -512,6 +548,9 @@ def _check() -> None:
             RESOLVE_PLAY_RETRY_DELAYS_MS[: len(RETRY_DELAYS_MS)] == RETRY_DELAYS_MS
             and RESOLVE_PLAY_CALL_BUDGET_MS > CALL_BUDGET_MS
         ),
+        "a reconnect back-off starts short and its cap is far inside a call": (
+            0 < GATEWAY_RECONNECT_BASE_MS <= GATEWAY_RECONNECT_CAP_MS < CALL_BUDGET_MS // 8
+        ),
         "DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS": (
             DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS
         ),
@@ -543,6 +582,11 @@ def _check() -> None:
             org_connection_budget(100, 3) == (100 - 3 - GATEWAY_DB_CONNECTION_BUDGET) // 2
             and org_connection_budget(0, 0) == DB_SESSION_MAX_CONNECTIONS
             and DB_SESSION_ORG_CONNECTION_SHARE >= 2
+        ),
+        "a queued mint ends inside its action; a fresh role outlives its first connect": (
+            0 < DB_SESSION_MINT_POLL_MS < DB_SESSION_MINT_QUEUE_MS < GATEWAY_ACTION_BUDGET_MS
+            and 0 < DB_SESSION_RECLAIM_AFTER_MS <= DB_SESSION_POOL_IDLE_MS
+            and DB_SESSION_POOL_IDLE_MS < DB_SESSION_MINT_QUEUE_MS
         ),
         "a token holds at most its org's sessions": (
             0 < DB_SESSION_MAX_LIVE_PER_TOKEN <= DB_SESSION_MAX_LIVE_PER_ORG

@@ -25,8 +25,12 @@ user) into an open session and a pool on it:
   ``DbSession.postgres_url`` (never in a repr) and in the pool opened on it.
 * **Pools.** ``async with manager.store(shape) as store`` opens a pool on the
   session's URL once and shares it. A pool closes when its session has been
-  retired (no longer reusable) and no caller is inside it, and at the
-  session's expiry at the latest.
+  retired (no longer reusable) or released (``release``: its user is done
+  with it) and no caller is inside it, when no caller has used it for
+  ``DB_SESSION_POOL_IDLE_MS``, and at the session's expiry at the latest. A
+  pool closed while idle opens again on the next use; if the session's role
+  is gone by then (the gateway reclaims an idle session's role for another
+  runner of its org waiting to mint), a new session is minted once.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from ._types import (
 )
 from .budgets import (
     DB_SESSION_MAX_CONNECTIONS,
+    DB_SESSION_POOL_IDLE_MS,
     DB_SESSION_TTL_MS,
     POSTGRES_PREWARM_MAX_ATTEMPTS,
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
@@ -265,11 +270,26 @@ async def _prewarm_one(session: DbSession, open_pool: PoolOpener) -> None:
         await trio.sleep(POSTGRES_PREWARM_RETRY_DELAYS_MS[attempt - 1] / _MS)
 
 
+def _revoked(exc: BaseException) -> bool:
+    """Whether opening a pool failed because the session's role is gone: the
+    gateway reclaimed it for another runner of the org (or it expired early)."""
+    for error in (exc, exc.__cause__):
+        if error is None:
+            continue
+        if getattr(error, "sqlstate", None) in ("28P01", "28000"):
+            return True
+        text = str(error)
+        if "password authentication failed" in text or "does not exist" in text:
+            return True
+    return False
+
+
 @attrs.define(eq=False)
 class _Pool:
     """A pool on one session's URL, run by its own task in the manager's nursery."""
 
     session: DbSession
+    shape: AccessShape
     ready: trio.Event = attrs.field(factory=trio.Event)
     changed: trio.Event = attrs.field(factory=trio.Event)
     store: SheetStore | None = None
@@ -520,32 +540,57 @@ class SessionManager:
         """
         if self._nursery is None:
             raise RuntimeError("use SessionManager inside 'async with'")
-        session = await self.session(shape)
         if not self._cache_pools:
+            session = await self.session(shape)
             async with self._open_pool(session.postgres_url) as own:
                 yield own
             return
         key = self.cache_key(shape)
-        pool = self._pools.get(key)
-        if pool is None or pool.session is not session:
-            if pool is not None:
-                pool.retired = True
-                pool.notify()
-            pool = _Pool(session)
-            self._pools[key] = pool
-            self._nursery.start_soon(self._run_pool, key, pool)
-        await pool.ready.wait()
-        if pool.store is None:
-            if self._pools.get(key) is pool:
-                del self._pools[key]
-            assert pool.error is not None
-            raise pool.error
+        reminted = False
+        while True:
+            session = await self.session(shape)
+            pool = self._pools.get(key)
+            if pool is None or pool.closed or pool.session is not session:
+                if pool is not None:
+                    pool.retired = True
+                    pool.notify()
+                pool = _Pool(session, shape)
+                self._pools[key] = pool
+                self._nursery.start_soon(self._run_pool, key, pool)
+            await pool.ready.wait()
+            if pool.store is None:
+                if self._pools.get(key) is pool:
+                    del self._pools[key]
+                assert pool.error is not None
+                if not reminted and _revoked(pool.error) and self._sessions.get(key) is session:
+                    # The gateway reclaimed this idle session's role for another
+                    # runner of the org: mint a new one (once).
+                    self._retire(key)
+                    reminted = True
+                    continue
+                raise pool.error
+            if not pool.closed:
+                break
         pool.users += 1
+        pool.notify()  # a caller is in: the pool's idle timer stops
         try:
             yield pool.store
         finally:
             pool.users -= 1
             pool.notify()
+
+    def release(self, match: Callable[[AccessShape], bool]) -> int:
+        """Give back the pools of the sessions whose shape ``match`` accepts: the
+        caller will not use them again (an admission's staging session once it
+        has committed). Each closes as soon as no caller is inside it; the session
+        stays cached, so a later use opens a pool again. Returns how many."""
+        released = 0
+        for pool in list(self._pools.values()):
+            if not pool.closed and not pool.retired and match(pool.shape):
+                pool.retired = True
+                pool.notify()
+                released += 1
+        return released
 
     async def _run_pool(self, key: str, pool: _Pool) -> None:
         expiry = trio.current_time() + (pool.session.expires_at_epoch - self._clock())
@@ -561,7 +606,17 @@ class SessionManager:
         try:
             with trio.move_on_at(expiry):
                 while not (pool.retired and pool.users == 0):
-                    await pool.changed.wait()
+                    if pool.users:
+                        await pool.changed.wait()
+                        continue
+                    # No caller: the pool gives its connections back after
+                    # DB_SESSION_POOL_IDLE_MS (the session stays cached; a later
+                    # caller opens a new pool), so an org's connections are held
+                    # by work, not by runners between two uses.
+                    with trio.move_on_after(DB_SESSION_POOL_IDLE_MS / _MS) as idle:
+                        await pool.changed.wait()
+                    if idle.cancelled_caught and pool.users == 0:
+                        break
         finally:
             pool.closed = True
             if self._pools.get(key) is pool:

@@ -196,6 +196,15 @@ class RowWriter:
             if served is not None or t.client.serves(BEGIN_ADMISSION) is not False:
                 raise
             return self._begun(await self._whole(tape.replay()))
+        finally:
+            # The admission's staging session is not used again: its pool gives its
+            # connections back to the org's budget now, not after the idle timeout.
+            namespace = t.sheet.table_namespace
+            t.sessions.release(
+                lambda shape: (
+                    shape.table_namespace == namespace and shape.operations == ("rows.stage",)
+                )
+            )
         self._write_version = counts.write_version
         self._superseded = None
         return Admission.from_counts(counts, t.admitted)

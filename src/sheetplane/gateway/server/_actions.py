@@ -50,8 +50,10 @@ from ._chunks import checked_chunk, chunk_of
 from ._config import GatewayConfig
 from ._http import ActionError, EncodedAnswer, bad_request
 from ._metrics import GatewayMetrics
+from ._mintqueue import MintQueues
 from ._plays import play_of
 from ._roles import (
+    MintedRole,
     ReaperProgress,
     SessionCapReachedError,
     SessionCaps,
@@ -77,6 +79,8 @@ class GatewayState:
     """The gateway's Prometheus metrics: count with ``call.state.metrics.<name>``."""
     caps: SessionCaps = attrs.field(factory=SessionCaps)
     """The session caps in force, the org connection budget resolved at startup."""
+    mint_queues: MintQueues = attrs.field(factory=MintQueues)
+    """Mints waiting for room in their org's connection budget, one fair queue per org."""
 
 
 @attrs.frozen
@@ -422,8 +426,9 @@ async def _mint(
     play_name, table_namespace = as_asked
     await state.store.ensure_sheet(sheet, contract)
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=ttl_ms)
-    try:
-        minted = await create_session_role(
+
+    async def attempt(reclaimable: Sequence[str]) -> MintedRole:
+        return await create_session_role(
             state.store,
             sheet,
             operations,
@@ -431,7 +436,13 @@ async def _mint(
             bounds=state.config.session_bounds(),
             caps=state.caps,
             token_id=token_id,
+            reclaimable=reclaimable,
         )
+
+    try:
+        # Past the org's connection budget the mint waits its turn in the org's
+        # queue (reclaiming idle roles) rather than answering 429 at once.
+        minted = await state.mint_queues.mint(sheet.org_id, attempt, lambda made: made.role)
     except SessionCapReachedError as exc:
         raise ActionError(
             429, Code.SESSION_CAP, str(exc), retry_after_ms=DB_SESSION_CAP_RETRY_AFTER_MS

@@ -182,9 +182,13 @@ class SessionCapReachedError(Exception):
     The gateway answers it 429 with ``retry_after_ms``; nothing was created.
     """
 
-    def __init__(self, which: str, cap: int, what: str = "live DB sessions") -> None:
+    def __init__(
+        self, which: str, cap: int, what: str = "live DB sessions", *, connections: bool = False
+    ) -> None:
         super().__init__(f"this {which} already holds {cap} {what} (the cap)")
         self.which = which
+        #: Refused for the org's connection budget (a mint may wait for room).
+        self.connections = connections
         self.cap = cap
 
 
@@ -441,11 +445,23 @@ def create_role_statements(
     return statements
 
 
-#: Connections the session roles of one org hold now (the ledger knows each role's org).
-_ORG_BACKENDS = sql.SQL(
-    "SELECT count(*) FROM pg_stat_activity AS a JOIN {} AS l ON l.role = a.usename"
-    " WHERE l.org_id = %s"
+#: The connection limits the org's live roles add up to (what they may hold at once).
+_ORG_GRANTED = sql.SQL(
+    "SELECT coalesce(sum(greatest(r.rolconnlimit, 0)), 0) FROM {} AS l"
+    " JOIN pg_roles AS r ON r.rolname = l.role WHERE l.org_id = %s AND l.expires_at > now()"
 ).format(_LEDGER)
+
+#: Of the named roles, those of the org that hold no connection now.
+_IDLE_ROLES = sql.SQL(
+    "SELECT l.role FROM {} AS l WHERE l.role = ANY(%s) AND l.org_id = %s"
+    " AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.usename = l.role)"
+    " ORDER BY l.role"
+).format(_LEDGER)
+
+
+def _granted_connections(conn: psycopg.Connection[Any], org_id: str) -> int:
+    row = conn.execute(_ORG_GRANTED, (org_id,)).fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 def _grant_lock_key(schema: str) -> int:
@@ -464,6 +480,7 @@ async def create_session_role(
     caps: SessionCaps = SessionCaps(),
     token_id: str | None = None,
     acquire_timeout_ms: int | None = None,
+    reclaimable: Sequence[str] = (),
 ) -> MintedRole:
     """Create a LOGIN role for ``sheet`` with only ``operations``, valid until ``expires``.
 
@@ -473,8 +490,16 @@ async def create_session_role(
     (nothing created) when the org, or the token ``token_id`` names, already
     holds its cap of live sessions: the count and the insert run under the
     org schema's grant lock, so concurrent mints cannot both pass a full cap.
-    If cancelled, the statement is cancelled on the server and the transaction
-    rolls back.
+
+    With ``caps.connections_per_org``, the org's connection budget is kept by
+    construction: the connection limits of the org's live roles, this one's
+    included, add up to at most the budget, and Postgres refuses any login
+    past a role's limit. When the new role does not fit, the org's roles named
+    in ``reclaimable`` (minted long enough ago, by the caller's account) that
+    hold no connection now are dropped first; if it still does not fit, the
+    mint is refused (``SessionCapReachedError``, the caller queues and tries
+    again). If cancelled, the statement is cancelled on the server and the
+    transaction rolls back.
     """
     names = sheet_names(sheet)
     ops = canonical_operations(operations)
@@ -506,11 +531,19 @@ async def create_session_role(
         if token_id is not None and live[1] >= caps.per_token:
             return SessionCapReachedError("token", caps.per_token)
         if caps.connections_per_org is not None:
-            # A new session could only add connections the watchdog would end.
-            held = conn.execute(_ORG_BACKENDS, (sheet.org_id,)).fetchone()
-            if held is not None and held[0] >= caps.connections_per_org:
+            budget, width = caps.connections_per_org, bounds.max_connections
+            granted = _granted_connections(conn, sheet.org_id)
+            if granted + width > budget and reclaimable:
+                idle = conn.execute(_IDLE_ROLES, (list(reclaimable), sheet.org_id)).fetchall()
+                for (idle_role,) in idle:
+                    _drop_role(conn, str(idle_role))
+                granted = _granted_connections(conn, sheet.org_id)
+            if granted + width > budget:
                 return SessionCapReachedError(
-                    "org", caps.connections_per_org, "DB connections through its sessions"
+                    "org",
+                    budget,
+                    "DB connections through its sessions' connection limits",
+                    connections=True,
                 )
         conn.execute(
             sql.SQL(
