@@ -269,6 +269,16 @@ async def test_transport_failures_are_retried(autojump_clock: Any, fault: Reply)
     assert base / 2 <= first <= base and base <= second <= 2 * base
 
 
+async def test_transport_failures_exhausted_keep_their_kind(autojump_clock: Any) -> None:
+    script = Script(default=raises(httpx.ConnectError, "[Errno 111] ECONNREFUSED"))
+    async with script.client() as client:
+        with pytest.raises(TransientGatewayError) as excinfo:
+            await client.post_action("ensure_sheet", {})
+    assert excinfo.value.status == 0
+    assert "ConnectError" in str(excinfo.value) and "ECONNREFUSED" in str(excinfo.value)
+    assert isinstance(excinfo.value.__cause__, httpx.ConnectError)
+
+
 async def test_a_gateway_that_cannot_be_reached_is_retried_for_the_whole_budget(
     autojump_clock: Any,
 ) -> None:

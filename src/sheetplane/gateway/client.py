@@ -372,7 +372,7 @@ class GatewayClient:
             if isinstance(outcome, Answer):
                 return outcome
             now = trio.current_time()
-            if not reached or outcome.error.code == Code.DRAINING:
+            if not reached or outcome.error.gateway_code == Code.DRAINING:
                 # Not the ladder's business: the next URL at once while one is
                 # untried this round, then a jittered back-off, all within the budget.
                 unreached += 1
