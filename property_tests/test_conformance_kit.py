@@ -38,6 +38,8 @@ from ._conformance_mutants import (
     headline,
     mutations,
     never_closes,
+    ok_only,
+    on_answer,
     reads_whole_body,
 )
 from ._threaded_gateway import ThreadedGateway, own_database
@@ -292,6 +294,15 @@ def test_the_model_phase_prints_the_shortest_sequence_and_the_seed_that_replays_
     steps = re.findall(r"state\.(\w+)\(", details[0])
     assert steps and any(step.startswith("write") for step in steps), details[0]
     assert all(re.findall(r"state\.(\w+)\(", detail) for detail in details)
+
+
+def test_an_answer_the_model_phase_cannot_read_fails_it_with_the_sequence(served: Served) -> None:
+    broken = on_answer("start_sheet_dataset", ok_only(lambda v, _: {**v, "pendingRows": "none"}))
+    report = _mutant(served, Mutation("pendingRows a string", broken), only={"SP-MODEL-1"})
+    (result,) = report.results
+    assert result.status == "FAIL"
+    assert "an answer a rule could not read" in result.detail
+    assert "state.start(" in result.detail
 
 
 # --- what the kit writes, what it reports ---------------------------------------------------------

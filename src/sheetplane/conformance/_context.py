@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import attrs
 
+from ..budgets import REQUEST_TIMEOUT_MS
 from ._http import Exchange, Wire
 
 __all__ = [
@@ -109,12 +110,16 @@ class Context:
     profile: str = "sheetplane"
     """The profile checked (``seed`` or ``sheetplane``)."""
     quick: bool = False
+    """``--quick``: the timed checks are skipped, the model phase draws fewer examples."""
     seed: int = 0
+    """The model phase's seed."""
     examples: int = 25
+    """The model phase's examples."""
     max_seconds: float = 30.0
-    stall_limit_ms: int = 30_000
+    """No new model example starts past this, and its shrinking stops there."""
+    stall_limit_ms: int = REQUEST_TIMEOUT_MS
     """How long a stalled body may be held before the gateway must answer or close."""
-    budget_limit_ms: int = 30_000
+    budget_limit_ms: int = REQUEST_TIMEOUT_MS
     """How long the big-body budget checks may take each."""
     _counter: itertools.count[int] = attrs.field(factory=itertools.count, repr=False)
     _shared: Admitted | None = attrs.field(default=None, repr=False)

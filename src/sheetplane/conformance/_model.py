@@ -11,9 +11,10 @@ the shortest sequence Hypothesis found and the seed that replays it
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -50,6 +51,22 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+    def _guarded(fn: Callable[..., None]) -> Callable[..., None]:
+        """Lift the deadline on any failure of a rule (so shrinking replays it), and report
+        an answer the rule could not read as a mismatch."""
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> None:
+            try:
+                fn(*args, **kwargs)
+            except ModelMismatch:
+                raise
+            except Exception as exc:
+                deadline[0] = float("inf")
+                raise ModelMismatch(f"an answer a rule could not read: {exc!r}") from None
+
+        return guarded
+
     _ADMITTED = st.lists(st.integers(0, N_VALUES - 1), min_size=1, max_size=5)
 
     # One sheet serves every example (a new sheet per example would spend most of the
@@ -78,6 +95,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             return time.monotonic() >= deadline[0]
 
         @initialize(values=_ADMITTED)
+        @_guarded
         def start(self, values: list[int]) -> None:
             if self._inert():
                 return
@@ -93,6 +111,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             return rows_of(values, salt=f" {self.salt}")
 
         @rule(values=_ADMITTED)
+        @_guarded
         def admit(self, values: list[int]) -> None:
             if self._inert():
                 return
@@ -152,6 +171,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             values=st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3),
             out=st.sampled_from(["a", "b"]),
         )
+        @_guarded
         def write_stale(self, kind: str, attempt: int, values: list[int], out: str) -> None:
             """A terminal write from an attempt ``attempt`` admissions back."""
             self.write(kind, attempt, values, out)
@@ -162,6 +182,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             values=st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3),
             out=st.sampled_from(["a", "b"]),
         )
+        @_guarded
         def write(self, kind: str, attempt: int, values: list[int], out: str) -> None:
             """A terminal write from the current attempt (0), a stale one (1, 2: that many
             admissions back) or with no version (3); n = N_VALUES is a key never admitted."""
@@ -221,6 +242,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             )
 
         @rule()
+        @_guarded
         def read_back(self) -> None:
             if self._inert() or not self.versions:
                 return
@@ -235,6 +257,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             _agree(order == sorted(order), "rows in input order", ctx.wire.exchanges[-1])
 
         @rule()
+        @_guarded
         def summary(self) -> None:
             if self._inert() or not self.versions:
                 return
@@ -248,6 +271,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             result=st.integers(0, 2),
             holder=st.one_of(st.none(), st.integers(0, HOLDERS - 1)),
         )
+        @_guarded
         def complete_receipt(self, i: int, result: int, holder: int | None) -> None:
             if self._inert():
                 return
@@ -275,6 +299,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             _agree(got == expected, f"(disposition, result, runId) = {expected}", answer)
 
         @rule(i=st.integers(0, RECEIPT_KEYS - 1), holder=st.integers(0, HOLDERS - 1))
+        @_guarded
         def claim_receipt(self, i: int, holder: int) -> None:
             if self._inert():
                 return
@@ -287,6 +312,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
                 self.extras[(key, name)] = lease_extras(answer)
 
         @rule(i=st.integers(0, RECEIPT_KEYS - 1), holder=st.integers(0, HOLDERS - 1))
+        @_guarded
         def release_receipt(self, i: int, holder: int) -> None:
             if self._inert():
                 return
@@ -297,6 +323,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             _agree(answer.json_object.get("released") is want, f"{{released: {want}}}", answer)
 
         @invariant()
+        @_guarded
         def answered(self) -> None:
             # Every exchange of the run so far was answered (no 5xx slipped past a rule).
             if ctx.wire.exchanges:
@@ -335,14 +362,16 @@ def run_model_phase(ctx: Context) -> None:
     try:
         with with_reporter(lines.append), _shrinking_for(ctx.max_seconds):
             test()
-    except (ModelMismatch, hypothesis.errors.Flaky) as mismatch:
-        steps = [line for line in [*lines, *getattr(mismatch, "__notes__", [])] if line.strip()]
+    except Exception as error:
+        # A mismatch, or an answer of a shape a rule could not read (KeyError, TypeError...):
+        # either way the sequence that led to it is the evidence.
+        known = isinstance(error, ModelMismatch | hypothesis.errors.Flaky)
+        message = str(error) if known else f"an answer a rule could not read: {error!r}"
+        steps = _steps([*lines, *getattr(error, "__notes__", [])])
         raise CheckFailed(
             "the gateway to answer as the model does",
-            detail=(
-                f"{mismatch}; shortest sequence (replay with --seed {ctx.seed}): "
-                + " | ".join(_steps(steps))
-            ),
+            detail=f"{message}; shortest sequence (replay with --seed {ctx.seed}): "
+            + " | ".join(steps),
         ) from None
 
 
