@@ -1,4 +1,4 @@
-"""Any admission input gives the same sheet on the runtime's whole path (one
+"""Any admission input, on either road, gives the same sheet on the runtime's whole path (one
 ``start_sheet_dataset``, on a gateway that serves only the runtime's actions) and on the
 staged path: the same keys, read order, statuses, input indexes and counts, and the same
 pending and completed rows, after any earlier admission whose rows were partly settled."""
@@ -56,6 +56,7 @@ async def _sheet(store: Any, sheet: SheetRef) -> list[tuple[Any, ...]]:
 async def _admit_twice(
     url: str,
     base_url: str,
+    road: str,
     prior: list[dict[str, Any]],
     settle: list[str],
     later: list[dict[str, Any]],
@@ -70,7 +71,7 @@ async def _admit_twice(
             org_id=ORG,
             play_name=play,
             run_id="run-1",
-            strategy="gateway_only",
+            strategy=road,  # type: ignore[arg-type]
         ) as rt,
     ):
         first = await rt.writer("leads", CONTRACT).start(prior)
@@ -104,9 +105,15 @@ async def _admit_twice(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(prior=rows, settle=st.lists(outcome, max_size=8), later=rows)
+@given(
+    road=st.sampled_from(["direct", "gateway_only"]),
+    prior=rows,
+    settle=st.lists(outcome, max_size=8),
+    later=rows,
+)
 def test_the_whole_path_and_the_staged_path_make_the_same_sheet(
     sheetplane_database_url: str,
+    road: str,
     prior: list[dict[str, Any]],
     settle: list[str],
     later: list[dict[str, Any]],
@@ -118,8 +125,8 @@ def test_the_whole_path_and_the_staged_path_make_the_same_sheet(
             running_gateway(url, tokens={TOKEN: ORG}) as staged,
             running_seed_gateway(url, tokens={TOKEN: ORG}) as seed,
         ):
-            one = await _admit_twice(url, staged.base_url, prior, settle, later)
-            two = await _admit_twice(url, seed.base_url, prior, settle, later)
+            one = await _admit_twice(url, staged.base_url, road, prior, settle, later)
+            two = await _admit_twice(url, seed.base_url, road, prior, settle, later)
             return one, two
 
     staged_sheet, whole_sheet = trio.run(main)
