@@ -28,7 +28,8 @@ from sheetplane.cli import main
 from sheetplane.conformance import REQUIREMENTS, Options, Report, run
 from sheetplane.conformance._context import CHECKS
 from sheetplane.conformance._report import list_lines, result_line, write_junit
-from sheetplane.conformance._requirements import selected
+from sheetplane.conformance._requirements import by_id, selected
+from sheetplane.testing.seed_gateway import SEED_ACTIONS
 
 from ._conformance_mutants import (
     HEADLINE,
@@ -203,6 +204,25 @@ def test_the_reference_gateway_passes_the_seed_profile_quick_skipping_only_the_t
     skipped = {rid for rid, (status, _) in verdicts.items() if status == "SKIP"}
     assert skipped == {"SP-BUDGET-1", "SP-BUDGET-2", "SP-BUDGET-3", "SP-TENANT-1"}, verdicts
     assert report.passed, verdicts
+
+
+def test_a_gateway_of_only_the_seeds_actions_passes_the_seed_profile_and_fails_sheetplanes(
+    served: Served,
+) -> None:
+    with ThreadedGateway(
+        served.database_url,
+        tokens={TOKEN_A: "org-conformance-seed-a", TOKEN_B: "org-conformance-seed-b"},
+        actions=SEED_ACTIONS,
+        allow_test_faults=True,
+        body_read_timeout_ms=BODY_READ_TIMEOUT_MS,
+    ) as seed_only:
+        seed = run(_options(seed_only.base_url, profile="seed"))
+        sheetplane = run(_options(seed_only.base_url, quick=True, examples=5))
+    verdicts = {r.requirement.id: (r.status, r.detail) for r in seed.results}
+    assert {rid: v for rid, v in verdicts.items() if v[0] != "PASS"} == {}
+    failed = set(sheetplane.failed_ids())
+    assert {"SP-WRITE-1", "SP-MODEL-1"} <= failed, sorted(failed)
+    assert all(by_id(rid).profile == "sheetplane" for rid in failed), failed
 
 
 _BATCH_CHECKS = {"SP-READ-3", "SP-READ-4", "SP-READ-5", "SP-READ-6", "SP-READ-7", "SP-READ-10"}
