@@ -50,6 +50,7 @@ import attrs
 import httpx
 import trio
 
+from .. import _checks as checks
 from .._types import (
     AdmissionCounts,
     AdmittedPart,
@@ -958,9 +959,7 @@ class GatewayClient:
         Retried on the resolve-play ladder (``RESOLVE_PLAY_RETRY_DELAYS_MS``,
         within ``RESOLVE_PLAY_CALL_BUDGET_MS``): it is a run's first call.
         """
-        if not isinstance(play_ref, str) or not play_ref.strip():
-            raise InvalidInputError(f"play_ref must be a non-empty string, got {play_ref!r}")
-        request = self._request(m.ResolvePlayRequest, play_ref=play_ref)
+        request = self._request(m.ResolvePlayRequest, play_ref=checks.text("play_ref", play_ref))
         return _answers.parse_resolved_play((await self._send(request)).body, request.action)
 
     async def register_play(self, play: ResolvedPlay, *, name: str | None = None) -> None:

@@ -54,6 +54,7 @@ from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
 from ._names import SheetNames
 from ._pool import TrioPool
+from ._rowdata import check_text
 from ._schema import column_ids
 
 __all__ = [
@@ -115,14 +116,6 @@ class RowCursor:
 
 
 # --- input checks ---------------------------------------------------------------------
-
-
-def _check_run_id(run_id: object) -> str | None:
-    if run_id is None:
-        return None
-    if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
-        raise InvalidInputError(f"run_id must be a non-empty string without NUL, got {run_id!r}")
-    return run_id
 
 
 def _check_row_mode(row_mode: object) -> RowMode:
@@ -220,7 +213,7 @@ class _Filter:
 def _filter(run_id: object, admitted: object) -> _Filter:
     if admitted is not None and not isinstance(admitted, AdmittedPart):
         raise InvalidInputError(f"admitted must be an AdmittedPart or None, got {admitted!r}")
-    return _Filter(_check_run_id(run_id), admitted)
+    return _Filter(None if run_id is None else check_text(run_id, "run_id"), admitted)
 
 
 def _snapshot(conn: Conn) -> None:
