@@ -46,6 +46,9 @@ BENIGN_STALE_REASONS: Final[frozenset[StaleReason]] = frozenset({"already_termin
 #: session limits are stored as one.
 BIGINT_MIN: Final = -(2**63)
 BIGINT_MAX: Final = 2**63 - 1
+#: The largest Postgres ``integer``: a chunk's ``seq`` and a receipt's ``run_attempt``
+#: are stored as one, so the wire and the store refuse a larger value (400, not 500).
+INTEGER_MAX: Final = 2**31 - 1
 
 
 def canonical_operations(operations: Iterable[object]) -> tuple[Operation, ...] | None:

@@ -23,6 +23,7 @@ import attrs
 from .._types import (
     BIGINT_MAX,
     BIGINT_MIN,
+    INTEGER_MAX,
     CodeFormat,
     LogicalTable,
     Operation,
@@ -305,7 +306,7 @@ class CompleteWorkReceiptRequest(Request):
     result: Any
     """Required; null is allowed."""
     run_id: str = text_field()
-    run_attempt: int | None = optional_int_field(0, BIGINT_MAX)
+    run_attempt: int | None = optional_int_field(0, INTEGER_MAX)
     holder: str | None = optional_text_field()
 
 
@@ -376,7 +377,7 @@ class BeginAdmissionRequest(StagedAdmissionRequest):
 @attrs.frozen(kw_only=True)
 class StageAdmissionChunkRequest(StagedAdmissionRequest):
     action: Literal["stage_sheet_admission_chunk"] = "stage_sheet_admission_chunk"
-    seq: int = int_field(0, BIGINT_MAX)
+    seq: int = int_field(0, INTEGER_MAX)
     first_position: int = int_field(0, BIGINT_MAX)
     keys: list[str] | None = attrs.field(
         default=None, metadata={"minItems": 1, "maxItems": ADMISSION_CHUNK_ROWS}
@@ -395,7 +396,7 @@ class StageAdmissionChunkRequest(StagedAdmissionRequest):
 class CommitAdmissionRequest(StagedAdmissionRequest):
     action: Literal["commit_sheet_admission"] = "commit_sheet_admission"
     run_id: str = text_field()
-    chunks: int = int_field(0, BIGINT_MAX)
+    chunks: int = int_field(0, INTEGER_MAX + 1)
     rows: int = int_field(0, BIGINT_MAX)
 
 

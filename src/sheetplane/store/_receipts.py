@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from .._types import Receipt, ReceiptClaim, ReceiptCompletion
+from .._types import INTEGER_MAX, Receipt, ReceiptClaim, ReceiptCompletion
 from ..budgets import WORK_RECEIPT_LEASE_TTL_MS
 from ..errors import InvalidInputError, WorkReceiptFencedError
 from ._names import SheetNames
@@ -53,7 +53,7 @@ _NOW = sql.SQL("coalesce(%(now)s::timestamptz, statement_timestamp())")
 
 
 #: The receipts table keeps ``run_attempt`` as a Postgres ``integer``.
-_MAX_RUN_ATTEMPT = 2**31 - 1
+_MAX_RUN_ATTEMPT = INTEGER_MAX
 
 
 def _iso(value: dt.datetime | None) -> str | None:

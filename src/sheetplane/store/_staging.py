@@ -64,7 +64,7 @@ import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper
 
-from .._types import AdmissionCounts, ContractColumn
+from .._types import INTEGER_MAX, AdmissionCounts, ContractColumn
 from ..budgets import (
     ADMISSION_COMMIT_RANGE_ROWS,
     ADMISSION_COMMIT_WORK_MEM_BYTES,
@@ -374,9 +374,14 @@ def write_chunk(
 
 
 def _check_chunk_args(seq: object, first_position: object) -> None:
-    for what, value in (("seq", seq), ("first_position", first_position)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
-            raise InvalidInputError(f"{what} must be an integer >= 0, got {value!r}")
+    # seq is an ``integer`` column; first_position a ``bigint`` one, kept below 2**62 so
+    # that a position past it plus a chunk's rows still fits.
+    for what, value, top in (
+        ("seq", seq, INTEGER_MAX),
+        ("first_position", first_position, 2**62 - 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+            raise InvalidInputError(f"{what} must be an integer from 0 to {top}, got {value!r}")
 
 
 async def stage_chunk(
