@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 import trio
@@ -29,7 +30,7 @@ from _runtime_helpers import (
 )
 from sheetplane import InvalidInputError
 from sheetplane._types import SheetRef
-from sheetplane.budgets import ADMISSION_CHUNK_ROWS, MAX_ROW_BYTES, MiB
+from sheetplane.budgets import ADMISSION_CHUNK_ROWS, MAX_JSON_DEPTH, MAX_ROW_BYTES, MiB
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.faults import FAULT_HEADER
 from sheetplane.identity import row_key
@@ -480,6 +481,25 @@ async def test_a_chunk_sent_with_its_keys_is_staged_as_sent_not_decoded_and_enco
         )
     assert counts.inserted == 3
     assert await stored_texts(store, sheet) == [("a", 0, "1.50"), ("b", 1, "100"), ("c", 2, '"t"')]
+
+
+async def test_a_chunk_of_many_shallow_nested_rows_is_staged_as_sent(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    # More brackets in the chunk than MAX_JSON_DEPTH, none of its rows anywhere near it:
+    # the rows are measured one by one and still staged as sent.
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+    admission_id = uuid.uuid4().hex
+    count = MAX_JSON_DEPTH
+    keys = orjson.dumps([f"k{i}" for i in range(count)])
+    rows = b"[" + b",".join(b'{"text":1.50,"n":[{"a":[1]}]}' for _ in range(count)) + b"]"
+    async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
+        await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
+        assert await gc.stage_admission_chunk(chunk_body(gc, admission_id, 0, 0, keys, rows))
+        await gc.commit_admission("leads", CONTRACT, admission_id, "run-1", chunks=1, rows=count)
+    stored = await stored_texts(store, sheet)
+    assert len(stored) == count and {text for _, _, text in stored} == {"1.50"}
 
 
 @pytest.mark.parametrize(

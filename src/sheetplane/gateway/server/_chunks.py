@@ -80,9 +80,15 @@ def _fits_as_sent(rows: Sequence[Any], wire_rows: bytes) -> bool:
         memoryview(row).nbytes > MAX_ROW_BYTES for row in rows
     ):
         return False
-    # Each row opens one object; any depth past that needs an opening bracket.
+    # A row nests no deeper than the brackets it opens: counted over the whole chunk
+    # first (each row opens one object), then, if that could reach the limit, by row.
     extra = wire_rows.count(b"{") + wire_rows.count(b"[") - 1 - len(rows)
-    return extra < MAX_JSON_DEPTH - 2
+    return extra < MAX_JSON_DEPTH - 2 or all(_opens(row) < MAX_JSON_DEPTH for row in rows)
+
+
+def _opens(row: Any) -> int:
+    text = bytes(row)
+    return text.count(b"{") + text.count(b"[")
 
 
 def _keys(keys: Sequence[object], count: int, first_position: int) -> list[str]:
