@@ -15,6 +15,7 @@ from _runtime_helpers import (
     ROADS,
     CountingGateway,
     Seed,
+    counting_gateway,
     runtime,
     seeding,
 )
@@ -31,6 +32,7 @@ from sheetplane.dataset import (
 )
 from sheetplane.runtime import Strategy
 from sheetplane.store import SheetStore
+from sheetplane.testing.seed_gateway import SEED_ACTIONS
 
 
 @pytest.fixture
@@ -147,3 +149,27 @@ async def test_peek_clamps_like_the_runtime_on_both_roads(
         rows = await ds.peek(READ_PAGE_MAX_ROWS + 10)
     assert len(rows) == READ_PAGE_MAX_ROWS
     assert rows[0]["_key"] == "k0000000"
+
+
+@pytest.fixture
+async def seed_only(
+    database_url: str, session_roles_reaped: None
+) -> AsyncIterator[CountingGateway]:
+    """The reference gateway serving only the runtime's own actions."""
+    async with counting_gateway(database_url, actions=SEED_ACTIONS) as gateway:
+        yield gateway
+
+
+@pytest.mark.parametrize("n", [3, DATASET_PREVIEW_ROWS + 2])
+async def test_persist_csv_dataset_against_a_gateway_of_the_runtimes_actions_only(
+    seed_only: CountingGateway, n: int
+) -> None:
+    play, rows = _play(), _csv(n)
+    async with runtime(seed_only, "direct", play=play) as rt:
+        ds = await rt.persist_csv_dataset(" Leads ", CONTRACT, rows, source_label="in.csv")
+        assert await ds.count() == n
+        assert [row["text"] for row in await ds.materialize()] == [row["text"] for row in rows]
+        assert await rt.dataset("LEADS").count() == n
+    assert (ds.dataset_kind, ds.source_label) == ("csv", "in.csv")
+    assert ds.dataset_id == runtime_dataset_id(play.lower(), "leads")
+    assert isinstance(ds, InMemoryDataset if n <= DATASET_PREVIEW_ROWS else Dataset)
