@@ -457,30 +457,32 @@ def stored_texts(store: SheetStore, sheet: SheetRef) -> Any:
     )
 
 
-async def test_a_chunk_sent_with_its_keys_is_staged_as_sent_not_decoded_and_encoded_again(
-    gateway: CountingGateway, store: SheetStore
-) -> None:
-    # Python would read 1.50 as the float 1.5 and write it back as 1.5, and 1E2 as 100.0:
-    # a cell that keeps the sent text shows the gateway never built the row in Python.
+async def staged_as_sent(
+    gateway: CountingGateway, store: SheetStore, keys: bytes, rows: bytes, count: int
+) -> Any:
+    """Stage one chunk of ``keys`` and ``rows`` (a client's own JSON) into a fresh sheet,
+    commit it, and answer ``stored_texts``."""
     play = new_play()
     sheet = sheet_of(play, "leads")
     admission_id = uuid.uuid4().hex
     async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
         await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
-        body = chunk_body(
-            gc,
-            admission_id,
-            0,
-            0,
-            b'["a", "b", "c"]',
-            b'[{"text": 1.50}, {"text":1E2,"other":[1,{"x":null}]} ,{"_key":"ignored","text":"t"}]',
-        )
-        assert await gc.stage_admission_chunk(body)
+        assert await gc.stage_admission_chunk(chunk_body(gc, admission_id, 0, 0, keys, rows))
         counts = await gc.commit_admission(
-            "leads", CONTRACT, admission_id, "run-1", chunks=1, rows=3
+            "leads", CONTRACT, admission_id, "run-1", chunks=1, rows=count
         )
-    assert counts.inserted == 3
-    assert await stored_texts(store, sheet) == [("a", 0, "1.50"), ("b", 1, "100"), ("c", 2, '"t"')]
+    assert counts.inserted == count
+    return await stored_texts(store, sheet)
+
+
+async def test_a_chunk_sent_with_its_keys_is_staged_as_sent_not_decoded_and_encoded_again(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    # Python would read 1.50 as the float 1.5 and write it back as 1.5, and 1E2 as 100.0:
+    # a cell that keeps the sent text shows the gateway never built the row in Python.
+    rows = b'[{"text": 1.50}, {"text":1E2,"other":[1,{"x":null}]} ,{"_key":"ignored","text":"t"}]'
+    stored = await staged_as_sent(gateway, store, b'["a", "b", "c"]', rows, 3)
+    assert stored == [("a", 0, "1.50"), ("b", 1, "100"), ("c", 2, '"t"')]
 
 
 async def test_a_chunk_of_many_shallow_nested_rows_is_staged_as_sent(
@@ -488,17 +490,10 @@ async def test_a_chunk_of_many_shallow_nested_rows_is_staged_as_sent(
 ) -> None:
     # More brackets in the chunk than MAX_JSON_DEPTH, none of its rows anywhere near it:
     # the rows are measured one by one and still staged as sent.
-    play = new_play()
-    sheet = sheet_of(play, "leads")
-    admission_id = uuid.uuid4().hex
     count = MAX_JSON_DEPTH
     keys = orjson.dumps([f"k{i}" for i in range(count)])
     rows = b"[" + b",".join(b'{"text":1.50,"n":[{"a":[1]}]}' for _ in range(count)) + b"]"
-    async with GatewayClient(gateway.base_url, gateway.token, play_name=play, org_id=ORG) as gc:
-        await gc.begin_admission("leads", CONTRACT, admission_id, "run-1")
-        assert await gc.stage_admission_chunk(chunk_body(gc, admission_id, 0, 0, keys, rows))
-        await gc.commit_admission("leads", CONTRACT, admission_id, "run-1", chunks=1, rows=count)
-    stored = await stored_texts(store, sheet)
+    stored = await staged_as_sent(gateway, store, keys, rows, count)
     assert len(stored) == count and {text for _, _, text in stored} == {"1.50"}
 
 
