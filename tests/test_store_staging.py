@@ -14,7 +14,7 @@ from psycopg import sql
 
 from _store_helpers import snapshot
 from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
-from sheetplane.errors import AdmissionStateError, InvalidInputError
+from sheetplane.errors import STAGING_LOST_TEXT, AdmissionStateError, InvalidInputError
 from sheetplane.store import SheetStore, _staging, sheet_names
 from sheetplane.store._staging import prepare_chunk
 
@@ -171,9 +171,12 @@ async def test_a_commit_whose_chunks_do_not_add_up_writes_nothing(store: SheetSt
     await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")
     rows = [{"_key": f"k{i}"} for i in range(4)]
     await store.stage_chunk(sheet, admission_id, 0, 0, prepare_chunk(rows[:2], 0))
-    await store.stage_chunk(sheet, admission_id, 2, 2, prepare_chunk(rows[2:], 2))
+    # A chunk after a gap names a chunk the staging table does not hold: refused at once.
+    with pytest.raises(AdmissionStateError, match=STAGING_LOST_TEXT):
+        await store.stage_chunk(sheet, admission_id, 2, 2, prepare_chunk(rows[2:], 2))
+    await store.stage_chunk(sheet, admission_id, 1, 2, prepare_chunk(rows[2:], 2))
     before = await snapshot(store, sheet)
-    for chunks, total in ((2, 4), (3, 4), (3, 5)):
+    for chunks, total in ((1, 4), (3, 4), (2, 5)):
         with pytest.raises(AdmissionStateError):
             await store.commit_admission(
                 sheet, CONTRACT, admission_id, "run-1", chunks=chunks, rows=total
@@ -226,5 +229,24 @@ async def test_a_staging_table_of_the_row_per_row_layout_is_made_again_by_ensure
         ).fetchone()
     )
     assert columns == (
-        ["_admission_id", "_seq", "_first_position", "_row_count", "_keys", "_rows"],
+        ["_admission_id", "_seq", "_first_position", "_row_count", "_keys", "_rows", "_prev_seq"],
     )
+
+
+async def test_a_lost_staging_table_is_found_at_the_next_chunk(store: SheetStore) -> None:
+    # A database restart empties the unlogged staging table. Before, the runner staged
+    # every remaining chunk and learned it only at the commit ("staging table holds
+    # 180000 rows, not the 300000 its chunks record"); now the next chunk is refused.
+    sheet = new_sheet()
+    admission_id = uuid.uuid4().hex
+    await store.begin_admission(sheet, CONTRACT, admission_id, "run-1")
+    rows = [{"_key": f"k{i}", "company": str(i)} for i in range(6)]
+    assert await store.stage_chunk(sheet, admission_id, 0, 0, prepare_chunk(rows[:3], 0))
+    staging = sheet_names(sheet).ident("staging_table")
+    await store.pool.run(lambda conn: conn.execute(sql.SQL("TRUNCATE {}").format(staging)))
+    with pytest.raises(AdmissionStateError, match=STAGING_LOST_TEXT):
+        await store.stage_chunk(sheet, admission_id, 1, 3, prepare_chunk(rows[3:], 3))
+    # The commit refuses it too, saying the same, and nothing is written.
+    with pytest.raises(AdmissionStateError, match=STAGING_LOST_TEXT):
+        await store.commit_admission(sheet, CONTRACT, admission_id, "run-1", chunks=1, rows=3)
+    assert (await snapshot(store, sheet))["rows"] == []

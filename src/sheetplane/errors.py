@@ -191,6 +191,12 @@ class AdmissionStateError(SheetplaneError):
     code = "runtime_sheet_admission_state"
 
 
+#: The text an ``AdmissionStateError`` carries when the admission's staging rows
+#: were lost (the staging table is ``UNLOGGED``: a database crash empties it); the
+#: gateway sends it in the error text, so a runner recognises it on either road.
+STAGING_LOST_TEXT = "its staging rows were lost"
+
+
 # --- gateway ----------------------------------------------------------------------
 
 

@@ -26,7 +26,13 @@ from .._types import (
 from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..dataset import Dataset
-from ..errors import AttemptSupersededError, InvalidInputError, UnsupportedActionError
+from ..errors import (
+    STAGING_LOST_TEXT,
+    AdmissionStateError,
+    AttemptSupersededError,
+    InvalidInputError,
+    UnsupportedActionError,
+)
 from ..gateway.client import GatewayClient
 from ..protocol import _messages as m
 from ..sessions import AccessShape, SessionLimits, SessionManager
@@ -172,6 +178,14 @@ class RowWriter:
         (a bad first chunk is refused before any request). If it raises, or is
         cancelled, before the commit, nothing is committed and the admission is
         aborted (a bounded, shielded call); the writer keeps its previous attempt.
+
+        If the admission's staging rows are lost (a database restart empties the
+        unlogged staging table), the next chunk (or the commit) finds it. A
+        sequence (``rows`` a ``Sequence``) is then admitted again from its start,
+        once, as a new admission; any other input (an iterator, a generator, an
+        async iterable: what was read cannot be read again) raises
+        ``AdmissionStateError`` saying so, with nothing committed: start again
+        with the input from its beginning.
         """
         check_input(rows)
         t = self._target
@@ -191,7 +205,16 @@ class RowWriter:
         # a gateway that admits only whole inputs gets the whole input (``_whole``).
         tape = Tape(rows, lambda: t.client.serves(BEGIN_ADMISSION) is None)
         try:
-            counts = await staged.run(tape.play() if served is None else rows)
+            try:
+                counts = await staged.run(tape.play() if served is None else rows)
+            except AdmissionStateError as exc:
+                # The staging rows were lost (a database restart empties the unlogged
+                # staging table; the next chunk or the commit finds it). A sequence
+                # can be read again: the admission starts over once, as a new one.
+                # A one-shot iterator cannot: the error is the caller's.
+                if STAGING_LOST_TEXT not in str(exc) or not _rereadable(rows):
+                    raise
+                counts = await staged.run(rows)  # a new admission id, from the start
         except UnsupportedActionError:
             if served is not None or t.client.serves(BEGIN_ADMISSION) is not False:
                 raise
@@ -377,3 +400,8 @@ def _replace(
     store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str
 ) -> Awaitable[WriteResult]:
     return store.replace_rows(sheet, rows, idempotency_key=key)
+
+
+def _rereadable(rows: object) -> bool:
+    """Whether an admission input can be read again from its start: a sequence."""
+    return isinstance(rows, Sequence) and not isinstance(rows, str | bytes)

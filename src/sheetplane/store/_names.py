@@ -117,6 +117,11 @@ class SheetNames:
         return f"{self.sheet_table}_order"
 
     @property
+    def staging_prev_constraint(self) -> str:
+        """The staging table's foreign key from a chunk's row to the one before it."""
+        return f"{self.staging_table}_prev"
+
+    @property
     def staging_index(self) -> str:
         """The staging table's ``(admission id, chunk seq)`` key."""
         return f"{self.staging_table}_pos"

@@ -233,8 +233,8 @@ def _missing_ddl(
         return True
     if any(row[0] == names.counter_table and row[1] == "shard" for row in rows):
         return True
-    if not any(row[0] == names.staging_table and row[1] == "_rows" for row in rows):
-        return True  # the staging table of one row per staged row: made again
+    if not any(row[0] == names.staging_table and row[1] == "_prev_seq" for row in rows):
+        return True  # an older staging table (no chunk chain): made again
     if any(row[0] == names.sheet_table and row[2] != len(_TRIGGER_NAMES) for row in rows):
         return True
     if any(name not in attributes for name in columns):
@@ -375,7 +375,10 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
     on the contract: a new contract column changes nothing here. A chunk row's
     foreign key makes staging into an unknown admission fail, and its check
     takes a key-share lock on the admission, which the commit's ``FOR UPDATE``
-    waits for: no chunk lands while its admission commits.
+    waits for: no chunk lands while its admission commits. A staging row after
+    the first names the one before it (``_prev_seq``, a foreign key within the
+    unlogged table), so a chunk staged after a crash emptied the table fails at
+    once instead of at the commit.
     """
     staging = names.ident("staging_table")
     return [
@@ -413,7 +416,10 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
                 _row_count integer NOT NULL,
                 _keys jsonb NOT NULL,
                 _rows jsonb NOT NULL,
+                _prev_seq integer CHECK (_prev_seq = _seq - 1),
                 CONSTRAINT {} PRIMARY KEY (_admission_id, _seq),
+                CONSTRAINT {} FOREIGN KEY (_admission_id, _prev_seq) REFERENCES {}
+                    (_admission_id, _seq) ON DELETE CASCADE,
                 CHECK (jsonb_typeof(_keys) = 'array' AND jsonb_typeof(_rows) = 'array'
                     AND jsonb_array_length(_keys) = _row_count
                     AND jsonb_array_length(_rows) = _row_count
@@ -421,7 +427,12 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
                     AND NOT jsonb_path_exists(_keys, 'strict $[*] ? (@ == "")')
                     AND NOT jsonb_path_exists(_rows, 'strict $[*] ? (@.type() != "object")'))
             )"""
-        ).format(staging, sql.Identifier(names.staging_index)),
+        ).format(
+            staging,
+            sql.Identifier(names.staging_index),
+            sql.Identifier(names.staging_prev_constraint),
+            staging,
+        ),
         # Stored out of line as they are: pglz compressing every chunk cost more than
         # the space it saved on a table that lives for one admission.
         sql.SQL(
@@ -538,7 +549,7 @@ async def ensure_sheet(
             " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
             "   AND attname = 'shard' AND NOT attisdropped),"
             " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_attribute"
-            "   WHERE attrelid = to_regclass(%(staging)s) AND attname = '_rows'"
+            "   WHERE attrelid = to_regclass(%(staging)s) AND attname = '_prev_seq'"
             "   AND NOT attisdropped)",
             {
                 "lock": names.ident("lock_table").as_string(conn),
@@ -554,8 +565,8 @@ async def ensure_sheet(
                 sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
             )
         if found[3]:
-            # The staging table of one row per staged row: scratch space, made again in
-            # the layout of one row per chunk (an admission staged into it starts again).
+            # An older staging table (one row per staged row, or chunks without their
+            # chain): scratch space, made again (an admission staged into it starts again).
             conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
         conn.execute(_ddl(names, columns, logical))
         if not found[0]:

@@ -72,7 +72,7 @@ from ..budgets import (
     MAX_ROW_BYTES,
     KiB,
 )
-from ..errors import AdmissionStateError, InvalidInputError
+from ..errors import STAGING_LOST_TEXT, AdmissionStateError, InvalidInputError
 from ..identity import row_key
 from ._counters import compact_counters, compact_if_long
 from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
@@ -358,8 +358,8 @@ def write_chunk(
         staging.adapters.register_dumper(_JsonText, _JsonTextDumper)
         staging.execute(
             sql.SQL(
-                "INSERT INTO {} (_admission_id, _seq, _first_position, _row_count, _keys, _rows) "
-                "VALUES (%s, %s, %s, %s, %s, %s)"
+                "INSERT INTO {} (_admission_id, _seq, _first_position, _row_count, _keys, _rows,"
+                " _prev_seq) VALUES (%s, %s, %s, %s, %s, %s, %s)"
             ).format(names.ident("staging_table")),
             (
                 admission_id,
@@ -368,9 +368,18 @@ def write_chunk(
                 chunk.row_count,
                 _JsonText(chunk.keys),
                 _JsonText(chunk.rows),
+                seq - 1 if seq > 0 else None,
             ),
         )
     return True
+
+
+def staging_lost(admission_id: str) -> AdmissionStateError:
+    """The error of a chunk that found the chunk before it gone from the staging table."""
+    return AdmissionStateError(
+        f"admission {admission_id}: {STAGING_LOST_TEXT} (a database restart empties the "
+        "unlogged staging table): start the admission again"
+    )
 
 
 def _check_chunk_args(seq: object, first_position: object) -> None:
@@ -412,7 +421,10 @@ async def stage_chunk(
                 raise AdmissionStateError(f"admission {admission_id} is {state[0]}")
         try:
             return write_chunk(conn, names, admission_id, seq, first_position, chunk)
-        except psycopg.errors.ForeignKeyViolation:
+        except psycopg.errors.ForeignKeyViolation as exc:
+            if exc.diag.constraint_name == names.staging_prev_constraint:
+                # The chunk before this one has no staging row: a restart emptied them.
+                raise staging_lost(admission_id) from None
             raise AdmissionStateError(f"admission {admission_id} does not exist") from None
 
     return await pool.run(run)
@@ -525,7 +537,7 @@ def _check_chunks(conn: Conn, names: SheetNames, admission_id: str, chunks: int,
         raise AdmissionStateError(
             f"admission {admission_id}'s staging table holds {held_rows} rows in {held} "
             f"chunks, not the {rows} rows in {chunks} chunks its chunks record: "
-            "start the admission again"
+            f"{STAGING_LOST_TEXT}; start the admission again"
         )
 
 
