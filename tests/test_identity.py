@@ -153,3 +153,9 @@ def test_append_key_vectors(idempotency_key: str, ordinal: int, suffix: str) -> 
     assert key == f"{base}:append:{suffix}"
     assert APPEND_KEY_SUFFIX_LENGTH == 12 == len(suffix)
     assert appended_row_key({"company": "b"}, idempotency_key, ordinal) == key
+
+
+def test_an_empty_deepline_row_key_is_refused() -> None:
+    # The runtime drops such a row (its key is falsy); sheetplane refuses it, typed.
+    with pytest.raises(InvalidInputError, match="__deeplineRowKey"):
+        row_key({"__deeplineRowKey": "", "email": "a@example.com"})
