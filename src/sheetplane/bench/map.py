@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -82,6 +83,8 @@ FLOOR_TARGET: Final = 1.25
 #: map's default batch_rows: the floor writes in chunks of the same size.
 MAP_BATCH_ROWS: Final = 500
 ROADS: Final = ("direct", "gateway_only")
+#: Rows the memory child seeds per statement.
+SEED_CHUNK_ROWS: Final = 100_000
 #: How often the memory child samples its resident set while it maps.
 RSS_SAMPLE_S: Final = 0.1
 
@@ -203,18 +206,22 @@ async def _memory_child(url: str, rows: int) -> dict[str, float]:
         await store.ensure_sheet(sheet, CONTRACT)
         names = sheet_names(sheet)
 
-        def seed(conn: psycopg.Connection[Any]) -> None:
+        def seed(conn: psycopg.Connection[Any], start: int, stop: int) -> None:
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {t} (_key, _status, _run_id, _input_index, _write_version,"
                     " _admitted_version, text) SELECT 'k' || lpad(i::text, 8, '0'), 'pending',"
                     " 'bench', i, 1, 1, to_jsonb('row ' || i || ' ' || repeat('word ', i %% 11))"
-                    " FROM generate_series(0, %(n)s - 1) AS i"
+                    " FROM generate_series(%(start)s, %(stop)s - 1) AS i"
                 ).format(t=names.ident("sheet_table")),
-                {"n": rows},
+                {"start": start, "stop": stop},
             )
 
-        await store.pool.run(seed)
+        # One statement per SEED_CHUNK_ROWS rows: a million in one statement passed the
+        # statement timeout on a loaded machine.
+        for start in range(0, rows, SEED_CHUNK_ROWS):
+            stop = min(rows, start + SEED_CHUNK_ROWS)
+            await store.pool.run(functools.partial(seed, start=start, stop=stop))
     async with (
         running_gateway(url, tokens={token: ORG}) as gateway,
         open_runtime(
@@ -346,8 +353,10 @@ def _memory(url: str, sizes: Sequence[int]) -> list[dict[str, float]]:
             env={**os.environ, DATABASE_URL_ENV: url},
             capture_output=True,
             text=True,
-            check=True,
+            check=False,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"the memory child for {rows:,} rows failed:\n{done.stderr}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
 
@@ -455,9 +464,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if url is None:
             url = stack.enter_context(EmbeddedPostgres()).url
+        # Each part prints as soon as it is measured: a later part failing keeps the others.
         timing = None if "timing" in args.skip else trio.run(_throughput_and_sleep, url, args)
-        memory = [] if "memory" in args.skip else _memory(url, args.memory_rows)
+        if timing is not None:
+            print("\n".join(_timing_lines(timing, args)), flush=True)
         floor = None if "floor" in args.skip else trio.run(_floor, url, args)
+        if floor is not None:
+            print("\n".join(_floor_lines(floor, args)), flush=True)
+        memory = [] if "memory" in args.skip else _memory(url, args.memory_rows)
     print(report(timing, memory, floor, args))
     return 0
 
