@@ -43,12 +43,14 @@ from .errors import LeaseHeldError as LeaseHeldError
 from .errors import LeaseLostError as LeaseLostError
 from .errors import OversizedValueError as OversizedValueError
 from .errors import PoolSaturatedError as PoolSaturatedError
+from .errors import QuotaExceededError as QuotaExceededError
 from .errors import ReadBatchTooLargeError as ReadBatchTooLargeError
 from .errors import ReceiptCompletedError as ReceiptCompletedError
 from .errors import ResponseTooLargeError as ResponseTooLargeError
 from .errors import SessionError as SessionError
 from .errors import SessionExpiredError as SessionExpiredError
 from .errors import SessionPrewarmError as SessionPrewarmError
+from .errors import SheetCapError as SheetCapError
 from .errors import SheetplaneError as SheetplaneError
 from .errors import StatementTimeoutError as StatementTimeoutError
 from .errors import StoreError as StoreError
@@ -128,6 +130,7 @@ __all__ = [
     "MapReport",
     "OversizedValueError",
     "PoolSaturatedError",
+    "QuotaExceededError",
     "ReadBatchTooLargeError",
     "ReceiptCompletedError",
     "ResolvedPlay",
@@ -137,6 +140,7 @@ __all__ = [
     "SessionError",
     "SessionExpiredError",
     "SessionPrewarmError",
+    "SheetCapError",
     "SheetContract",
     "SheetplaneError",
     "SizeMeasurement",

@@ -305,6 +305,25 @@ ADMISSION_COMMIT_CALL_BUDGET_MS: Final = 2 * ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
 #: An admission it could not abort expires after ``ADMISSION_IDLE_MS``.
 ADMISSION_ABORT_TIMEOUT_MS: Final = RETRY_DELAYS_MS[-1]
 
+# --- What one org may keep --------------------------------------------------------
+
+#: Tables one sheet is made of (its rows, events, summary, column summary,
+#: counter log, lock, metadata, staging, admissions and chunk tables).
+SHEET_TABLES: Final = 10
+
+#: Sheets one org may create (``ensure_sheet``, a first admission): each adds
+#: ``SHEET_TABLES`` tables to the catalog and one sheet to every reaper pass, so
+#: an unbounded org slows every org's DDL and sweep (150 sheets of one token
+#: made 1,500 tables and the sweep 5x slower). Past it: 429 ``runtime_org_sheet_cap``.
+MAX_SHEETS_PER_ORG: Final = 512
+
+#: Plays' receipt tables one org may create (a first claim on a new play): one
+#: table each, as many as the org may have sheets.
+MAX_RECEIPT_TABLES_PER_ORG: Final = MAX_SHEETS_PER_ORG
+
+#: So one org adds at most this many tables to the database's catalog.
+ORG_MAX_TABLES: Final = MAX_SHEETS_PER_ORG * SHEET_TABLES + MAX_RECEIPT_TABLES_PER_ORG
+
 # --- DB sessions ---------------------------------------------------------------
 
 #: Lifetime of a scoped database session (and of its Postgres role).

@@ -18,6 +18,8 @@ The tree::
     ├── ResponseTooLargeError                 a response exceeds its action's budget
     ├── AdmissionTooLargeError                a one-request admission would pass the ceiling
     ├── AdmissionStateError                   a staged admission that cannot go on
+    ├── QuotaExceededError                    a bound on what a tenant keeps (staged bytes...)
+    │   └── SheetCapError                     the org's sheets or receipt tables are at their cap
     ├── GatewayError                          the gateway answered an error
     │   ├── GatewayAuthError                  401 / 403
     │   ├── UnsupportedActionError            a gateway that predates the action
@@ -198,6 +200,21 @@ STAGING_LOST_TEXT = "its staging rows were lost"
 
 
 # --- gateway ----------------------------------------------------------------------
+
+
+class QuotaExceededError(SheetplaneError):
+    """A bound on what a tenant may keep in the store is reached (its sheets, its
+    staged bytes, its open admissions); nothing was written."""
+
+    code = "runtime_quota_exceeded"
+
+
+class SheetCapError(QuotaExceededError):
+    """The org has ``MAX_SHEETS_PER_ORG`` sheets (or ``MAX_RECEIPT_TABLES_PER_ORG``
+    plays' receipt tables): a new one is refused until the operator removes some.
+    Not retried: waiting frees nothing."""
+
+    code = "runtime_org_sheet_cap"
 
 
 class GatewayError(SheetplaneError):

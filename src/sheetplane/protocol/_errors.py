@@ -39,6 +39,7 @@ from ..errors import (
     InvalidInputError,
     PoolSaturatedError,
     ReadBatchTooLargeError,
+    SheetCapError,
     SheetplaneError,
     StatementTimeoutError,
     StoreError,
@@ -178,6 +179,15 @@ ERRORS: Final[tuple[ErrorRule, ...]] = (
         TransientGatewayError,
         True,
         "the token's or the org's live DB sessions are at their cap (retry_after_ms)",
+    ),
+    ErrorRule(
+        SheetCapError.code,
+        429,
+        SheetCapError,
+        False,
+        "the org's sheets or plays' receipt tables are at their cap (not retried: "
+        "waiting frees none)",
+        answers=(SheetCapError,),
     ),
     ErrorRule(
         Code.INTERNAL_ERROR, 500, GatewayError, False, "an unexpected failure (no trace, no secret)"

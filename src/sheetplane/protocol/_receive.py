@@ -48,6 +48,7 @@ from ..errors import (
     GatewayAuthError,
     GatewayError,
     InvalidInputError,
+    QuotaExceededError,
     ReadBatchTooLargeError,
     TransientGatewayError,
     UnsupportedActionError,
@@ -216,6 +217,9 @@ def receive(
             raise AdmissionTooLargeError(_observed(body, TRANSPORT_CEILING_BYTES))
         if cls is AdmissionStateError or cls is WorkReceiptFencedError:
             raise cls(message)
+        if issubclass(cls, QuotaExceededError) and not rule.retryable:
+            # A cap that waiting does not free: a 429 like this is not retried.
+            raise cls(redact(error_text) if error_text else message)
         if cls is InvalidInputError:
             # A bad row of a staged chunk: the text names its position in the input.
             raise InvalidInputError(redact(error_text) if error_text else message)

@@ -14,6 +14,7 @@ from ._names import sheet_names as sheet_names
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
 from ._pool import open_pool as open_pool
+from ._quotas import StoreQuotas as StoreQuotas
 from ._reads import JsonPage as JsonPage
 from ._reads import RowCursor as RowCursor
 from ._store import SheetStore as SheetStore
@@ -25,6 +26,7 @@ __all__ = [
     "RowCursor",
     "SheetNames",
     "SheetStore",
+    "StoreQuotas",
     "TrioPool",
     "open_pool",
     "open_store",

@@ -28,7 +28,12 @@ import psycopg
 from psycopg import sql
 
 from .._types import SYSTEM_COLUMNS, SheetContract, SheetRef
-from ..budgets import MAX_CONTRACT_COLUMNS, MAX_REQUEST_TEXT_BYTES
+from ..budgets import (
+    MAX_CONTRACT_COLUMNS,
+    MAX_RECEIPT_TABLES_PER_ORG,
+    MAX_REQUEST_TEXT_BYTES,
+    MAX_SHEETS_PER_ORG,
+)
 from ..errors import InvalidInputError
 from ..identity import IDENTITY_SCHEME
 from ._counters import COUNT_TRIGGERS, count_trigger_ddl
@@ -36,6 +41,7 @@ from ._guards import guard_ddl, guards_missing
 from ._locking import lock_sheet
 from ._names import TABLE_ATTRS, SheetNames
 from ._pool import TrioPool
+from ._quotas import check_room
 
 __all__ = [
     "POSTGRES_SYSTEM_COLUMNS",
@@ -518,7 +524,12 @@ async def ensure_ddl(
 
 
 async def ensure_sheet(
-    pool: TrioPool, names: SheetNames, sheet: SheetRef, contract: SheetContract
+    pool: TrioPool,
+    names: SheetNames,
+    sheet: SheetRef,
+    contract: SheetContract,
+    *,
+    max_sheets: int = MAX_SHEETS_PER_ORG,
 ) -> None:
     """Create the sheet's tables, and columns for new physical contract columns, if missing.
 
@@ -526,7 +537,8 @@ async def ensure_sheet(
     when nothing is missing (so a hot path takes no table lock), and the DDL
     itself runs under a transaction-scoped advisory lock per org schema, after
     the same check again. Existing columns and data are never changed. If
-    cancelled, the transaction rolls back.
+    cancelled, the transaction rolls back. A new sheet of an org that holds
+    ``max_sheets`` already raises ``SheetCapError`` and creates nothing.
     """
     if not isinstance(contract, SheetContract):
         raise InvalidInputError(f"contract must be a SheetContract, got {type(contract).__name__}")
@@ -558,6 +570,10 @@ async def ensure_sheet(
             },
         ).fetchone()
         assert found is not None
+        if relations_missing(conn, names.schema, [names.sheet_table]):
+            # A new sheet, counted under the org's DDL key: racing first callers
+            # cannot pass the cap together.
+            check_room(conn, names.schema, "sheet", max_sheets)
         if found[0]:
             lock_sheet(conn, names, "exclusive")
         elif found[1]:
@@ -594,11 +610,15 @@ async def ensure_sheet(
     await ensure_ddl(pool, names.schema, lambda conn: _missing_ddl(conn, names, columns), create)
 
 
-async def ensure_receipts(pool: TrioPool, names: SheetNames) -> None:
+async def ensure_receipts(
+    pool: TrioPool, names: SheetNames, *, max_tables: int = MAX_RECEIPT_TABLES_PER_ORG
+) -> None:
     """Create the org schema and the play's receipts table if missing (idempotent,
-    safe under concurrency: ``ensure_ddl``)."""
+    safe under concurrency: ``ensure_ddl``); ``SheetCapError`` when the org holds
+    ``max_tables`` receipt tables already."""
 
     def create(conn: psycopg.Connection[Any]) -> None:
+        check_room(conn, names.schema, "receipts", max_tables)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
         conn.execute(_receipts_ddl(names))
 

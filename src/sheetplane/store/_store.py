@@ -35,6 +35,7 @@ from .._types import (
 from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _staging, _writes
 from ._names import SheetNames, receipt_names, sheet_names
 from ._pool import TrioPool, open_pool
+from ._quotas import StoreQuotas
 from ._reads import JsonPage, RowCursor
 from ._rowdata import physical_columns
 from ._staging import EncodedChunk
@@ -55,8 +56,11 @@ class SheetStore:
     cancels its statement on the server and rolls its transaction back.
     """
 
-    def __init__(self, pool: TrioPool) -> None:
+    def __init__(self, pool: TrioPool, *, quotas: StoreQuotas | None = None) -> None:
         self.pool = pool
+        self.quotas = StoreQuotas() if quotas is None else quotas
+        """What one org may keep (``_quotas``): new sheets and receipt tables past it
+        raise ``SheetCapError``."""
         self._ensured: OrderedDict[tuple[SheetNames, frozenset[tuple[str, str]]], None] = (
             OrderedDict()
         )
@@ -70,7 +74,9 @@ class SheetStore:
     async def ensure_sheet(self, sheet: SheetRef, contract: SheetContract) -> None:
         """Create the sheet's tables and any new contract columns (idempotent)."""
         names = sheet_names(sheet)
-        await _schema.ensure_sheet(self.pool, names, sheet, contract)
+        await _schema.ensure_sheet(
+            self.pool, names, sheet, contract, max_sheets=self.quotas.max_sheets_per_org
+        )
         self._remember(names, contract)
 
     async def _ensure_cached(self, sheet: SheetRef, contract: SheetContract) -> SheetNames:
@@ -79,7 +85,9 @@ class SheetStore:
         if key in self._ensured:
             self._ensured.move_to_end(key)
             return names
-        await _schema.ensure_sheet(self.pool, names, sheet, contract)
+        await _schema.ensure_sheet(
+            self.pool, names, sheet, contract, max_sheets=self.quotas.max_sheets_per_org
+        )
         self._remember(names, contract)
         return names
 
@@ -250,7 +258,9 @@ class SheetStore:
     async def _receipt_names(self, org_id: str, play_name: str) -> SheetNames:
         names = receipt_names(org_id, play_name)
         if names not in self._receipts_ensured:
-            await _schema.ensure_receipts(self.pool, names)
+            await _schema.ensure_receipts(
+                self.pool, names, max_tables=self.quotas.max_receipt_tables_per_org
+            )
             self._receipts_ensured[names] = None
             while len(self._receipts_ensured) > _ENSURED_CACHE_ENTRIES:
                 self._receipts_ensured.popitem(last=False)
@@ -455,6 +465,7 @@ async def open_store(
     statement_timeout_ms: int = budgets.POSTGRES_STATEMENT_TIMEOUT_MS,
     connect_timeout_ms: int = budgets.POSTGRES_CONNECT_TIMEOUT_MS,
     connect_retry_delays_ms: Sequence[int] = budgets.POSTGRES_CONNECT_RETRY_DELAYS_MS,
+    quotas: StoreQuotas | None = None,
 ) -> AsyncIterator[SheetStore]:
     """Open a ``SheetStore`` on ``database_url`` (a secret: never logged); closed on exit.
 
@@ -468,4 +479,4 @@ async def open_store(
         connect_timeout_ms=connect_timeout_ms,
         connect_retry_delays_ms=connect_retry_delays_ms,
     ) as pool:
-        yield SheetStore(pool)
+        yield SheetStore(pool, quotas=quotas)

@@ -396,7 +396,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             trio.open_nursery() as nursery,
         ):
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
-            store = SheetStore(cast(TrioPool, admission))
+            store = SheetStore(cast(TrioPool, admission), quotas=config.quotas)
             try:
                 await harden_database(store)
                 for definition in config.plays:

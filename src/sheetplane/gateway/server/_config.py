@@ -22,6 +22,7 @@ from ...budgets import (
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
 from ...errors import InvalidInputError
+from ...store._quotas import StoreQuotas
 from ._plays import PlayDefinition
 from ._roles import SessionBounds, SessionCaps
 
@@ -123,6 +124,9 @@ class GatewayConfig:
     400. Only for loopback tests of the reference server."""
     plays: tuple[PlayDefinition, ...] = attrs.field(default=(), converter=_plays)
     """Plays registered when the gateway starts (``sheetplane serve --plays DIR``)."""
+    quotas: StoreQuotas = attrs.field(factory=StoreQuotas)
+    """What one org may keep in the store (sheets, receipt tables, staged bytes, open
+    admissions); the defaults are ``budgets``'."""
 
     def session_bounds(self) -> SessionBounds:
         """The time and connection bounds every session role is created with."""
