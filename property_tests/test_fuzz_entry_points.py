@@ -47,6 +47,7 @@ from sheetplane import (
     json_byte_length_up_to,
 )
 from sheetplane._types import (
+    BIGINT_MAX,
     CompleteRow,
     ContractColumn,
     FailRow,
@@ -416,7 +417,13 @@ def test_encryption_refuses_bad_keys_and_urls(jwk: Any, url: Any, unwrap: Any) -
     namespace=st.one_of(wrong_types(), st.just("ns")),
     operations=st.one_of(wrong_types(), st.lists(hostile_text(max_size=12), max_size=3)),
     logical=st.one_of(wrong_types(), st.sampled_from(["sheet_rows", "nope"])),
-    limit=st.one_of(bad_numbers(), wrong_types(), st.integers(1, 9)),
+    # The edges of the rule: a limit is a positive ``bigint``, as the wire carries it.
+    limit=st.one_of(
+        bad_numbers(),
+        wrong_types(),
+        st.integers(1, 9),
+        st.sampled_from([BIGINT_MAX, BIGINT_MAX + 1]),
+    ),
     session=st.one_of(wrong_types(), st.just({"expiresAt": "x"})),
 )
 def test_session_values_refuse_bad_fields(
@@ -434,7 +441,8 @@ def test_session_values_refuse_bad_fields(
     )
     assert outcome == ("ok" if valid_shape else "error"), shape
     outcome, _ = typed_or_value(lambda: SessionLimits(max_rows=limit))
-    assert outcome == ("ok" if limit is None or (type(limit) is int and limit >= 1) else "error")
+    positive_bigint = type(limit) is int and 1 <= limit <= BIGINT_MAX
+    assert outcome == ("ok" if limit is None or positive_bigint else "error"), limit
     outcome, preloaded = typed_or_value(
         lambda: PreloadedSession("ns", ("rows.read",), session=session)
     )
