@@ -141,3 +141,19 @@ async def test_a_null_session_limit_is_400_not_an_unlimited_session(
     }
     answer = await assert_400(sheetplane_gateway, json.dumps(body).encode())
     assert "limits.maxRows" in answer["error"]
+
+
+async def test_a_nul_in_a_skipped_sql_name_is_400_not_accepted(
+    sheetplane_gateway: GatewayHandle,
+) -> None:
+    # The fuzzer found a contract column named "_key\x00" (an ``_`` name is not a table
+    # column) answered 200: Postgres text cannot hold the NUL, so it is refused anyway.
+    columns = [*CONTRACT["columns"], {"id": "skipped", "sqlName": "_key\x00", "source": "input"}]
+    body = {
+        "action": "ensure_sheet",
+        "playName": "p",
+        "tableNamespace": "ns",
+        "sheetContract": {"columns": columns},
+    }
+    answer = await assert_400(sheetplane_gateway, json.dumps(body).encode())
+    assert "NUL" in answer["error"]

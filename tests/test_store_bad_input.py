@@ -130,6 +130,24 @@ async def test_nul_or_surrogate_in_a_contract_column_is_refused(
         await store.ensure_sheet(sheet, SheetContract((*CONTRACT.columns, column)))
 
 
+@pytest.mark.parametrize(
+    "column",
+    [
+        ContractColumn("extra", "_key\x00", "output"),
+        ContractColumn("id\x00", "_skipped", "output"),
+        ContractColumn("extra", "_skipped", "input", "fi\udc00eld"),
+    ],
+)
+async def test_nul_in_a_non_physical_contract_column_is_refused_not_skipped(
+    store: SheetStore, sheet: SheetRef, column: ContractColumn
+) -> None:
+    # A column named with ``_`` has no table column, but its names are still text the
+    # sheet keeps: a NUL in them was let through as a skipped column.
+    assert not column.is_physical
+    with pytest.raises(InvalidInputError, match=r"NUL or a lone surrogate"):
+        await store.ensure_sheet(sheet, SheetContract((*CONTRACT.columns, column)))
+
+
 async def test_nesting_past_max_json_depth_is_refused_not_a_recursion_error(
     store: SheetStore, sheet: SheetRef, admitted: int
 ) -> None:

@@ -175,15 +175,9 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
             raise InvalidInputError(
                 f"sheet contract sqlName {name!r} is a system column of the sheet"
             )
-        if not column.is_physical:
-            continue
-        if "\x00" in name or len(name.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
-            raise InvalidInputError(
-                f"sheet contract sqlName {name!r} is not a valid column name "
-                f"(at most {MAX_IDENTIFIER_BYTES} bytes, no NUL)"
-            )
-        # The id and field are stored too (the id in the column's comment): they must be
-        # text Postgres can hold.
+        # Every column's names are text Postgres can hold, a column that is not physical
+        # (``_``-named, skipped below) too: Postgres text cannot carry NUL, and the id of
+        # a physical column is stored (in the sheet's metadata).
         for what, text in (("sqlName", name), ("id", column.id), ("field", column.field)):
             if text is not None and not _storable(text):
                 raise InvalidInputError(
@@ -193,6 +187,13 @@ def _physical_columns(contract: SheetContract) -> dict[str, str]:
                 raise InvalidInputError(
                     f"sheet contract column {what} is longer than {MAX_REQUEST_TEXT_BYTES} bytes"
                 )
+        if not column.is_physical:
+            continue
+        if len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+            raise InvalidInputError(
+                f"sheet contract sqlName {name!r} is not a valid column name "
+                f"(at most {MAX_IDENTIFIER_BYTES} bytes, no NUL)"
+            )
         if name in SYSTEM_COLUMNS or name in POSTGRES_SYSTEM_COLUMNS:
             raise InvalidInputError(f"sheet contract sqlName {name!r} is a system column")
         columns[name] = column.id
