@@ -119,14 +119,15 @@ def hostile_text(*, min_size: int = 0, max_size: int = 40) -> st.SearchStrategy[
 
 
 def column_names() -> st.SearchStrategy[str]:
-    """A valid physical column name: 1 to 63 UTF-8 bytes, no NUL, not starting with ``_``."""
+    """A valid physical column name: 1 to 63 UTF-8 bytes, no NUL, not starting with ``_``,
+    not all whitespace (the wire refuses a blank ``sqlName`` or ``id``: pattern ``\\S``)."""
     return (
         st.one_of(
             st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True),
             st.sampled_from(SQL_LOOKING),
             st.text(_NO_NUL, min_size=1, max_size=20),
         )
-        .filter(lambda s: not s.startswith("_"))
+        .filter(lambda s: not s.startswith("_") and s.strip() != "")
         .filter(lambda s: 0 < len(s.encode("utf-8")) <= 63)
     )
 
