@@ -22,6 +22,7 @@ from sheetplane.budgets import (
     org_connection_budget,
 )
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
+from sheetplane.gateway.server._roles import org_session_backends
 from sheetplane.store.embedded import EmbeddedPostgres
 
 #: Few enough slots that one org's sessions could take every one of them.
@@ -88,16 +89,7 @@ def alive(conn: psycopg.Connection[Any]) -> bool:
 
 
 async def org_backends(gw: RunningGateway, org: str) -> int:
-    def count(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity a JOIN sheetplane_gateway.sessions l"
-            " ON l.role = a.usename WHERE l.org_id = %s",
-            (org,),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    return await gw.state.store.pool.run(count)
+    return await gw.state.store.pool.run(lambda conn: org_session_backends(conn, org))
 
 
 def test_the_org_budget_is_half_the_session_slots_left_and_never_below_one_session() -> None:

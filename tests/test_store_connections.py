@@ -34,6 +34,7 @@ from _writer_process import CONTRACT
 from sheetplane._types import SheetRef
 from sheetplane.budgets import DB_SESSION_MAX_CONNECTIONS, org_connection_budget
 from sheetplane.gateway.client import GatewayClient
+from sheetplane.gateway.server._roles import org_session_backends
 from sheetplane.store import sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres
 
@@ -255,13 +256,7 @@ async def test_a_direct_runner_rides_through_a_postgres_restart(
 
 def _org_backends(server: EmbeddedPostgres, org: str) -> int:
     with psycopg.connect(server.url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity a JOIN sheetplane_gateway.sessions l"
-            " ON l.role = a.usename WHERE l.org_id = %s",
-            (org,),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+        return org_session_backends(conn, org)
 
 
 async def test_runners_that_admit_their_own_sheets_never_starve_the_org_on_idle_connections(

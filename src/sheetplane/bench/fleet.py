@@ -81,13 +81,10 @@ class Run:
 
 
 def _org_backends(url: str, org: str) -> int:
+    from ..gateway.server._roles import org_session_backends
+
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity a JOIN sheetplane_gateway.sessions l"
-            " ON l.role = a.usename WHERE l.org_id = %s",
-            (org,),
-        ).fetchone()
-    return int(row[0]) if row else 0
+        return org_session_backends(conn, org)
 
 
 async def _one_run(

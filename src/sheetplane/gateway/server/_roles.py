@@ -459,6 +459,19 @@ _IDLE_ROLES = sql.SQL(
 ).format(_LEDGER)
 
 
+def org_session_backends(conn: psycopg.Connection[Any], org_id: str) -> int:
+    """The connections the session roles of ``org_id`` hold now (the ledger knows each
+    role's org); for tests and benchmarks that watch an org's budget."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT count(*) FROM pg_stat_activity AS a JOIN {} AS l ON l.role = a.usename"
+            " WHERE l.org_id = %s"
+        ).format(_LEDGER),
+        (org_id,),
+    ).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 def _granted_connections(conn: psycopg.Connection[Any], org_id: str) -> int:
     row = conn.execute(_ORG_GRANTED, (org_id,)).fetchone()
     return int(row[0]) if row is not None else 0
