@@ -375,11 +375,13 @@ DB_SESSION_POOL_IDLE_MS: Final = 2 * DB_SESSION_WATCHDOG_INTERVAL_MS
 
 #: A mint waiting for its org's connection budget may reclaim a session role
 #: of that org that holds no connection and was minted at least this long
-#: ago: one watchdog interval, time for the runner that minted it to open its
-#: pool. A role in use holds connections (its pool keeps them for
-#: ``DB_SESSION_POOL_IDLE_MS`` after its last caller), so only a role whose
-#: pool was released or went idle is taken; its runner mints anew on next use.
-DB_SESSION_RECLAIM_AFTER_MS: Final = DB_SESSION_WATCHDOG_INTERVAL_MS
+#: ago: the pool idle timeout, time for the runner that minted it to open its
+#: pool on a loaded machine. A role in use holds connections (its pool keeps
+#: them for ``DB_SESSION_POOL_IDLE_MS`` after its last caller), so only a role
+#: whose pool was released or went idle is taken; its runner mints anew on
+#: next use (and a statement that meets its role gone, 42501, is retried on a
+#: new session: nothing ran).
+DB_SESSION_RECLAIM_AFTER_MS: Final = DB_SESSION_POOL_IDLE_MS
 
 #: The longest a mint waits in its org's queue for room in the org's
 #: connection budget before it is refused 429 (with ``retry_after_ms``; the

@@ -66,7 +66,14 @@ from .budgets import (
     POSTGRES_PREWARM_MAX_ATTEMPTS,
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
-from .errors import GatewayProtocolError, InvalidInputError, SessionError, SessionPrewarmError
+from .errors import (
+    GatewayProtocolError,
+    InvalidInputError,
+    SessionError,
+    SessionPrewarmError,
+    StoreError,
+    StoreUnavailableError,
+)
 from .names import normalize_name, normalize_table_namespace
 from .protocol import _domain
 
@@ -575,6 +582,20 @@ class SessionManager:
         pool.notify()  # a caller is in: the pool's idle timer stops
         try:
             yield pool.store
+        except StoreError as exc:
+            cause = exc.__cause__
+            if (
+                isinstance(exc, StoreUnavailableError)
+                or getattr(cause, "sqlstate", None) != "42501"
+            ):
+                raise
+            # The role went away under the pool (the gateway reclaimed it while it
+            # looked idle): nothing ran. Retire it, so the retry mints a new session.
+            if self._sessions.get(key) is session:
+                self._retire(key)
+            raise StoreUnavailableError(
+                f"the DB session's role was reclaimed while in use: {exc}"
+            ) from exc
         finally:
             pool.users -= 1
             pool.notify()
