@@ -4,6 +4,7 @@ belong to a live admission, staged bytes and open admissions."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,13 +13,17 @@ import httpx
 import psycopg
 import pytest
 import trio
+from psycopg import sql
 
-from sheetplane import SheetCapError
+from _session_helpers import aad_of
+from sheetplane import SheetCapError, crypto
 from sheetplane._types import INTEGER_MAX, ContractColumn, SheetContract, SheetRef
+from sheetplane.budgets import MAX_ROW_KEY_BYTES
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.store import StoreQuotas, open_store
-from sheetplane.store._names import org_schema
+from sheetplane.store import StoreQuotas, _quotas, open_store
+from sheetplane.store._names import org_schema, sheet_names
+from sheetplane.store._staging import sweep_admissions
 
 TOKEN_A = "tok-quota-a-5d1e7b2c"
 TOKEN_B = "tok-quota-b-9c4a3f8e"
@@ -94,8 +99,9 @@ async def test_a_chunk_seq_past_the_integer_column_is_400_not_500(
     refused = await stage(gateway, "leads", admission_id, seq, [{"email": "a@example.com"}])
     assert refused.status_code == 400, refused.text
     assert "seq" in refused.text
-    highest = await stage(gateway, "leads", admission_id, INTEGER_MAX, [{"email": "a@x.io"}])
-    assert highest.status_code == 200, highest.text
+    # Refused on the wire, before the store: the admission is still open.
+    first = await stage(gateway, "leads", admission_id, 0, [{"email": "a@example.com"}])
+    assert first.status_code == 200, first.text
 
 
 async def test_a_receipt_run_attempt_past_the_integer_column_is_400(
@@ -218,3 +224,194 @@ async def test_concurrent_first_sheets_of_one_org_never_pass_the_cap(database_ur
             for i in range(10):
                 nursery.start_soon(make, i)
     assert refused == 6
+
+
+async def mint_stage_role(gw: RunningGateway, play: str, namespace: str) -> str:
+    """The Postgres URL of a new ``rows.stage`` session of ORG_A on the sheet."""
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    response = await post(
+        gw,
+        "create_db_session",
+        play=play,
+        target={"tableNamespace": namespace, "logicalTable": "sheet_rows"},
+        operations=["rows.stage"],
+        sheetContract=CONTRACT,
+        postgresUrlEncryption=key.encryption_request(),
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    return crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad_of(answer))
+
+
+def hostile_stage(
+    url: str, names: Any, admission_id: str, seq: int, key: str, *, record: bool = True
+) -> str | None:
+    """As the stage role: record a chunk (unless not ``record``) and COPY its staging
+    row (one 2 KiB row under ``key``); the name of the error Postgres refused it
+    with, or None."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+            if record:
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (admission_id, seq, first_position, row_count) "
+                        "VALUES (%s, %s, 0, 1) ON CONFLICT DO NOTHING"
+                    ).format(names.ident("stage_chunks_table")),
+                    (admission_id, seq),
+                )
+            with conn.cursor().copy(
+                sql.SQL(
+                    "COPY {} (_admission_id, _seq, _first_position, _row_count, _keys, _rows) "
+                    "FROM STDIN"
+                ).format(names.ident("staging_table"))
+            ) as copy:
+                copy.write_row(
+                    (admission_id, seq, 0, 1, f'["{key}"]', '[{"email": "' + "x" * 2048 + '"}]')
+                )
+    except psycopg.Error as exc:
+        return type(exc).__name__
+    return None
+
+
+def staged_rows(database_url: str, names: Any) -> list[tuple[str, int]]:
+    with psycopg.connect(database_url) as conn:
+        return [
+            (str(a), int(s))
+            for a, s in conn.execute(
+                sql.SQL("SELECT _admission_id, _seq FROM {} ORDER BY 1, 2").format(
+                    names.ident("staging_table")
+                )
+            ).fetchall()
+        ]
+
+
+async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_cap(
+    gateway: RunningGateway, database_url: str
+) -> None:
+    # A rows.stage role could COPY rows under an admission never begun, with 100 KB keys,
+    # and abort, commit and the reaper's sweep (which delete by registered id) kept them.
+    play = f"orphan-{uuid.uuid4().hex[:8]}"
+    made = await post(gateway, "ensure_sheet", play=play, tableNamespace="leads")
+    assert made.status_code == 200, made.text
+    names = sheet_names(SheetRef(ORG_A, play, "leads"))
+    url = await mint_stage_role(gateway, play, "leads")
+    never_begun = uuid.uuid4().hex
+    orphan = functools.partial(hostile_stage, record=False)
+    refused = await trio.to_thread.run_sync(orphan, url, names, never_begun, 0, "k")
+    assert refused == "ForeignKeyViolation"
+    # Nor under a live admission without recording the chunk.
+    live = await begin(gateway, "leads", playName=play)
+    refused = await trio.to_thread.run_sync(orphan, url, names, live, 0, "k")
+    assert refused == "ForeignKeyViolation"
+    long_key = "k" * (MAX_ROW_KEY_BYTES + 1)
+    refused = await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, long_key)
+    assert refused == "CheckViolation"
+    # Rows the role stages for a live admission, left after that admission closed:
+    # the sweep deletes what no open admission owns.
+    assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
+    aborted = await post(
+        gateway, "abort_sheet_admission", play=play, tableNamespace="leads", admissionId=live
+    )
+    assert aborted.status_code == 200, aborted.text
+    assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == [(live, 0)]
+    async with open_store(database_url) as store:
+        await sweep_admissions(store.pool)
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == []
+
+
+def total_staged(database_url: str) -> int:
+    """Staged bytes in every org's staging tables, as the quota counts them."""
+    with psycopg.connect(database_url) as conn:
+        return _quotas._staged_bytes(conn, None)
+
+
+def rows_of(n: int, size: int = 5_000) -> list[dict[str, str]]:
+    return [{"email": f"{i}-" + "x" * size} for i in range(n)]
+
+
+@pytest.fixture
+async def staging_capped(database_url: str) -> AsyncIterator[RunningGateway]:
+    # A chunk of 2 rows stages about 10 KB: an admission holds two such chunks, an
+    # org about three less a little, and every org together just under four more
+    # than what is staged now.
+    baseline = await trio.to_thread.run_sync(total_staged, database_url)
+    quotas = StoreQuotas(
+        max_admission_staged_bytes=25_000,
+        max_org_staged_bytes=28_000,
+        max_total_staged_bytes=baseline + 38_000,
+        max_open_admissions_per_org=3,
+    )
+    CAPPED_ORG["a"] = f"org-stage-{uuid.uuid4().hex[:8]}"
+    tokens = {TOKEN_A: CAPPED_ORG["a"], TOKEN_B: f"org-stage-{uuid.uuid4().hex[:8]}"}
+    async with running_gateway(database_url, tokens=tokens, quotas=quotas) as gw:
+        yield gw
+
+
+async def test_staged_bytes_are_bounded_per_admission_per_org_and_in_total(
+    staging_capped: RunningGateway, database_url: str
+) -> None:
+    # One token staged 195 MB in 7.6 s with nothing refusing.
+    gw = staging_capped
+    first = await begin(gw, "leads")
+    assert (await stage(gw, "leads", first, 0, rows_of(2))).status_code == 200
+    assert (await stage(gw, "leads", first, 1, rows_of(2), firstPosition=2)).status_code == 200
+    # A third chunk would take this admission past its bound: 413, nothing written.
+    before = await trio.to_thread.run_sync(total_staged, database_url)
+    refused = await stage(gw, "leads", first, 2, rows_of(2), firstPosition=4)
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["code"] == "runtime_admission_staging_too_large"
+    assert await trio.to_thread.run_sync(total_staged, database_url) == before
+    # A second admission of the org: its first chunk would pass the org's bound.
+    second = await begin(gw, "other")
+    refused = await stage(gw, "other", second, 0, rows_of(2))
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "runtime_staging_quota"
+    assert refused.json()["retry_after_ms"] > 0
+    # Another org has room of its own, until every org's staged bytes reach the total.
+    other_org = await begin(gw, "leads", token=TOKEN_B)
+    ok = await stage(gw, "leads", other_org, 0, rows_of(2), token=TOKEN_B)
+    assert ok.status_code == 200, ok.text
+    refused = await stage(gw, "leads", other_org, 1, rows_of(2), token=TOKEN_B, firstPosition=2)
+    assert refused.status_code == 429, refused.text
+    assert "staging space is full" in refused.json()["error"]
+    # Aborting the first admission frees the org's room.
+    aborted = await post(gw, "abort_sheet_admission", tableNamespace="leads", admissionId=first)
+    assert aborted.status_code == 200, aborted.text
+    assert (await stage(gw, "other", second, 0, rows_of(2))).status_code == 200
+
+
+async def test_open_admissions_are_bounded_per_org_and_an_admission_has_a_lifetime(
+    staging_capped: RunningGateway, database_url: str
+) -> None:
+    gw = staging_capped
+    opened = [await begin(gw, "leads") for _ in range(3)]
+    refused = await post(
+        gw,
+        "begin_sheet_admission",
+        tableNamespace="leads",
+        sheetContract=CONTRACT,
+        admissionId=uuid.uuid4().hex,
+        runId="run-1",
+    )
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "runtime_staging_quota"
+    # A begin of an admission already open is a retry, not a new one.
+    again = await post(
+        gw,
+        "begin_sheet_admission",
+        tableNamespace="leads",
+        sheetContract=CONTRACT,
+        admissionId=opened[0],
+        runId="run-1",
+    )
+    assert again.status_code == 200, again.text
+    # However often it is fed, an admission older than its lifetime is expired by the
+    # sweep (before, each chunk extended its idle expiry without end).
+    assert (await stage(gw, "leads", opened[0], 0, rows_of(1, 10))).status_code == 200
+    async with open_store(database_url, quotas=StoreQuotas(admission_lifetime_ms=1)) as store:
+        assert await store.sweep_admissions() >= 3
+    expired = await stage(gw, "leads", opened[0], 1, rows_of(1, 10), firstPosition=1)
+    assert expired.status_code == 409, expired.text
+    assert "expired" in expired.json()["error"]
+    assert (await begin(gw, "leads")) is not None

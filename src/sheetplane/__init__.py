@@ -20,6 +20,7 @@ from ._types import ResolvedPlay as ResolvedPlay
 from ._types import SheetContract as SheetContract
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
+from .errors import AdmissionStagingTooLargeError as AdmissionStagingTooLargeError
 from .errors import AdmissionStateError as AdmissionStateError
 from .errors import AdmissionTooLargeError as AdmissionTooLargeError
 from .errors import AttemptSupersededError as AttemptSupersededError
@@ -52,6 +53,7 @@ from .errors import SessionExpiredError as SessionExpiredError
 from .errors import SessionPrewarmError as SessionPrewarmError
 from .errors import SheetCapError as SheetCapError
 from .errors import SheetplaneError as SheetplaneError
+from .errors import StagingQuotaError as StagingQuotaError
 from .errors import StatementTimeoutError as StatementTimeoutError
 from .errors import StoreError as StoreError
 from .errors import StoreUnavailableError as StoreUnavailableError
@@ -99,6 +101,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AdmissionStagingTooLargeError",
     "AdmissionStateError",
     "AdmissionTooLargeError",
     "AttemptSupersededError",
@@ -144,6 +147,7 @@ __all__ = [
     "SheetContract",
     "SheetplaneError",
     "SizeMeasurement",
+    "StagingQuotaError",
     "StatementTimeoutError",
     "StoreError",
     "StoreUnavailableError",

@@ -299,6 +299,32 @@ ADMISSION_COMMIT_CALL_BUDGET_MS: Final = 2 * ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
     RETRY_DELAYS_MS
 )
 
+#: An open admission lives at most this long however often it is fed (a chunk
+#: extends only its idle expiry): six idle windows, an hour, several times what
+#: a million-row input takes to stage. Past it the reaper expires it.
+ADMISSION_MAX_LIFETIME_MS: Final = 6 * ADMISSION_IDLE_MS
+
+#: Staged bytes (the staged chunks' keys and rows) one admission may hold: 256
+#: full chunks, 2 GiB, past a million rows of 1 KiB. Past it the chunk is 413
+#: ``runtime_admission_staging_too_large`` (not retried) and nothing is written.
+ADMISSION_MAX_STAGED_BYTES: Final = 256 * ADMISSION_CHUNK_BYTES
+
+#: Staged bytes one org's staging tables may hold on disk: two whole admissions
+#: at once. One token staged 195 MB in 7.6 s (about 93 GB an hour) with nothing
+#: refusing. Past it: 429 ``runtime_staging_quota`` with ``retry_after_ms``.
+ORG_MAX_STAGED_BYTES: Final = 2 * ADMISSION_MAX_STAGED_BYTES
+
+#: Staged bytes every org's staging tables together may hold on disk: eight
+#: orgs' worth, 32 GiB; past it every org's next chunk waits (429).
+STAGING_MAX_TOTAL_BYTES: Final = 8 * ORG_MAX_STAGED_BYTES
+
+#: Admissions one org may hold open at once (``begin_sheet_admission``): a
+#: runner holds one per ``start``; past it 429 ``runtime_staging_quota``.
+ORG_MAX_OPEN_ADMISSIONS: Final = 64
+
+#: The ``retry_after_ms`` of a staging quota's 429: the longest the client waits.
+STAGING_QUOTA_RETRY_AFTER_MS: Final = MAX_RETRY_AFTER_MS
+
 #: How long a runner that failed or was cancelled before its commit spends
 #: aborting the admission (one best-effort call, shielded from the
 #: cancellation): the longest ladder delay, so a cancelled runner stops promptly.
@@ -657,6 +683,11 @@ def _check() -> None:
         ),
         "an abandoned admission outlives a whole call of its runner": (
             ADMISSION_IDLE_MS > CALL_BUDGET_MS
+        ),
+        "an admission lives past its idle window; it holds at least one chunk": (
+            ADMISSION_MAX_LIFETIME_MS > ADMISSION_IDLE_MS
+            and ADMISSION_MAX_STAGED_BYTES >= ADMISSION_CHUNK_BYTES
+            and ADMISSION_MAX_STAGED_BYTES <= ORG_MAX_STAGED_BYTES <= STAGING_MAX_TOTAL_BYTES
         ),
         "a compacted counter log is shorter than the reaper's compaction threshold": (
             len(("total", "queued", "running", "completed", "failed")) + MAX_CONTRACT_COLUMNS

@@ -19,7 +19,9 @@ The tree::
     ├── AdmissionTooLargeError                a one-request admission would pass the ceiling
     ├── AdmissionStateError                   a staged admission that cannot go on
     ├── QuotaExceededError                    a bound on what a tenant keeps (staged bytes...)
-    │   └── SheetCapError                     the org's sheets or receipt tables are at their cap
+    │   ├── SheetCapError                     the org's sheets or receipt tables are at their cap
+    │   ├── StagingQuotaError                 open admissions or staged bytes at their bound (429)
+    │   └── AdmissionStagingTooLargeError     one admission's staged bytes past its bound (413)
     ├── GatewayError                          the gateway answered an error
     │   ├── GatewayAuthError                  401 / 403
     │   ├── UnsupportedActionError            a gateway that predates the action
@@ -215,6 +217,21 @@ class SheetCapError(QuotaExceededError):
     Not retried: waiting frees nothing."""
 
     code = "runtime_org_sheet_cap"
+
+
+class StagingQuotaError(QuotaExceededError):
+    """The org's open admissions or staged bytes (or every org's together) are at
+    their bound; the chunk or begin wrote nothing. Retried after ``retry_after_ms``:
+    commits and expiries free room."""
+
+    code = "runtime_staging_quota"
+
+
+class AdmissionStagingTooLargeError(QuotaExceededError):
+    """One admission's staged bytes would pass ``ADMISSION_MAX_STAGED_BYTES``: the
+    chunk is refused and nothing written. Not retried: admit a smaller input."""
+
+    code = "runtime_admission_staging_too_large"
 
 
 class GatewayError(SheetplaneError):

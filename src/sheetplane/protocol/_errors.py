@@ -28,8 +28,9 @@ from typing import Final
 
 import attrs
 
-from ..budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS
+from ..budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, STAGING_QUOTA_RETRY_AFTER_MS
 from ..errors import (
+    AdmissionStagingTooLargeError,
     AdmissionStateError,
     AdmissionTooLargeError,
     BackpressureError,
@@ -41,6 +42,7 @@ from ..errors import (
     ReadBatchTooLargeError,
     SheetCapError,
     SheetplaneError,
+    StagingQuotaError,
     StatementTimeoutError,
     StoreError,
     StoreUnavailableError,
@@ -174,11 +176,29 @@ ERRORS: Final[tuple[ErrorRule, ...]] = (
         answers=(AdmissionTooLargeError,),
     ),
     ErrorRule(
+        AdmissionStagingTooLargeError.code,
+        413,
+        AdmissionStagingTooLargeError,
+        False,
+        "a staged chunk that would take its admission past ADMISSION_MAX_STAGED_BYTES",
+        answers=(AdmissionStagingTooLargeError,),
+    ),
+    ErrorRule(
         Code.SESSION_CAP,
         429,
         TransientGatewayError,
         True,
         "the token's or the org's live DB sessions are at their cap (retry_after_ms)",
+    ),
+    ErrorRule(
+        StagingQuotaError.code,
+        429,
+        TransientGatewayError,
+        True,
+        "the org's open admissions or staged bytes, or every org's staged bytes, are at "
+        "their bound (retry_after_ms)",
+        answers=(StagingQuotaError,),
+        retry_after_ms=STAGING_QUOTA_RETRY_AFTER_MS,
     ),
     ErrorRule(
         SheetCapError.code,

@@ -122,6 +122,17 @@ class SheetNames:
         return f"{self.staging_table}_prev"
 
     @property
+    def staging_owner_constraint(self) -> str:
+        """The staging table's foreign key from a chunk's row to its recorded chunk
+        (and so to a registered admission): no staging row without one."""
+        return f"{self.staging_table}_own"
+
+    @property
+    def staging_keys_constraint(self) -> str:
+        """The staging table's check that every key fits ``MAX_ROW_KEY_BYTES``."""
+        return f"{self.staging_table}_key"
+
+    @property
     def staging_index(self) -> str:
         """The staging table's ``(admission id, chunk seq)`` key."""
         return f"{self.staging_table}_pos"

@@ -32,6 +32,7 @@ from ..budgets import (
     MAX_CONTRACT_COLUMNS,
     MAX_RECEIPT_TABLES_PER_ORG,
     MAX_REQUEST_TEXT_BYTES,
+    MAX_ROW_KEY_BYTES,
     MAX_SHEETS_PER_ORG,
 )
 from ..errors import InvalidInputError
@@ -217,6 +218,18 @@ _CATALOG = sql.SQL(
 _TRIGGER_NAMES = [name for name, _, _ in COUNT_TRIGGERS]
 
 
+def _staging_current(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
+    """Whether the staging table has its last layout's marker: the foreign key from
+    each staging row to its recorded chunk (after the chunk chain's ``_prev_seq``)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid "
+        "JOIN pg_namespace n ON n.oid = t.relnamespace "
+        "WHERE n.nspname = %s AND t.relname = %s AND c.conname = %s)",
+        (names.schema, names.staging_table, names.staging_owner_constraint),
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def _missing_ddl(
     conn: psycopg.Connection[Any], names: SheetNames, columns: Mapping[str, str]
 ) -> bool:
@@ -240,8 +253,8 @@ def _missing_ddl(
         return True
     if any(row[0] == names.counter_table and row[1] == "shard" for row in rows):
         return True
-    if not any(row[0] == names.staging_table and row[1] == "_prev_seq" for row in rows):
-        return True  # an older staging table (no chunk chain): made again
+    if not _staging_current(conn, names):
+        return True  # an older staging table (no chunk chain or owner key): made again
     if any(row[0] == names.sheet_table and row[2] != len(_TRIGGER_NAMES) for row in rows):
         return True
     if any(name not in attributes for name in columns):
@@ -371,6 +384,14 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
     return sql.SQL(";\n").join(statements)
 
 
+#: The staging table's key-cap function, one per org schema.
+_KEYS_FIT = "sp_staged_keys_fit"
+
+
+def _keys_fit(names: SheetNames) -> sql.Identifier:
+    return sql.Identifier(names.schema, _KEYS_FIT)
+
+
 def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
     """The staged-admission tables: an admission registry, its chunks, and the rows.
 
@@ -389,6 +410,15 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
     """
     staging = names.ident("staging_table")
     return [
+        # The key cap of every other road (``MAX_ROW_KEY_BYTES``, the B-tree entry a
+        # commit makes of each key) on the staging table itself, where a stage role
+        # writes: owned by the gateway, in a schema no scoped role may create in.
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}(keys jsonb) RETURNS boolean LANGUAGE sql "
+            "IMMUTABLE PARALLEL SAFE AS "
+            "'SELECT coalesce(bool_and(octet_length(k) <= {}), true) "
+            "FROM jsonb_array_elements_text(keys) AS k'"
+        ).format(_keys_fit(names), sql.Literal(MAX_ROW_KEY_BYTES)),
         sql.SQL(
             """CREATE TABLE IF NOT EXISTS {} (
                 admission_id text PRIMARY KEY,
@@ -427,6 +457,9 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
                 CONSTRAINT {} PRIMARY KEY (_admission_id, _seq),
                 CONSTRAINT {} FOREIGN KEY (_admission_id, _prev_seq) REFERENCES {}
                     (_admission_id, _seq) ON DELETE CASCADE,
+                CONSTRAINT {} FOREIGN KEY (_admission_id, _seq) REFERENCES {}
+                    (admission_id, seq) ON DELETE CASCADE,
+                CONSTRAINT {} CHECK ({}(_keys)),
                 CHECK (jsonb_typeof(_keys) = 'array' AND jsonb_typeof(_rows) = 'array'
                     AND jsonb_array_length(_keys) = _row_count
                     AND jsonb_array_length(_rows) = _row_count
@@ -439,6 +472,10 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
             sql.Identifier(names.staging_index),
             sql.Identifier(names.staging_prev_constraint),
             staging,
+            sql.Identifier(names.staging_owner_constraint),
+            names.ident("stage_chunks_table"),
+            sql.Identifier(names.staging_keys_constraint),
+            _keys_fit(names),
         ),
         # Stored out of line as they are: pglz compressing every chunk cost more than
         # the space it saved on a table that lives for one admission.
@@ -561,13 +598,13 @@ async def ensure_sheet(
             "SELECT to_regclass(%(lock)s) IS NOT NULL, to_regclass(%(counts)s) IS NOT NULL,"
             " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
             "   AND attname = 'shard' AND NOT attisdropped),"
-            " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_attribute"
-            "   WHERE attrelid = to_regclass(%(staging)s) AND attname = '_prev_seq'"
-            "   AND NOT attisdropped)",
+            " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_constraint"
+            "   WHERE conrelid = to_regclass(%(staging)s) AND conname = %(owner)s)",
             {
                 "lock": names.ident("lock_table").as_string(conn),
                 "counts": names.ident("counter_table").as_string(conn),
                 "staging": names.ident("staging_table").as_string(conn),
+                "owner": names.staging_owner_constraint,
             },
         ).fetchone()
         assert found is not None

@@ -69,6 +69,7 @@ from ..budgets import (
     ADMISSION_COMMIT_RANGE_ROWS,
     ADMISSION_COMMIT_WORK_MEM_BYTES,
     ADMISSION_IDLE_MS,
+    ADMISSION_MAX_LIFETIME_MS,
     MAX_ROW_BYTES,
     KiB,
 )
@@ -77,6 +78,7 @@ from ..identity import row_key
 from ._counters import compact_counters, compact_if_long
 from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 from ._pool import TrioPool
+from ._quotas import StoreQuotas, check_admission_room, check_staging_room
 from ._rowdata import (
     check_row,
     column_lookup_names,
@@ -245,24 +247,36 @@ class _JsonTextDumper(Dumper):
 # --- begin, stage, abort ------------------------------------------------------------------
 
 
-def _expire_idle(conn: Conn, names: SheetNames) -> int:
-    """Expire the sheet's open admissions idle past ``ADMISSION_IDLE_MS`` and drop their rows;
-    forget closed admissions older than that. Returns how many were expired."""
+def _expire_idle(
+    conn: Conn, names: SheetNames, lifetime_ms: int = ADMISSION_MAX_LIFETIME_MS
+) -> int:
+    """Expire the sheet's open admissions idle past ``ADMISSION_IDLE_MS`` or older than
+    ``lifetime_ms`` (however often fed) and drop their rows; forget closed admissions
+    older than that. Returns how many were expired."""
     admissions = names.ident("admissions_table")
     chunks = names.ident("stage_chunks_table")
     cur = conn.execute(
         sql.SQL(
             "UPDATE {a} AS a SET state = 'expired', closed_at = now() "
-            "WHERE a.state = 'open' AND greatest(a.created_at, "
+            "WHERE a.state = 'open' AND (greatest(a.created_at, "
             "  (SELECT max(c.created_at) FROM {c} AS c WHERE c.admission_id = a.admission_id)) "
             "  < now() - make_interval(secs => %(idle)s) "
+            "  OR a.created_at < now() - make_interval(secs => %(lifetime)s)) "
             "RETURNING a.admission_id"
         ).format(a=admissions, c=chunks),
-        {"idle": ADMISSION_IDLE_MS / 1000},
+        {"idle": ADMISSION_IDLE_MS / 1000, "lifetime": lifetime_ms / 1000},
     )
     expired = [row[0] for row in cur.fetchall()]
     if expired:
         _drop_staged(conn, names, expired)
+    # What no open admission owns: chunks a stage role recorded under an admission
+    # that has closed since (its staging rows go with them, by their foreign key).
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {c} AS c WHERE NOT EXISTS (SELECT FROM {a} AS a "
+            "WHERE a.admission_id = c.admission_id AND a.state = 'open')"
+        ).format(a=admissions, c=chunks)
+    )
     conn.execute(
         sql.SQL(
             "DELETE FROM {} WHERE state <> 'open' "
@@ -290,16 +304,26 @@ def _drop_staged(conn: Conn, names: SheetNames, admission_ids: Sequence[str]) ->
 
 
 async def begin_admission(
-    pool: TrioPool, names: SheetNames, admission_id: str, run_id: str
+    pool: TrioPool,
+    names: SheetNames,
+    admission_id: str,
+    run_id: str,
+    *,
+    quotas: StoreQuotas | None = None,
 ) -> None:
     """Register ``admission_id`` for ``run_id`` (a no-op if it exists for the same run).
 
-    Raises ``AdmissionStateError`` if the id is registered for another run.
+    Raises ``AdmissionStateError`` if the id is registered for another run, and with
+    ``quotas`` (the gateway) ``StagingQuotaError`` for a new admission of an org
+    holding its bound of open ones.
     """
     check_admission_id(admission_id)
 
     def run(conn: Conn) -> None:
-        _expire_idle(conn, names)
+        lifetime = ADMISSION_MAX_LIFETIME_MS if quotas is None else quotas.admission_lifetime_ms
+        _expire_idle(conn, names, lifetime)
+        if quotas is not None and _state(conn, names, admission_id) is None:
+            check_admission_room(conn, quotas, names.schema)
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (admission_id, run_id) VALUES (%s, %s) "
@@ -402,6 +426,7 @@ async def stage_chunk(
     chunk: EncodedChunk,
     *,
     check_state: bool = True,
+    quotas: StoreQuotas | None = None,
 ) -> bool:
     """Stage one chunk (see the module docstring); returns False for a replay.
 
@@ -419,6 +444,15 @@ async def stage_chunk(
                 raise AdmissionStateError(f"admission {admission_id} does not exist")
             if state[0] != "open":
                 raise AdmissionStateError(f"admission {admission_id} is {state[0]}")
+        if quotas is not None:
+            check_staging_room(
+                conn,
+                quotas,
+                names.schema,
+                names.ident("staging_table"),
+                admission_id,
+                len(chunk.keys) + len(chunk.rows),
+            )
         try:
             return write_chunk(conn, names, admission_id, seq, first_position, chunk)
         except psycopg.errors.ForeignKeyViolation as exc:
@@ -464,7 +498,7 @@ def _compact_unless_busy(conn: Conn, names: SheetNames) -> bool:
         return False  # a writer holds the sheet: the next pass compacts
 
 
-async def sweep_admissions(pool: TrioPool) -> int:
+async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFETIME_MS) -> int:
     """The reaper's pass: expire every sheet's idle admissions and delete their staging
     rows, and compact every long counter log (``_counters.compact_if_long``), each
     sheet in its own transactions; returns how many admissions were expired."""
@@ -481,7 +515,7 @@ async def sweep_admissions(pool: TrioPool) -> int:
     expired = 0
     for schema, table in await pool.run(tables):
         names = sheet_tables(schema, table.removesuffix(ADMISSIONS_SUFFIX))
-        expired += await pool.run(partial(_expire_idle, names=names))
+        expired += await pool.run(partial(_expire_idle, names=names, lifetime_ms=lifetime_ms))
         await pool.run(partial(_compact_unless_busy, names=names))
     return expired
 

@@ -136,7 +136,7 @@ class SheetStore:
     ) -> None:
         """Register a staged admission (idempotent); ensures the sheet's layout first."""
         names = await self._ensure_cached(sheet, contract)
-        await _staging.begin_admission(self.pool, names, admission_id, run_id)
+        await _staging.begin_admission(self.pool, names, admission_id, run_id, quotas=self.quotas)
 
     async def stage_chunk(
         self,
@@ -157,6 +157,7 @@ class SheetStore:
             first_position,
             chunk,
             check_state=check_state,
+            quotas=self.quotas if check_state else None,
         )
 
     async def commit_admission(
@@ -184,7 +185,7 @@ class SheetStore:
 
     async def sweep_admissions(self) -> int:
         """Expire every sheet's abandoned admissions (the reaper); how many."""
-        return await _staging.sweep_admissions(self.pool)
+        return await _staging.sweep_admissions(self.pool, self.quotas.admission_lifetime_ms)
 
     async def abort_admission(self, sheet: SheetRef, admission_id: str) -> bool:
         """Drop an open staged admission's rows; False if it was not open."""
