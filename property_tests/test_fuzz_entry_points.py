@@ -73,7 +73,7 @@ from sheetplane.gateway.server._command import (
 )
 from sheetplane.pages import Page, PageRequest, read_pages_adaptive
 from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
-from sheetplane.store import SheetStore, open_store
+from sheetplane.store import RowFilter, SheetStore, open_store
 from sheetplane.store.embedded import DATABASE_URL_ENV
 from sheetplane.testing.strategies import bad_numbers, hostile_text, json_values, wrong_types
 
@@ -632,8 +632,10 @@ STORE_CALLS: dict[str, Callable[[SheetStore, Any], Any]] = {
     "read_rows_batch(pages)": lambda s, bad: s.read_rows_batch(SHEET, bad),
     "read_rows_after(limit)": lambda s, bad: s.read_rows_after(SHEET, None, bad),
     "read_rows_after(cursor)": lambda s, bad: s.read_rows_after(SHEET, bad, 10),
-    "read_row_keys(run_id)": lambda s, bad: s.read_row_keys(SHEET, PageRequest(1, 0), run_id=bad),
-    "count(run_id)": lambda s, bad: s.count(SHEET, run_id=bad),
+    "read_row_keys(run_id)": lambda s, bad: s.read_row_keys(
+        SHEET, PageRequest(1, 0), which=RowFilter(run_id=bad)
+    ),
+    "count(run_id)": lambda s, bad: s.count(SHEET, which=RowFilter(run_id=bad)),
     "read_rows_by_keys(keys)": lambda s, bad: s.read_rows_by_keys(SHEET, bad),
     "summary(sheet)": lambda s, bad: s.summary(bad),
 }

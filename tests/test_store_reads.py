@@ -23,7 +23,7 @@ from sheetplane.budgets import (
     READ_PAGE_MAX_ROWS,
 )
 from sheetplane.errors import InvalidInputError, ReadBatchTooLargeError
-from sheetplane.store import RowCursor, SheetStore, sheet_names
+from sheetplane.store import RowCursor, RowFilter, SheetStore, sheet_names
 from sheetplane.store._reads import _Budget
 
 CONTRACT = SheetContract(
@@ -129,7 +129,9 @@ async def test_output_and_all_row_modes(store: SheetStore, ready: SheetRef) -> N
         "_input_index": 4,
     }
     assert next(iter(output)) == "_key"
-    (full,) = (await store.read_rows(ready, PageRequest(1, 0), row_mode="all")).rows
+    (full,) = (
+        await store.read_rows(ready, PageRequest(1, 0), which=RowFilter(row_mode="all"))
+    ).rows
     assert {k: full[k] for k in output} == output
     assert set(full) - set(output) == {
         "_run_id",
@@ -152,13 +154,15 @@ async def test_run_id_filter(store: SheetStore, ready: SheetRef) -> None:
     await insert(store, ready, rows)
     for run in ("run-a", "run-b"):
         expected = model_order([row for row in rows if row["run"] == run])
-        page = await store.read_rows(ready, PageRequest(100, 0), run_id=run)
+        page = await store.read_rows(ready, PageRequest(100, 0), which=RowFilter(run_id=run))
         assert [row["_key"] for row in page.rows] == expected
-        assert await store.count(ready, run_id=run) == len(expected)
-        keys = await store.read_row_keys(ready, PageRequest(100, 0), run_id=run)
+        assert await store.count(ready, which=RowFilter(run_id=run)) == len(expected)
+        keys = await store.read_row_keys(ready, PageRequest(100, 0), which=RowFilter(run_id=run))
         assert keys == expected
     assert await store.count(ready) == 40
-    assert (await store.read_rows(ready, PageRequest(5, 0), run_id="nobody")).rows == ()
+    assert (
+        await store.read_rows(ready, PageRequest(5, 0), which=RowFilter(run_id="nobody"))
+    ).rows == ()
 
 
 async def test_batch_reads_equal_single_reads(store: SheetStore, ready: SheetRef) -> None:
@@ -166,8 +170,10 @@ async def test_batch_reads_equal_single_reads(store: SheetStore, ready: SheetRef
     await insert(store, ready, rows)
     requests = [PageRequest(7, 0), PageRequest(7, 5), PageRequest(30, 50), PageRequest(3, 200)]
     for mode in ("output", "all"):
-        batch = await store.read_rows_batch(ready, requests, row_mode=mode)
-        singles = [await store.read_rows(ready, r, row_mode=mode) for r in requests]
+        batch = await store.read_rows_batch(ready, requests, which=RowFilter(row_mode=mode))
+        singles = [
+            await store.read_rows(ready, r, which=RowFilter(row_mode=mode)) for r in requests
+        ]
         assert batch == singles
         assert [(p.limit, p.offset) for p in batch] == [(r.limit, r.offset) for r in requests]
     assert [len(p.rows) for p in batch] == [7, 7, 10, 0]
@@ -227,7 +233,7 @@ async def test_keyset_iteration_equals_offset_iteration(
         by_offset: list[dict[str, Any]] = []
         offset = 0
         while page := (
-            await store.read_rows(ready, PageRequest(limit, offset), run_id=run_id)
+            await store.read_rows(ready, PageRequest(limit, offset), which=RowFilter(run_id=run_id))
         ).rows:
             by_offset += page
             offset += len(page)
@@ -235,7 +241,9 @@ async def test_keyset_iteration_equals_offset_iteration(
         cursor: RowCursor | None = None
         calls = 0
         while True:
-            page_rows, cursor = await store.read_rows_after(ready, cursor, limit, run_id=run_id)
+            page_rows, cursor = await store.read_rows_after(
+                ready, cursor, limit, which=RowFilter(run_id=run_id)
+            )
             calls += 1
             by_keyset += page_rows
             assert len(page_rows) <= limit
@@ -364,16 +372,18 @@ async def test_contiguous_pages_read_by_keyset_equal_offset_pages(
         expected = model_order([r for r in rows if run_id is None or r.get("run") == run_id])
         for limit in (1, 4, 9, 40):
             requests = [PageRequest(limit, n * limit) for n in range(4)]
-            batch = await store.read_rows_batch(ready, requests, run_id=run_id)
+            batch = await store.read_rows_batch(ready, requests, which=RowFilter(run_id=run_id))
             got = [row["_key"] for page in batch for row in page.rows]
             assert got == expected[: 4 * limit]
-            as_json = await store.read_rows_batch_json(ready, requests, run_id=run_id)
+            as_json = await store.read_rows_batch_json(
+                ready, requests, which=RowFilter(run_id=run_id)
+            )
             assert [[json.loads(r) for r in p.rows] for p in as_json] == [
                 list(p.rows) for p in batch
             ]
             for page in batch:
                 single = await store.read_rows(
-                    ready, PageRequest(page.limit, page.offset), run_id=run_id
+                    ready, PageRequest(page.limit, page.offset), which=RowFilter(run_id=run_id)
                 )
                 assert page == single
     assert len(order) == 92
@@ -391,9 +401,11 @@ async def test_contiguous_pages_read_by_keyset_equal_offset_pages(
         lambda s, ref: s.read_rows_batch(ref, PageRequest(1, 0)),
         lambda s, ref: s.read_rows(ref, PageRequest(READ_PAGE_MAX_ROWS + 1, 0)),
         lambda s, ref: s.read_rows(ref, PageRequest(1, 2**63)),
-        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), run_id=""),
-        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), run_id="a\x00b"),
-        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), row_mode="raw"),
+        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), which=RowFilter(run_id="")),
+        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), which=RowFilter(run_id="a\x00b")),
+        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), which=RowFilter(row_mode="raw")),
+        lambda s, ref: s.read_rows(ref, PageRequest(1, 0), which={"run_id": "r"}),
+        lambda s, ref: s.read_rows_batch(ref, [PageRequest(1, 0)], which=RowFilter(admitted=5)),
         lambda s, ref: s.read_rows_after(ref, None, 0),
         lambda s, ref: s.read_rows_after(ref, None, -1),
         lambda s, ref: s.read_rows_after(ref, None, math.nan),
@@ -406,7 +418,7 @@ async def test_contiguous_pages_read_by_keyset_equal_offset_pages(
         lambda s, ref: s.read_rows_by_keys(ref, "abc"),
         lambda s, ref: s.read_rows_by_keys(ref, ["ok", 3]),
         lambda s, ref: s.read_rows_by_keys(ref, ["nul\x00"]),
-        lambda s, ref: s.count(ref, run_id=5),
+        lambda s, ref: s.count(ref, which=RowFilter(run_id=5)),
         lambda s, ref: s.read_rows(SheetRef("", "p", "n"), PageRequest(1, 0)),
         lambda s, ref: s.count(SheetRef("o", "p", "n\x00")),
     ],

@@ -226,6 +226,27 @@ class AdmittedPart:
 
 
 @attrs.frozen
+class RowFilter:
+    """Which rows a store read sees and how it shapes them; the default is every row,
+    contract columns only.
+
+    The store checks it where a read enters (``InvalidInputError`` for a bad field);
+    reads that return keys or a count ignore ``row_mode``.
+    """
+
+    run_id: str | None = None
+    """Only the rows this run stamped, or None for every run's."""
+    row_mode: RowMode = "output"
+    """``output`` (contract columns) or ``all`` (every system column too)."""
+    admitted: AdmittedPart | None = None
+    """One admission's pending or completed rows only, or None for every row."""
+
+
+#: Every row, contract columns only: the reads' default filter.
+EVERY_ROW: Final[RowFilter] = RowFilter()
+
+
+@attrs.frozen
 class AdmissionCounts:
     """What an admission did, in a size that does not grow with its input."""
 

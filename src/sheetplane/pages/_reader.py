@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .._types import AdmittedPart, Page, PageRequest, RowMode
+from .._types import AdmittedPart, Page, PageRequest, RowFilter, RowMode
 from ..batching import Batch, BatcherStatistics, BoundedBatchFunction
 from ..budgets import (
     MAX_QUEUE_WAIT_MS,
@@ -63,6 +63,11 @@ class ReadScope:
     """``output`` (contract columns) or ``all`` (every system column too)."""
     admitted: AdmittedPart | None = None
     """One admission's pending or completed rows only, or None for every row."""
+
+    @property
+    def which(self) -> RowFilter:
+        """The rows the scope reads, as the store takes them."""
+        return RowFilter(self.run_id, self.row_mode, self.admitted)
 
     @classmethod
     def for_token(

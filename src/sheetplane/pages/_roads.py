@@ -125,13 +125,7 @@ class DirectRoad(_ScopedRoad):
 
         async def attempt() -> list[Page]:
             async with self._sessions.store(shape) as store:
-                return await store.read_rows_batch(
-                    self._sheet,
-                    requests,
-                    run_id=self._scope.run_id,
-                    row_mode=self._scope.row_mode,
-                    admitted=self._scope.admitted,
-                )
+                return await store.read_rows_batch(self._sheet, requests, which=self._scope.which)
 
         try:
             # Reads change nothing: retried after a lost connection (``retry_idempotent``).
@@ -160,12 +154,7 @@ class DirectRoad(_ScopedRoad):
             store: SheetStore
             async with self._sessions.store(shape) as store:
                 return await store.read_rows_after(
-                    self._sheet,
-                    cursor,
-                    limit,
-                    run_id=self._scope.run_id,
-                    row_mode=self._scope.row_mode,
-                    admitted=self._scope.admitted,
+                    self._sheet, cursor, limit, which=self._scope.which
                 )
 
         try:
@@ -182,9 +171,7 @@ class DirectRoad(_ScopedRoad):
 
         async def attempt() -> int:
             async with self._sessions.store(shape) as store:
-                return await store.count(
-                    self._sheet, run_id=self._scope.run_id, admitted=self._scope.admitted
-                )
+                return await store.count(self._sheet, which=self._scope.which)
 
         return await retry_idempotent(attempt)
 

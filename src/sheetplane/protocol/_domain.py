@@ -41,6 +41,7 @@ from .._types import (
     ReceiptClaim,
     ReceiptCompletion,
     ResolvedPlay,
+    RowFilter,
     SessionLimits,
     SheetContract,
     StaleRow,
@@ -110,6 +111,15 @@ def admitted_wire(part: AdmittedPart | None) -> m.AdmittedPartWire | None:
 def admitted_of(value: m.AdmittedPartWire | None) -> AdmittedPart | None:
     """``input.admission``: null, or one admission's pending or completed rows."""
     return None if value is None else AdmittedPart(value.write_version, value.part)
+
+
+def row_filter_of(spec: m.ReadInput) -> RowFilter:
+    """The rows a read's ``input`` asks for (no ``rowMode``: ``output``)."""
+    return RowFilter(
+        run_id=spec.run_id,
+        row_mode="output" if spec.row_mode is None else spec.row_mode,
+        admitted=admitted_of(spec.admission),
+    )
 
 
 def receipt_wire(receipt: Receipt) -> m.ReceiptWire:

@@ -6,6 +6,8 @@ modules behind it are private. See docs/store.md.
 
 from __future__ import annotations
 
+from .._types import EVERY_ROW as EVERY_ROW
+from .._types import RowFilter as RowFilter
 from ._fencing import raise_if_superseded as raise_if_superseded
 from ._fencing import superseded_error as superseded_error
 from ._fencing import superseded_rows as superseded_rows
@@ -21,9 +23,11 @@ from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
 
 __all__ = [
+    "EVERY_ROW",
     "JsonPage",
     "PoolSaturatedError",
     "RowCursor",
+    "RowFilter",
     "SheetNames",
     "SheetStore",
     "StoreQuotas",

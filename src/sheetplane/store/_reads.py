@@ -2,8 +2,9 @@
 
 Every read returns rows in the sheet's read order,
 ``_input_index ASC NULLS LAST, _created_at ASC, _key ASC`` (the order of the
-sheet table's btree index), optionally limited to one ``_run_id`` and/or to one
-admission's pending or completed rows (``AdmittedPart``). A row is a
+sheet table's btree index), the rows a ``RowFilter`` sees: optionally limited to
+one ``_run_id`` and/or to one admission's pending or completed rows
+(``AdmittedPart``), in its row mode. A row is a
 dict: row mode ``output`` gives ``_key``, every physical column under its
 contract column id (kept as the column's comment by ``ensure_sheet``), then
 ``_status``, ``_error`` and ``_input_index``; row mode ``all`` adds the other
@@ -39,9 +40,11 @@ from psycopg import sql
 
 from .._json import decode_body
 from .._types import (
+    EVERY_ROW,
     AdmittedPart,
     Page,
     PageRequest,
+    RowFilter,
     RowMode,
     Summary,
     check_page_limit,
@@ -189,6 +192,7 @@ class _Filter:
 
     run_id: str | None = None
     admitted: AdmittedPart | None = None
+    row_mode: RowMode = "output"
 
     def where(self, *more: sql.Composable) -> sql.Composed:
         conditions: list[sql.Composable] = []
@@ -210,10 +214,15 @@ class _Filter:
         return {"run_id": self.run_id, "admitted": admitted, **more}
 
 
-def _filter(run_id: object, admitted: object) -> _Filter:
+def _filter(which: object) -> _Filter:
+    """The checked form of a read's ``RowFilter`` (``InvalidInputError`` for a bad field)."""
+    if not isinstance(which, RowFilter):
+        raise InvalidInputError(f"which must be a RowFilter, got {which!r}")
+    run_id, admitted = which.run_id, which.admitted
     if admitted is not None and not isinstance(admitted, AdmittedPart):
         raise InvalidInputError(f"admitted must be an AdmittedPart or None, got {admitted!r}")
-    return _Filter(None if run_id is None else check_text(run_id, "run_id"), admitted)
+    row_mode = _check_row_mode(which.row_mode)
+    return _Filter(None if run_id is None else check_text(run_id, "run_id"), admitted, row_mode)
 
 
 def _snapshot(conn: Conn) -> None:
@@ -632,9 +641,7 @@ async def read_rows_batch(
     names: SheetNames,
     pages: Sequence[PageRequest],
     *,
-    run_id: str | None = None,
-    row_mode: RowMode = "output",
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> list[Page]:
     """Read 1 to ``READ_BATCH_MAX_PAGES`` pages under one snapshot; one ``Page`` per request.
 
@@ -646,9 +653,7 @@ async def read_rows_batch(
     the answer would exceed ``READ_BATCH_MAX_RESPONSE_BYTES``; the caller splits
     the read. Bad requests raise ``InvalidInputError`` before any query.
     """
-    read, requests = await _batch(
-        pool, names, pages, run_id, row_mode, admitted, lambda c, m: _Dicts(_projection(c, m))
-    )
+    read, requests = await _batch(pool, names, pages, which, lambda c, m: _Dicts(_projection(c, m)))
     return [Page(tuple(rows), r.limit, r.offset) for rows, r in zip(read, requests, strict=True)]
 
 
@@ -667,15 +672,13 @@ async def read_rows_batch_json(
     names: SheetNames,
     pages: Sequence[PageRequest],
     *,
-    run_id: str | None = None,
-    row_mode: RowMode = "output",
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> list[JsonPage]:
     """``read_rows_batch`` with each row as its compact JSON, written by Postgres.
 
     The same rows, under the same budget, counted as the bytes themselves.
     """
-    read, requests = await _batch(pool, names, pages, run_id, row_mode, admitted, _Json)
+    read, requests = await _batch(pool, names, pages, which, _Json)
     return [JsonPage(rows, r.limit, r.offset) for rows, r in zip(read, requests, strict=True)]
 
 
@@ -683,20 +686,17 @@ async def _batch(
     pool: TrioPool,
     names: SheetNames,
     pages: Sequence[PageRequest],
-    run_id: str | None,
-    row_mode: RowMode,
-    admitted: AdmittedPart | None,
+    which: RowFilter,
     make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
 ) -> tuple[list[list[R]], list[PageRequest]]:
     """The rows of each page of a batch read in ``make_form``'s form, and the requests."""
     requests = _check_batch(pages)
-    filt = _filter(run_id, admitted)
-    row_mode = _check_row_mode(row_mode)
+    filt = _filter(which)
 
     def run(conn: Conn) -> list[list[R]]:
         _snapshot(conn)
         columns = _physical_columns(conn, names)
-        form = None if columns is None else make_form(columns, row_mode)
+        form = None if columns is None else make_form(columns, filt.row_mode)
         return _read_batch(conn, names, requests, filt, form)
 
     return await pool.run(run), requests
@@ -707,14 +707,10 @@ async def read_rows(
     names: SheetNames,
     request: PageRequest,
     *,
-    run_id: str | None = None,
-    row_mode: RowMode = "output",
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> Page:
     """Read one page; the same rules (and byte budget) as a batch of one."""
-    (page,) = await read_rows_batch(
-        pool, names, [request], run_id=run_id, row_mode=row_mode, admitted=admitted
-    )
+    (page,) = await read_rows_batch(pool, names, [request], which=which)
     return page
 
 
@@ -724,9 +720,7 @@ async def read_rows_after(
     cursor: RowCursor | None,
     limit: int,
     *,
-    run_id: str | None = None,
-    row_mode: RowMode = "output",
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> tuple[list[dict[str, Any]], RowCursor | None]:
     """Up to ``limit`` rows after ``cursor`` (from the start if None), and the next cursor.
 
@@ -744,9 +738,7 @@ async def read_rows_after(
         names,
         cursor,
         limit,
-        run_id,
-        row_mode,
-        admitted,
+        which,
         lambda columns, mode: _Dicts(_projection(columns, mode, position=True)),
     )
 
@@ -757,12 +749,10 @@ async def read_rows_after_json(
     cursor: RowCursor | None,
     limit: int,
     *,
-    run_id: str | None = None,
-    row_mode: RowMode = "output",
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> tuple[list[bytes], RowCursor | None]:
     """``read_rows_after`` with each row as its compact JSON, written by Postgres."""
-    return await _read_after(pool, names, cursor, limit, run_id, row_mode, admitted, _Json)
+    return await _read_after(pool, names, cursor, limit, which, _Json)
 
 
 async def _read_after(
@@ -770,16 +760,13 @@ async def _read_after(
     names: SheetNames,
     cursor: RowCursor | None,
     limit: int,
-    run_id: str | None,
-    row_mode: RowMode,
-    admitted: AdmittedPart | None,
+    which: RowFilter,
     make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
 ) -> tuple[list[R], RowCursor | None]:
     if cursor is not None and not isinstance(cursor, RowCursor):
         raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
     limit = check_page_limit(limit)
-    filt = _filter(run_id, admitted)
-    row_mode = _check_row_mode(row_mode)
+    filt = _filter(which)
     after = None if cursor is None else (cursor.input_index, cursor.created_at, cursor.key)
 
     def run(conn: Conn) -> tuple[list[R], RowCursor | None]:
@@ -787,7 +774,7 @@ async def _read_after(
         columns = _physical_columns(conn, names)
         if columns is None:
             return [], None
-        form = make_form(columns, row_mode)
+        form = make_form(columns, filt.row_mode)
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
         budget.start_page(PageRequest(limit, 0))
         rows, last = _rows_after(conn, names, form, filt, after, limit, budget)
@@ -806,12 +793,11 @@ async def read_row_keys(
     names: SheetNames,
     request: PageRequest,
     *,
-    run_id: str | None = None,
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> list[str]:
     """The keys of the rows ``read_rows(request)`` would return, in read order."""
     request = check_page_request(request)
-    filt = _filter(run_id, admitted)
+    filt = _filter(which)
 
     def run(conn: Conn) -> list[str]:
         if _physical_columns(conn, names) is None:
@@ -829,12 +815,11 @@ async def count(
     pool: TrioPool,
     names: SheetNames,
     *,
-    run_id: str | None = None,
-    admitted: AdmittedPart | None = None,
+    which: RowFilter = EVERY_ROW,
 ) -> int:
-    """How many rows the sheet holds (with ``run_id``: how many that run stamped;
-    with ``admitted``: how many that admission's part holds)."""
-    filt = _filter(run_id, admitted)
+    """How many rows the sheet holds that ``which`` sees (its ``run_id``: how many that
+    run stamped; its ``admitted``: how many that admission's part holds)."""
+    filt = _filter(which)
 
     def run(conn: Conn) -> int:
         if _physical_columns(conn, names) is None:

@@ -8,42 +8,64 @@ call; the work itself lives in the private modules (``_schema``, ``_reads``,
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .. import budgets
 from .._types import (
     AdmissionCounts,
-    AdmittedPart,
     CompleteRow,
     FailRow,
     InlineAdmission,
-    Page,
-    PageRequest,
     ReceiptClaim,
     ReceiptCompletion,
     ResolvedPlay,
-    RowMode,
     SheetContract,
     SheetRef,
-    Summary,
     TerminalWriteResult,
-    WriteResult,
 )
 from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _staging, _writes
 from ._names import SheetNames, receipt_names, sheet_names
 from ._pool import TrioPool, open_pool
 from ._quotas import StoreQuotas
-from ._reads import JsonPage, RowCursor
 from ._rowdata import physical_columns
 from ._staging import EncodedChunk
 
 __all__ = ["SheetStore", "open_store"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 #: Layouts this store has ensured, remembered so writes skip the catalog check.
 _ENSURED_CACHE_ENTRIES = 4096
+
+
+def _on_sheet(
+    work: Callable[Concatenate[TrioPool, SheetNames, P], Awaitable[R]],
+) -> Callable[Concatenate[SheetStore, SheetRef, P], Awaitable[R]]:
+    """A ``SheetStore`` method that runs ``work(pool, names, ...)`` on the sheet's names.
+
+    The method keeps ``work``'s name, documentation and signature, with ``(self,
+    sheet)`` in place of ``(pool, names)``: the facade states nothing it forwards.
+    """
+
+    async def method(self: SheetStore, sheet: SheetRef, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await work(self.pool, sheet_names(sheet), *args, **kwargs)
+
+    signature = inspect.signature(work)
+    _pool, _names, *rest = signature.parameters.values()
+    head = [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("sheet", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="SheetRef"),
+    ]
+    method.__signature__ = signature.replace(parameters=[*head, *rest])  # type: ignore[attr-defined]
+    method.__name__ = work.__name__
+    method.__qualname__ = f"SheetStore.{work.__name__}"
+    method.__doc__ = work.__doc__
+    return method
 
 
 class SheetStore:
@@ -187,42 +209,12 @@ class SheetStore:
         """Expire every sheet's abandoned admissions (the reaper); how many."""
         return await _staging.sweep_admissions(self.pool, self.quotas.admission_lifetime_ms)
 
-    async def abort_admission(self, sheet: SheetRef, admission_id: str) -> bool:
-        """Drop an open staged admission's rows; False if it was not open."""
-        return await _staging.abort_admission(self.pool, sheet_names(sheet), admission_id)
+    abort_admission = _on_sheet(_staging.abort_admission)
 
-    async def append_rows(
-        self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
-    ) -> WriteResult:
-        """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
-        return await _writes.append_rows(
-            self.pool, sheet_names(sheet), rows, idempotency_key=idempotency_key
-        )
-
-    async def upsert_rows(
-        self,
-        sheet: SheetRef,
-        rows: Sequence[Mapping[str, Any]],
-        *,
-        idempotency_key: str,
-        key_field: str | None = None,
-    ) -> WriteResult:
-        """Insert or update rows by key; idempotent per ``idempotency_key``."""
-        return await _writes.upsert_rows(
-            self.pool,
-            sheet_names(sheet),
-            rows,
-            idempotency_key=idempotency_key,
-            key_field=key_field,
-        )
-
-    async def replace_rows(
-        self, sheet: SheetRef, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
-    ) -> WriteResult:
-        """Replace every row of the sheet; idempotent per ``idempotency_key``."""
-        return await _writes.replace_rows(
-            self.pool, sheet_names(sheet), rows, idempotency_key=idempotency_key
-        )
+    # Plain writes (store/_writes.py), idempotent per ``idempotency_key``.
+    append_rows = _on_sheet(_writes.append_rows)
+    upsert_rows = _on_sheet(_writes.upsert_rows)
+    replace_rows = _on_sheet(_writes.replace_rows)
 
     async def complete_map_rows(
         self,
@@ -317,141 +309,17 @@ class SheetStore:
         """``org_id``'s play whose id, else whose name, is ``play_ref``; None if neither."""
         return await _plays.resolve_play(self.pool, org_id, play_ref)
 
-    # --- reads --------------------------------------------------------------------------
+    # --- reads (see store/_reads.py: each takes the rows it sees as a ``RowFilter``) ------
 
-    async def read_rows(
-        self,
-        sheet: SheetRef,
-        request: PageRequest,
-        *,
-        run_id: str | None = None,
-        row_mode: RowMode = "output",
-        admitted: AdmittedPart | None = None,
-    ) -> Page:
-        """One page in read order (raises ``ReadBatchTooLargeError`` past the byte budget)."""
-        return await _reads.read_rows(
-            self.pool,
-            sheet_names(sheet),
-            request,
-            run_id=run_id,
-            row_mode=row_mode,
-            admitted=admitted,
-        )
-
-    async def read_rows_batch(
-        self,
-        sheet: SheetRef,
-        pages: Sequence[PageRequest],
-        *,
-        run_id: str | None = None,
-        row_mode: RowMode = "output",
-        admitted: AdmittedPart | None = None,
-    ) -> list[Page]:
-        """1 to 4 pages under one snapshot; ``ReadBatchTooLargeError`` past the byte budget."""
-        return await _reads.read_rows_batch(
-            self.pool,
-            sheet_names(sheet),
-            pages,
-            run_id=run_id,
-            row_mode=row_mode,
-            admitted=admitted,
-        )
-
-    async def read_rows_batch_json(
-        self,
-        sheet: SheetRef,
-        pages: Sequence[PageRequest],
-        *,
-        run_id: str | None = None,
-        row_mode: RowMode = "output",
-        admitted: AdmittedPart | None = None,
-    ) -> list[JsonPage]:
-        """``read_rows_batch`` with each row as its compact JSON bytes (the gateway's answer)."""
-        return await _reads.read_rows_batch_json(
-            self.pool,
-            sheet_names(sheet),
-            pages,
-            run_id=run_id,
-            row_mode=row_mode,
-            admitted=admitted,
-        )
-
-    async def read_rows_after_json(
-        self,
-        sheet: SheetRef,
-        cursor: RowCursor | None,
-        limit: int,
-        *,
-        run_id: str | None = None,
-        row_mode: RowMode = "output",
-        admitted: AdmittedPart | None = None,
-    ) -> tuple[list[bytes], RowCursor | None]:
-        """``read_rows_after`` with each row as its compact JSON bytes (the gateway's answer)."""
-        return await _reads.read_rows_after_json(
-            self.pool,
-            sheet_names(sheet),
-            cursor,
-            limit,
-            run_id=run_id,
-            row_mode=row_mode,
-            admitted=admitted,
-        )
-
-    async def read_rows_after(
-        self,
-        sheet: SheetRef,
-        cursor: RowCursor | None,
-        limit: int,
-        *,
-        run_id: str | None = None,
-        row_mode: RowMode = "output",
-        admitted: AdmittedPart | None = None,
-    ) -> tuple[list[dict[str, Any]], RowCursor | None]:
-        """Keyset page: up to ``limit`` rows after ``cursor``, and the next cursor (None at end)."""
-        return await _reads.read_rows_after(
-            self.pool,
-            sheet_names(sheet),
-            cursor,
-            limit,
-            run_id=run_id,
-            row_mode=row_mode,
-            admitted=admitted,
-        )
-
-    async def read_row_keys(
-        self,
-        sheet: SheetRef,
-        request: PageRequest,
-        *,
-        run_id: str | None = None,
-        admitted: AdmittedPart | None = None,
-    ) -> list[str]:
-        """The keys of one page, in read order."""
-        return await _reads.read_row_keys(
-            self.pool, sheet_names(sheet), request, run_id=run_id, admitted=admitted
-        )
-
-    async def count(
-        self,
-        sheet: SheetRef,
-        *,
-        run_id: str | None = None,
-        admitted: AdmittedPart | None = None,
-    ) -> int:
-        """Rows in the sheet (or stamped with ``run_id``, or in one admission's part)."""
-        return await _reads.count(self.pool, sheet_names(sheet), run_id=run_id, admitted=admitted)
-
-    async def read_rows_by_keys(
-        self, sheet: SheetRef, keys: Sequence[str], *, row_mode: RowMode = "output"
-    ) -> list[dict[str, Any]]:
-        """The stored rows among ``keys``, in read order."""
-        return await _reads.read_rows_by_keys(
-            self.pool, sheet_names(sheet), keys, row_mode=row_mode
-        )
-
-    async def summary(self, sheet: SheetRef) -> Summary:
-        """The sheet's status counters."""
-        return await _reads.summary(self.pool, sheet_names(sheet))
+    read_rows = _on_sheet(_reads.read_rows)
+    read_rows_batch = _on_sheet(_reads.read_rows_batch)
+    read_rows_batch_json = _on_sheet(_reads.read_rows_batch_json)
+    read_rows_after = _on_sheet(_reads.read_rows_after)
+    read_rows_after_json = _on_sheet(_reads.read_rows_after_json)
+    read_row_keys = _on_sheet(_reads.read_row_keys)
+    count = _on_sheet(_reads.count)
+    read_rows_by_keys = _on_sheet(_reads.read_rows_by_keys)
+    summary = _on_sheet(_reads.summary)
 
 
 def _column_key(contract: SheetContract) -> frozenset[tuple[str, str]]:

@@ -24,7 +24,6 @@ from ..._types import (
     LogicalTable,
     Operation,
     PageRequest,
-    RowMode,
     SheetContract,
     SheetRef,
     canonical_operations,
@@ -121,10 +120,6 @@ def _read(call: Call, cls: type[R]) -> R:
 
 def _sheet(call: Call, play_name: str, table_namespace: str) -> SheetRef:
     return SheetRef(org_id=call.org_id, play_name=play_name, table_namespace=table_namespace)
-
-
-def _row_mode(value: RowMode | None) -> RowMode:
-    return "output" if value is None else value
 
 
 def _page_body(page: JsonPage) -> bytes:
@@ -335,18 +330,14 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     request = PageRequest(limit=spec.limit, offset=spec.offset)
     store = call.state.store
-    mode, admitted = _row_mode(spec.row_mode), d.admitted_of(spec.admission)
+    which = d.row_filter_of(spec)
     if spec.after is m.ABSENT or call.state.config.legacy:
-        (page,) = await store.read_rows_batch_json(
-            sheet, [request], run_id=spec.run_id, row_mode=mode, admitted=admitted
-        )
+        (page,) = await store.read_rows_batch_json(sheet, [request], which=which)
         return EncodedAnswer(_page_body(page))
     cursor = _row_cursor(spec.after)
     # The store measures the rows as Postgres writes them and raises
     # ReadBatchTooLargeError (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
-    rows, next_cursor = await store.read_rows_after_json(
-        sheet, cursor, request.limit, run_id=spec.run_id, row_mode=mode, admitted=admitted
-    )
+    rows, next_cursor = await store.read_rows_after_json(sheet, cursor, request.limit, which=which)
     return EncodedAnswer(
         splice.page_body(rows, request.limit, request.offset, next_after=_cursor(next_cursor))
     )
@@ -360,11 +351,7 @@ async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     requests = [PageRequest(limit=p.limit, offset=p.offset) for p in spec.pages]
     pages = await call.state.store.read_rows_batch_json(
-        sheet,
-        requests,
-        run_id=spec.run_id,
-        row_mode=_row_mode(spec.row_mode),
-        admitted=d.admitted_of(spec.admission),
+        sheet, requests, which=d.row_filter_of(spec)
     )
     # The envelope the store's budget counted around the pages (protocol/_splice.py).
     return EncodedAnswer(splice.pages_body(_page_body(page) for page in pages))
@@ -376,9 +363,7 @@ async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     request = PageRequest(limit=spec.limit, offset=spec.offset)
-    keys = await call.state.store.read_row_keys(
-        sheet, request, run_id=spec.run_id, admitted=d.admitted_of(spec.admission)
-    )
+    keys = await call.state.store.read_row_keys(sheet, request, which=d.row_filter_of(spec))
     answer = m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
     return m.unstructure(answer)
 
