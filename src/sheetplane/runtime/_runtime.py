@@ -22,7 +22,17 @@ from .._map import (
     check_map_options,
     run_map,
 )
-from .._types import BIGINT_MAX, AdmittedPart, ResolvedPlay, RowMode, SheetContract, SheetRef
+from .._types import (
+    BIGINT_MAX,
+    EVERY_ROW,
+    ROW_MODES,
+    AdmittedPart,
+    ResolvedPlay,
+    RowFilter,
+    RowMode,
+    SheetContract,
+    SheetRef,
+)
 from ..admission import AdmissionInput, KeyedRoad
 from ..budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from ..dataset import Dataset, DatasetDescriptor, DatasetKind, InMemoryDataset
@@ -90,17 +100,14 @@ class Runtime:
     def road(
         self,
         table_namespace: str,
-        *,
-        row_mode: RowMode = "output",
-        run_id: str | None = None,
-        admitted: AdmittedPart | None = None,
+        which: RowFilter = EVERY_ROW,
     ) -> SheetRoad:
-        """The road this runtime's strategy reads ``table_namespace`` through (limited to
-        one admission's pending or completed rows with ``admitted``)."""
+        """The road this runtime's strategy reads ``which`` rows of ``table_namespace``
+        through."""
         table_namespace = normalize_table_namespace(table_namespace)
-        if row_mode not in ("output", "all"):
-            raise InvalidInputError(f"row_mode must be 'output' or 'all', got {row_mode!r}")
-        run_id = checks.optional_text("run_id", run_id)
+        if which.row_mode not in ROW_MODES:
+            raise InvalidInputError(f"row_mode must be 'output' or 'all', got {which.row_mode!r}")
+        run_id = checks.optional_text("run_id", which.run_id)
         c = self.context
         scope = ReadScope.for_token(
             base_url=c.base_url,
@@ -109,8 +116,8 @@ class Runtime:
             play_name=c.play_name,
             run_id=run_id,
             table_namespace=table_namespace,
-            row_mode=row_mode,
-            admitted=admitted,
+            row_mode=which.row_mode,
+            admitted=which.admitted,
         )
         if c.strategy == "direct":
             return DirectRoad(self.sessions, scope, user_email=c.user_email, stats=self.road_stats)
@@ -132,14 +139,14 @@ class Runtime:
         up to ``page_rows`` rows held at a time. Its descriptors: kind ``map``,
         the sheet's ``dataset_id`` and ``backing``, no preview rows.
         """
-        road = self.road(table_namespace, row_mode=row_mode, run_id=run_id)
+        road = self.road(table_namespace, RowFilter(run_id=run_id, row_mode=row_mode))
         descriptor = self._descriptor("map", road)
         return Dataset(self.reader, road, page_rows=page_rows, descriptor=descriptor)
 
     def _admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
         """A lazy dataset over one admission's pending or completed rows (each carrying
         ``__deeplineRowKey`` beside ``_key``)."""
-        road = KeyedRoad(self.road(table_namespace, admitted=admitted))
+        road = KeyedRoad(self.road(table_namespace, RowFilter(admitted=admitted)))
         return Dataset(self.reader, road, descriptor=self._descriptor("map", road))
 
     def _descriptor(
