@@ -32,6 +32,7 @@ class Row:
     holder: str | None = None
     expires: float | None = None
     receipt: Receipt | None = None
+    token: str | None = None
 
 
 ClaimHook = Callable[["LeaseTable", str, str], Awaitable[None]]
@@ -55,7 +56,7 @@ class LeaseTable:
         now = trio.current_time()
         return bool(row and row.holder == holder and row.expires is not None and row.expires > now)
 
-    async def claim(self, key: str, holder: str) -> ReceiptClaim:
+    async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
         self.claims.append((trio.current_time(), key, holder))
         if self.before_claim is not None:
             await self.before_claim(self, key, holder)
@@ -66,18 +67,20 @@ class LeaseTable:
             return ReceiptClaim(False, None, None, row.receipt)
         if (
             row.holder is None
-            or row.holder == holder
+            or (row.holder == holder and row.token == lease_token)
             or (row.expires is not None and row.expires <= now)
         ):
-            row.holder, row.expires = holder, now + TTL
-            answer = ReceiptClaim(True, holder, instant(row.expires).isoformat(), None)
+            row.holder, row.expires, row.token = holder, now + TTL, lease_token
+            answer = ReceiptClaim(True, holder, instant(row.expires).isoformat(), None, lease_token)
             if self.after_claim is not None:
                 await self.after_claim(self, key, holder)
             return answer
         assert row.expires is not None
         return ReceiptClaim(False, row.holder, instant(row.expires).isoformat(), None)
 
-    async def complete(self, key: str, result: Any, holder: str) -> ReceiptCompletion:
+    async def complete(
+        self, key: str, result: Any, holder: str, lease_token: str
+    ) -> ReceiptCompletion:
         self.completions.append((trio.current_time(), key, holder))
         await trio.lowlevel.checkpoint()
         now = trio.current_time()
@@ -85,19 +88,26 @@ class LeaseTable:
         if row.receipt is not None:
             return ReceiptCompletion(row.receipt, "existing")
         live_other = (
-            row.holder not in (None, holder) and row.expires is not None and row.expires > now
+            row.holder is not None
+            and (row.holder, row.token) != (holder, lease_token)
+            and row.expires is not None
+            and row.expires > now
         )
         if live_other:
             raise WorkReceiptFencedError(f"work receipt {key!r} is claimed by another holder")
         row.receipt = Receipt(key, result, holder, instant(now).isoformat())
-        row.holder = row.expires = None
+        row.holder = row.expires = row.token = None
         return ReceiptCompletion(row.receipt, "persisted")
 
-    async def release(self, key: str, holder: str) -> bool:
+    async def release(self, key: str, holder: str, lease_token: str) -> bool:
         self.releases.append((trio.current_time(), key, holder))
         await trio.lowlevel.checkpoint()
         row = self.rows.get(key)
-        if row is None or row.receipt is not None or row.holder != holder:
+        if (
+            row is None
+            or row.receipt is not None
+            or (row.holder, row.token) != (holder, lease_token)
+        ):
             return False
-        row.holder = row.expires = None
+        row.holder = row.expires = row.token = None
         return True

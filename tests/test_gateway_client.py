@@ -960,9 +960,11 @@ async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any
             client.fail_map_rows(
                 "ns", contract, [FailRow("k", "boom")], run_id="r", write_version=None
             ),
-            client.complete_work_receipt("k", {"n": 1}, "r", run_attempt=2, holder="h"),
+            client.complete_work_receipt(
+                "k", {"n": 1}, "r", run_attempt=2, holder="h", lease_token="t" * 43
+            ),
             client.claim_work_receipt("k", "h"),
-            client.release_work_receipt("k", "h"),
+            client.release_work_receipt("k", "h", "t" * 43),
             client.resolve_play("play-1"),
             client.register_play(ResolvedPlay("play-1", source_code="x"), name="n"),
             client.summary("ns"),

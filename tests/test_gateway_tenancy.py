@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import logging
 import os
 import tracemalloc
 import uuid
@@ -41,7 +42,12 @@ from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harde
 from sheetplane.protocol._domain import read_contract
 from sheetplane.store import open_store, sheet_names
 from sheetplane.store._counters import column_counts
-from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES, SYSTEM_COLUMNS
+from sheetplane.store._schema import (
+    POSTGRES_SYSTEM_COLUMNS,
+    RESERVED_SQL_NAMES,
+    SYSTEM_COLUMNS,
+    receipt_names,
+)
 
 TOKEN_A = "tok-tenant-a-7f3e9c1d"
 TOKEN_B = "tok-tenant-b-2a8b4e6f"
@@ -1236,3 +1242,86 @@ async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
         gateway.config.database_url,
         sql.SQL("SELECT _status, _write_version FROM {}").format(names.ident("sheet_table")),
     ) == [("pending", 0)]
+
+
+# --- second pass, finding 7: a lease is held by its token, not by its holder's name -----
+
+
+async def test_a_receipt_holders_name_is_not_a_capability_without_its_lease_token(
+    gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused claim answered the live holder's name, and any runner of the org could
+    then renew, release or complete as that holder. The claim's answer now carries a
+    secret lease token to the claimant only; renewing, releasing and a fenced
+    completion need it; no other answer and no log line carries it."""
+    key = f"k-{uuid.uuid4().hex}"
+    caplog.set_level(logging.DEBUG)
+    claim = await act(gateway, TOKEN_A, "claim_work_receipt", key=key, holder="runner-1")
+    token = claim["leaseToken"]
+    assert claim["acquired"] and len(token) >= 32
+    # Another runner of the org, knowing only the name.
+    refused = await act(gateway, TOKEN_A, "claim_work_receipt", key=key, holder="runner-1")
+    assert not refused["acquired"] and refused["holder"] == "runner-1"
+    assert "leaseToken" not in refused and token not in str(refused)
+    guess = "g" * 43
+    answers = [
+        await act(
+            gateway, TOKEN_A, "release_work_receipt", key=key, holder="runner-1", leaseToken=guess
+        ),
+        await post(gateway, TOKEN_A, "release_work_receipt", key=key, holder="runner-1"),
+        await post(
+            gateway,
+            TOKEN_A,
+            "complete_work_receipt",
+            key=key,
+            result="forged",
+            runId="run-x",
+            holder="runner-1",
+        ),
+        await post(
+            gateway,
+            TOKEN_A,
+            "complete_work_receipt",
+            key=key,
+            result="forged",
+            runId="run-x",
+            holder="runner-1",
+            leaseToken=guess,
+        ),
+    ]
+    assert answers[0] == {"released": False}
+    assert [a.status_code for a in answers[1:]] == [400, 409, 409]
+    assert all(token not in a.text for a in answers[1:])
+    # The claimant renews and completes with it.
+    renewed = await act(
+        gateway, TOKEN_A, "claim_work_receipt", key=key, holder="runner-1", leaseToken=token
+    )
+    assert renewed["acquired"] and renewed["leaseToken"] == token
+    done = await act(
+        gateway,
+        TOKEN_A,
+        "complete_work_receipt",
+        key=key,
+        result="mine",
+        runId="run-1",
+        holder="runner-1",
+        leaseToken=token,
+    )
+    assert done["receipt"]["result"] == "mine"
+    # Another org never sees the key at all.
+    other = await act(gateway, TOKEN_B, "claim_work_receipt", key=key, holder="runner-1")
+    assert other["acquired"] and other["leaseToken"] != token
+    logged = "\n".join(
+        f"{r.getMessage()} {vars(r)}"
+        for r in caplog.records
+        if r.name.startswith(("sheetplane", "hypercorn"))
+    )
+    assert token not in logged
+    rows = await run_sql(
+        gateway.config.database_url,
+        sql.SQL("SELECT claim_token_digest FROM {} WHERE key = %s").format(
+            receipt_names(ORG_B, PLAY).ident("receipts_table")
+        ),
+        (key,),
+    )
+    assert rows and rows[0][0] == hashlib.sha256(other["leaseToken"].encode()).digest()

@@ -194,7 +194,7 @@ async def test_once_waits_for_the_holders_receipt(autojump_clock: Any) -> None:
 
 async def test_once_takes_over_an_expired_lease(autojump_clock: Any) -> None:
     table = LeaseTable()
-    await table.claim("k", "crashed")  # a holder that died without releasing
+    await table.claim("k", "crashed", "t-crashed")  # a holder that died without releasing
     expired_at = table.rows["k"].expires
     assert expired_at is not None
     started: list[float] = []

@@ -116,18 +116,20 @@ class RenewalsSeen:
         self.claims = 0
         self.renewed = trio.Event()
 
-    async def claim(self, key: str, holder: str) -> ReceiptClaim:
-        claim = await self._backend.claim(key, holder)
+    async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
+        claim = await self._backend.claim(key, holder, lease_token)
         self.claims += 1
         if self.claims == 3:
             self.renewed.set()
         return claim
 
-    async def complete(self, key: str, result: Any, holder: str) -> ReceiptCompletion:
-        return await self._backend.complete(key, result, holder)
+    async def complete(
+        self, key: str, result: Any, holder: str, lease_token: str
+    ) -> ReceiptCompletion:
+        return await self._backend.complete(key, result, holder, lease_token)
 
-    async def release(self, key: str, holder: str) -> bool:
-        return await self._backend.release(key, holder)
+    async def release(self, key: str, holder: str, lease_token: str) -> bool:
+        return await self._backend.release(key, holder, lease_token)
 
 
 async def test_renewals_move_the_gateways_expiry(gateway: CountingGateway) -> None:
@@ -156,11 +158,15 @@ async def test_a_stale_holders_completion_is_fenced(gateway: CountingGateway) ->
         assert refused.expires_at == claim.expires_at
         with pytest.raises(WorkReceiptFencedError, match="claimed by another holder"):
             await client.complete_work_receipt(key, "late", "run-b", holder="holder-b")
-        done = await client.complete_work_receipt(key, "mine", "run-a", holder="holder-a")
+        done = await client.complete_work_receipt(
+            key, "mine", "run-a", holder="holder-a", lease_token=claim.lease_token
+        )
         assert done.completion_disposition == "persisted"
         after = await client.claim_work_receipt(key, "holder-b")
         assert not after.acquired and after.receipt is not None and after.receipt.result == "mine"
-        assert not await client.release_work_receipt(key, "holder-a")  # completed: nothing held
+        assert claim.lease_token is not None
+        # Completed: nothing held.
+        assert not await client.release_work_receipt(key, "holder-a", claim.lease_token)
 
 
 async def test_a_lease_taken_over_fails_the_late_completion_as_lost(

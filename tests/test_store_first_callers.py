@@ -90,7 +90,7 @@ async def test_every_ddl_path_of_a_new_org_races_safely(store: SheetStore) -> No
         # Everything was created once and works.
         assert await store.count(shared) == 0
         assert await store.resolve_play(org, "n4") == ResolvedPlay("id-4")
-        claim = await store.claim_work_receipt(org, "play-b", "k3", "h")
+        claim = await store.claim_work_receipt(org, "play-b", "k-after", "h")
         assert claim.acquired
 
 

@@ -69,8 +69,10 @@ async def test_a_claim_is_taken_over_only_after_expiry(store: SheetStore) -> Non
         store.pool, names, key, "attempt-2", now=T0 + TTL - dt.timedelta(milliseconds=1)
     )
     assert not early.acquired and early.holder == "attempt-1"
-    renewed = await claim_work_receipt(store.pool, names, key, "attempt-1", now=T0 + TTL / 2)
-    assert renewed.acquired
+    renewed = await claim_work_receipt(
+        store.pool, names, key, "attempt-1", lease_token=first.lease_token, now=T0 + TTL / 2
+    )
+    assert renewed.acquired and renewed.lease_token == first.lease_token
     assert dt.datetime.fromisoformat(renewed.expires_at or "") == T0 + TTL / 2 + TTL
 
     takeover_at = T0 + TTL / 2 + TTL
@@ -83,7 +85,14 @@ async def test_a_claim_is_taken_over_only_after_expiry(store: SheetStore) -> Non
             store.pool, names, key, {"late": True}, "run-1", holder="attempt-1", now=takeover_at
         )
     done = await complete_work_receipt(
-        store.pool, names, key, {"ok": True}, "run-2", holder="attempt-2", now=takeover_at
+        store.pool,
+        names,
+        key,
+        {"ok": True},
+        "run-2",
+        holder="attempt-2",
+        lease_token=taken.lease_token,
+        now=takeover_at,
     )
     assert done.completion_disposition == "persisted"
     late = await complete_work_receipt(

@@ -4,9 +4,12 @@
 
     async with hold_lease(backend, key, holder) as lease:   # LeaseHeldError / ReceiptCompletedError
         ...                                                 # cancelled if the lease is lost
-        await lease.complete(result)                        # fenced by the holder
+        await lease.complete(result)                        # fenced by the lease's token
 
-A lease is taken with one claim. Inside the block a keeper task, in the
+A lease is taken with one claim, carrying a secret token made here (the
+gateway keeps its digest): renewals, the completion and the release present
+it, since a holder's name is only a name. A retried claim carries the same
+token, so it renews rather than finding itself the holder. Inside the block a keeper task, in the
 block's own nursery, renews it every ``WORK_RECEIPT_LEASE_RENEWAL_MS``. The
 decisions are plain arithmetic in :class:`LeaseTimes`, over the local instants
 the successful claims were *sent*: the gateway started the lease no earlier
@@ -44,7 +47,7 @@ import attrs
 import trio
 
 from ._groups import raise_single
-from ._types import ReceiptClaim, ReceiptCompletion
+from ._types import ReceiptClaim, ReceiptCompletion, new_lease_token
 from .budgets import (
     WORK_RECEIPT_LEASE_GUARD_MS,
     WORK_RECEIPT_LEASE_RENEWAL_MS,
@@ -69,16 +72,19 @@ _MS: Final = 1000
 class ReceiptBackend(Protocol):
     """Where receipts and their leases live (the gateway, or a model in tests)."""
 
-    async def claim(self, key: str, holder: str) -> ReceiptClaim:
-        """Take, renew or take over the lease on ``key`` for ``holder``."""
+    async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
+        """Take, renew (the same token) or take over the lease on ``key`` for ``holder``."""
         ...
 
-    async def complete(self, key: str, result: Any, holder: str) -> ReceiptCompletion:
-        """Record ``result``, fenced by ``holder``'s lease (``WorkReceiptFencedError``)."""
+    async def complete(
+        self, key: str, result: Any, holder: str, lease_token: str
+    ) -> ReceiptCompletion:
+        """Record ``result``, fenced by ``holder``'s lease and its token
+        (``WorkReceiptFencedError``)."""
         ...
 
-    async def release(self, key: str, holder: str) -> bool:
-        """Give up ``holder``'s lease on ``key``."""
+    async def release(self, key: str, holder: str, lease_token: str) -> bool:
+        """Give up ``holder``'s lease on ``key`` (its token)."""
         ...
 
 
@@ -130,6 +136,8 @@ class Lease:
     """Who holds the lease: unique to this claim."""
     expires_at: dt.datetime | None
     """When the lease expires on the gateway's clock, as of the last renewal."""
+    _token: str = attrs.field(repr=False, alias="token", kw_only=True)
+    """The lease's secret: renewals, the completion and the release need it."""
     _backend: ReceiptBackend = attrs.field(repr=False, alias="backend", kw_only=True)
     _times: LeaseTimes = attrs.field(repr=False, alias="times", kw_only=True)
     renewals: int = attrs.field(default=0, init=False)
@@ -154,7 +162,7 @@ class Lease:
         if self._lost is not None:
             raise LeaseLostError(self.key, self._lost)
         try:
-            completion = await self._backend.complete(self.key, result, self.holder)
+            completion = await self._backend.complete(self.key, result, self.holder, self._token)
         except WorkReceiptFencedError as exc:
             self._lose("another holder took the lease over before the completion landed")
             raise LeaseLostError(self.key, "another holder took the lease over") from exc
@@ -182,7 +190,7 @@ async def _keep(lease: Lease) -> None:
         claim: ReceiptClaim | None = None
         with trio.move_on_at(times.stop_at):
             try:
-                claim = await lease._backend.claim(lease.key, lease.holder)
+                claim = await lease._backend.claim(lease.key, lease.holder, lease._token)
             except SheetplaneError as exc:
                 lease._lose(f"a renewal failed ({type(exc).__name__}: {exc})")
                 return
@@ -209,19 +217,27 @@ async def acquire_lease(backend: ReceiptBackend, key: str, holder: str) -> Lease
     ``LeaseHeldError`` while another holder's lease is live.
     """
     sent = trio.current_time()
+    token = new_lease_token()
     try:
-        claim = await backend.claim(key, holder)
+        claim = await backend.claim(key, holder, token)
     except BaseException:
         # Cut short (cancelled, or a lost answer): the claim may have landed, and
-        # nobody would release it before it expires. The holder is this call's own,
-        # so giving it up is safe whether or not it landed.
-        await _release_for(backend, key, holder)
+        # nobody would release it before it expires. The holder and the token are
+        # this call's own, so giving it up is safe whether or not it landed.
+        await _release_for(backend, key, holder, token)
         raise
     if claim.receipt is not None:
         raise ReceiptCompletedError(claim.receipt)
     if not claim.acquired:
         raise LeaseHeldError(key, claim.holder, _instant(claim.expires_at))
-    return Lease(key, holder, _instant(claim.expires_at), backend=backend, times=LeaseTimes(sent))
+    return Lease(
+        key,
+        holder,
+        _instant(claim.expires_at),
+        token=token,
+        backend=backend,
+        times=LeaseTimes(sent),
+    )
 
 
 @asynccontextmanager
@@ -258,17 +274,17 @@ async def hold_lease(lease: Lease) -> AsyncIterator[Lease]:
 
 
 async def _release(lease: Lease) -> None:
-    await _release_for(lease._backend, lease.key, lease.holder)
+    await _release_for(lease._backend, lease.key, lease.holder, lease._token)
 
 
-async def _release_for(backend: ReceiptBackend, key: str, holder: str) -> None:
+async def _release_for(backend: ReceiptBackend, key: str, holder: str, token: str) -> None:
     # Shielded: a cancelled block still gives its lease back; bounded: a release
     # that does not land costs only the wait for the lease to expire.
     with (
         trio.CancelScope(shield=True, relative_deadline=WORK_RECEIPT_RELEASE_TIMEOUT_MS / _MS),
         contextlib.suppress(SheetplaneError),
     ):
-        await backend.release(key, holder)
+        await backend.release(key, holder, token)
 
 
 async def run_once(

@@ -10,6 +10,7 @@ HTTP client can use them without importing the store (or psycopg).
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, get_args
 
@@ -394,6 +395,15 @@ class ResolvedPlay:
     """The sheet contract the play was built against, as JSON."""
 
 
+#: A lease token's random bytes (``secrets.token_urlsafe``: 43 characters).
+LEASE_TOKEN_BYTES = 32
+
+
+def new_lease_token() -> str:
+    """A fresh secret lease token for a work receipt claim."""
+    return secrets.token_urlsafe(LEASE_TOKEN_BYTES)
+
+
 @attrs.frozen
 class ReceiptClaim:
     """The answer to a claim of a work receipt's lease (``claim_work_receipt``)."""
@@ -406,6 +416,10 @@ class ReceiptClaim:
     """When the current lease expires, ISO 8601 on the gateway's clock (None once completed)."""
     receipt: Receipt | None
     """The completed receipt, when the work is already done (then ``acquired`` is False)."""
+    lease_token: str | None = attrs.field(default=None, repr=False)
+    """The lease's secret, to the claimant only and only when ``acquired``: renewing,
+    releasing and a fenced completion need it (a holder's name is not enough). A
+    secret: never in a repr, a log or an error."""
 
 
 def check_int(what: str, value: object, minimum: int, maximum: int | None = None) -> int:

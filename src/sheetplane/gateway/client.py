@@ -67,6 +67,7 @@ from .._types import (
     Summary,
     TerminalWriteResult,
     check_page_request,
+    new_lease_token,
 )
 from ..budgets import (
     ADMISSION_CHUNK_ENVELOPE_BYTES,
@@ -919,11 +920,12 @@ class GatewayClient:
         *,
         run_attempt: int | None = None,
         holder: str | None = None,
+        lease_token: str | None = None,
     ) -> ReceiptCompletion:
         """Record a work receipt once; an earlier writer's receipt comes back as ``existing``.
 
-        With ``holder`` the completion is fenced by that holder's lease: while
-        another holder's live lease owns the key it raises
+        While a live lease owns the key only its ``holder`` with its
+        ``lease_token`` (the claim's answer) completes; anyone else gets
         ``WorkReceiptFencedError`` and nothing is written.
         """
         request = self._request(
@@ -933,24 +935,33 @@ class GatewayClient:
             run_id=run_id,
             run_attempt=run_attempt,
             holder=holder,
+            lease_token=lease_token,
         )
         answer = await self._send(request)
         return _answers.parse_receipt_completion(answer.body, request.action, run_id)
 
-    async def claim_work_receipt(self, key: str, holder: str) -> ReceiptClaim:
-        """Take, renew (same ``holder``) or take over (expired) the lease on ``key``.
+    async def claim_work_receipt(
+        self, key: str, holder: str, *, lease_token: str | None = None
+    ) -> ReceiptClaim:
+        """Take, renew (same ``holder`` and ``lease_token``) or take over (expired) the
+        lease on ``key``; acquired, the answer's ``lease_token`` is the lease's secret.
 
-        Not acquired while another holder's lease is live, or once the work is
-        completed (the answer's ``receipt``). A retried claim is harmless: a
-        repeat by the same holder only renews.
+        Not acquired while another lease is live, or once the work is completed
+        (the answer's ``receipt``). Without ``lease_token`` a new token is made
+        here and sent, so a retried claim is harmless: its repeat only renews.
         """
-        request = self._request(m.ClaimWorkReceiptRequest, key=key, holder=holder)
+        token = lease_token if lease_token is not None else new_lease_token()
+        request = self._request(
+            m.ClaimWorkReceiptRequest, key=key, holder=holder, lease_token=token
+        )
         answer = await self._send(request)
-        return _answers.parse_receipt_claim(answer.body, request.action, holder)
+        return _answers.parse_receipt_claim(answer.body, request.action, holder, token)
 
-    async def release_work_receipt(self, key: str, holder: str) -> bool:
-        """Give up ``holder``'s lease on ``key``; True when it held one."""
-        request = self._request(m.ReleaseWorkReceiptRequest, key=key, holder=holder)
+    async def release_work_receipt(self, key: str, holder: str, lease_token: str) -> bool:
+        """Give up ``holder``'s lease on ``key``; True when it held one with ``lease_token``."""
+        request = self._request(
+            m.ReleaseWorkReceiptRequest, key=key, holder=holder, lease_token=lease_token
+        )
         return _answers.parse_released((await self._send(request)).body, request.action)
 
     async def resolve_play(self, play_ref: str) -> ResolvedPlay | None:

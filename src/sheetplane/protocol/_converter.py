@@ -50,6 +50,7 @@ __all__ = [
     "check_text_cap",
     "count_rule",
     "int_field",
+    "lease_token_field",
     "optional_int_field",
     "optional_text_field",
     "rule",
@@ -163,6 +164,25 @@ def _hex_id(value: object) -> str | None:
     if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value):
         return None
     return "must be 32 lowercase hex digits"
+
+
+#: A lease token on the wire: 16 to 2,048 printable ASCII characters, no space.
+_LEASE_TOKEN = re.compile(r"[\x21-\x7e]{16,2048}")
+
+
+def _lease_token(value: object) -> str | None:
+    if isinstance(value, str) and _LEASE_TOKEN.fullmatch(value):
+        return None
+    # Never echo it: a malformed token may still be someone's secret.
+    return "must be 16 to 2048 printable ASCII characters (the claim's answer carries it)"
+
+
+def lease_token_field(*, required: bool) -> Any:
+    """A work receipt lease's secret token (never in a repr)."""
+    metadata = {"pattern": "^[\\x21-\\x7e]{16,2048}$", "minLength": 16, "maxLength": 2048}
+    if required:
+        return attrs.field(validator=rule(_lease_token), repr=False, metadata=metadata)
+    return attrs.field(default=None, validator=rule(_lease_token), repr=False, metadata=metadata)
 
 
 def optional_text_field(*, non_empty: bool = False) -> Any:

@@ -249,6 +249,9 @@ def claim_answer(claim: ReceiptClaim) -> dict[str, Any]:
         holder=claim.holder,
         expires_at=claim.expires_at,
         receipt=m.ABSENT if claim.receipt is None else receipt_wire(claim.receipt),
+        lease_token=m.ABSENT
+        if not claim.acquired or claim.lease_token is None
+        else claim.lease_token,
     )
     return m.unstructure(answer)
 
@@ -374,14 +377,26 @@ def parse_receipt_completion(
     return ReceiptCompletion(receipt=receipt, completion_disposition=disposition)
 
 
-def parse_receipt_claim(answer: Mapping[str, Any], action: str, holder: str) -> ReceiptClaim:
-    """``{acquired, holder, expiresAt, receipt?}``; an acquired lease must name ``holder``
-    and an expiry, and a completed one carries no lease."""
+def parse_receipt_claim(
+    answer: Mapping[str, Any], action: str, holder: str, lease_token: str | None = None
+) -> ReceiptClaim:
+    """``{acquired, holder, expiresAt, receipt?, leaseToken?}``; an acquired lease must
+    name ``holder``, an expiry and its token (``lease_token`` when the claim sent
+    one), and a completed or refused one carries no lease."""
     read = read_as(answer, m.ClaimAnswer, action)
     receipt = None if read.receipt is m.ABSENT else receipt_of(read.receipt)
-    if read.acquired and (read.holder != holder or read.expires_at is None or receipt is not None):
-        raise protocol_error(action, "an acquired lease must name its holder and expiry")
-    return ReceiptClaim(read.acquired, read.holder, read.expires_at, receipt)
+    token = None if read.lease_token is m.ABSENT else read.lease_token
+    if read.acquired and (
+        read.holder != holder
+        or read.expires_at is None
+        or receipt is not None
+        or token is None
+        or (lease_token is not None and token != lease_token)
+    ):
+        raise protocol_error(action, "an acquired lease must name its holder, expiry and token")
+    if not read.acquired and token is not None:
+        raise protocol_error(action, "a claim not acquired carries no lease token")
+    return ReceiptClaim(read.acquired, read.holder, read.expires_at, receipt, token)
 
 
 def parse_released(answer: Mapping[str, Any], action: str) -> bool:

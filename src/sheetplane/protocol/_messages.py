@@ -45,6 +45,7 @@ from ._converter import (
     build,
     count_rule,
     int_field,
+    lease_token_field,
     optional_int_field,
     optional_text_field,
     rule,
@@ -308,6 +309,9 @@ class CompleteWorkReceiptRequest(Request):
     run_id: str = text_field()
     run_attempt: int | None = optional_int_field(0, INTEGER_MAX)
     holder: str | None = optional_text_field()
+    lease_token: str | None = lease_token_field(required=False)
+    """The holder's lease token (its claim's answer): a live lease of ``holder``
+    fences the completion only with it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -315,6 +319,9 @@ class ClaimWorkReceiptRequest(Request):
     action: Literal["claim_work_receipt"] = "claim_work_receipt"
     key: str = text_field()
     holder: str = text_field()
+    lease_token: str | None = lease_token_field(required=False)
+    """Renews the caller's live lease; for a new lease, its token (a retried claim
+    then renews); left out, the gateway makes one."""
 
 
 @attrs.frozen(kw_only=True)
@@ -322,6 +329,7 @@ class ReleaseWorkReceiptRequest(Request):
     action: Literal["release_work_receipt"] = "release_work_receipt"
     key: str = text_field()
     holder: str = text_field()
+    lease_token: str = lease_token_field(required=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -568,6 +576,8 @@ class ClaimAnswer:
     holder: str | None
     expires_at: str | None
     receipt: ReceiptWire | Absent = ABSENT
+    lease_token: str | Absent = attrs.field(default=ABSENT, repr=False)
+    """The lease's secret, answered to the claimant only, when ``acquired``."""
 
 
 @attrs.frozen(kw_only=True)

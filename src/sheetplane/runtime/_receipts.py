@@ -23,14 +23,18 @@ class _GatewayReceipts:
         self._client = client
         self._run_id = run_id
 
-    async def claim(self, key: str, holder: str) -> ReceiptClaim:
-        return await self._client.claim_work_receipt(key, holder)
+    async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
+        return await self._client.claim_work_receipt(key, holder, lease_token=lease_token)
 
-    async def complete(self, key: str, result: Any, holder: str) -> ReceiptCompletion:
-        return await self._client.complete_work_receipt(key, result, self._run_id, holder=holder)
+    async def complete(
+        self, key: str, result: Any, holder: str, lease_token: str
+    ) -> ReceiptCompletion:
+        return await self._client.complete_work_receipt(
+            key, result, self._run_id, holder=holder, lease_token=lease_token
+        )
 
-    async def release(self, key: str, holder: str) -> bool:
-        return await self._client.release_work_receipt(key, holder)
+    async def release(self, key: str, holder: str, lease_token: str) -> bool:
+        return await self._client.release_work_receipt(key, holder, lease_token)
 
 
 class ReceiptRecorder:

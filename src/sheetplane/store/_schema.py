@@ -495,9 +495,25 @@ def _receipts_ddl(names: SheetNames) -> sql.Composed:
             run_attempt integer,
             completed_at timestamptz,
             claim_holder text,
-            claim_expires_at timestamptz
-        )"""
-    ).format(names.ident("receipts_table"))
+            claim_expires_at timestamptz,
+            claim_token_digest bytea
+        );
+        ALTER TABLE {} ADD COLUMN IF NOT EXISTS claim_token_digest bytea"""
+    ).format(names.ident("receipts_table"), names.ident("receipts_table"))
+
+
+def _receipts_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
+    """Whether the receipts table, or its lease-token column (a table made before
+    leases carried tokens), is missing."""
+    if relations_missing(conn, names.schema, [names.receipts_table]):
+        return True
+    row = conn.execute(
+        "SELECT count(*) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
+        " AND c.relname = %s AND a.attname = 'claim_token_digest' AND NOT a.attisdropped",
+        (names.schema, names.receipts_table),
+    ).fetchone()
+    return row is None or row[0] == 0
 
 
 def _summary_row(names: SheetNames) -> sql.Composed:
@@ -663,6 +679,6 @@ async def ensure_receipts(
     await ensure_ddl(
         pool,
         names.schema,
-        lambda conn: relations_missing(conn, names.schema, [names.receipts_table]),
+        lambda conn: _receipts_missing(conn, names),
         create,
     )

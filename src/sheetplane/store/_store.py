@@ -260,20 +260,32 @@ class SheetStore:
         return names
 
     async def claim_work_receipt(
-        self, org_id: str, play_name: str, key: str, holder: str
+        self,
+        org_id: str,
+        play_name: str,
+        key: str,
+        holder: str,
+        *,
+        lease_token: str | None = None,
     ) -> ReceiptClaim:
-        """Claim ``key`` for ``holder`` for ``WORK_RECEIPT_LEASE_TTL_MS``."""
+        """Claim ``key`` for ``holder`` for ``WORK_RECEIPT_LEASE_TTL_MS``; acquired, the
+        answer carries the lease's secret token (``lease_token`` renews, or names a
+        new lease's token)."""
         _receipts.check_claim(key, holder)
+        _receipts.check_lease_token(lease_token, required=False)
         names = await self._receipt_names(org_id, play_name)
-        return await _receipts.claim_work_receipt(self.pool, names, key, holder)
+        return await _receipts.claim_work_receipt(
+            self.pool, names, key, holder, lease_token=lease_token
+        )
 
     async def release_work_receipt(
-        self, org_id: str, play_name: str, key: str, holder: str
+        self, org_id: str, play_name: str, key: str, holder: str, lease_token: str
     ) -> bool:
-        """Give up ``holder``'s lease on ``key``; True when it held one."""
+        """Give up ``holder``'s lease on ``key``; True when it held one with ``lease_token``."""
         _receipts.check_claim(key, holder)
+        _receipts.check_lease_token(lease_token, required=True)
         names = await self._receipt_names(org_id, play_name)
-        return await _receipts.release_work_receipt(self.pool, names, key, holder)
+        return await _receipts.release_work_receipt(self.pool, names, key, holder, lease_token)
 
     async def complete_work_receipt(
         self,
@@ -285,16 +297,27 @@ class SheetStore:
         *,
         run_attempt: int | None = None,
         holder: str | None = None,
+        lease_token: str | None = None,
     ) -> ReceiptCompletion:
         """Record a work receipt once: ``persisted`` if this call wrote it, else ``existing``.
 
-        With ``holder``, the completion is fenced by that holder's claim. Bad
-        arguments raise ``InvalidInputError`` before the receipts table is created.
+        With ``holder`` and its ``lease_token``, the completion is fenced by that
+        holder's claim. Bad arguments raise ``InvalidInputError`` before the
+        receipts table is created.
         """
-        _receipts.check_completion(key, result, run_id, run_attempt=run_attempt, holder=holder)
+        _receipts.check_completion(
+            key, result, run_id, run_attempt=run_attempt, holder=holder, lease_token=lease_token
+        )
         names = await self._receipt_names(org_id, play_name)
         return await _receipts.complete_work_receipt(
-            self.pool, names, key, result, run_id, run_attempt=run_attempt, holder=holder
+            self.pool,
+            names,
+            key,
+            result,
+            run_id,
+            run_attempt=run_attempt,
+            holder=holder,
+            lease_token=lease_token,
         )
 
     # --- plays ----------------------------------------------------------------------------

@@ -216,12 +216,12 @@ async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
 
 
 async def complete_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, result, runId, runAttempt?, holder?}`` →
+    """``{key, result, runId, runAttempt?, holder?, leaseToken?}`` →
     ``{receipt: {key, result, runId, completedAt}, completionDisposition}``.
 
-    With ``holder`` the completion is fenced by that holder's lease: while
-    another holder's unexpired lease owns the key it is refused 409
-    ``work_receipt_fenced`` and nothing is written.
+    While a live lease owns the key, only its holder with its lease token
+    completes; anyone else is refused 409 ``work_receipt_fenced`` and nothing
+    is written.
     """
     request = _read(call, m.CompleteWorkReceiptRequest)
     completion = await call.state.store.complete_work_receipt(
@@ -232,32 +232,39 @@ async def complete_work_receipt(call: Call) -> dict[str, Any]:
         request.run_id,
         run_attempt=request.run_attempt,
         holder=request.holder,
+        lease_token=request.lease_token,
     )
     return d.receipt_answer(completion)
 
 
 async def claim_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, holder}`` → ``{acquired, holder, expiresAt, receipt?}``.
+    """``{key, holder, leaseToken?}`` → ``{acquired, holder, expiresAt, receipt?, leaseToken?}``.
 
-    Takes (or renews, for the same holder) the key's lease for
-    ``WORK_RECEIPT_LEASE_TTL_MS`` on the database's clock. Not acquired while
-    another holder's lease is live (``holder``/``expiresAt`` name it) or once
-    the work is completed (``receipt`` is the completed receipt; ``holder``
-    and ``expiresAt`` are null).
+    Takes (or renews, for the same holder with its lease token) the key's lease
+    for ``WORK_RECEIPT_LEASE_TTL_MS`` on the database's clock; acquired, the
+    answer carries the lease token, to this caller only. Not acquired while
+    another live lease holds the key (``holder``/``expiresAt`` name it, never
+    its token) or once the work is completed (``receipt`` is the completed
+    receipt; ``holder`` and ``expiresAt`` are null).
     """
     request = _read(call, m.ClaimWorkReceiptRequest)
     claim = await call.state.store.claim_work_receipt(
-        call.org_id, request.play_name, request.key, request.holder
+        call.org_id,
+        request.play_name,
+        request.key,
+        request.holder,
+        lease_token=request.lease_token,
     )
     return d.claim_answer(claim)
 
 
 async def release_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, holder}`` → ``{released}``: gives up ``holder``'s lease so another
-    holder need not wait for it to expire (false when ``holder`` held none)."""
+    """``{key, holder, leaseToken}`` → ``{released}``: gives up ``holder``'s lease so
+    another holder need not wait for it to expire (false when ``holder`` held none
+    with that token)."""
     request = _read(call, m.ReleaseWorkReceiptRequest)
     released = await call.state.store.release_work_receipt(
-        call.org_id, request.play_name, request.key, request.holder
+        call.org_id, request.play_name, request.key, request.holder, request.lease_token
     )
     return m.unstructure(m.ReleaseAnswer(released=released))
 
