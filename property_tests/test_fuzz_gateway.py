@@ -39,6 +39,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -65,6 +66,7 @@ from sheetplane.gateway.server import RUNTIME_PATH, GatewayConfig, create_app
 from sheetplane.gateway.server._actions import GatewayState
 from sheetplane.gateway.server._auth import TokenTable
 from sheetplane.gateway.server._roles import ReaperProgress
+from sheetplane.gateway.server._serve import ServeOptions
 from sheetplane.store import SheetStore
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES
 from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
@@ -800,17 +802,24 @@ def slow_gateway(sheetplane_database_url: str) -> Iterator[ThreadedGateway]:
         yield gw
 
 
-def _slow_exchange(base_url: str, slow: SlowBody) -> bytes:
+def _slow_exchange(
+    base_url: str, slow: SlowBody, token: str = TOKEN, head_pause_ms: int | None = None
+) -> bytes:
     """Send ``slow`` on a real socket (pausing between pieces, as a slow client
-    does); everything the server sends until it closes or answers whole."""
+    does; with ``head_pause_ms``, the head too, in two halves); everything the
+    server sends until it closes or answers whole."""
     host, port = urlsplit(base_url).hostname, urlsplit(base_url).port
     assert host is not None and port is not None
     head = (
         f"POST {RUNTIME_PATH} HTTP/1.1\r\nhost: {host}\r\n"
-        f"authorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {token}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(slow.body)}\r\nconnection: close\r\n\r\n"
     ).encode()
     with socket.create_connection((host, port), timeout=REAL_HANG_S) as sock:
+        if head_pause_ms is not None:
+            sock.sendall(head[: len(head) // 2])
+            time.sleep(head_pause_ms / 1000)  # a slow head: the input under test
+            head = head[len(head) // 2 :]
         sock.sendall(head)
         last = len(slow.pieces) - 1
         try:
@@ -872,6 +881,76 @@ def test_a_slow_or_stalled_body_on_a_real_socket_is_answered_or_408_never_5xx_ne
 ) -> None:
     TRIED["slow_body_real"] += 1
     _check_slow_exchange(slow_gateway, data.draw(slow_bodies(REAL_BODY_TIMEOUT_MS)))
+
+
+#: Tokens of one org that send slow heads and bodies at once; the other org's token
+#: (``OTHER_TOKEN``) measures its latency meanwhile.
+SLOW_TOKENS = {f"tok-fuzz-slow-{n}-5e0c2d": ORG for n in range(3)}
+#: A small server, so a handful of slow sockets would fill it without the shares.
+SLOW_SERVER_CONNECTIONS = 16
+#: The other tenant's p100 latency while they run.
+OTHER_TENANT_P100_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def shared_gateway(sheetplane_database_url: str) -> Iterator[ThreadedGateway]:
+    with ThreadedGateway(
+        sheetplane_database_url,
+        tokens={**SLOW_TOKENS, OTHER_TOKEN: OTHER_ORG},
+        body_read_timeout_ms=REAL_BODY_TIMEOUT_MS,
+        serve_options=ServeOptions(max_connections=SLOW_SERVER_CONNECTIONS),
+    ) as gw:
+        yield gw
+
+
+def _other_tenant_latencies(base_url: str, requests: int) -> list[float]:
+    latencies = []
+    for _ in range(requests):
+        started = time.monotonic()
+        answer = httpx.post(
+            base_url + RUNTIME_PATH,
+            json={"action": "resolve_play", "playName": PLAY, "playRef": "none"},
+            headers={"authorization": f"Bearer {OTHER_TOKEN}"},
+            timeout=REAL_HANG_S,
+        )
+        latencies.append(time.monotonic() - started)
+        assert answer.status_code == 200, answer.text
+    return latencies
+
+
+@settings(FUZZ, max_examples=min(EXAMPLES, 4))
+@given(
+    slow=st.lists(
+        st.tuples(
+            slow_bodies(REAL_BODY_TIMEOUT_MS),
+            st.sampled_from(sorted(SLOW_TOKENS)),
+            st.none() | st.integers(0, 2 * REAL_BODY_TIMEOUT_MS),
+        ),
+        min_size=SLOW_SERVER_CONNECTIONS,
+        max_size=2 * SLOW_SERVER_CONNECTIONS,
+    )
+)
+def test_slow_heads_and_bodies_from_several_tokens_leave_the_other_tenant_its_latency(
+    shared_gateway: ThreadedGateway, slow: list[tuple[SlowBody, str, int | None]]
+) -> None:
+    """One to two times the server's connections of slow heads and bodies, from three
+    tokens of one org at once: each is answered (408, 429 past its tenant's share, or its
+    own answer) or closed, never 5xx; the other org's requests meanwhile all answer
+    within ``OTHER_TENANT_P100_S``."""
+    TRIED["slow_body_tenants"] += 1
+    received: list[bytes] = []
+    with ThreadPoolExecutor(max_workers=len(slow) + 1) as pool:
+        exchanges = [
+            pool.submit(_slow_exchange, shared_gateway.base_url, body, token, head_pause)
+            for body, token, head_pause in slow
+        ]
+        latencies = _other_tenant_latencies(shared_gateway.base_url, 5)
+        received = [exchange.result(timeout=REAL_HANG_S) for exchange in exchanges]
+    assert max(latencies) < OTHER_TENANT_P100_S, latencies
+    for answer in received:
+        if answer:
+            assert int(answer.split(b" ", 2)[1]) < 500, answer[:300]
+    assert shared_gateway.alive()
 
 
 @pytest.mark.slow

@@ -510,6 +510,28 @@ GATEWAY_KEEP_ALIVE_TIMEOUT_MS: Final = 5_000
 #: connection may hold one body up to the transport ceiling while it is read.
 GATEWAY_MAX_CONNECTIONS: Final = 256
 
+#: Requests in flight (head read, answer not yet sent) one org may hold in one
+#: gateway process: a quarter of the connections, so an org whose requests all
+#: stall mid-body holds at most a quarter of the server; past it the next
+#: request is answered 429 as soon as its head is read, before its body.
+GATEWAY_MAX_REQUESTS_PER_ORG: Final = GATEWAY_MAX_CONNECTIONS // 4
+
+#: Of those, what one token may hold: half its org's, so two tokens of an org
+#: share it and one runaway token leaves the other half to its org.
+GATEWAY_MAX_REQUESTS_PER_TOKEN: Final = GATEWAY_MAX_REQUESTS_PER_ORG // 2
+
+#: Open connections one org may hold in one gateway process (counted from a
+#: connection's first request until it closes): half the connections, so
+#: the other half always serves the other orgs (and heads not yet read).
+GATEWAY_MAX_CONNECTIONS_PER_ORG: Final = GATEWAY_MAX_CONNECTIONS // 2
+
+#: Of those, what one token may hold: half its org's.
+GATEWAY_MAX_CONNECTIONS_PER_TOKEN: Final = GATEWAY_MAX_CONNECTIONS_PER_ORG // 2
+
+#: Retry-After of a request refused for its tenant's share: the first ladder
+#: delay (its own requests in flight are finishing, or timing out, meanwhile).
+GATEWAY_TENANT_RETRY_AFTER_MS: Final = RETRY_DELAYS_MS[0]
+
 #: Connections the kernel queues for a gateway process past its cap (the
 #: ``listen`` backlog); beyond it new connections are refused and retried.
 GATEWAY_LISTEN_BACKLOG: Final = GATEWAY_MAX_CONNECTIONS // 2

@@ -210,6 +210,14 @@ ERRORS: Final[tuple[ErrorRule, ...]] = (
         answers=(SheetCapError,),
     ),
     ErrorRule(
+        Code.TENANT_CAP,
+        429,
+        TransientGatewayError,
+        True,
+        "the token's or the org's requests in flight or connections are at their share"
+        " of the gateway (retry_after_ms; refused before the body is read)",
+    ),
+    ErrorRule(
         Code.INTERNAL_ERROR, 500, GatewayError, False, "an unexpected failure (no trace, no secret)"
     ),
     ErrorRule(

@@ -87,6 +87,7 @@ class Code:
     REQUEST_TOO_LARGE: Final = "request_too_large"
     BACKPRESSURE: Final = BackpressureError.code
     SESSION_CAP: Final = "runtime_db_session_cap"
+    TENANT_CAP: Final = "gateway_tenant_cap"
     READ_BATCH_TOO_LARGE: Final = ReadBatchTooLargeError.code
     ADMISSION_TOO_LARGE: Final = AdmissionTooLargeError.code
     ADMISSION_STATE: Final = AdmissionStateError.code

@@ -90,6 +90,7 @@ from ._metrics import GatewayMetrics, action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
 from ._probes import probe_routes
 from ._roles import ReaperProgress, resolve_org_connection_budget, run_reaper, run_watchdog
+from ._shares import TenantSharesMiddleware
 
 __all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
 
@@ -361,6 +362,8 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
         tokens=[*config.tokens, *([config.metrics_token] if config.metrics_token else [])],
     )
     ops = ops if ops is not None else Operations()
+    if config.tenant_caps is not None:
+        ops.tenants.caps, ops.tenants.configured = config.tenant_caps, True
     metrics = ops.metrics
 
     async def runtime(request: Request) -> Response:
@@ -446,7 +449,12 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             Route(OPENAPI_PATH, openapi, methods=["GET"]),
             *probe_routes(ops),
         ],
-        middleware=[Middleware(OperationsMiddleware, ops=ops)],
+        middleware=[
+            Middleware(OperationsMiddleware, ops=ops),
+            # Inside the access log, before the body is read: a tenant past its
+            # share is refused 429 while its body is still on the wire.
+            Middleware(TenantSharesMiddleware, shares=ops.tenants, tokens=tokens),
+        ],
         lifespan=lifespan,
     )
     app.state.ops = ops

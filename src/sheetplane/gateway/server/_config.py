@@ -25,6 +25,7 @@ from ...errors import InvalidInputError
 from ...store._quotas import StoreQuotas
 from ._plays import PlayDefinition
 from ._roles import SessionBounds, SessionCaps
+from ._shares import TenantCaps
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -145,6 +146,10 @@ class GatewayConfig:
     """An action still running after this is cancelled and answered 504."""
     metrics_token: str | None = attrs.field(default=None, repr=False)
     """The bearer token ``GET /metrics`` requires; None: ``/metrics`` answers 404. A secret."""
+    tenant_caps: TenantCaps | None = None
+    """Each token's and org's share of this process: requests in flight and connections
+    (``_shares``); past one a request is 429 ``gateway_tenant_cap`` before its body.
+    None: derived from the server's connection cap (``TenantCaps.for_server``)."""
 
     def session_caps(self, connections_per_org: int | None = None) -> SessionCaps:
         """How many live sessions one org and one token may hold, and (once

@@ -40,6 +40,7 @@ from ._logs import (
     set_current_request,
 )
 from ._metrics import NO_ACTION, GatewayMetrics
+from ._shares import TenantShares
 
 __all__ = ["Operations", "OperationsMiddleware"]
 
@@ -57,6 +58,8 @@ class Operations:
     metrics: GatewayMetrics = attrs.field(factory=GatewayMetrics)
     draining: bool = False
     """True from :meth:`begin_drain` on."""
+    tenants: TenantShares = attrs.Factory(TenantShares)
+    """Each token's and org's requests in flight and connections (``_shares``)."""
     in_flight: int = 0
     """Requests inside the app now (answers of the drain gate excluded)."""
     cancelled: int = 0

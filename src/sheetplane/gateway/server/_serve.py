@@ -59,6 +59,7 @@ from ._app import create_app, gateway_state, startup_failure
 from ._config import GatewayConfig
 from ._logs import ClosedConnectionFilter, is_closed_connection
 from ._ops import Operations
+from ._shares import TenantCaps, connection_of
 
 __all__ = [
     "RunningGateway",
@@ -175,6 +176,40 @@ def _raise_startup_failure(app: Starlette, group: BaseExceptionGroup[BaseExcepti
         raise failure from None
 
 
+class _TenantStream:
+    """A connection's stream that tells the tenant shares when the client has gone
+    (end of stream, a reset, or the server's close): Hypercorn's connection task
+    itself may linger for its keep-alive timer after that, and the connection
+    would go on counting against its tenant."""
+
+    def __init__(self, stream: trio.SocketStream, ops: Operations, peer: Any) -> None:
+        self._stream = stream
+        self._ops = ops
+        self._peer = peer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def _gone(self) -> None:
+        if self._peer is not None:
+            self._ops.tenants.closed(self._peer)
+            self._peer = None
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        try:
+            data = await self._stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._gone()
+            raise
+        if not data:
+            self._gone()
+        return data
+
+    async def aclose(self) -> None:
+        self._gone()
+        await self._stream.aclose()
+
+
 async def _serve_connection(
     server: Callable[[trio.SocketStream], TCPServer],
     stream: trio.SocketStream,
@@ -184,7 +219,11 @@ async def _serve_connection(
 ) -> None:
     ops.metrics.connections_open.inc()
     try:
-        await server(stream)
+        peer = connection_of(stream.socket.getpeername())
+    except OSError:
+        peer = None  # reset before it was served: it never names a tenant
+    try:
+        await server(cast(trio.SocketStream, _TenantStream(stream, ops, peer)))
     except Exception as exc:
         # One connection's failure ends that connection, never the server: when a
         # client keeps sending while Hypercorn closes the connection (a 408, say),
@@ -197,6 +236,8 @@ async def _serve_connection(
             extra={"event": "connection_error", "error": type(exc).__name__},
         )
     finally:
+        if peer is not None:
+            ops.tenants.closed(peer)  # idempotent: the stream may have said so first
         ops.metrics.connections_open.dec()
         slot.release_on_behalf_of(borrower)
 
@@ -251,6 +292,8 @@ async def _serve_app(
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
             server = partial(TCPServer, wrapped, config, context, ConnectionState(lifespan_state))
             slots = trio.CapacityLimiter(options.max_connections)
+            if not ops.tenants.configured:
+                ops.tenants.caps = TenantCaps.for_server(options.max_connections)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
                 accepted_all = trio.Event()

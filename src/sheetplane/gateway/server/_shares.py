@@ -1,0 +1,198 @@
+"""Each tenant's share of one gateway process: requests in flight and connections,
+per token and per org, decided as soon as a request's head is read.
+
+A connection slot is the gateway's scarcest resource (``ServeOptions.max_connections``):
+a request whose body stalls holds one until the body timeout. Without a
+share, one org's stalled sockets (a valid token is all it takes) held every
+slot and another org's requests waited in the listen backlog for tens of
+seconds. :class:`TenantSharesMiddleware` runs before the app reads the body:
+it names the request's token and org from its ``authorization`` header
+(unknown or missing tokens pass through to the app's 401), and when the token
+or the org already holds its cap of requests in flight, or of connections,
+it answers 429 ``gateway_tenant_cap`` with ``retry_after_ms`` and
+``connection: close`` without reading the body, so the refused connection's
+slot is free at once. A connection counts for the tenant of its first request
+until it closes (the accept loop tells :meth:`TenantShares.closed`).
+
+A request head that is never completed names no tenant: it is bounded by
+the head timeout (``keep_alive_timeout_ms``) and the connection cap alone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Final
+
+import attrs
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ...budgets import (
+    GATEWAY_MAX_CONNECTIONS_PER_ORG,
+    GATEWAY_MAX_CONNECTIONS_PER_TOKEN,
+    GATEWAY_MAX_REQUESTS_PER_ORG,
+    GATEWAY_MAX_REQUESTS_PER_TOKEN,
+    GATEWAY_TENANT_RETRY_AFTER_MS,
+)
+from ...errors import InvalidInputError
+from ...protocol._messages import error_body
+from ...protocol._wire import RUNTIME_PATH, Code
+from ._auth import TokenTable
+from ._http import ActionError, encode_json
+
+__all__ = ["TenantCaps", "TenantShares", "TenantSharesMiddleware", "connection_of"]
+
+#: A connection: the peer's address as the socket reports it (host, port).
+ConnectionId = tuple[Any, ...]
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+@attrs.frozen
+class TenantCaps:
+    """What one token and one org may hold of one gateway process (from ``budgets``)."""
+
+    requests_per_token: int = attrs.field(
+        default=GATEWAY_MAX_REQUESTS_PER_TOKEN, validator=_positive
+    )
+    requests_per_org: int = attrs.field(default=GATEWAY_MAX_REQUESTS_PER_ORG, validator=_positive)
+    connections_per_token: int = attrs.field(
+        default=GATEWAY_MAX_CONNECTIONS_PER_TOKEN, validator=_positive
+    )
+    connections_per_org: int = attrs.field(
+        default=GATEWAY_MAX_CONNECTIONS_PER_ORG, validator=_positive
+    )
+
+    @classmethod
+    def for_server(cls, max_connections: int) -> TenantCaps:
+        """The shares of a process serving ``max_connections`` at once, by the same
+        arithmetic as the budgets' (which are these for ``GATEWAY_MAX_CONNECTIONS``)."""
+        requests_per_org = max(1, max_connections // 4)
+        connections_per_org = max(1, max_connections // 2)
+        return cls(
+            requests_per_token=max(1, requests_per_org // 2),
+            requests_per_org=requests_per_org,
+            connections_per_token=max(1, connections_per_org // 2),
+            connections_per_org=connections_per_org,
+        )
+
+
+_ORG: Final = "org"
+_TOKEN: Final = "token"
+
+
+@attrs.define(eq=False)
+class TenantShares:
+    """Counts of requests in flight and open connections, by org and by token id."""
+
+    caps: TenantCaps = attrs.Factory(TenantCaps)
+    configured: bool = False
+    """Whether ``caps`` were configured; else the server derives them from its
+    connection cap (``TenantCaps.for_server``)."""
+    requests: Counter[tuple[str, str]] = attrs.Factory(Counter)
+    connections: Counter[tuple[str, str]] = attrs.Factory(Counter)
+    _owners: dict[ConnectionId, tuple[str, str]] = attrs.Factory(dict)
+    refused: int = 0
+    """Requests refused 429 so far."""
+
+    def admit(self, connection: ConnectionId | None, org: str, token: str) -> str | None:
+        """Count one request of ``token`` (of ``org``) on ``connection`` in flight; or,
+        past a cap, count nothing and return what is full."""
+        keys = ((_ORG, org), (_TOKEN, token))
+        new_connection = connection is not None and connection not in self._owners
+        if new_connection:
+            for (kind, name), cap in zip(
+                keys, (self.caps.connections_per_org, self.caps.connections_per_token), strict=True
+            ):
+                if self.connections[(kind, name)] >= cap:
+                    self.refused += 1
+                    return f"this {kind} already holds {cap} connections (its share)"
+        for (kind, name), cap in zip(
+            keys, (self.caps.requests_per_org, self.caps.requests_per_token), strict=True
+        ):
+            if self.requests[(kind, name)] >= cap:
+                self.refused += 1
+                return f"this {kind} already has {cap} requests in flight (its share)"
+        if new_connection:
+            assert connection is not None
+            self._owners[connection] = (org, token)
+            for key in keys:
+                self.connections[key] += 1
+        for key in keys:
+            self.requests[key] += 1
+        return None
+
+    def done(self, org: str, token: str) -> None:
+        """One admitted request of ``token`` was answered (or ended)."""
+        for key in ((_ORG, org), (_TOKEN, token)):
+            self.requests[key] -= 1
+            if self.requests[key] <= 0:
+                del self.requests[key]
+
+    def closed(self, connection: ConnectionId) -> None:
+        """``connection`` closed: its tenant holds one connection fewer."""
+        owner = self._owners.pop(connection, None)
+        if owner is None:
+            return
+        org, token = owner
+        for key in ((_ORG, org), (_TOKEN, token)):
+            self.connections[key] -= 1
+            if self.connections[key] <= 0:
+                del self.connections[key]
+
+
+def _refusal(message: str) -> bytes:
+    return encode_json(
+        error_body(message, Code.TENANT_CAP, retry_after_ms=GATEWAY_TENANT_RETRY_AFTER_MS)
+    )
+
+
+class TenantSharesMiddleware:
+    """Refuses a runtime request past its tenant's share before its body is read."""
+
+    def __init__(self, app: ASGIApp, shares: TenantShares, tokens: TokenTable) -> None:
+        self.app = app
+        self.shares = shares
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != RUNTIME_PATH:
+            await self.app(scope, receive, send)
+            return
+        try:
+            org, token = self.tokens.identify(Headers(scope=scope).get("authorization"))
+        except ActionError:
+            await self.app(scope, receive, send)  # the app answers 401
+            return
+        connection = connection_of(scope.get("client"))
+        refused = self.shares.admit(connection, org, token)
+        if refused is not None:
+            body = _refusal(refused)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 429,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"connection", b"close"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.shares.done(org, token)
+
+
+def connection_of(peer: object) -> ConnectionId | None:
+    """The connection id the middleware keys on, from a socket's peer name or an ASGI
+    scope's ``client``: its host and port (an IPv6 name's flow info and scope id dropped)."""
+    if isinstance(peer, tuple | list) and len(peer) >= 2:
+        return (peer[0], peer[1])
+    return None
