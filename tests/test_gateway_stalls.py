@@ -130,13 +130,16 @@ async def test_connections_past_the_cap_wait_until_stalled_ones_are_closed(
                     )
                     probe = await read_to_eof(stream)
         assert len(answers) == stalled_count
-        assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers)
+        # 408 once its body timed out, or 429 at once past its tenant's share of
+        # requests in flight (one of this 4-connection server's: _shares.py).
+        assert all(answer.startswith((b"HTTP/1.1 408 ", b"HTTP/1.1 429 ")) for answer in answers)
         assert probe.startswith(b"HTTP/1.1 200 ")
     # The server wrote its access lines in order: the probe was served only
-    # after stalled connections had been answered 408 and closed.
+    # after stalled connections had been answered and closed.
     statuses = [r["status"] for r in served.log_records() if r.get("event") == "request"]
     assert statuses.index(200) >= cap
-    assert statuses.count(408) == stalled_count
+    assert statuses.count(408) + statuses.count(429) == stalled_count
+    assert statuses.count(408) >= 1
 
 
 async def test_an_error_out_of_one_connection_ends_that_connection_not_the_gateway() -> None:

@@ -272,6 +272,14 @@ ROW_UPDATE_COLUMNS = ("_status", "_run_id", "_error", "_updated_at", "_cell_meta
 def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
     """What ``operation`` may do: ``{(table, statement, column or "")}``, written out."""
     allowed: set[tuple[str, str, str]] = {
+        # Postgres refuses none of these to any role; the watchdog ends a backend that
+        # LISTENs, NOTIFYs or passes its memory bound (findings 4 and 5). Its expiry
+        # and connection limit it cannot change.
+        ("self", "NOTIFY", ""),
+        ("self", "LISTEN", ""),
+        ("self", "SET work_mem", ""),
+        ("self", "ALTER ROLE SET", ""),
+        ("self", "ALTER ROLE PASSWORD", ""),
         ("summaryTable", "SELECT", ""),
         ("columnSummaryTable", "SELECT", ""),
         ("counterTable", "SELECT", ""),
@@ -346,7 +354,30 @@ def probe_matrix(url: str, tables: dict[str, sql.Identifier]) -> set[tuple[str, 
                     allowed.add((name, kind, column))
                 except psycopg.errors.InsufficientPrivilege:
                     pass
+        # On the role itself: commands no grant refuses (the watchdog bounds them).
+        for kind, statement in SELF_COMMANDS:
+            try:
+                with conn.transaction():
+                    conn.execute(statement)
+                    raise _Rollback
+            except _Rollback:
+                allowed.add(("self", kind, ""))
+            except psycopg.errors.InsufficientPrivilege:
+                pass
     return allowed
+
+
+#: What a role may do to itself that Postgres has no privilege for: each is bounded by
+#: the gateway's watchdog instead (docs/gateway.md, Security).
+SELF_COMMANDS: tuple[tuple[str, sql.Composable], ...] = (
+    ("NOTIFY", sql.SQL("NOTIFY sheetplane_probe, 'x'")),
+    ("LISTEN", sql.SQL("LISTEN sheetplane_probe")),
+    ("SET work_mem", sql.SQL("SET LOCAL work_mem = '4GB'")),
+    ("ALTER ROLE SET", sql.SQL("ALTER ROLE current_user SET work_mem = '4GB'")),
+    ("ALTER ROLE PASSWORD", sql.SQL("ALTER ROLE current_user PASSWORD 'chosen-by-tenant'")),
+    ("ALTER ROLE VALID UNTIL", sql.SQL("ALTER ROLE current_user VALID UNTIL 'infinity'")),
+    ("ALTER ROLE CONNECTION LIMIT", sql.SQL("ALTER ROLE current_user CONNECTION LIMIT -1")),
+)
 
 
 class _Rollback(Exception):
@@ -1426,3 +1457,105 @@ async def test_one_org_stalling_mid_body_leaves_another_org_its_latency(
     assert b'"code":"gateway_tenant_cap"' in refused[0]
     assert b'"retry_after_ms":' in refused[0]
     assert b"connection: close" in refused[0].lower()
+
+
+# --- second pass, finding 4: memory settings are bounded by their effect ----------------
+
+#: A small bound for the test (the budget's is 240 MiB): what one hash aggregate of
+#: three million groups under ``work_mem = '4GB'`` passes within a second.
+TEST_MEMORY_BOUND = 64 * MiB
+HASHED = "SELECT count(*) FROM (SELECT x FROM generate_series(1, 3000000) AS x GROUP BY x) AS g"
+
+
+def hash_aggregate(url: str, *settings: str) -> BaseException | None:
+    """As the role: ``settings``, then the big hash aggregate; the error that ended it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in settings:
+            conn.execute(statement)
+        plan = conn.execute("EXPLAIN " + HASHED).fetchall()
+        assert any("HashAggregate" in row[0] for row in plan), plan
+        try:
+            conn.execute(HASHED).fetchall()
+        except psycopg.OperationalError as exc:
+            return exc
+    return None
+
+
+async def test_a_session_raising_work_mem_is_ended_at_its_memory_bound(database_url: str) -> None:
+    """A scoped role ``SET work_mem = '4GB'`` and ``hash_mem_multiplier`` (user settings
+    no grant can refuse) and persisted them with ``ALTER ROLE current_user SET``; one
+    backend reached 1.6 GB. The watchdog reads each session backend's private memory
+    on the database server and ends the backend past the bound, whatever it set."""
+    async with running_gateway(
+        database_url,
+        tokens={TOKEN_A: ORG_A},
+        session_max_backend_memory_bytes=TEST_MEMORY_BOUND,
+    ) as gw:
+        assert gw.state.reaper.memory_watch
+        namespace = f"ns_{uuid.uuid4().hex[:12]}"
+        await admit(gw, TOKEN_A, namespace)
+        _, url = await mint(gw, TOKEN_A, namespace, ["rows.read"])
+        with trio.fail_after(60):
+            ended = await trio.to_thread.run_sync(
+                hash_aggregate, url, "SET work_mem = '4GB'", "SET hash_mem_multiplier = 10"
+            )
+        assert isinstance(ended, psycopg.errors.AdminShutdown), ended
+        # Persisted for the role's next sessions: bounded all the same.
+        await run_sql(url, "ALTER ROLE current_user SET work_mem = '4GB'")
+        with trio.fail_after(60):
+            ended = await trio.to_thread.run_sync(hash_aggregate, url)
+        assert isinstance(ended, psycopg.errors.AdminShutdown), ended
+        assert gw.state.reaper.over_memory >= 2
+        # A statement under the role's ordinary settings is not touched.
+        _, plain = await mint(gw, TOKEN_A, namespace, ["rows.read"])
+        rows = await run_sql(plain, "SELECT count(*) FROM generate_series(1, 100000)")
+        assert rows == [(100000,)]
+
+
+# --- second pass, finding 5: no NOTIFY reaches another org's LISTEN ---------------------
+
+
+def notifications(conn: psycopg.Connection[Any], seconds: float) -> list[str] | BaseException:
+    """What ``conn`` receives within ``seconds``, or the error that ended it."""
+    try:
+        return [n.payload for n in conn.notifies(timeout=seconds)]
+    except psycopg.OperationalError as exc:
+        return exc
+
+
+async def test_a_session_cannot_receive_another_orgs_notify(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """``pg_notify()`` is revoked but ``LISTEN`` / ``NOTIFY`` are commands no grant
+    refuses, and a channel is the whole database's: org-b's role notified a channel
+    org-a's role listened on, and the message arrived. The watchdog ends every session
+    backend whose last statement was a LISTEN or NOTIFY, so the listener is gone
+    before org-b's message is sent."""
+    await admit(gateway, TOKEN_A, namespace)
+    await admit(gateway, TOKEN_B, namespace)
+    _, url_a = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
+    _, url_b = await mint(gateway, TOKEN_B, namespace, ["rows.read"])
+    progress = gateway.state.reaper
+    listener = await trio.to_thread.run_sync(
+        functools.partial(psycopg.connect, url_a, autocommit=True)
+    )
+    try:
+        await trio.to_thread.run_sync(listener.execute, "LISTEN tenancy_channel")
+        with trio.fail_after(30):
+            while progress.notifying < 1:
+                await progress.wait_for_watchdog_pass(progress.watchdog_passes + 1)
+        notifier = await trio.to_thread.run_sync(
+            functools.partial(psycopg.connect, url_b, autocommit=True)
+        )
+        try:
+            await trio.to_thread.run_sync(notifier.execute, "NOTIFY tenancy_channel, 'from org-b'")
+            received = await trio.to_thread.run_sync(notifications, listener, 2.0)
+            # The notifier is ended too, on a later pass.
+            with trio.fail_after(30):
+                while progress.notifying < 2:
+                    await progress.wait_for_watchdog_pass(progress.watchdog_passes + 1)
+        finally:
+            await trio.to_thread.run_sync(notifier.close)
+    finally:
+        await trio.to_thread.run_sync(listener.close)
+    assert isinstance(received, psycopg.OperationalError), received

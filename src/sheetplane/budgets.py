@@ -386,6 +386,15 @@ DB_SESSION_TRANSACTION_TIMEOUT_MS: Final = POSTGRES_OPERATION_BUDGET_MS
 #: backends itself (``pg_terminate_backend``), at most one interval late.
 DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS // 5
 
+#: Private memory (``RssAnon``) one session backend may hold before the
+#: watchdog ends it: a role may ``SET work_mem`` / ``hash_mem_multiplier`` (or
+#: ``ALTER ROLE current_user SET`` them) as high as it likes, and one hash
+#: DISTINCT reached 1.6 GB. Chosen: twenty batch reads' worth, far above what
+#: the store's own statements take (a page is at most READ_BATCH_MAX_RESPONSE_BYTES),
+#: and the watchdog reads it every interval, so a backend is ended at most one
+#: interval's growth past it.
+DB_SESSION_MAX_BACKEND_MEMORY_BYTES: Final = 20 * READ_BATCH_MAX_RESPONSE_BYTES
+
 #: Connections one session role may hold (``CONNECTION LIMIT``): a runner's
 #: session store reads with at most ``READ_BATCH_MAX_IN_FLIGHT`` batch reads at
 #: once, and as many again leaves room for a write beside them.

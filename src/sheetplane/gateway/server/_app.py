@@ -425,7 +425,11 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             metrics.pool_stats = partial(pool_states, opened.pool)
             await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
             await nursery.start(
-                partial(run_watchdog, org_connections=org_connections),
+                partial(
+                    run_watchdog,
+                    org_connections=org_connections,
+                    memory_bytes=config.session_max_backend_memory_bytes,
+                ),
                 store,
                 config.session_bounds(),
                 config.watchdog_interval_ms,

@@ -9,6 +9,7 @@ import attrs
 from ... import crypto
 from ...budgets import (
     DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    DB_SESSION_MAX_BACKEND_MEMORY_BYTES,
     DB_SESSION_MAX_CONNECTIONS,
     DB_SESSION_MAX_LIVE_PER_ORG,
     DB_SESSION_MAX_LIVE_PER_TOKEN,
@@ -38,6 +39,10 @@ def _optional_positive(
 ) -> None:
     if value is not None:
         _positive(instance, attribute, value)  # type: ignore[arg-type]
+
+
+#: The default of ``session_max_backend_memory_bytes`` (typed so None may replace it).
+_MEMORY_BOUND: int | None = DB_SESSION_MAX_BACKEND_MEMORY_BYTES
 
 
 def _plays(value: Iterable[PlayDefinition]) -> tuple[PlayDefinition, ...]:
@@ -146,6 +151,11 @@ class GatewayConfig:
     """An action still running after this is cancelled and answered 504."""
     metrics_token: str | None = attrs.field(default=None, repr=False)
     """The bearer token ``GET /metrics`` requires; None: ``/metrics`` answers 404. A secret."""
+    session_max_backend_memory_bytes: int | None = attrs.field(
+        default=_MEMORY_BOUND, validator=_optional_positive
+    )
+    """Private memory one session backend may hold before the watchdog ends it (read
+    on the database server; None: not watched)."""
     tenant_caps: TenantCaps | None = None
     """Each token's and org's share of this process: requests in flight and connections
     (``_shares``); past one a request is 429 ``gateway_tenant_cap`` before its body.

@@ -252,6 +252,12 @@ class ReaperProgress:
     """Session backends the watchdog ended so far (both kinds)."""
     over_budget: int = 0
     """Of those, backends ended because their org held more than its connection budget."""
+    over_memory: int = 0
+    """Of those, backends ended because their private memory passed its bound."""
+    notifying: int = 0
+    """Of those, backends ended because they ran LISTEN or NOTIFY."""
+    memory_watch: bool = False
+    """Whether the watchdog reads session backends' memory (``run_watchdog``)."""
     expired_admissions: int = 0
     """Abandoned staged admissions expired so far (their staging rows deleted)."""
     _changed: trio.Event = attrs.field(factory=trio.Event)
@@ -835,6 +841,76 @@ async def end_backends_past_org_budget(store: SheetStore, budget: int) -> int:
     return await store.pool.run(run)
 
 
+#: Every session backend whose private memory (``RssAnon`` of its process, read
+#: on the database server through ``pg_read_file`` of ``/proc/<pid>/status``)
+#: is past the bound, ended.
+_PAST_MEMORY = sql.SQL(
+    r"""
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+        SELECT a.pid, (regexp_match(
+            pg_read_file('/proc/' || a.pid || '/status', true),
+            'RssAnon:\s+(\d+) kB'))[1]::bigint * 1024 AS private
+        FROM pg_stat_activity AS a
+        WHERE starts_with(a.usename, %(prefix)s) AND a.pid <> pg_backend_pid()) AS m
+    WHERE m.private > %(bound)s
+    """
+)
+
+
+async def backend_memory_readable(store: SheetStore) -> bool:
+    """Whether the gateway can read a backend's memory on the database server: it may
+    ``pg_read_file`` (a superuser, or a member of ``pg_read_server_files``) and the
+    server is Linux (``/proc``)."""
+
+    def run(conn: psycopg.Connection[Any]) -> bool:
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT pg_read_file('/proc/' || pg_backend_pid() || '/status', true)"
+                    " ~ 'RssAnon:'"
+                ).fetchone()
+        except psycopg.Error:
+            return False
+        return bool(row and row[0])
+
+    return await store.pool.run(run)
+
+
+async def end_backends_past_memory(store: SheetStore, bound_bytes: int) -> int:
+    """Terminate every session backend holding more than ``bound_bytes`` of private
+    memory; return how many. What bounds ``SET work_mem`` (which no grant can
+    refuse): its effect, measured."""
+
+    def run(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(_PAST_MEMORY, {"prefix": ROLE_PREFIX, "bound": bound_bytes}).fetchone()
+        return int(row[0]) if row else 0
+
+    return await store.pool.run(run)
+
+
+#: Every session backend whose last statement was a LISTEN or NOTIFY, ended: both
+#: need no privilege (``pg_notify()`` is revoked, the commands cannot be), and a
+#: channel is the whole database's, every org's.
+_NOTIFYING = sql.SQL(
+    """
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE starts_with(usename, %(prefix)s) AND pid <> pg_backend_pid()
+      AND query ~* '(^|;)\s*(LISTEN|NOTIFY)\M'
+    """
+)
+
+
+async def end_notifying_backends(store: SheetStore) -> int:
+    """Terminate every session backend whose last statement was a ``LISTEN`` or
+    ``NOTIFY``; return how many (docs/gateway.md says what this does not catch)."""
+
+    def run(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(_NOTIFYING, {"prefix": ROLE_PREFIX}).fetchone()
+        return int(row[0]) if row else 0
+
+    return await store.pool.run(run)
+
+
 async def run_watchdog(
     store: SheetStore,
     bounds: SessionBounds,
@@ -842,6 +918,7 @@ async def run_watchdog(
     progress: ReaperProgress,
     *,
     org_connections: int | None = None,
+    memory_bytes: int | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """End overrunning session backends every ``interval_ms`` until cancelled.
@@ -852,15 +929,43 @@ async def run_watchdog(
     backends past that many, so an org is over its budget for at most one
     interval (and one pass) at a time.
     """
+    if memory_bytes is not None and not await backend_memory_readable(store):
+        log.warning(
+            "session backends' memory cannot be read on this database server (a "
+            "superuser or pg_read_server_files, and /proc, are needed): it is not bounded",
+            extra={"event": "memory_watch_off"},
+        )
+        memory_bytes = None
+    progress.memory_watch = memory_bytes is not None
     task_status.started()
     while True:
-        ended = over_budget = 0
+        ended = over_budget = over_memory = 0
         try:
             ended = await end_overrunning_backends(store, bounds, interval_ms)
             if org_connections is not None:
                 over_budget = await end_backends_past_org_budget(store, org_connections)
+            if memory_bytes is not None:
+                over_memory = await end_backends_past_memory(store, memory_bytes)
+            notifying = await end_notifying_backends(store)
+            if notifying:
+                log.warning(
+                    "ended %d session backend(s) that ran LISTEN or NOTIFY",
+                    notifying,
+                    extra={"event": "session_notify", "ended": notifying},
+                )
+                progress.notifying += notifying
+                ended += notifying
         except Exception as exc:
             log.warning("session watchdog pass failed: %s", type(exc).__name__)
+        if over_memory:
+            log.warning(
+                "ended %d session backend(s) past %d bytes of private memory",
+                over_memory,
+                memory_bytes,
+                extra={"event": "session_memory_bound", "ended": over_memory},
+            )
+            progress.over_memory += over_memory
+            ended += over_memory
         if ended:
             log.warning("ended %d session backend(s) past their time bounds", ended)
         if over_budget:

@@ -209,6 +209,12 @@ class _TenantStream:
         self._gone()
         await self._stream.aclose()
 
+    async def __aenter__(self) -> _TenantStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
 
 async def _serve_connection(
     server: Callable[[trio.SocketStream], TCPServer],
