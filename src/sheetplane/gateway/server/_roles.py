@@ -892,7 +892,7 @@ async def end_backends_past_memory(store: SheetStore, bound_bytes: int) -> int:
 #: need no privilege (``pg_notify()`` is revoked, the commands cannot be), and a
 #: channel is the whole database's, every org's.
 _NOTIFYING = sql.SQL(
-    """
+    r"""
     SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
     WHERE starts_with(usename, %(prefix)s) AND pid <> pg_backend_pid()
       AND query ~* '(^|;)\s*(LISTEN|NOTIFY)\M'
