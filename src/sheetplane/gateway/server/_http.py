@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 from starlette.responses import Response
+from starlette.types import Send
 
 from ...protocol._messages import error_body
 from ...protocol._wire import Code, encode_body
@@ -51,3 +52,20 @@ def encode_json(payload: Any) -> bytes:
 def json_bytes_response(status: int, body: bytes) -> Response:
     """A JSON response around an already encoded body."""
     return Response(body, status_code=status, media_type="application/json")
+
+
+async def send_json(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+    """Answer ``status`` with the encoded JSON ``body`` straight on an ASGI ``send``
+    (a middleware's own answer, before any app runs), with ``headers`` besides."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...budgets import GATEWAY_DRAIN_RETRY_AFTER_MS
 from ...protocol._messages import error_body
 from ...protocol._wire import HEALTHZ_PATH, METRICS_PATH, Code
-from ._http import encode_json
+from ._http import encode_json, send_json
 from ._logs import (
     REQUEST_ID_HEADER,
     RequestInfo,
@@ -143,18 +143,7 @@ class OperationsMiddleware:
 
         try:
             if ops.draining and info.path not in _DRAIN_EXEMPT:
-                body = _draining_body()
-                await send_with_id(
-                    {
-                        "type": "http.response.start",
-                        "status": 503,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send_with_id({"type": "http.response.body", "body": body})
+                await send_json(send_with_id, 503, _draining_body())
             else:
                 async with ops.request():
                     await self.app(scope, receive, send_with_id)

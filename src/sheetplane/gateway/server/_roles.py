@@ -939,7 +939,7 @@ async def run_watchdog(
     progress.memory_watch = memory_bytes is not None
     task_status.started()
     while True:
-        ended = over_budget = over_memory = 0
+        ended = over_budget = over_memory = notifying = 0
         try:
             ended = await end_overrunning_backends(store, bounds, interval_ms)
             if org_connections is not None:
@@ -947,33 +947,26 @@ async def run_watchdog(
             if memory_bytes is not None:
                 over_memory = await end_backends_past_memory(store, memory_bytes)
             notifying = await end_notifying_backends(store)
-            if notifying:
-                log.warning(
-                    "ended %d session backend(s) that ran LISTEN or NOTIFY",
-                    notifying,
-                    extra={"event": "session_notify", "ended": notifying},
-                )
-                progress.notifying += notifying
-                ended += notifying
         except Exception as exc:
             log.warning("session watchdog pass failed: %s", type(exc).__name__)
-        if over_memory:
-            log.warning(
-                "ended %d session backend(s) past %d bytes of private memory",
-                over_memory,
-                memory_bytes,
-                extra={"event": "session_memory_bound", "ended": over_memory},
-            )
-            progress.over_memory += over_memory
-            ended += over_memory
-        if ended:
-            log.warning("ended %d session backend(s) past their time bounds", ended)
-        if over_budget:
-            log.warning(
-                "ended %d session backend(s) past their org's budget of %d connections",
+        for count, what, event in (
+            (ended, "past their time bounds", "session_time_bound"),
+            (
                 over_budget,
-                org_connections,
-                extra={"event": "org_connection_budget", "ended": over_budget},
-            )
-        progress.record_watchdog(ended + over_budget, over_budget)
+                f"past their org's budget of {org_connections} connections",
+                "org_connection_budget",
+            ),
+            (over_memory, f"past {memory_bytes} bytes of private memory", "session_memory_bound"),
+            (notifying, "that ran LISTEN or NOTIFY", "session_notify"),
+        ):
+            if count:
+                log.warning(
+                    "ended %d session backend(s) %s",
+                    count,
+                    what,
+                    extra={"event": event, "ended": count},
+                )
+        progress.over_memory += over_memory
+        progress.notifying += notifying
+        progress.record_watchdog(ended + over_budget + over_memory + notifying, over_budget)
         await trio.sleep(interval_ms / 1000)

@@ -38,7 +38,7 @@ from ...errors import InvalidInputError
 from ...protocol._messages import error_body
 from ...protocol._wire import RUNTIME_PATH, Code
 from ._auth import TokenTable
-from ._http import ActionError, encode_json
+from ._http import ActionError, encode_json, send_json
 
 __all__ = ["TenantCaps", "TenantShares", "TenantSharesMiddleware", "connection_of"]
 
@@ -170,19 +170,7 @@ class TenantSharesMiddleware:
         connection = connection_of(scope.get("client"))
         refused = self.shares.admit(connection, org, token)
         if refused is not None:
-            body = _refusal(refused)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 429,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close"),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await send_json(send, 429, _refusal(refused), (b"connection", b"close"))
             return
         try:
             await self.app(scope, receive, send)
