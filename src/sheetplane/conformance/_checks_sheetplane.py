@@ -265,9 +265,9 @@ def _receipt(ctx: Context, key: str, result: Any, run_id: str, **extra: Any) -> 
     )
 
 
-def claim(ctx: Context, key: str, holder: str) -> Exchange:
-    """``claim_work_receipt``."""
-    return ctx.wire.post("claim_work_receipt", {"key": key, "holder": holder})
+def claim(ctx: Context, key: str, holder: str, extras: Mapping[str, Any] | None = None) -> Exchange:
+    """``claim_work_receipt``; ``extras`` (``lease_extras`` of the holder's claim) renew."""
+    return ctx.wire.post("claim_work_receipt", {"key": key, "holder": holder, **(extras or {})})
 
 
 def lease_extras(answer: Exchange) -> dict[str, Any]:
@@ -346,14 +346,15 @@ def lease_held(ctx: Context) -> None:
 @check("SP-LEASE-3")
 def lease_fences_completion(ctx: Context) -> None:
     key, first, second = ctx.name("lease"), ctx.name("holder"), ctx.name("holder")
-    ok(claim(ctx, key, first))
+    taken = claim(ctx, key, first)
+    ok(taken)
     answer = _receipt(ctx, key, "late", ctx.name("run"), holder=second)
     expect(
         answer.status == 409 and answer.json_object.get("code") == "work_receipt_fenced",
         "409 work_receipt_fenced",
         answer,
     )
-    after = claim(ctx, key, first)
+    after = claim(ctx, key, first, lease_extras(taken))
     expect(
         ok(after).get("acquired") is True and "receipt" not in after.json_object,
         "nothing written: the holder still renews its lease and no receipt exists",

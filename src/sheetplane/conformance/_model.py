@@ -304,7 +304,7 @@ def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
             if self._inert():
                 return
             key, name = self._receipt_key(i), f"{ctx.prefix}-holder-{holder}"
-            answer = claim(ctx, key, name)
+            answer = claim(ctx, key, name, self.extras.get((key, name)))
             want = self.receipts.claim(key, name)
             got = (answer.json_object.get("acquired"), answer.json_object.get("holder"))
             _agree(got == want, f"(acquired, holder) = {want}", answer)

@@ -329,7 +329,8 @@ class ReleaseWorkReceiptRequest(Request):
     action: Literal["release_work_receipt"] = "release_work_receipt"
     key: str = text_field()
     holder: str = text_field()
-    lease_token: str = lease_token_field(required=True)
+    lease_token: str | None = lease_token_field(required=False)
+    """The lease's token; without it nothing is released (``released: false``)."""
 
 
 @attrs.frozen(kw_only=True)

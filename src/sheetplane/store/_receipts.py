@@ -191,17 +191,19 @@ async def claim_work_receipt(
 
 
 async def release_work_receipt(
-    pool: TrioPool, names: SheetNames, key: str, holder: str, lease_token: str
+    pool: TrioPool, names: SheetNames, key: str, holder: str, lease_token: str | None
 ) -> bool:
     """Give up ``holder``'s lease on ``key`` so another holder need not wait for its expiry.
 
     True when ``holder`` held it with ``lease_token`` (the lease is gone); False
-    when it did not (never claimed, taken over, completed, or another token):
+    when it did not (never claimed, taken over, completed, another token or none):
     nothing changes then. If cancelled, the statement is cancelled and nothing
     changes.
     """
     check_claim(key, holder)
-    check_lease_token(lease_token, required=True)
+    check_lease_token(lease_token, required=False)
+    if lease_token is None:
+        return False  # a holder's name alone releases nothing
     table = names.ident("receipts_table")
 
     def run(conn: psycopg.Connection[Any]) -> bool:

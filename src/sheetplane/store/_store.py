@@ -279,11 +279,11 @@ class SheetStore:
         )
 
     async def release_work_receipt(
-        self, org_id: str, play_name: str, key: str, holder: str, lease_token: str
+        self, org_id: str, play_name: str, key: str, holder: str, lease_token: str | None
     ) -> bool:
         """Give up ``holder``'s lease on ``key``; True when it held one with ``lease_token``."""
         _receipts.check_claim(key, holder)
-        _receipts.check_lease_token(lease_token, required=True)
+        _receipts.check_lease_token(lease_token, required=False)
         names = await self._receipt_names(org_id, play_name)
         return await _receipts.release_work_receipt(self.pool, names, key, holder, lease_token)
 
