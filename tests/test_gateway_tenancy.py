@@ -1483,9 +1483,10 @@ async def test_a_session_raising_work_mem_is_ended_at_its_memory_bound(database_
     no grant can refuse) and persisted them with ``ALTER ROLE current_user SET``; one
     backend reached 1.6 GB. The watchdog reads each session backend's private memory
     on the database server and ends the backend past the bound, whatever it set."""
+    # An org of its own: this gateway cannot reclaim the sessions the shared one minted.
     async with running_gateway(
         database_url,
-        tokens={TOKEN_A: ORG_A},
+        tokens={TOKEN_A: f"org-memory-{uuid.uuid4().hex[:8]}"},
         session_max_backend_memory_bytes=TEST_MEMORY_BOUND,
     ) as gw:
         assert gw.state.reaper.memory_watch
