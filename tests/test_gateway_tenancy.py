@@ -1050,6 +1050,16 @@ async def test_a_scoped_role_finds_no_other_orgs_metadata_sizes_or_row_counts(
 # --- second pass, finding 10: small items ------------------------------------------------
 
 
+@pytest.fixture
+async def own_orgs(database_url: str) -> AsyncIterator[RunningGateway]:
+    """A gateway whose two orgs are this test's alone: a gateway cannot reclaim the
+    sessions another one minted, and earlier tests' hold the shared orgs' budgets."""
+    suffix = uuid.uuid4().hex[:8]
+    tokens = {TOKEN_A: f"org-a-{suffix}", TOKEN_B: f"org-b-{suffix}"}
+    async with running_gateway(database_url, tokens=tokens) as gw:
+        yield gw
+
+
 async def test_a_sheet_system_column_as_a_sqlname_is_400_not_silently_dropped(
     gateway: RunningGateway, database_url: str, namespace: str
 ) -> None:
@@ -1089,12 +1099,12 @@ async def test_a_sheet_system_column_as_a_sqlname_is_400_not_silently_dropped(
 
 
 async def test_a_scoped_role_cannot_read_other_sessions_role_expiry_settings_or_database_size(
-    gateway: RunningGateway, namespace: str
+    own_orgs: RunningGateway, namespace: str
 ) -> None:
-    await admit(gateway, TOKEN_A, namespace)
-    await admit(gateway, TOKEN_B, namespace)
-    _, url_b = await mint(gateway, TOKEN_B, namespace, ["rows.read"])
-    _, url_a = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
+    await admit(own_orgs, TOKEN_A, namespace)
+    await admit(own_orgs, TOKEN_B, namespace)
+    _, url_b = await mint(own_orgs, TOKEN_B, namespace, ["rows.read"])
+    _, url_a = await mint(own_orgs, TOKEN_A, namespace, ["rows.read"])
     held = await trio.to_thread.run_sync(
         functools.partial(psycopg.connect, url_b, application_name="org-b-secret-app")
     )
@@ -1203,35 +1213,35 @@ def fence_breaking_writes(url: str, names: Any, version: int) -> list[str]:
 
 
 async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
-    gateway: RunningGateway, namespace: str
+    own_orgs: RunningGateway, namespace: str
 ) -> None:
     """``rows.upsert`` had table-wide UPDATE: it moved ``_write_version`` by 1000, marked
     rows with forged outputs, inserted an ``admission`` event of version 10^15 and
     took ``LOCK TABLE ... ACCESS EXCLUSIVE``; the gateway's own write at the real
     version then answered 409. Every one of those is refused now, and the direct
     road's own writes (fenced completes, upserts, appends, replace) still work."""
-    version = (await admit(gateway, TOKEN_A, namespace, n=4))["writeVersion"]
+    version = (await admit(own_orgs, TOKEN_A, namespace, n=4))["writeVersion"]
     fields = {"tableNamespace": namespace, "sheetContract": CONTRACT, "runId": "run-1"}
     await act(
-        gateway,
+        own_orgs,
         TOKEN_A,
         "runtime_sheet_complete_map_rows",
         writeVersion=version,
         rows=[{"key": "k0", "data": {"score": 7}}],
         **fields,
     )
-    names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    names = sheet_names(SheetRef(own_orgs.config.tokens[TOKEN_A], PLAY, namespace))
     # Only its own kind of event gets through: a replace role's "replace".
     for operations, own in (
         (["rows.read", "rows.upsert"], []),
         (["rows.replace"], ["replace event"]),
     ):
-        _, url = await mint(gateway, TOKEN_A, namespace, operations)
+        _, url = await mint(own_orgs, TOKEN_A, namespace, operations)
         through = await trio.to_thread.run_sync(fence_breaking_writes, url, names, version)
         assert through == own, operations
     # The gateway's own write at the real version is not stale and not a conflict.
     answer = await act(
-        gateway,
+        own_orgs,
         TOKEN_A,
         "runtime_sheet_complete_map_rows",
         writeVersion=version,
@@ -1240,9 +1250,9 @@ async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
     )
     assert answer["committedKeys"] == ["k1"], answer
     # The direct road's writes on the narrower grants.
-    sheet = SheetRef(ORG_A, PLAY, namespace)
+    sheet = SheetRef(own_orgs.config.tokens[TOKEN_A], PLAY, namespace)
     contract = read_contract(CONTRACT)
-    _, url = await mint(gateway, TOKEN_A, namespace, ["rows.read", "rows.upsert"])
+    _, url = await mint(own_orgs, TOKEN_A, namespace, ["rows.read", "rows.upsert"])
     async with open_store(url, max_connections=1) as store:
         done = await store.complete_map_rows(
             sheet,
@@ -1264,11 +1274,11 @@ async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
         ("rows.append", lambda s: s.append_rows(sheet, [{"email": "a@x"}], idempotency_key="a1")),
         ("rows.replace", lambda s: s.replace_rows(sheet, [{"_key": "r"}], idempotency_key="r1")),
     ):
-        _, url = await mint(gateway, TOKEN_A, namespace, [operation])
+        _, url = await mint(own_orgs, TOKEN_A, namespace, [operation])
         async with open_store(url, max_connections=1) as store:
             assert (await write(store)).written == 1
     assert await run_sql(
-        gateway.config.database_url,
+        own_orgs.config.database_url,
         sql.SQL("SELECT _status, _write_version FROM {}").format(names.ident("sheet_table")),
     ) == [("pending", 0)]
 
@@ -1522,18 +1532,18 @@ def notifications(conn: psycopg.Connection[Any], seconds: float) -> list[str] | 
 
 
 async def test_a_session_cannot_receive_another_orgs_notify(
-    gateway: RunningGateway, namespace: str
+    own_orgs: RunningGateway, namespace: str
 ) -> None:
     """``pg_notify()`` is revoked but ``LISTEN`` / ``NOTIFY`` are commands no grant
     refuses, and a channel is the whole database's: org-b's role notified a channel
     org-a's role listened on, and the message arrived. The watchdog ends every session
     backend whose last statement was a LISTEN or NOTIFY, so the listener is gone
     before org-b's message is sent."""
-    await admit(gateway, TOKEN_A, namespace)
-    await admit(gateway, TOKEN_B, namespace)
-    _, url_a = await mint(gateway, TOKEN_A, namespace, ["rows.read"])
-    _, url_b = await mint(gateway, TOKEN_B, namespace, ["rows.read"])
-    progress = gateway.state.reaper
+    await admit(own_orgs, TOKEN_A, namespace)
+    await admit(own_orgs, TOKEN_B, namespace)
+    _, url_a = await mint(own_orgs, TOKEN_A, namespace, ["rows.read"])
+    _, url_b = await mint(own_orgs, TOKEN_B, namespace, ["rows.read"])
+    progress = own_orgs.state.reaper
     listener = await trio.to_thread.run_sync(
         functools.partial(psycopg.connect, url_a, autocommit=True)
     )
