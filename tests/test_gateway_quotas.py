@@ -4,6 +4,7 @@ belong to a live admission, staged bytes and open admissions."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
 from collections.abc import AsyncIterator
@@ -134,12 +135,20 @@ def org_tables(database_url: str, org: str) -> int:
 CAPPED_ORG: dict[str, str] = {}
 
 
-@pytest.fixture
-async def capped(database_url: str) -> AsyncIterator[RunningGateway]:
-    quotas = StoreQuotas(max_sheets_per_org=3, max_receipt_tables_per_org=2)
+@contextlib.asynccontextmanager
+async def quota_gateway(database_url: str, quotas: StoreQuotas) -> AsyncIterator[RunningGateway]:
+    """A gateway with ``quotas`` whose two tokens belong to two new orgs (so each test
+    starts with empty ones); TOKEN_A's org is ``CAPPED_ORG["a"]``."""
     CAPPED_ORG["a"] = f"org-cap-{uuid.uuid4().hex[:8]}"
     tokens = {TOKEN_A: CAPPED_ORG["a"], TOKEN_B: f"org-cap-{uuid.uuid4().hex[:8]}"}
     async with running_gateway(database_url, tokens=tokens, quotas=quotas) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def capped(database_url: str) -> AsyncIterator[RunningGateway]:
+    quotas = StoreQuotas(max_sheets_per_org=3, max_receipt_tables_per_org=2)
+    async with quota_gateway(database_url, quotas) as gw:
         yield gw
 
 
@@ -342,9 +351,7 @@ async def staging_capped(database_url: str) -> AsyncIterator[RunningGateway]:
         max_total_staged_bytes=baseline + 38_000,
         max_open_admissions_per_org=3,
     )
-    CAPPED_ORG["a"] = f"org-stage-{uuid.uuid4().hex[:8]}"
-    tokens = {TOKEN_A: CAPPED_ORG["a"], TOKEN_B: f"org-stage-{uuid.uuid4().hex[:8]}"}
-    async with running_gateway(database_url, tokens=tokens, quotas=quotas) as gw:
+    async with quota_gateway(database_url, quotas) as gw:
         yield gw
 
 
