@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, get_args
 
 import attrs
 
-from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, READ_PAGE_MAX_ROWS
+from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from .errors import InvalidInputError
 from .names import normalize_play_name, normalize_table_namespace
 
@@ -478,6 +478,20 @@ def check_page_request(request: object) -> PageRequest:
     check_page_limit(request.limit)
     check_int("offset", request.offset, 0, BIGINT_MAX)
     return request
+
+
+def check_page_batch(pages: object) -> list[PageRequest]:
+    """A batch read's pages, checked once where they enter a road (the client, the
+    store): 1 to ``READ_BATCH_MAX_PAGES`` ``check_page_request``s; else
+    ``InvalidInputError``."""
+    if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
+        raise InvalidInputError("pages must be a sequence of PageRequest")
+    requests = [check_page_request(request) for request in pages]
+    if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
+        raise InvalidInputError(
+            f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
+        )
+    return requests
 
 
 # --- scoped DB sessions -------------------------------------------------------------

@@ -66,6 +66,7 @@ from .._types import (
     SheetContract,
     Summary,
     TerminalWriteResult,
+    check_page_batch,
     check_page_request,
     new_lease_token,
 )
@@ -74,7 +75,6 @@ from ..budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     ADMISSION_COMMIT_CALL_BUDGET_MS,
     CALL_BUDGET_MS,
-    READ_BATCH_MAX_PAGES,
     READ_BATCH_MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT_MS,
     RESOLVE_PLAY_CALL_BUDGET_MS,
@@ -745,12 +745,7 @@ class GatewayClient:
         ``runtime_sheet_read_rows``. That is a fallback only: an accepted
         batch answer is never read again, whatever its validation says.
         """
-        if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
-            raise InvalidInputError(
-                f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
-            )
-        for request in requests:
-            check_page_request(request)
+        requests = check_page_batch(requests)
         read = self._read_input(
             m.ReadRowsBatchInput,
             table_namespace,

@@ -47,10 +47,11 @@ from .._types import (
     RowFilter,
     RowMode,
     Summary,
+    check_page_batch,
     check_page_limit,
     check_page_request,
 )
-from ..budgets import READ_BATCH_MAX_PAGES, READ_BATCH_MAX_RESPONSE_BYTES
+from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..protocol._splice import ANSWER_OVERHEAD, page_overhead
 from ..sizes import json_byte_length_up_to
@@ -622,17 +623,6 @@ def _read_batch(
     return results
 
 
-def _check_batch(pages: object) -> list[PageRequest]:
-    if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
-        raise InvalidInputError("pages must be a sequence of PageRequest")
-    requests = [check_page_request(request) for request in pages]
-    if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
-        raise InvalidInputError(
-            f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
-        )
-    return requests
-
-
 # --- reads -------------------------------------------------------------------------------------
 
 
@@ -690,7 +680,7 @@ async def _batch(
     make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
 ) -> tuple[list[list[R]], list[PageRequest]]:
     """The rows of each page of a batch read in ``make_form``'s form, and the requests."""
-    requests = _check_batch(pages)
+    requests = check_page_batch(pages)
     filt = _filter(which)
 
     def run(conn: Conn) -> list[list[R]]:
