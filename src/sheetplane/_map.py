@@ -388,6 +388,11 @@ async def run_map(
                 await room.park()
             else:
                 queued[kind].add(entry)
+                lane = entry.lane
+                if lane is not None and lane.closed:
+                    # Its lane is ready to write: yield so the write starts while an
+                    # fn that never checkpoints goes on mapping.
+                    await trio.lowlevel.checkpoint()
                 return
 
     async def watcher(kind: Kind) -> None:
