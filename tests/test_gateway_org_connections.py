@@ -165,3 +165,39 @@ async def test_an_org_never_holds_more_than_its_budget_and_a_mint_waits_for_room
         finally:
             for conn in held:
                 await trio.to_thread.run_sync(conn.close)
+
+
+async def test_a_restarted_gateway_reclaims_its_predecessors_idle_roles(
+    small_server: EmbeddedPostgres,
+) -> None:
+    # Each gateway process used to reclaim only the roles it had minted itself, so
+    # after a restart (or in a test session whose gateways come and go) an org's
+    # idle roles of an earlier process kept its whole budget until their TTL: every
+    # mint waited its queue out and answered 429 runtime_db_session_cap (twelve
+    # tests of the suite failed so in one run). The ledger records when each role
+    # was minted, and any gateway reclaims the org's idle roles past the grace.
+    budget = org_connection_budget(MAX_CONNECTIONS, SUPERUSER_RESERVED)
+    assert budget < 2 * DB_SESSION_MAX_CONNECTIONS  # one session fills the org
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    async with running_gateway(small_server.url, tokens={TOKEN_A: ORG_A}) as first:
+        response = await post(
+            first, TOKEN_A, "ensure_sheet", tableNamespace=NAMESPACE, sheetContract=CONTRACT
+        )
+        assert response.status_code == 200, response.text
+        old_url, _ = await mint(first, TOKEN_A, key)
+    # Past the reclaim grace, as if the first gateway had stopped a while ago.
+
+    def backdate() -> None:
+        with psycopg.connect(small_server.url, autocommit=True) as admin:
+            admin.execute(
+                "UPDATE sheetplane_gateway.sessions SET minted_at = now() - interval '1 minute'"
+            )
+
+    await trio.to_thread.run_sync(backdate)
+    async with running_gateway(small_server.url, tokens={TOKEN_A: ORG_A}) as second:
+        with trio.fail_after(20):  # well inside the 25 s a mint may queue
+            new_url, _ = await mint(second, TOKEN_A, key)
+        assert await trio.to_thread.run_sync(try_connect, old_url) is None
+        conn = await trio.to_thread.run_sync(try_connect, new_url)
+        assert conn is not None
+        await trio.to_thread.run_sync(conn.close)

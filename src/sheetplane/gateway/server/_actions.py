@@ -419,7 +419,7 @@ async def _mint(
     await state.store.ensure_sheet(sheet, contract)
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=ttl_ms)
 
-    async def attempt(reclaimable: Sequence[str]) -> MintedRole:
+    async def attempt() -> MintedRole:
         return await create_session_role(
             state.store,
             sheet,
@@ -428,13 +428,12 @@ async def _mint(
             bounds=state.config.session_bounds(),
             caps=state.caps,
             token_id=token_id,
-            reclaimable=reclaimable,
         )
 
     try:
         # Past the org's connection budget the mint waits its turn in the org's
         # queue (reclaiming idle roles) rather than answering 429 at once.
-        minted = await state.mint_queues.mint(sheet.org_id, attempt, lambda made: made.role)
+        minted = await state.mint_queues.mint(sheet.org_id, attempt)
     except SessionCapReachedError as exc:
         raise ActionError(
             429, Code.SESSION_CAP, str(exc), retry_after_ms=DB_SESSION_CAP_RETRY_AFTER_MS

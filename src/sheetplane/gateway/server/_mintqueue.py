@@ -5,10 +5,12 @@ connection limits of an org's live roles never add up to more than the
 budget. A mint that does not fit waits here instead of being refused at
 once: one queue per org, first come first served (``trio.Lock`` hands over
 in arrival order), whose head tries again every ``DB_SESSION_MINT_POLL_MS``
-and may reclaim the org's roles that this gateway minted at least
+and may reclaim the org's roles that any gateway minted at least
 ``DB_SESSION_RECLAIM_AFTER_MS`` ago and that hold no connection (a runner's
 idle pool closes after ``DB_SESSION_POOL_IDLE_MS``; its runner mints anew on
-next use). A mint still waiting after ``DB_SESSION_MINT_QUEUE_MS`` (from
+next use; ``_roles.create_session_role`` reads them from the session ledger,
+so a restarted gateway reclaims its predecessor's idle roles too). A mint
+still waiting after ``DB_SESSION_MINT_QUEUE_MS`` (from
 when it joined the queue) is refused 429 with ``retry_after_ms``; the client
 retries it within its call budget. The queue is one process's: several
 gateway processes each queue their own callers, and the budget itself holds
@@ -17,7 +19,7 @@ across all of them (the check runs under the org's grant lock).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar
 
@@ -27,8 +29,6 @@ import trio
 from ...budgets import (
     DB_SESSION_MINT_POLL_MS,
     DB_SESSION_MINT_QUEUE_MS,
-    DB_SESSION_RECLAIM_AFTER_MS,
-    DB_SESSION_TTL_MS,
 )
 from ._roles import SessionCapReachedError
 
@@ -41,8 +41,6 @@ _MS: Final = 1000
 @attrs.define(eq=False)
 class _OrgQueue:
     lock: trio.Lock = attrs.field(factory=trio.Lock)
-    minted: dict[str, float] = attrs.field(factory=dict)
-    """Roles this gateway minted for the org: role -> ``trio.current_time()`` of the mint."""
     waiting: int = 0
 
 
@@ -60,27 +58,12 @@ class MintQueues:
             queue = self.orgs[org_id] = _OrgQueue()
         return queue
 
-    def reclaimable(self, org_id: str) -> list[str]:
-        """The org's roles this gateway minted at least ``DB_SESSION_RECLAIM_AFTER_MS`` ago."""
-        queue = self._queue(org_id)
-        now = trio.current_time()
-        # Forget roles past any session's lifetime: the reaper has dropped them.
-        for role, at in list(queue.minted.items()):
-            if now - at > DB_SESSION_TTL_MS / _MS:
-                del queue.minted[role]
-        return [
-            role
-            for role, at in queue.minted.items()
-            if now - at >= DB_SESSION_RECLAIM_AFTER_MS / _MS
-        ]
-
     async def mint(
         self,
         org_id: str,
-        attempt: Callable[[Sequence[str]], Awaitable[T]],
-        role_of: Callable[[T], str],
+        attempt: Callable[[], Awaitable[T]],
     ) -> T:
-        """``attempt(reclaimable)`` until it fits the org's connection budget.
+        """``attempt()`` until it fits the org's connection budget.
 
         ``attempt`` raises ``SessionCapReachedError``; a refusal for connections
         waits in the org's queue (at most ``DB_SESSION_MINT_QUEUE_MS`` in all),
@@ -99,14 +82,11 @@ class MintQueues:
                 first = True
                 while True:
                     try:
-                        minted = await attempt(self.reclaimable(org_id))
+                        return await attempt()
                     except SessionCapReachedError as exc:
                         if not exc.connections:
                             raise
                         refused = exc
-                    else:
-                        queue.minted[role_of(minted)] = trio.current_time()
-                        return minted
                     if first:
                         self.waits += 1
                         first = False

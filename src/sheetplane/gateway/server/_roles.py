@@ -77,6 +77,7 @@ from ...budgets import (
     DB_SESSION_MAX_CONNECTIONS,
     DB_SESSION_MAX_LIVE_PER_ORG,
     DB_SESSION_MAX_LIVE_PER_TOKEN,
+    DB_SESSION_RECLAIM_AFTER_MS,
     DB_SESSION_STATEMENT_TIMEOUT_MS,
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
     org_connection_budget,
@@ -215,6 +216,19 @@ def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
     """
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (_LEDGER.as_string(conn),))
     if exists.fetchone() == (True,):
+        minted_at = conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = 'minted_at' AND NOT attisdropped)",
+            (_LEDGER.as_string(conn),),
+        ).fetchone()
+        if minted_at == (False,):
+            # A ledger made before roles recorded when they were minted.
+            conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {} ADD COLUMN IF NOT EXISTS"
+                    " minted_at timestamptz NOT NULL DEFAULT now()"
+                ).format(_LEDGER)
+            )
         return
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(GATEWAY_SCHEMA)))
     conn.execute(
@@ -227,7 +241,8 @@ def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
                 org_id text NOT NULL,
                 token_id text,
                 schema_name text NOT NULL,
-                expires_at timestamptz NOT NULL
+                expires_at timestamptz NOT NULL,
+                minted_at timestamptz NOT NULL DEFAULT now()
             )"""
         ).format(_LEDGER)
     )
@@ -457,11 +472,13 @@ _ORG_GRANTED = sql.SQL(
     " JOIN pg_roles AS r ON r.rolname = l.role WHERE l.org_id = %s AND l.expires_at > now()"
 ).format(_LEDGER)
 
-#: Of the named roles, those of the org that hold no connection now.
+#: The org's live roles, minted at least ``DB_SESSION_RECLAIM_AFTER_MS`` ago by any
+#: gateway, that hold no connection now: oldest first.
 _IDLE_ROLES = sql.SQL(
-    "SELECT l.role FROM {} AS l WHERE l.role = ANY(%s) AND l.org_id = %s"
+    "SELECT l.role FROM {} AS l WHERE l.org_id = %s AND l.expires_at > now()"
+    " AND l.minted_at <= now() - %s * interval '1 millisecond'"
     " AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.usename = l.role)"
-    " ORDER BY l.role"
+    " ORDER BY l.minted_at, l.role"
 ).format(_LEDGER)
 
 
@@ -499,7 +516,6 @@ async def create_session_role(
     caps: SessionCaps = SessionCaps(),
     token_id: str | None = None,
     acquire_timeout_ms: int | None = None,
-    reclaimable: Sequence[str] = (),
 ) -> MintedRole:
     """Create a LOGIN role for ``sheet`` with only ``operations``, valid until ``expires``.
 
@@ -513,11 +529,12 @@ async def create_session_role(
     With ``caps.connections_per_org``, the org's connection budget is kept by
     construction: the connection limits of the org's live roles, this one's
     included, add up to at most the budget, and Postgres refuses any login
-    past a role's limit. When the new role does not fit, the org's roles named
-    in ``reclaimable`` (minted long enough ago, by the caller's account) that
-    hold no connection now are dropped first; if it still does not fit, the
-    mint is refused (``SessionCapReachedError``, the caller queues and tries
-    again). If cancelled, the statement is cancelled on the server and the
+    past a role's limit. When the new role does not fit, the org's roles that
+    were minted at least ``DB_SESSION_RECLAIM_AFTER_MS`` ago (by any gateway
+    process: a restarted gateway's older roles count too) and hold no
+    connection now are dropped first; if it still does not fit, the mint is
+    refused (``SessionCapReachedError``, the caller queues and tries again).
+    If cancelled, the statement is cancelled on the server and the
     transaction rolls back.
     """
     names = sheet_names(sheet)
@@ -552,8 +569,10 @@ async def create_session_role(
         if caps.connections_per_org is not None:
             budget, width = caps.connections_per_org, bounds.max_connections
             granted = _granted_connections(conn, sheet.org_id)
-            if granted + width > budget and reclaimable:
-                idle = conn.execute(_IDLE_ROLES, (list(reclaimable), sheet.org_id)).fetchall()
+            if granted + width > budget:
+                idle = conn.execute(
+                    _IDLE_ROLES, (sheet.org_id, DB_SESSION_RECLAIM_AFTER_MS)
+                ).fetchall()
                 for (idle_role,) in idle:
                     _drop_role(conn, str(idle_role))
                 granted = _granted_connections(conn, sheet.org_id)
