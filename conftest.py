@@ -3,7 +3,9 @@
 ``dev`` (the default) explores: every run draws new examples and remembers
 failures in ``.hypothesis/``. ``ci`` (``.ci/run`` sets
 ``SHEETPLANE_HYPOTHESIS_PROFILE=ci``) is derandomized, so a CI run gates on the
-same examples every time and a red build is a regression, not a new draw;
+same examples every time and a red build is a regression, not a new draw; it
+sets no per-example deadline, since CI shares two cores between two workers and
+a deadline there measures the machine's load, not the code;
 exploring further is the job of local runs and ``--campaign``.
 
 ``--campaign`` (both suites) also runs the long campaigns: tests marked
@@ -18,7 +20,9 @@ import pytest
 from hypothesis import settings
 
 settings.register_profile("dev")
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile(
+    "ci", derandomize=True, database=None, print_blob=True, deadline=None
+)
 settings.load_profile(os.environ.get("SHEETPLANE_HYPOTHESIS_PROFILE", "dev"))
 
 

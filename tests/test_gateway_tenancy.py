@@ -966,7 +966,9 @@ async def test_the_reapers_drop_owned_does_not_race_concurrent_minting(
             for _ in range(6):
                 nursery.start_soon(mint)
         assert statuses == [200] * 6
-        assert dropped == [12]
+        # Every expired role of the database goes, other tests' short-lived ones
+        # included (one more was there in a full run), so at least this test's twelve.
+        assert len(dropped) == 1 and dropped[0] >= 12
 
 
 # --- finding 6: a refused read holds about its budget, not the page ---------------------
