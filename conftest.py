@@ -20,9 +20,7 @@ import pytest
 from hypothesis import settings
 
 settings.register_profile("dev")
-settings.register_profile(
-    "ci", derandomize=True, database=None, print_blob=True, deadline=None
-)
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
 settings.load_profile(os.environ.get("SHEETPLANE_HYPOTHESIS_PROFILE", "dev"))
 
 
