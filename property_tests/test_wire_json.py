@@ -202,7 +202,7 @@ def test_rows_postgres_writes_are_the_compact_json_of_the_rows_the_store_reads(
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
-    from sheetplane._types import PageRequest
+    from sheetplane._types import PageRequest, RowFilter
     from sheetplane.store._reads import _Dicts, _filter, _Json, _projection, _read_batch
     from sheetplane.store._schema import column_ids
 
@@ -223,10 +223,14 @@ def test_rows_postgres_writes_are_the_compact_json_of_the_rows_the_store_reads(
         request = [PageRequest(len(rows), 0)]
         for mode in ("output", "all"):
             (dicts,) = _read_batch(
-                conn, names, request, _filter(None, None), _Dicts(_projection(physical, mode))
+                conn,
+                names,
+                request,
+                _filter(RowFilter(row_mode=mode)),
+                _Dicts(_projection(physical, mode)),
             )
             (encoded,) = _read_batch(
-                conn, names, request, _filter(None, None), _Json(physical, mode)
+                conn, names, request, _filter(RowFilter(row_mode=mode)), _Json(physical, mode)
             )
             assert len(encoded) == len(dicts) == len(rows)
             for row, as_json in zip(dicts, encoded, strict=True):
