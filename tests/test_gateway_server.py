@@ -378,6 +378,26 @@ async def test_create_db_session_refuses_plain_urls_unless_configured(
             },
             "rowMode",
         ),
+        *(
+            (
+                {
+                    "action": "runtime_sheet_read_rows",
+                    "playName": PLAY,
+                    "input": {
+                        "tableNamespace": "x",
+                        "limit": 1,
+                        "offset": 0,
+                        "after": {"inputIndex": 1, "createdAt": created_at, "key": key},
+                    },
+                },
+                fragment,
+            )
+            for created_at, key, fragment in [
+                ("soon", "k", "input.after.createdAt must be an ISO 8601 timestamp"),
+                ("2026-01-02T03:04:05", "k", "input.after.createdAt must carry a time zone"),
+                ("2026-01-02T03:04:05Z", "a\x00b", "input.after.key must be text"),
+            ]
+        ),
         (
             {
                 "action": "runtime_sheet_read_rows_batch",

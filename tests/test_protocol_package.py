@@ -63,3 +63,33 @@ def test_two_converters_with_different_policies_do_not_share_rules() -> None:
     assert open_.structure({"name": "a", "extra": 1}, Probe) == Probe(name="a")
     with pytest.raises(WireError, match="extra"):
         closed.structure({"name": "a", "extra": 1}, Probe)
+
+
+def test_read_cursor_converts_both_ways_in_the_protocol() -> None:
+    """``input.after`` and ``nextAfter`` are read and written by the protocol package,
+    and ``RowCursor`` is one class wherever it is imported from."""
+    import datetime as dt
+
+    import sheetplane.store
+    from sheetplane._types import RowCursor
+    from sheetplane.protocol import _domain as d
+    from sheetplane.protocol import _messages as m
+
+    assert sheetplane.store.RowCursor is RowCursor
+    cursor = RowCursor(7, dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC), "k-7")
+    wire = d.row_cursor_wire(cursor)
+    assert wire == m.RowCursorWire(
+        input_index=7, created_at="2026-01-02T03:04:05.000006+00:00", key="k-7"
+    )
+    assert d.row_cursor_of(m.structure(m.unstructure(wire), m.RowCursorWire)) == cursor
+    assert d.row_cursor_wire(None) is None
+    assert d.row_cursor_of(None) is None
+    for created_at, key, fragment in [
+        ("yesterday", "k", "input.after.createdAt must be an ISO 8601 timestamp"),
+        ("2026-01-02T03:04:05", "k", "input.after.createdAt must carry a time zone"),
+        ("2026-01-02T03:04:05+00:00", "a\x00b", "input.after.key must be text"),
+        ("2026-01-02T03:04:05+00:00", "\ud800", "input.after.key must be text"),
+    ]:
+        bad = m.RowCursorWire(input_index=None, created_at=created_at, key=key)
+        with pytest.raises(m.WireError, match=fragment):
+            d.row_cursor_of(bad)

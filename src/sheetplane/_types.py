@@ -9,6 +9,7 @@ HTTP client can use them without importing the store (or psycopg).
 
 from __future__ import annotations
 
+import datetime
 import math
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -451,6 +452,18 @@ class PageRequest:
     """Rows to read, at least 1."""
     offset: int = attrs.field(validator=_non_negative_int("offset", 0))
     """Rows to skip, at least 0."""
+
+
+@attrs.frozen
+class RowCursor:
+    """Where a keyset read stopped: the read-order position of the last row returned."""
+
+    input_index: int | None
+    """The row's ``_input_index`` (None sorts after every number)."""
+    created_at: datetime.datetime
+    """The row's ``_created_at``."""
+    key: str
+    """The row's ``_key``."""
 
 
 @attrs.frozen

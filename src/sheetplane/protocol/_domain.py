@@ -41,6 +41,7 @@ from .._types import (
     ReceiptClaim,
     ReceiptCompletion,
     ResolvedPlay,
+    RowCursor,
     RowFilter,
     SessionLimits,
     SheetContract,
@@ -120,6 +121,40 @@ def row_filter_of(spec: m.ReadInput) -> RowFilter:
         row_mode="output" if spec.row_mode is None else spec.row_mode,
         admitted=admitted_of(spec.admission),
     )
+
+
+def row_cursor_wire(cursor: RowCursor | None) -> m.RowCursorWire | None:
+    """A keyset read's ``nextAfter``: null once the sheet has no more rows."""
+    if cursor is None:
+        return None
+    return m.RowCursorWire(
+        input_index=cursor.input_index, created_at=cursor.created_at.isoformat(), key=cursor.key
+    )
+
+
+def row_cursor_of(value: m.RowCursorWire | None) -> RowCursor | None:
+    """``input.after``: null (from the start) or ``{inputIndex, createdAt, key}``, a
+    ``nextAfter`` given back; ``WireError`` when its time has no zone or its key is
+    text Postgres cannot store."""
+    if value is None:
+        return None
+    try:
+        created = dt.datetime.fromisoformat(value.created_at)
+    except ValueError:
+        raise m.WireError("input.after.createdAt must be an ISO 8601 timestamp") from None
+    if created.tzinfo is None:
+        raise m.WireError("input.after.createdAt must carry a time zone")
+    if "\x00" in value.key or not _encodable(value.key):
+        raise m.WireError("input.after.key must be text Postgres can store")
+    return RowCursor(value.input_index, created, value.key)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 def receipt_wire(receipt: Receipt) -> m.ReceiptWire:

@@ -7,6 +7,7 @@ modules behind it are private. See docs/store.md.
 from __future__ import annotations
 
 from .._types import EVERY_ROW as EVERY_ROW
+from .._types import RowCursor as RowCursor
 from .._types import RowFilter as RowFilter
 from ._fencing import raise_if_superseded as raise_if_superseded
 from ._fencing import superseded_error as superseded_error
@@ -18,7 +19,6 @@ from ._pool import TrioPool as TrioPool
 from ._pool import open_pool as open_pool
 from ._quotas import StoreQuotas as StoreQuotas
 from ._reads import JsonPage as JsonPage
-from ._reads import RowCursor as RowCursor
 from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
 

@@ -44,6 +44,7 @@ from .._types import (
     AdmittedPart,
     Page,
     PageRequest,
+    RowCursor,
     RowFilter,
     RowMode,
     Summary,
@@ -105,18 +106,6 @@ _ALL_TAIL = (
     "_write_version",
 )
 _TIMESTAMPS = frozenset({"_created_at", "_updated_at"})
-
-
-@attrs.frozen
-class RowCursor:
-    """Where a keyset read stopped: the read-order position of the last row returned."""
-
-    input_index: int | None
-    """The row's ``_input_index`` (None sorts after every number)."""
-    created_at: datetime.datetime
-    """The row's ``_created_at``."""
-    key: str
-    """The row's ``_key``."""
 
 
 # --- input checks ---------------------------------------------------------------------

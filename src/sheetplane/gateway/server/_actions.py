@@ -41,7 +41,7 @@ from ...protocol import _splice as splice
 from ...protocol import _wire
 from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
 from ...sizes import json_byte_length_up_to
-from ...store import JsonPage, RowCursor, SheetStore
+from ...store import JsonPage, SheetStore
 from ...store._staging import EncodedChunk
 from ..faults import FaultSchedule
 from ._auth import TokenTable
@@ -293,37 +293,6 @@ async def register_play(call: Call) -> dict[str, Any]:
 # --- reads -----------------------------------------------------------------------------
 
 
-def _row_cursor(value: m.RowCursorWire | None) -> RowCursor | None:
-    """``input.after``: null (from the start) or ``{inputIndex, createdAt, key}``."""
-    if value is None:
-        return None
-    try:
-        created = dt.datetime.fromisoformat(value.created_at)
-    except ValueError:
-        raise bad_request("input.after.createdAt must be an ISO 8601 timestamp") from None
-    if created.tzinfo is None:
-        raise bad_request("input.after.createdAt must carry a time zone")
-    if "\x00" in value.key or not _encodable(value.key):
-        raise bad_request("input.after.key must be text Postgres can store")
-    return RowCursor(value.input_index, created, value.key)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
-
-
-def _cursor(cursor: RowCursor | None) -> m.RowCursorWire | None:
-    if cursor is None:
-        return None
-    return m.RowCursorWire(
-        input_index=cursor.input_index, created_at=cursor.created_at.isoformat(), key=cursor.key
-    )
-
-
 async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     """``{input: {tableNamespace, runId?, rowMode?, limit, offset, after?}}`` →
     ``{rows, limit, offset}``.
@@ -341,12 +310,16 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     if spec.after is m.ABSENT or call.state.config.legacy:
         (page,) = await store.read_rows_batch_json(sheet, [request], which=which)
         return EncodedAnswer(_page_body(page))
-    cursor = _row_cursor(spec.after)
+    try:
+        cursor = d.row_cursor_of(spec.after)
+    except m.WireError as exc:
+        raise bad_request(str(exc)) from None
     # The store measures the rows as Postgres writes them and raises
     # ReadBatchTooLargeError (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
     rows, next_cursor = await store.read_rows_after_json(sheet, cursor, request.limit, which=which)
+    next_after = d.row_cursor_wire(next_cursor)
     return EncodedAnswer(
-        splice.page_body(rows, request.limit, request.offset, next_after=_cursor(next_cursor))
+        splice.page_body(rows, request.limit, request.offset, next_after=next_after)
     )
 
 
