@@ -20,7 +20,7 @@ from sheetplane.budgets import (
     READ_BATCH_MAX_RETAINED_REQUEST_BYTES,
     READ_PAGE_MAX_ROWS,
 )
-from sheetplane.dataset import Dataset, InMemoryDataset, PageSizer
+from sheetplane.dataset import Dataset, DatasetIterator, InMemoryDataset, PageSizer
 from sheetplane.pages import PageReader
 
 
@@ -342,3 +342,40 @@ def test_page_sizer_follows_rows_that_shrink_and_grow() -> None:
     assert sizer.next_limit() == 3
     simulate(sizer, fits=5_000, reads=200)
     assert sizer.next_limit() == 1_000
+
+
+async def test_read_ahead_reads_the_next_page_while_rows_are_taken_two_pages_at_most(
+    autojump_clock: Any,
+) -> None:
+    road = FakeRoad(make_rows(1_050), delay=1.0)
+    iterator = DatasetIterator(road, 100, None)
+    taken: list[dict[str, Any]] = []
+    worst_held = 0
+    async with trio.open_nursery() as nursery:
+
+        async def ahead() -> None:
+            while await iterator.read_ahead():
+                pass
+
+        nursery.start_soon(ahead)
+        async for row in iterator:
+            taken.append(row)
+            worst_held = max(worst_held, sum(limit for _, limit in road.after_calls) - len(taken))
+            await trio.sleep(0.1)  # 10 s a page: the next one (1 s) is read meanwhile
+    assert taken == road.rows  # every row once, in order
+    assert len(road.after_calls) == 11
+    assert worst_held <= 2 * 100
+    # Only the first read was waited for: 1 s, then 0.1 s a row.
+    assert trio.current_time() == pytest.approx(1.0 + 1_050 * 0.1)
+
+
+async def test_read_ahead_cancelled_mid_read_leaves_the_position_unchanged(
+    autojump_clock: Any,
+) -> None:
+    road = FakeRoad(make_rows(250), delay=1.0)
+    iterator = DatasetIterator(road, 100, None)
+    first = [await anext(iterator) for _ in range(100)]
+    with trio.move_on_after(0.5):
+        await iterator.read_ahead()
+    rest = [row async for row in iterator]
+    assert first + rest == road.rows

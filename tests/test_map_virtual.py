@@ -15,6 +15,8 @@ import pytest
 import trio
 
 import sheetplane._map
+from _fake_road import FakeRoad
+from _fake_road import make_rows as road_rows
 from sheetplane import (
     AttemptSupersededError,
     BoundedBatchFunction,
@@ -32,6 +34,7 @@ from sheetplane.budgets import (
     MAX_QUEUE_WAIT_MS,
     MAX_ROW_KEY_BYTES,
 )
+from sheetplane.dataset import DatasetIterator
 
 
 def rows(n: int) -> list[dict[str, Any]]:
@@ -346,6 +349,34 @@ async def test_workers_take_many_rows_per_scheduler_pass(autojump_clock: Any) ->
         trio.lowlevel.remove_instrument(passes)
     assert counts == (4_000, 0, 0)
     assert passes.count < 4_000 / 4
+
+
+async def test_workers_do_not_wait_for_a_page_read_after_the_first(autojump_clock: Any) -> None:
+    # Each page read takes 5 s; the workers take a page's 100 rows in 10 s (1 s each,
+    # 10 at once). The next page is read while they do: only the first read is waited
+    # for. Each read stopped every worker before: 10 reads of 5 s on top of the 100 s.
+    road = FakeRoad(road_rows(1_000), delay=5.0)
+    writes = Writes()
+
+    async def slow(row: dict[str, Any]) -> dict[str, Any]:
+        await trio.sleep(1.0)
+        return {}
+
+    t0 = trio.current_time()
+    counts = await run_map(
+        DatasetIterator(road, 100, None),
+        slow,
+        total=1_000,
+        complete=writes.complete,
+        fail=writes.fail,
+        concurrency=10,
+        batch_rows=100,
+        flush_seconds=0.25,
+    )
+    assert counts == (1_000, 0, 0)
+    assert writes.written() == 1_000
+    assert len(road.after_calls) == 10
+    assert trio.current_time() - t0 == pytest.approx(5.0 + 100 * 1.0)
 
 
 # --- one batching mechanism -----------------------------------------------------------

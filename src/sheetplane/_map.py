@@ -10,10 +10,12 @@ pending rows and the writer's two terminal writes. ``run_map`` is the loop,
 free of the runtime (the virtual-time tests drive it with fakes):
 
 * ``concurrency`` worker tasks take rows from one iterator of the pending
-  dataset (read by keyset: one page of at most ``MAP_READ_AHEAD_ROWS`` rows
-  held at a time; one worker steps it at a time, the others wait only while
-  it reads a page) and call ``fn`` on each; so at most ``concurrency`` calls
-  run at once.
+  dataset and call ``fn`` on each; so at most ``concurrency`` calls run at
+  once. One worker steps the iterator at a time (the others wait only while
+  it does). Over a ``Dataset`` (read by keyset) one *read-ahead* task reads
+  the next page while the workers take rows from the current one, so they
+  wait for no page read but the first; at most ``MAP_READ_AHEAD_ROWS`` rows
+  (two pages) are held.
 * Each outcome is a ``CompleteRow`` (``fn`` returned its outputs) or a
   ``FailRow`` (``fn`` raised an ``Exception``: its message, cut to
   ``MAX_ERROR_TEXT_BYTES``; or returned outputs that are not JSON or are
@@ -74,6 +76,7 @@ from .budgets import (
     MAX_ROW_BYTES,
     MAX_ROW_KEY_BYTES,
 )
+from .dataset import DatasetIterator
 from .errors import BatcherClosedError, InvalidInputError
 from .sizes import json_byte_length_up_to
 
@@ -453,14 +456,29 @@ async def run_map(
             return _fail(key, problem)
         return _complete(key, outputs)
 
+    live_workers = concurrency
+    reading_ahead = trio.CancelScope()
+
     async def worker() -> None:
-        while True:
-            row = await next_row()
-            if row is None:
-                return
-            if state.stop:  # checked right before fn: nothing starts once superseded
-                return
-            await hand_over(await call(row))
+        nonlocal live_workers
+        try:
+            while True:
+                row = await next_row()
+                if row is None:
+                    return
+                if state.stop:  # checked right before fn: nothing starts once superseded
+                    return
+                await hand_over(await call(row))
+        finally:
+            live_workers -= 1
+            if not live_workers:
+                reading_ahead.cancel()
+
+    async def read_ahead(pages: DatasetIterator) -> None:
+        """Reads each next page while the workers take the current one's rows."""
+        with reading_ahead:
+            while await pages.read_ahead():
+                pass
 
     try:
         with trio.CancelScope() as everything:
@@ -472,6 +490,8 @@ async def run_map(
                 # batch leaves at once: no row can join it now), the watcher ends.
                 async with batcher, trio.open_nursery() as workers:
                     state.workers = workers.cancel_scope
+                    if isinstance(iterator, DatasetIterator):
+                        workers.start_soon(read_ahead, iterator)
                     for _ in range(concurrency):
                         workers.start_soon(worker)
                 for lane in queued.values():

@@ -470,9 +470,10 @@ def org_connection_budget(max_connections: int, reserved_connections: int) -> in
 
 # --- Runtime.map ----------------------------------------------------------------
 
-#: Rows ``map`` reads ahead of its ``fn`` calls: one keyset page of the
-#: admission's pending rows, held while the workers take rows from it.
-MAP_READ_AHEAD_ROWS: Final = READ_PAGE_MAX_ROWS
+#: Rows ``map`` reads ahead of its ``fn`` calls: the keyset page of the
+#: admission's pending rows the workers take rows from, and the next page, read
+#: while they do (so no worker waits for a read but the first).
+MAP_READ_AHEAD_ROWS: Final = 2 * READ_PAGE_MAX_ROWS
 
 #: Estimated bytes of row data one terminal write batch of ``map`` may carry:
 #: the read budget, so a write request leaves the same envelope headroom under

@@ -264,6 +264,11 @@ class DatasetIterator:
     ``BatchContractError``; an empty answer ends the iteration. If cancelled
     while reading a page, the iterator's position is unchanged: the next
     ``__anext__`` reads the same page again.
+
+    ``read_ahead`` (one task at a time) reads the next page while the rows of
+    the current one are still being taken, so a consumer that takes rows as
+    fast as it can use them does not stop at every page: at most two pages are
+    then held, the current one and the next.
     """
 
     def __init__(self, road: SheetRoad, page_rows: int, limit: int | None) -> None:
@@ -274,6 +279,13 @@ class DatasetIterator:
         self._buffer: list[Row] = []
         self._position = 0
         self._exhausted = False
+        """Whether no page follows the cursor (the last page read was the last)."""
+        self._ahead: list[Row] | None = None
+        """The page after the current one, once read and until it is the current one."""
+        self._reading: trio.Event | None = None
+        """Set when the read in progress ends (read ahead, or by ``__anext__``)."""
+        self._turned = trio.lowlevel.ParkingLot()
+        """Where ``read_ahead`` waits for the page it read to become the current one."""
 
     def __aiter__(self) -> DatasetIterator:
         return self
@@ -282,19 +294,46 @@ class DatasetIterator:
         if self._remaining is not None and self._remaining <= 0:
             raise StopAsyncIteration
         while self._position >= len(self._buffer):
-            if self._exhausted:
+            if self._ahead is not None:
+                self._buffer, self._ahead, self._position = self._ahead, None, 0
+                self._turned.unpark_all()
+            elif self._exhausted:
                 raise StopAsyncIteration
-            await self._read_next_page()
+            elif self._reading is not None:
+                await self._reading.wait()  # the page read ahead; looked at again after
+            else:
+                await self._read_next_page()
         row = self._buffer[self._position]
         self._position += 1
         if self._remaining is not None:
             self._remaining -= 1
         return row
 
+    async def read_ahead(self) -> bool:
+        """Read the page after the current one, once the one read before is current.
+
+        Returns False once no page is left to read (or the iteration has a
+        ``limit``: it reads only what it returns). Meant for one task that calls
+        it in a loop beside the consumers; cancelling it leaves the position
+        unchanged, and an error of the read is raised here as ``__anext__``
+        would raise it.
+        """
+        while self._ahead is not None:
+            await self._turned.park()
+        while self._ahead is None and not self._exhausted and self._remaining is None:
+            if self._reading is not None:
+                await self._reading.wait()
+            else:
+                await self._read_next_page()
+        return self._ahead is not None
+
     async def _read_next_page(self) -> None:
+        """Read the page after the cursor into ``_ahead`` (nothing when it was too large:
+        the sizer asks for fewer rows next time)."""
         limit = self.sizer.next_limit()
         if self._remaining is not None:
             limit = max(1, min(limit, self._remaining))
+        done = self._reading = trio.Event()
         try:
             rows, cursor = await self._road.read_after(self._cursor, limit)
         except ReadBatchTooLargeError:
@@ -302,11 +341,13 @@ class DatasetIterator:
                 raise
             self.sizer.too_large(limit)
             return
+        finally:
+            self._reading = None
+            done.set()
         if len(rows) > limit:
             raise BatchContractError(f"read_after returned {len(rows)} rows for a limit of {limit}")
         self.sizer.fitted(limit)
-        self._buffer = list(rows)
-        self._position = 0
+        self._ahead = list(rows)
         self._cursor = cursor
         # An empty page ends the iteration even if the road offers a cursor,
         # so a road that stops advancing cannot make it loop.
