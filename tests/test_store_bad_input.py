@@ -102,6 +102,26 @@ async def test_nul_in_terminal_writes_receipts_and_idempotency_keys_is_refused(
     assert await snapshot(store, sheet) == before
 
 
+async def test_an_int_too_long_to_write_is_refused_not_a_store_error(
+    store: SheetStore, sheet: SheetRef, admitted: int
+) -> None:
+    # A flat row passed on its size bound (about 4,800 bytes for this int) and Python
+    # refused to write it as text (over 4,300 digits) inside the write.
+    before = await snapshot(store, sheet)
+    long_int = 10**5_000
+    with pytest.raises(InvalidInputError):
+        await store.start_dataset(sheet, [{"_key": "c", "email": long_int}], "r2", CONTRACT)
+    with pytest.raises(InvalidInputError):
+        await store.complete_map_rows(
+            sheet,
+            CONTRACT,
+            [CompleteRow("a", {"score": long_int})],
+            run_id="r1",
+            write_version=admitted,
+        )
+    assert await snapshot(store, sheet) == before
+
+
 @pytest.mark.parametrize("key", ["\ud800", "a\udfffb"])
 async def test_lone_surrogate_in_a_written_key_is_refused(
     store: SheetStore, sheet: SheetRef, admitted: int, key: str

@@ -19,7 +19,7 @@ from sheetplane._types import (
     TerminalWriteResult,
 )
 from sheetplane.errors import AttemptSupersededError, InvalidInputError, WriteConflictError
-from sheetplane.store import SheetStore, raise_if_superseded, superseded_rows
+from sheetplane.store import SheetStore, _rowdata, raise_if_superseded, superseded_rows
 from sheetplane.store._fencing import Decision, StoredRow, decide_terminal_write
 
 CONTRACT = SheetContract(
@@ -153,6 +153,32 @@ async def test_a_write_at_the_admission_version_commits(store: SheetStore, sheet
     )
     counts, recount_columns = await column_counts_match(store, sheet, ["score_col", "note"])
     assert counts == recount_columns == {"score_col": 2, "note": 1}
+
+
+async def test_a_terminal_write_of_flat_outputs_bounds_them_instead_of_measuring(
+    store: SheetStore, sheet: SheetRef, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each row's data and cell meta were measured as JSON (two walks a row, the
+    # store's costliest step of a map's write); a flat object passes on its size bound.
+    version = await admit(store, sheet, list(range(200)), "run-1")
+    measured = 0
+    measure = _rowdata.json_byte_length_up_to
+
+    def counting(value: object, limit: int) -> Any:
+        nonlocal measured
+        measured += 1
+        return measure(value, limit)
+
+    monkeypatch.setattr(_rowdata, "json_byte_length_up_to", counting)
+    rows = [CompleteRow(str(i), {"score": i, "note": f"n{i}"}, {"score": None}) for i in range(200)]
+    result = await store.complete_map_rows(
+        sheet, CONTRACT, rows, run_id="run-1", write_version=version
+    )
+    assert result.updated == 200
+    assert measured == 0
+    stored = await stored_rows(store, sheet)
+    assert (stored["7"]["score_col"], stored["7"]["note"]) == (7, "n7")
+    assert stored["7"]["_cell_meta"] == {"score": None}
 
 
 async def test_an_identical_replay_commits_without_updating(

@@ -58,7 +58,7 @@ cancelled, the transaction is rolled back by the pool and nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -82,11 +82,12 @@ from ._locking import lock_sheet
 from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
-    check_json_value,
+    check_json_object,
     check_key,
     check_text,
     check_write_version,
     chunked,
+    column_lookups,
     physical_columns,
     project_row,
     record_event,
@@ -242,6 +243,7 @@ def _collect(
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
         raise InvalidInputError("rows must be a sequence of row writes")
     columns = physical_columns(contract)
+    lookups = column_lookups(columns)
     by_key: dict[str, _Incoming] = {}
     expected = CompleteRow if target == "enriched" else FailRow
     for position, row in enumerate(rows):
@@ -255,16 +257,19 @@ def _collect(
         error = (
             None if isinstance(row, CompleteRow) else check_text(row.error, f"row {position} error")
         )
-        checked: list[dict[str, Any]] = []
-        for value, what in ((raw_data, "data"), (raw_meta, "cell meta patch")):
-            value = {} if value is None else value
-            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-                raise InvalidInputError(f"row {position} {what} must be a JSON object")
-            check_json_value(dict(value), f"row {position} {what}")
-            checked.append(dict(value))
-        data, meta = checked
-        by_key[key] = _Incoming(key, project_row(data, columns), meta, error)
+        data = {} if raw_data is None else check_json_object(raw_data, _naming(position, "data"))
+        meta = (
+            {}
+            if raw_meta is None
+            else check_json_object(raw_meta, _naming(position, "cell meta patch"))
+        )
+        by_key[key] = _Incoming(key, project_row(data, columns, lookups), meta, error)
     return list(by_key.values())
+
+
+def _naming(position: int, what: str) -> Callable[[], str]:
+    """Names one field of the row at ``position`` in an error (built only for one)."""
+    return lambda: f"row {position} {what}"
 
 
 # --- SQL -------------------------------------------------------------------------------

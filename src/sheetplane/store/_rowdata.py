@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, TypeVar
 
@@ -60,6 +60,8 @@ def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
             if "\x00" in value:
                 raise InvalidInputError(_NUL_MESSAGE)
         elif kind is int:
+            if value.bit_length() > _LONG_INT_BITS:
+                return None  # measured: Python may refuse to write it as text
             total += value.bit_length() // 3 + 2
         elif kind is float:
             if not math.isfinite(value):
@@ -73,6 +75,34 @@ def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
 
 
 _NUL_MESSAGE = "a string holds a NUL character, which Postgres cannot store in text or jsonb"
+
+#: An int longer than this many bits is measured rather than bounded: Python refuses to
+#: write an int of more than ``sys.get_int_max_str_digits()`` digits (4,300 by default)
+#: as text, and 10,000 bits is about 3,011 digits.
+_LONG_INT_BITS = 10_000
+
+
+def check_json_object(value: object, what: Callable[[], str]) -> dict[str, Any]:
+    """``value`` as a new dict if it is a JSON object with string keys that
+    ``check_json_value`` passes; ``what()`` names it in the error.
+
+    A flat object (plain scalar values) whose size bound is within
+    ``MAX_ROW_BYTES`` passes on the bound, checked on the way (as ``check_row``
+    checks an input row); any other is measured, nested checks included, by
+    ``check_json_value``, which also words the error of a flat one that fails.
+    """
+    if not isinstance(value, Mapping) or not all(
+        type(k) is str or isinstance(k, str) for k in value
+    ):
+        raise InvalidInputError(f"{what()} must be a JSON object")
+    checked = dict(value)
+    try:
+        bounded = _flat_row_bound(checked) is not None
+    except InvalidInputError:
+        bounded = False
+    if not bounded:
+        check_json_value(checked, what())
+    return checked
 
 
 def _check_nested(value: object) -> None:
@@ -257,13 +287,21 @@ def column_value(row: Mapping[str, Any], column: ContractColumn) -> Any:
 ABSENT = _ABSENT
 
 
-def project_row(row: Mapping[str, Any], columns: Sequence[ContractColumn]) -> dict[str, Any]:
-    """``{sql_name: value}`` for the physical columns the row carries (JSON null dropped)."""
+def project_row(
+    row: Mapping[str, Any],
+    columns: Sequence[ContractColumn],
+    lookups: Sequence[Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """``{sql_name: value}`` for the physical columns the row carries (JSON null dropped).
+
+    ``lookups``: ``column_lookups(columns)``, for a caller projecting many rows."""
     out: dict[str, Any] = {}
-    for column in columns:
-        value = column_value(row, column)
-        if value is not ABSENT:
-            out[column.sql_name] = value
+    for index, column in enumerate(columns):
+        names = column_lookup_names(column) if lookups is None else lookups[index]
+        for name in names:
+            if name in row:
+                out[column.sql_name] = row[name]
+                break
     return out
 
 
