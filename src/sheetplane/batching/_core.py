@@ -85,10 +85,20 @@ _STALE_SLACK: Final = 64
 _COMPACT_EVERY: Final = 16
 """Dispatches between two looks at the stale rows (they are few and cheap to keep)."""
 _INF: Final = math.inf
+_new_entry: Final = object.__new__
+_NO_ENTRIES: Final[list[Any]] = []
+"""A finished batch's entries (shared, never changed)."""
 
 
 class Entry(Generic[K, V]):
-    """One submitted value and where it is. ``waiter`` belongs to the shell."""
+    """One submitted value and where it is. ``waiter`` belongs to the shell.
+
+    Only ``SchedulingCore.submit`` makes entries, without an ``__init__`` call
+    (a value's intake is its hottest path): it sets ``seq``, ``key``,
+    ``value``, ``nbytes``, ``flush_at``, ``deadline``, ``state``, ``lane`` and
+    ``waiter``; ``lane_id`` is set while the value waits for admission, and
+    ``batch`` and ``index`` once it is dispatched.
+    """
 
     __slots__ = (
         "batch",
@@ -105,30 +115,21 @@ class Entry(Generic[K, V]):
         "waiter",
     )
 
-    def __init__(
-        self,
-        seq: int,
-        lane_id: Hashable,
-        key: K,
-        value: V,
-        nbytes: int,
-        flush_at: float,
-        deadline: float,
-    ) -> None:
-        self.seq = seq
-        self.lane_id = lane_id
-        # Typed loosely: both are dropped (set to None) once the value leaves the
-        # queue, so a settled entry holds no reference to user data.
-        self.key: Any = key
-        self.value: Any = value
-        self.nbytes = nbytes
-        self.deadline = deadline
-        self.flush_at = flush_at
-        self.state: int = ADMITTING
-        self.lane: _Lane | None = None
-        self.batch: Batch[K, V] | None = None
-        self.index = -1  # position in its batch, once dispatched
-        self.waiter: Any = None
+    seq: int
+    lane_id: Hashable
+    # Typed loosely: both are dropped (set to None) once the value leaves the
+    # queue, so a settled entry holds no reference to user data.
+    key: Any
+    value: Any
+    nbytes: int
+    deadline: float
+    flush_at: float
+    state: int
+    lane: _Lane | None
+    batch: Batch[K, V] | None
+    index: int
+    """Position in its batch, once dispatched."""
+    waiter: Any
 
     def __lt__(self, other: Entry[Any, Any]) -> bool:
         """Submission order: how lane heads are ranked."""
@@ -144,20 +145,16 @@ class Batch(Generic[K, V]):
 
     __slots__ = ("_done", "_entries", "_live", "_nbytes", "_scope", "key", "lane_id", "values")
 
-    def __init__(
-        self,
-        lane_id: Hashable,
-        key: K,
-        values: tuple[V, ...],
-        entries: list[Entry[K, V]],
-        nbytes: int,
-    ) -> None:
+    values: tuple[V, ...]
+    _live: int
+    _nbytes: int
+
+    def __init__(self, lane_id: Hashable, key: K, entries: list[Entry[K, V]]) -> None:
+        # ``dispatch`` sets ``values``, ``_live`` and ``_nbytes`` once it has
+        # taken the whole prefix.
         self.key = key
-        self.values = values
         self.lane_id = lane_id
         self._entries = entries
-        self._live = len(entries)
-        self._nbytes = nbytes
         self._done = False
         self._scope: Any = None
 
@@ -181,6 +178,8 @@ class _Lane:
     def __init__(self, lane_id: Hashable) -> None:
         self.lane_id = lane_id
         self.entries: deque[Entry[Any, Any]] = deque()
+        # The queued bytes while the lane is open (the test of whether the next
+        # value closes it); not kept while it is closed, recounted when it opens.
         self.nbytes = 0
         self.head_seq = -1
         self.closed = False
@@ -251,7 +250,9 @@ class SchedulingCore(Generic[K, V]):
 
         self.retained_items = 0
         self.retained_bytes = 0
-        self.queued = 0
+        # Values in running batches (retention counts them until ``finish``):
+        # ``queued`` is the rest of ``retained_items``.
+        self._running_items = 0
         self.in_flight = 0
         self._batches = 0
         self._values = 0
@@ -287,47 +288,53 @@ class SchedulingCore(Generic[K, V]):
         call raises at once.
         """
         retained_bytes = self.retained_bytes + nbytes
-        if retained_bytes > self.max_retained_bytes:
-            if nbytes > self.max_retained_bytes:
-                raise OversizedValueError(
-                    f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
-                    f"{self.max_retained_bytes}"
-                )
-            admit = False
+        if (
+            retained_bytes <= self.max_retained_bytes
+            and self.retained_items < self.max_retained_items
+            and not self._admission
+        ):
+            admit = True
+        elif nbytes > self.max_retained_bytes:
+            raise OversizedValueError(
+                f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
+                f"{self.max_retained_bytes}"
+            )
         else:
-            admit = not self._admission and self.retained_items < self.max_retained_items
+            admit = False
         lane = self._lanes.get(lane_id)  # an unhashable lane id fails here, changing nothing
-        if nowait and not admit:
+        if not admit and nowait:
             return None
-        self._seq = seq = self._seq + 1
-        entry = self._entry_type(
-            seq, lane_id, key, value, nbytes, now + self.flush_seconds, deadline
-        )
+        entry = _new_entry(self._entry_type)
+        self._seq = entry.seq = self._seq + 1
+        entry.key = key
+        entry.value = value
+        entry.nbytes = nbytes
+        entry.flush_at = now + self.flush_seconds
+        entry.deadline = deadline
+        entry.waiter = None
         if deadline != _INF:
             timeline = self._timeline
             if not timeline or deadline >= timeline[-1].deadline:
                 timeline.append(entry)
             else:
-                heapq.heappush(self._deadlines, (deadline, seq, entry))
+                heapq.heappush(self._deadlines, (deadline, entry.seq, entry))
             if deadline < self.wakeup_hint:
                 self.wakeup_hint = deadline
         if not admit:
+            entry.state = ADMITTING
+            entry.lane = None
+            entry.lane_id = lane_id
             self._admission.append(entry)
         elif lane is not None and lane.closed:
-            # The common case under load, inlined: a closed lane only grows at its tail.
+            # The common case under load, inlined: a closed lane only grows at
+            # its tail (and keeps no byte count).
             entry.state = QUEUED
             entry.lane = lane
             lane.entries.append(entry)
-            lane.nbytes += nbytes
-            self.queued += 1
-            self.retained_items = items = self.retained_items + 1
+            self.retained_items += 1
             self.retained_bytes = retained_bytes
-            if items > self._peak_items:
-                self._peak_items = items
-            if retained_bytes > self._peak_bytes:
-                self._peak_bytes = retained_bytes
         else:
-            self._enqueue(entry, lane)
+            self._enqueue(entry, lane_id, lane)
         return entry
 
     def submit_nowait(
@@ -338,22 +345,17 @@ class SchedulingCore(Generic[K, V]):
         rule after admission is ``submit``'s."""
         return self.submit(lane_id, key, value, nbytes, now, deadline, True)
 
-    def _enqueue(self, entry: Entry[K, V], lane: _Lane | None) -> None:
-        """Put an admitted entry at the tail of its lane (``lane``: the current
-        lane object of its lane id, None if there is none)."""
+    def _enqueue(self, entry: Entry[K, V], lane_id: Hashable, lane: _Lane | None) -> None:
+        """Put an admitted entry at the tail of the lane of ``lane_id`` (``lane``:
+        that lane's current object, None if there is none)."""
         if lane is None:
-            lane = self._lanes[entry.lane_id] = _Lane(entry.lane_id)
+            lane = self._lanes[lane_id] = _Lane(lane_id)
         entry.state = QUEUED
         entry.lane = lane
         flush_at = entry.flush_at
         nbytes = entry.nbytes
-        self.queued += 1
         self.retained_items += 1
         self.retained_bytes += nbytes
-        if self.retained_items > self._peak_items:
-            self._peak_items = self.retained_items
-        if self.retained_bytes > self._peak_bytes:
-            self._peak_bytes = self.retained_bytes
         entries = lane.entries
         if not entries:
             entries.append(entry)
@@ -387,7 +389,7 @@ class SchedulingCore(Generic[K, V]):
             ):
                 return
             admission.popleft()
-            self._enqueue(entry, self._lanes.get(entry.lane_id))
+            self._enqueue(entry, entry.lane_id, self._lanes.get(entry.lane_id))
 
     # --- readiness and dispatch ----------------------------------------------
 
@@ -414,12 +416,14 @@ class SchedulingCore(Generic[K, V]):
             return
         head = lane.entries[0]
         lane.head_seq = head.seq
-        lane.closed = self._prefix(lane)[2]
+        _, nbytes, lane.closed = self._prefix(lane)
         if lane.closed:
             if lane.closed_pushed != head.seq:
                 lane.closed_pushed = head.seq
                 heapq.heappush(self._closed, head)
-        elif lane.heads_pushed != head.seq:
+            return
+        lane.nbytes = nbytes  # an open lane's prefix is all of it
+        if lane.heads_pushed != head.seq:
             lane.heads_pushed = head.seq
             heapq.heappush(self._heads, head)
             if head.flush_at < self.wakeup_hint:
@@ -438,6 +442,12 @@ class SchedulingCore(Generic[K, V]):
     def _ready_lane(self, now: float) -> _Lane | None:
         """Among ready lanes, the one whose head value is oldest."""
         closed = self._closed
+        if closed and not self._heads:
+            # Only closed lanes hold values (the case under load): the top row, if live.
+            head = closed[0]
+            lane = head.lane
+            if lane is not None and lane.head_seq == head.seq and lane.closed:
+                return lane
         while closed:
             head = closed[0]
             lane = head.lane
@@ -466,17 +476,23 @@ class SchedulingCore(Generic[K, V]):
         lane = self._ready_lane(now)
         if lane is None:
             return None
-        # The greedy prefix (as in ``_prefix``), taken off the lane as it is measured.
+        # The greedy prefix (as in ``_prefix``), taken off the lane as it is
+        # measured; each entry is marked running as it joins the batch.
         queue = lane.entries
-        head = queue.popleft()
-        key = head.key
-        entries = [head]
-        values = [head.value]
-        nbytes = head.nbytes
-        max_items = self.max_batch_items
+        first = queue.popleft()
+        entries = [first]
+        values = [first.value]
+        batch: Batch[K, V] = Batch(lane.lane_id, first.key, entries)
+        first.state = RUNNING
+        first.batch = batch
+        first.index = 0
+        first.key = first.value = None
+        nbytes = first.nbytes
         if nbytes <= self.max_batch_bytes:
             max_bytes = self.max_batch_bytes
-            while queue and len(entries) < max_items:
+            max_index = self.max_batch_items - 1
+            index = 0
+            while queue and index < max_index:
                 entry = queue[0]
                 size = entry.nbytes
                 if nbytes + size > max_bytes:
@@ -485,27 +501,28 @@ class SchedulingCore(Generic[K, V]):
                 entries.append(entry)
                 values.append(entry.value)
                 nbytes += size
-        batch: Batch[K, V] = Batch(lane.lane_id, key, tuple(values), entries, nbytes)
-        index = 0
-        for entry in entries:
-            entry.state = RUNNING
-            entry.batch = batch
-            entry.index = index
-            entry.key = None
-            entry.value = None
-            index += 1
-        count = index
-        lane.nbytes -= nbytes
-        self.queued -= count
+                index += 1
+                entry.state = RUNNING
+                entry.batch = batch
+                entry.index = index
+                entry.key = entry.value = None
+        batch.values = tuple(values)
+        batch._nbytes = nbytes
+        batch._live = count = len(entries)
+        max_items = self.max_batch_items
+        self._running_items += count
         if queue and len(queue) >= max_items:
             # Still a full batch's worth queued: the lane stays closed whatever
             # the sizes (its prefix stops at the item cap or at a value that
             # does not fit), so its new head goes on the closed heap only.
             head = queue[0]
-            lane.head_seq = head.seq
+            lane.head_seq = lane.closed_pushed = head.seq
             lane.closed = True
-            lane.closed_pushed = head.seq
-            heapq.heappush(self._closed, head)
+            closed = self._closed
+            if closed[0] is first:
+                heapq.heapreplace(closed, head)  # the row of the batch's head: now stale
+            else:
+                heapq.heappush(closed, head)
         else:
             self._lane_changed(lane)
         self._running[batch] = None
@@ -531,14 +548,21 @@ class SchedulingCore(Generic[K, V]):
         if batch._done:
             return entries
         batch._done = True
-        batch._entries = []
+        batch._entries = _NO_ENTRIES
         del self._running[batch]
         self.in_flight -= 1
-        self.retained_items -= len(entries)
-        self.retained_bytes -= batch._nbytes
+        items, retained_bytes = self.retained_items, self.retained_bytes
+        if items > self._peak_items:
+            self._peak_items = items
+        if retained_bytes > self._peak_bytes:
+            self._peak_bytes = retained_bytes
+        count = len(entries)
+        self.retained_items = items - count
+        self._running_items -= count
+        self.retained_bytes = retained_bytes - batch._nbytes
         if self._admission:
             self._admit()
-        lane = self._oldest_head()
+        lane = self._oldest_head() if self._heads else None
         if lane is not None and lane.entries[0].flush_at < self.wakeup_hint:
             # With the in-flight cap reached, flush deadlines were not armed; and a
             # dispatch since the shell's timer was set may have left a younger head
@@ -556,8 +580,7 @@ class SchedulingCore(Generic[K, V]):
             lane = entry.lane
             assert lane is not None
             lane.entries.remove(entry)
-            lane.nbytes -= entry.nbytes
-            self.queued -= 1
+            self._note_peaks()
             self.retained_items -= 1
             self.retained_bytes -= entry.nbytes
             entry.lane = None
@@ -617,6 +640,20 @@ class SchedulingCore(Generic[K, V]):
                 expired.append(entry)
         return expired
 
+    @property
+    def queued(self) -> int:
+        """Values in their lanes, waiting for their batch to start."""
+        return self.retained_items - self._running_items
+
+    def _note_peaks(self) -> None:
+        """Record the retention peaks; called before retention falls (it only
+        rises on intake, so a peak is always the level just before a fall, or
+        the current one, which ``statistics`` adds)."""
+        if self.retained_items > self._peak_items:
+            self._peak_items = self.retained_items
+        if self.retained_bytes > self._peak_bytes:
+            self._peak_bytes = self.retained_bytes
+
     # --- time ------------------------------------------------------------------
 
     def next_wakeup(self, now: float) -> float:
@@ -672,12 +709,12 @@ class SchedulingCore(Generic[K, V]):
         Running batches stay counted until ``finish``."""
         closed: list[Entry[K, V]] = list(self._admission)
         self._admission.clear()
+        self._note_peaks()
         for lane in self._lanes.values():
             closed.extend(lane.entries)
             self.retained_items -= len(lane.entries)
-            self.retained_bytes -= lane.nbytes
+            self.retained_bytes -= sum(entry.nbytes for entry in lane.entries)
             lane.head_seq = -1
-        self.queued = 0
         self._lanes.clear()
         self._heads.clear()
         self._closed.clear()
@@ -732,8 +769,8 @@ class SchedulingCore(Generic[K, V]):
         return BatcherStatistics(
             batches=self._batches,
             values=self._values,
-            peak_retained_items=self._peak_items,
-            peak_retained_bytes=self._peak_bytes,
+            peak_retained_items=max(self._peak_items, self.retained_items),
+            peak_retained_bytes=max(self._peak_bytes, self.retained_bytes),
             peak_in_flight=self._peak_in_flight,
             retained_items=self.retained_items,
             retained_bytes=self.retained_bytes,

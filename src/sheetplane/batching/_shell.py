@@ -237,6 +237,8 @@ class BoundedBatchFunction(Generic[K, V, R]):
         self._execute = execute
         self._key_id = key_id
         self._estimate_bytes = estimate_bytes
+        # Neither hook: a value's lane id is its key and its size 1 byte.
+        self._plain = key_id is None and estimate_bytes is None
         self._max_retained_bytes = max_retained_bytes
         self._state = _NEW
         self._nursery_manager: Any = None
@@ -386,24 +388,28 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 if self._state != _DRAINING
                 else "submit while the batcher drains on leaving its `async with` block"
             )
-        lane_id = key if self._key_id is None else self._key_id(key)
-        if self._estimate_bytes is None:
+        if self._plain:
+            lane_id: Hashable = key
             nbytes = 1
         else:
-            nbytes = self._estimate_bytes(value)
-            if type(nbytes) is not int:
-                if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-                    raise InvalidInputError(
-                        f"estimate_bytes must return an int, got {type(nbytes).__name__}"
+            lane_id = key if self._key_id is None else self._key_id(key)
+            if self._estimate_bytes is None:
+                nbytes = 1
+            else:
+                nbytes = self._estimate_bytes(value)
+                if type(nbytes) is not int:
+                    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+                        raise InvalidInputError(
+                            f"estimate_bytes must return an int, got {type(nbytes).__name__}"
+                        )
+                    nbytes = int(nbytes)
+                if nbytes < 0:
+                    raise InvalidInputError(f"estimate_bytes returned a negative size: {nbytes}")
+                if nbytes > self._max_retained_bytes:
+                    raise OversizedValueError(
+                        f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
+                        f"{self._max_retained_bytes}"
                     )
-                nbytes = int(nbytes)
-            if nbytes < 0:
-                raise InvalidInputError(f"estimate_bytes returned a negative size: {nbytes}")
-            if nbytes > self._max_retained_bytes:
-                raise OversizedValueError(
-                    f"value estimated at {nbytes} bytes exceeds max_retained_bytes="
-                    f"{self._max_retained_bytes}"
-                )
         core = self._core
         now = self._now()
         if max_wait is None:
