@@ -358,6 +358,28 @@ def _fetch(
 _Position = tuple["int | None", datetime.datetime, str]
 
 R = TypeVar("R")
+T = TypeVar("T")
+
+
+def _refused_without_rows(read: Callable[[Conn], T]) -> Callable[[Conn], T]:
+    """``read``, whose refusal leaves without the frames that hold the rows read so far.
+
+    ``ReadBatchTooLargeError`` is raised deep in a read, in frames that hold every
+    row measured until then (about the budget). Its traceback would keep them for
+    as long as anything keeps the exception, and a reference cycle keeps it until
+    the cyclic collector runs: a burst of refused reads then piles up their rows.
+    The refusal is raised anew here, with no traceback below this frame and no
+    context, so the rows go when the read ends, whoever keeps the refusal.
+    """
+
+    def run(conn: Conn) -> T:
+        try:
+            return read(conn)
+        except ReadBatchTooLargeError as exc:
+            observed = exc.observed_bytes
+        raise ReadBatchTooLargeError(observed)
+
+    return run
 
 
 class _Form(Generic[R]):
@@ -678,7 +700,7 @@ async def _batch(
         form = None if columns is None else make_form(columns, filt.row_mode)
         return _read_batch(conn, names, requests, filt, form)
 
-    return await pool.run(run), requests
+    return await pool.run(_refused_without_rows(run)), requests
 
 
 async def read_rows(
@@ -764,7 +786,7 @@ async def _read_after(
             raise AssertionError("a keyset read selects the position of its rows")
         return rows, RowCursor(*position)
 
-    return await pool.run(run)
+    return await pool.run(_refused_without_rows(run))
 
 
 async def read_row_keys(
