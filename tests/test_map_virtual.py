@@ -31,6 +31,7 @@ from sheetplane.budgets import (
     MAP_WRITE_BATCH_MAX_BYTES,
     MAP_WRITE_MAX_IN_FLIGHT,
     MAX_ERROR_TEXT_BYTES,
+    MAX_JSON_DEPTH,
     MAX_QUEUE_WAIT_MS,
     MAX_ROW_KEY_BYTES,
 )
@@ -304,10 +305,36 @@ async def test_outputs_that_cannot_be_written_fail_their_row_alone(autojump_cloc
 
     counts = await mapped(Pending(rows(8)), odd, writes, fail=record, concurrency=2, batch_rows=10)
     assert counts == (1, 7, 0)  # row 0 completes; row 4 raised; the rest cannot be written
-    assert "not JSON" in failures["k00001"] and "not JSON" in failures["k00002"]
+    assert "not valid JSON" in failures["k00001"] and "not valid JSON" in failures["k00002"]
     assert "must return a mapping" in failures["k00003"]
     assert len(failures["k00004"].encode()) <= MAX_ERROR_TEXT_BYTES
     assert failures["k00004"].endswith("...")
+
+
+async def test_outputs_the_store_would_refuse_fail_their_row_alone(autojump_clock: Any) -> None:
+    # These passed map's measure and reached the store's check of the whole batch,
+    # which refused the write: the map stopped on the one bad row.
+    writes = Writes()
+    failures: dict[str, str] = {}
+
+    async def record(batch: Sequence[FailRow]) -> TerminalWriteResult:
+        failures.update((row.key, row.error) for row in batch)
+        return await writes.fail(batch)
+
+    deep: Any = 1
+    for _ in range(MAX_JSON_DEPTH + 1):
+        deep = [deep]
+    bad = [{"ok": 1}, {"text": "a\x00b"}, {"deep": deep}, {1: "an int key"}]
+
+    async def refused(row: dict[str, Any]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return bad[row["n"]]
+
+    counts = await mapped(Pending(rows(4)), refused, writes, fail=record, batch_rows=10)
+    assert counts == (1, 3, 0)
+    assert "NUL" in failures["k00001"]
+    assert "MAX_JSON_DEPTH" in failures["k00002"]
+    assert "JSON object" in failures["k00003"]
 
 
 def _raise_long() -> Any:

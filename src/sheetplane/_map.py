@@ -18,9 +18,13 @@ free of the runtime (the virtual-time tests drive it with fakes):
   (two pages) are held.
 * Each outcome is a ``CompleteRow`` (``fn`` returned its outputs) or a
   ``FailRow`` (``fn`` raised an ``Exception``: its message, cut to
-  ``MAX_ERROR_TEXT_BYTES``; or returned outputs that are not JSON or are
-  larger than ``MAX_ROW_BYTES``: one bad row fails alone, never its batch). A
-  ``BaseException`` other than a cancellation propagates and stops the map.
+  ``MAX_ERROR_TEXT_BYTES``; or returned outputs the store would refuse: not
+  a JSON object, a NUL, nesting past ``MAX_JSON_DEPTH``, larger than
+  ``MAX_ROW_BYTES``; one bad row fails alone, never its batch). Each output
+  is checked once, by the store's own check (``checked_json_object``), whose
+  bytes are its estimate in the batcher; the writes skip the writer's argument
+  checks (the rows are map's own). A ``BaseException`` other than a
+  cancellation propagates and stops the map.
 * The writes are batched by one ``BoundedBatchFunction``, with one lane per
   write kind (``complete``, ``fail``), and nothing else: the worker hands the
   outcome to it with ``submit_nowait`` (a row costs an entry in its lane,
@@ -73,12 +77,11 @@ from .budgets import (
     MAP_WRITE_MAX_IN_FLIGHT,
     MAX_ERROR_TEXT_BYTES,
     MAX_QUEUE_WAIT_MS,
-    MAX_ROW_BYTES,
     MAX_ROW_KEY_BYTES,
 )
 from .dataset import DatasetIterator
 from .errors import BatcherClosedError, InvalidInputError
-from .sizes import json_byte_length_up_to
+from .store._rowdata import checked_json_object
 
 __all__ = [
     "UNKNOWN_OUTPUTS",
@@ -233,15 +236,19 @@ def _fail(key: str, text: str) -> Outcome:
 
 
 def _complete(key: str, outputs: Mapping[str, Any]) -> Outcome:
-    """A CompleteRow, or a FailRow when the outputs cannot be written (not JSON, too big):
-    one bad row fails alone instead of failing its whole batch's write."""
+    """A CompleteRow, or a FailRow when the store would refuse the outputs (not JSON, a
+    NUL, too deep, larger than ``MAX_ROW_BYTES``): one bad row fails alone instead of
+    failing its whole batch's write. Checked once, by the store's own check, whose
+    bytes (or bound on them) are the row's estimate."""
     try:
-        size = json_byte_length_up_to(outputs, MAX_ROW_BYTES)
-    except (TypeError, InvalidInputError) as exc:
-        return _fail(key, f"fn returned outputs that are not JSON: {exc}")
-    if size.exceeded:
-        return _fail(key, f"fn returned outputs larger than {MAX_ROW_BYTES} bytes as JSON")
-    return CompleteRow(key, outputs), len(key) + size.bytes
+        data, size = checked_json_object(outputs, _outputs)
+    except InvalidInputError as exc:
+        return _fail(key, f"fn returned outputs that cannot be written: {exc}")
+    return CompleteRow(key, data), len(key) + size
+
+
+def _outputs() -> str:
+    return "its outputs"
 
 
 def _failure_text(exc: Exception) -> str:

@@ -58,7 +58,7 @@ cancelled, the transaction is rolled back by the pool and nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -82,10 +82,10 @@ from ._locking import lock_sheet
 from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
-    check_json_object,
     check_key,
     check_text,
     check_write_version,
+    checked_json_object,
     chunked,
     column_lookups,
     physical_columns,
@@ -257,19 +257,18 @@ def _collect(
         error = (
             None if isinstance(row, CompleteRow) else check_text(row.error, f"row {position} error")
         )
-        data = {} if raw_data is None else check_json_object(raw_data, _naming(position, "data"))
-        meta = (
-            {}
-            if raw_meta is None
-            else check_json_object(raw_meta, _naming(position, "cell meta patch"))
-        )
+        data = _checked_object(raw_data, position, "data")
+        meta = _checked_object(raw_meta, position, "cell meta patch")
         by_key[key] = _Incoming(key, project_row(data, columns, lookups), meta, error)
     return list(by_key.values())
 
 
-def _naming(position: int, what: str) -> Callable[[], str]:
-    """Names one field of the row at ``position`` in an error (built only for one)."""
-    return lambda: f"row {position} {what}"
+def _checked_object(value: object, position: int, what: str) -> dict[str, Any]:
+    """A field of the row at ``position`` (None: empty) checked as a JSON object; its
+    name in an error is built only for one."""
+    if value is None:
+        return {}
+    return checked_json_object(value, lambda: f"row {position} {what}")[0]
 
 
 # --- SQL -------------------------------------------------------------------------------

@@ -82,27 +82,26 @@ _NUL_MESSAGE = "a string holds a NUL character, which Postgres cannot store in t
 _LONG_INT_BITS = 10_000
 
 
-def check_json_object(value: object, what: Callable[[], str]) -> dict[str, Any]:
+def checked_json_object(value: object, what: Callable[[], str]) -> tuple[dict[str, Any], int]:
     """``value`` as a new dict if it is a JSON object with string keys that
-    ``check_json_value`` passes; ``what()`` names it in the error.
+    ``check_json_value`` passes, and its compact-JSON bytes or a bound on them;
+    ``what()`` names it in the error.
 
     A flat object (plain scalar values) whose size bound is within
     ``MAX_ROW_BYTES`` passes on the bound, checked on the way (as ``check_row``
     checks an input row); any other is measured, nested checks included, by
     ``check_json_value``, which also words the error of a flat one that fails.
+    ``map`` checks each output so (a row the store would refuse fails alone) and
+    takes the bytes as its batch estimate; the store checks what it is given so.
     """
-    if not isinstance(value, Mapping) or not all(
-        type(k) is str or isinstance(k, str) for k in value
-    ):
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise InvalidInputError(f"{what()} must be a JSON object")
     checked = dict(value)
     try:
-        bounded = _flat_row_bound(checked) is not None
+        bound = _flat_row_bound(checked)
     except InvalidInputError:
-        bounded = False
-    if not bounded:
-        check_json_value(checked, what())
-    return checked
+        bound = None
+    return checked, check_json_value(checked, what()) if bound is None else bound
 
 
 def _check_nested(value: object) -> None:
@@ -175,8 +174,9 @@ def check_row(row: object, position: int) -> Mapping[str, Any]:
     return row
 
 
-def check_json_value(value: object, what: str) -> None:
-    """Check that ``value`` is JSON with finite numbers and fits the row budget."""
+def check_json_value(value: object, what: str) -> int:
+    """Check that ``value`` is JSON with finite numbers and fits the row budget; its
+    compact-JSON bytes."""
     try:
         size = json_byte_length_up_to(value, MAX_ROW_BYTES)
     except (InvalidInputError, TypeError, ValueError) as exc:
@@ -187,6 +187,7 @@ def check_json_value(value: object, what: str) -> None:
         _check_nested(value)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{what}: {exc}") from None
+    return size.bytes
 
 
 def check_key(key: object, what: str = "row key") -> str:
