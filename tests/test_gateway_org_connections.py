@@ -16,13 +16,18 @@ import trio
 from psycopg import sql
 
 from _session_helpers import aad_of
+from _slot_helpers import hogging_every_slot, refusals
 from sheetplane import crypto
+from sheetplane._types import ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import (
     DB_SESSION_MAX_CONNECTIONS,
     org_connection_budget,
 )
+from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.gateway.server._roles import org_session_backends
+from sheetplane.gateway.server._roles import _drop_role, org_session_backends
+from sheetplane.sessions import AccessShape, SessionManager
+from sheetplane.store import sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres
 
 #: Few enough slots that one org's sessions could take every one of them.
@@ -34,6 +39,7 @@ TOKEN_B, ORG_B = "tok-conn-b-9c2e", "org-conn-b"
 PLAY = "connections-play"
 NAMESPACE = "ns_connections"
 CONTRACT = {"columns": [{"id": "email", "sqlName": "email", "source": "input"}]}
+SHEET_CONTRACT = SheetContract((ContractColumn("email", "email", "input"),))
 
 
 @pytest.fixture
@@ -201,3 +207,83 @@ async def test_a_restarted_gateway_reclaims_its_predecessors_idle_roles(
         conn = await trio.to_thread.run_sync(try_connect, new_url)
         assert conn is not None
         await trio.to_thread.run_sync(conn.close)
+
+
+async def test_a_session_whose_role_is_reclaimed_while_its_runner_waits_for_a_slot_is_minted_anew(
+    small_server: EmbeddedPostgres,
+) -> None:
+    # A runner waiting for a connection slot holds no connection, so its role looks
+    # idle: another runner's mint reclaims it (well inside the runner's connect
+    # budget) and the runner's next login is refused (28P01). Before, that was
+    # minted anew once, and a second reclaim was reported store_unavailable (the
+    # fleet's slot-starved runners failed so). The session is gone, not Postgres:
+    # it is minted anew each time, and the call succeeds once a slot frees.
+    async with (
+        running_gateway(small_server.url, tokens={TOKEN_A: ORG_A}) as gw,
+        GatewayClient(gw.base_url, TOKEN_A, play_name=PLAY, org_id=ORG_A) as client,
+        SessionManager(client) as manager,
+    ):
+        response = await post(
+            gw, TOKEN_A, "ensure_sheet", tableNamespace=NAMESPACE, sheetContract=CONTRACT
+        )
+        assert response.status_code == 200, response.text
+        shape = AccessShape(NAMESPACE, ("rows.read",), contract=SHEET_CONTRACT)
+        table = sheet_names(SheetRef(ORG_A, PLAY, NAMESPACE)).ident("sheet_table")
+        answer: list[tuple[int, ...]] = []
+        failed: list[BaseException] = []
+
+        async def call() -> None:
+            try:
+                async with manager.store(shape) as store:
+                    answer.extend(
+                        await store.pool.run(
+                            lambda conn: conn.execute(
+                                sql.SQL("SELECT count(*) FROM {}").format(table)
+                            ).fetchall()
+                        )
+                    )
+            except Exception as exc:
+                failed.append(exc)
+
+        async def until(condition: Any) -> Any:
+            with trio.fail_after(60):
+                while not (found := await condition()):
+                    assert not failed, failed
+                    await trio.sleep(0.02)
+            return found
+
+        async def new_role() -> str | None:
+            rows = await gw.state.store.pool.run(
+                lambda conn: conn.execute(
+                    "SELECT role FROM sheetplane_gateway.sessions WHERE org_id = %s", (ORG_A,)
+                ).fetchall()
+            )
+            fresh = [str(role) for (role,) in rows if role not in reclaimed]
+            return fresh[0] if fresh else None
+
+        reclaimed: list[str] = []
+        with hogging_every_slot(small_server, MAX_CONNECTIONS) as hog:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call)
+                for _ in range(2):
+                    before = refusals(small_server)
+                    role = await until(new_role)
+
+                    async def refused(before: int = before) -> bool:
+                        await trio.lowlevel.checkpoint()
+                        return refusals(small_server) > before
+
+                    # The runner's connect is refused for a slot: it waits, holding none.
+                    await until(refused)
+
+                    def reclaim(conn: psycopg.Connection[Any], role: str = role) -> None:
+                        _drop_role(conn, role)  # as a mint waiting for room does
+
+                    await gw.state.store.pool.run(reclaim)
+                    reclaimed.append(role)
+                await until(new_role)
+                for conn in hog:
+                    conn.close()
+    assert failed == []
+    assert answer == [(0,)]
+    assert manager.minted == 3

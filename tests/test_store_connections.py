@@ -11,7 +11,6 @@ themselves: whatever recovery there is, is the library's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -27,9 +26,9 @@ import psycopg
 import pytest
 import trio
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from _serve_helpers import serving
+from _slot_helpers import hogging_every_slot, refusals
 from _writer_process import CONTRACT
 from sheetplane._types import SheetRef
 from sheetplane.budgets import DB_SESSION_MAX_CONNECTIONS, org_connection_budget
@@ -52,8 +51,6 @@ CHUNKS_PER_RUNNER = 32
 OWN_ROWS = CONCURRENCY * CHUNK
 #: Postgres's default ``superuser_reserved_connections``.
 SUPERUSER_RESERVED = 3
-#: What Postgres logs when it refuses a connection for lack of slots.
-REFUSALS = ("too many clients", "remaining connection slots are reserved")
 
 
 @attrs.frozen
@@ -66,9 +63,6 @@ class Fleet:
     org: str
     play: str
     tmp_path: Path
-
-    def log(self) -> str:
-        return (self.server.data_directory / "server.log").read_text(errors="replace")
 
 
 @pytest.fixture
@@ -140,10 +134,6 @@ async def _start_runner(
     return process, acks
 
 
-def _refusals(log: str) -> int:
-    return sum(log.count(refusal) for refusal in REFUSALS)
-
-
 def _acks(path: Path) -> tuple[set[str], list[str]]:
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     return {line for line in lines if not line.startswith("!")}, [
@@ -171,59 +161,22 @@ async def _finish(processes: list[trio.Process]) -> list[int]:
                 await process.wait()
 
 
-@contextlib.contextmanager
-def hogging_every_slot(server: EmbeddedPostgres) -> Iterator[list[psycopg.Connection[Any]]]:
-    """Fill every connection slot a non-superuser may take, as another tenant would:
-    connections of a plain role, closed when the block ends (or earlier by the test)."""
-    role, password = f"hog_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(12)
-    with psycopg.connect(server.url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                sql.Identifier(role), sql.Literal(password)
-            )
-        )
-    url = make_conninfo(server.url, user=role, password=password)
-    hog: list[psycopg.Connection[Any]] = []
-    try:
-        # Until Postgres refuses one: then every slot but the superusers' is taken.
-        for _ in range(MAX_CONNECTIONS):
-            try:
-                hog.append(psycopg.connect(url, autocommit=True))
-            except psycopg.OperationalError as exc:
-                assert any(refusal in str(exc) for refusal in REFUSALS), exc
-                break
-        yield hog
-    finally:
-        for conn in hog:
-            conn.close()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a known regression of this round: a runner waiting for a slot holds no"
-        " connection, so another runner's mint reclaims its role after"
-        " DB_SESSION_RECLAIM_AFTER_MS (2 s, well inside its 22.5 s connect budget);"
-        " its next connect fails 'password authentication failed' and is reported"
-        " store_unavailable instead of minting anew"
-    ),
-)
 async def test_more_runners_than_connection_slots_wait_instead_of_failing(
     small_server: EmbeddedPostgres, tmp_path: Path
 ) -> None:
     async with gateway_on(small_server, tmp_path) as fleet:
         ns = f"ns_{uuid.uuid4().hex[:10]}"
         keys, version = await _admit(fleet, ns, RUNNERS * CHUNKS_PER_RUNNER * CHUNK)
-        with hogging_every_slot(small_server) as hog:
+        with hogging_every_slot(small_server, MAX_CONNECTIONS) as hog:
             # The runners start on a full server: the gateway mints their sessions
             # on its reserved superuser slots, and their own connects are refused.
             started = [
                 await _start_runner(fleet, f"r{i}", ns, keys[i::RUNNERS], version, CONCURRENCY)
                 for i in range(RUNNERS)
             ]
-            refused_before = _refusals(fleet.log())
+            refused_before = refusals(small_server)
             with trio.fail_after(DEADLINE_S):
-                while _refusals(fleet.log()) < refused_before + RUNNERS:
+                while refusals(small_server) < refused_before + RUNNERS:
                     assert all(p.poll() is None for p, _ in started), "a runner ended early"
                     await trio.sleep(POLL_S)
             for conn in hog:

@@ -10,14 +10,17 @@ import uuid
 from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 import trio
 import trio.testing
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from sheetplane import budgets
 from sheetplane.errors import StatementTimeoutError, StoreError, StoreUnavailableError
 from sheetplane.store import PoolSaturatedError, TrioPool, open_pool
+from sheetplane.store._pool import is_login_refused
 
 Conn = psycopg.Connection[Any]
 
@@ -350,3 +353,39 @@ async def test_terminated_backends_fail_one_caller_not_every_pooled_connection(
                 failures += 1
         assert failures <= 1
         assert await pool.run(lambda c: c.execute("SELECT 1").fetchone()) == (1,)
+
+
+async def test_a_login_refused_after_the_pool_opened_fails_its_caller_at_once_without_the_role(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A scoped session's role reclaimed (dropped) after its pool opened: the pool's
+    # next connect is refused the login. Before, the caller waited out the whole
+    # connect budget (22.5 s) for a connection that could never come, and the
+    # message named the role (half a session's credentials).
+    role, password = f"refused_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                psycopg.sql.Identifier(role), psycopg.sql.Literal(password)
+            )
+        )
+    url = make_conninfo(database_url, user=role, password=password)
+    try:
+        async with open_pool(url, max_connections=1) as pool:
+            # Opening connected once and let the connection go: the pool holds none.
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))
+            with trio.fail_after(budgets.POSTGRES_CONNECT_BUDGET_MS / 1000 / 4):
+                with pytest.raises(StoreUnavailableError) as caught:
+                    await pool.run(lambda conn: conn.execute("SELECT 1").fetchone())
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(
+                psycopg.sql.SQL("DROP ROLE IF EXISTS {}").format(psycopg.sql.Identifier(role))
+            )
+    assert is_login_refused(caught.value)
+    assert not caught.value.transient
+    for text in (str(caught.value), repr(caught.value), caplog.text):
+        assert role not in text
+        assert password not in text
+    assert "[redacted]" in caplog.text  # the pool's one warning of the refusal

@@ -22,7 +22,12 @@ that are safe to run twice:
 
 Nothing else on the direct road is retried here. Every other error (bad
 input, a statement timeout, a conflict the caller made, a connect the server
-refused for good: a bad password, an expired role) leaves at once.
+refused for good: a bad password, an expired role) leaves at once. A refused
+login of a session the runner minted is the session manager's to recover
+(``sessions.SessionManager.store``: it mints anew until ``call_deadline()``,
+the deadline this module's call sets for the task running it); one met inside
+an attempt reaches this loop as a transient ``StoreUnavailableError`` with
+the session already retired, so the next attempt mints anew.
 
 A connect wait that spent the whole connect budget
 (``POSTGRES_CONNECT_BUDGET_MS``: refused, reset or timed-out connects, tried
@@ -37,6 +42,7 @@ and is retried within the call budget.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import TypeVar
 
 import trio
@@ -44,13 +50,26 @@ import trio
 from .errors import ConnectionSlotsExhaustedError, StoreUnavailableError, TransactionConflictError
 from .gateway._retry import CallBudget
 
-__all__ = ["RETRIED_ERRORS", "retry_idempotent"]
+__all__ = ["RETRIED_ERRORS", "call_deadline", "retry_idempotent"]
 
 T = TypeVar("T")
 
 #: What the direct road retries: the connection was lost or refused, or
 #: Postgres kept aborting the transaction on conflicts.
 RETRIED_ERRORS = (StoreUnavailableError, TransactionConflictError)
+
+
+#: The deadline (``trio.current_time()``) of the direct call the current task is
+#: running, while it runs inside ``retry_idempotent``.
+_CALL_DEADLINE: ContextVar[float | None] = ContextVar("sheetplane_call_deadline", default=None)
+
+
+def call_deadline() -> float:
+    """The deadline of the direct call this task runs: its ``retry_idempotent``
+    budget's, or (outside one) a whole call budget from now. A session manager
+    mints a gone session anew only until then."""
+    deadline = _CALL_DEADLINE.get()
+    return CallBudget(trio.current_time()).deadline if deadline is None else deadline
 
 
 async def retry_idempotent(attempt: Callable[[], Awaitable[T]]) -> T:
@@ -61,6 +80,16 @@ async def retry_idempotent(attempt: Callable[[], Awaitable[T]]) -> T:
     Cancellation: trio sleeps between attempts, so a cancelled call stops at once.
     """
     budget = CallBudget(trio.current_time())
+    # A nested call (an attempt that itself retries) keeps the outer deadline.
+    outer = _CALL_DEADLINE.get()
+    scope = _CALL_DEADLINE.set(budget.deadline if outer is None else min(outer, budget.deadline))
+    try:
+        return await _retry(attempt, budget)
+    finally:
+        _CALL_DEADLINE.reset(scope)
+
+
+async def _retry(attempt: Callable[[], Awaitable[T]], budget: CallBudget) -> T:
     failures = 0
     while True:
         try:

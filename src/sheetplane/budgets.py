@@ -194,6 +194,12 @@ POSTGRES_CONNECT_BUDGET_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS * (
     len(POSTGRES_CONNECT_RETRY_DELAYS_MS) + 1
 ) + sum(POSTGRES_CONNECT_RETRY_DELAYS_MS)
 
+#: How often a caller waiting for a pooled connection looks whether the pool's
+#: connects are being refused the login (a wrong password; a scoped session's
+#: role reclaimed or expired): such a refusal does not pass, so the caller
+#: leaves then instead of waiting out the connect budget. The ladder's first rung.
+POSTGRES_LOGIN_REFUSAL_CHECK_MS: Final = POSTGRES_CONNECT_RETRY_DELAYS_MS[0]
+
 #: Delays between tries of prewarming one preloaded session (open a pool,
 #: ``SELECT 1``) on transient connection errors: the seed's prewarm ladder,
 #: the connect ladder's values. Each try connects once (no inner ladder).
@@ -415,7 +421,10 @@ DB_SESSION_POOL_IDLE_MS: Final = 2 * DB_SESSION_WATCHDOG_INTERVAL_MS
 #: them for ``DB_SESSION_POOL_IDLE_MS`` after its last caller), so only a role
 #: whose pool was released or went idle is taken; its runner mints anew on
 #: next use (and a statement that meets its role gone, 42501, is retried on a
-#: new session: nothing ran).
+#: new session: nothing ran). A runner waiting for a connection slot holds no
+#: connection either, so its role may be taken well inside its connect budget:
+#: the login refused then (28P01) for a role the runner minted means "minted
+#: anew through the queue", as often as it happens within the call's budget.
 DB_SESSION_RECLAIM_AFTER_MS: Final = DB_SESSION_POOL_IDLE_MS
 
 #: The longest a mint waits in its org's queue for room in the org's

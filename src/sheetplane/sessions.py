@@ -28,9 +28,13 @@ user) into an open session and a pool on it:
   retired (no longer reusable) or released (``release``: its user is done
   with it) and no caller is inside it, when no caller has used it for
   ``DB_SESSION_POOL_IDLE_MS``, and at the session's expiry at the latest. A
-  pool closed while idle opens again on the next use; if the session's role
-  is gone by then (the gateway reclaims an idle session's role for another
-  runner of its org waiting to mint), a new session is minted once.
+  pool closed while idle opens again on the next use.
+* **Gone sessions.** The gateway reclaims an org's roles that hold no
+  connection for another runner of the org waiting to mint, and a runner
+  waiting for a connection slot holds none. A login Postgres refuses (28P01 /
+  28000) for a session this manager minted means the session is gone: it is
+  retired and a new one minted through the gateway's fair queue, as often as
+  it happens, until the call's deadline (``store``). No message names the role.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -49,6 +54,7 @@ import trio
 
 from . import crypto
 from ._groups import single_error
+from ._recovery import call_deadline
 from ._types import (
     LOGICAL_TABLES,
     OPERATIONS,
@@ -260,6 +266,12 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+def _login_refused(exc: BaseException) -> bool:
+    from .store._pool import is_login_refused
+
+    return is_login_refused(exc)
+
+
 async def _prewarm_one(session: DbSession, open_pool: PoolOpener) -> None:
     """Open a pool on ``session`` and run ``SELECT 1``, on the prewarm ladder."""
     for attempt in range(1, POSTGRES_PREWARM_MAX_ATTEMPTS + 1):
@@ -277,18 +289,29 @@ async def _prewarm_one(session: DbSession, open_pool: PoolOpener) -> None:
         await trio.sleep(POSTGRES_PREWARM_RETRY_DELAYS_MS[attempt - 1] / _MS)
 
 
-def _revoked(exc: BaseException) -> bool:
-    """Whether opening a pool failed because the session's role is gone: the
-    gateway reclaimed it for another runner of the org (or it expired early)."""
-    for error in (exc, exc.__cause__):
-        if error is None:
-            continue
-        if getattr(error, "sqlstate", None) in ("28P01", "28000"):
-            return True
-        text = str(error)
-        if "password authentication failed" in text or "does not exist" in text:
-            return True
-    return False
+@attrs.define
+class _Refusals:
+    """The sessions one ``store`` call met gone (their logins refused): each is
+    minted anew until the call's deadline, set at the first."""
+
+    count: int = 0
+    deadline: float = math.inf
+
+    def add(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.deadline = call_deadline()
+        if trio.current_time() >= self.deadline:
+            raise self.error()
+
+    def error(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"no DB session could be opened within the call's budget: Postgres refused"
+            f" the login of the {self.count} session(s) minted for it (the gateway"
+            f" reclaimed each role while this runner waited for a connection slot,"
+            f" or it expired)",
+            transient=False,
+        )
 
 
 @attrs.define(eq=False)
@@ -297,6 +320,8 @@ class _Pool:
 
     session: DbSession
     shape: AccessShape
+    minted: bool = False
+    """Whether this manager minted the session (a gone one is minted anew)."""
     ready: trio.Event = attrs.field(factory=trio.Event)
     changed: trio.Event = attrs.field(factory=trio.Event)
     store: SheetStore | None = None
@@ -352,6 +377,8 @@ class SessionManager:
         self._key = decryption_key
         self._key_lock = trio.Lock()
         self._sessions: dict[str, DbSession] = {}
+        #: The cached sessions this manager minted (not preloaded), by cache key.
+        self._minted: dict[str, DbSession] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._pools: dict[str, _Pool] = {}
         self._nursery: trio.Nursery | None = None
@@ -376,6 +403,7 @@ class SessionManager:
             pool.notify()
         self._pools.clear()
         self._sessions.clear()
+        self._minted.clear()
         cm, self._nursery_cm, self._nursery = self._nursery_cm, None, None
         assert cm is not None
         try:
@@ -417,11 +445,13 @@ class SessionManager:
             session = self._match_preloaded(shape)
             if session is None:
                 session = await self._mint(shape)
+                self._minted[key] = session
             self._sessions[key] = session
             return session
 
     def _retire(self, key: str) -> None:
         self._sessions.pop(key, None)
+        self._minted.pop(key, None)
         pool = self._pools.pop(key, None)
         if pool is not None:
             pool.retired = True
@@ -539,6 +569,17 @@ class SessionManager:
         and the next call tries again. Cancellation while waiting for the pool
         leaves it opening for the others.
 
+        A session this manager minted whose login Postgres refuses (28P01 /
+        28000: the gateway reclaimed its role while this runner waited for a
+        connection slot, or the role expired) is gone, not down: it is retired
+        and a new one is minted through the gateway (which queues the mint
+        fairly for room in the org's connection budget), again each time it
+        happens, until the call's deadline (``_recovery.call_deadline``); then
+        ``StoreUnavailableError`` says so. A refusal met inside the block (a
+        statement's connect) retires the session and raises a transient
+        ``StoreUnavailableError``: the direct road's retry mints anew. No
+        message names the role or carries its password or URL.
+
         A manager made with ``cache_pools=False`` (``open_runtime``'s
         ``disable_postgres_pool_cache``, the runtime's ``disablePostgresPoolCache``)
         shares sessions but no pools: each call opens its own pool on the
@@ -547,58 +588,119 @@ class SessionManager:
         """
         if self._nursery is None:
             raise RuntimeError("use SessionManager inside 'async with'")
-        if not self._cache_pools:
-            session = await self.session(shape)
-            async with self._open_pool(session.postgres_url) as own:
-                yield own
-            return
         key = self.cache_key(shape)
-        reminted = False
+        if not self._cache_pools:
+            async with contextlib.AsyncExitStack() as stack:
+                session, minted, own = await self._open_own(shape, key, stack)
+                try:
+                    yield own
+                except StoreError as exc:
+                    lost = self._lost(key, session, minted, exc)
+                    if lost is None:
+                        raise
+                    raise lost from None
+            return
+        pool = await self._open_shared(shape, key)
+        pool.users += 1
+        pool.notify()  # a caller is in: the pool's idle timer stops
+        try:
+            assert pool.store is not None
+            yield pool.store
+        except StoreError as exc:
+            lost = self._lost(key, pool.session, pool.minted, exc)
+            if lost is None:
+                raise
+            raise lost from None
+        finally:
+            pool.users -= 1
+            pool.notify()
+
+    async def _open_shared(self, shape: AccessShape, key: str) -> _Pool:
+        """The open shared pool of ``shape``'s session (opened now if need be)."""
+        refusals = _Refusals()
         while True:
-            session = await self.session(shape)
-            pool = self._pools.get(key)
-            if pool is None or pool.closed or pool.session is not session:
-                if pool is not None:
-                    pool.retired = True
-                    pool.notify()
-                pool = _Pool(session, shape)
-                self._pools[key] = pool
-                self._nursery.start_soon(self._run_pool, key, pool)
-            await pool.ready.wait()
+            pool: _Pool | None = None
+            with trio.move_on_at(refusals.deadline):
+                pool = await self._ready_pool(shape, key)
+            if pool is None:
+                raise refusals.error()
             if pool.store is None:
                 if self._pools.get(key) is pool:
                     del self._pools[key]
                 assert pool.error is not None
-                if not reminted and _revoked(pool.error) and self._sessions.get(key) is session:
-                    # The gateway reclaimed this idle session's role for another
-                    # runner of the org: mint a new one (once).
-                    self._retire(key)
-                    reminted = True
-                    continue
-                raise pool.error
+                if not (pool.minted and _login_refused(pool.error)):
+                    raise pool.error
+                self._gone(key, pool.session, refusals)
+                continue
             if not pool.closed:
-                break
-        pool.users += 1
-        pool.notify()  # a caller is in: the pool's idle timer stops
-        try:
-            yield pool.store
-        except StoreError as exc:
-            cause = exc.__cause__
-            if (
-                isinstance(exc, StoreUnavailableError)
-                or getattr(cause, "sqlstate", None) != "42501"
-            ):
-                raise
+                return pool
+
+    async def _ready_pool(self, shape: AccessShape, key: str) -> _Pool:
+        """The pool of ``shape``'s session once it is ready (open, or failed to)."""
+        assert self._nursery is not None
+        session = await self.session(shape)
+        pool = self._pools.get(key)
+        if pool is None or pool.closed or pool.session is not session:
+            if pool is not None:
+                pool.retired = True
+                pool.notify()
+            pool = _Pool(session, shape, minted=self._minted.get(key) is session)
+            self._pools[key] = pool
+            self._nursery.start_soon(self._run_pool, key, pool)
+        await pool.ready.wait()
+        return pool
+
+    async def _open_own(
+        self, shape: AccessShape, key: str, stack: contextlib.AsyncExitStack
+    ) -> tuple[DbSession, bool, SheetStore]:
+        """A pool of this caller's own on ``shape``'s session, closed with ``stack``."""
+        refusals = _Refusals()
+        while True:
+            with trio.move_on_at(refusals.deadline):
+                session = await self.session(shape)
+                minted = self._minted.get(key) is session
+                try:
+                    own = await stack.enter_async_context(self._open_pool(session.postgres_url))
+                except Exception as exc:
+                    if not (minted and _login_refused(exc)):
+                        raise
+                    self._gone(key, session, refusals)
+                    continue
+                return session, minted, own
+            raise refusals.error()
+
+    def _gone(self, key: str, session: DbSession, refusals: _Refusals) -> None:
+        """Postgres refused the login of ``session``, which this manager minted:
+        retire it (unless another caller did) so the next try mints anew."""
+        if self._sessions.get(key) is session:
+            self._retire(key)
+        refusals.add()
+
+    def _lost(
+        self, key: str, session: DbSession, minted: bool, exc: StoreError
+    ) -> StoreUnavailableError | None:
+        """What to raise instead of ``exc``, met inside a ``store`` block, when it
+        says the session is gone (its session retired: the retry mints anew);
+        None when it says nothing of the kind."""
+        # Raised from nothing: a refused login's own text names the role.
+        if minted and _login_refused(exc):
+            lost = StoreUnavailableError(
+                "Postgres refused the DB session's login (the gateway reclaimed its role"
+                " while this runner waited for a connection slot, or it expired): the"
+                " statement did not run; the next attempt mints a new session"
+            )
+        elif (
+            not isinstance(exc, StoreUnavailableError)
+            and getattr(exc.__cause__, "sqlstate", None) == "42501"
+        ):
             # The role went away under the pool (the gateway reclaimed it while it
-            # looked idle): nothing ran. Retire it, so the retry mints a new session.
-            if self._sessions.get(key) is session:
-                self._retire(key)
-            raise StoreUnavailableError(
-                f"the DB session's role was reclaimed while in use: {exc}"
-            ) from exc
-        finally:
-            pool.users -= 1
-            pool.notify()
+            # looked idle): nothing ran.
+            lost = StoreUnavailableError(f"the DB session's role was reclaimed while in use: {exc}")
+        else:
+            return None
+        if self._sessions.get(key) is session:
+            self._retire(key)
+        return lost
 
     def release(self, match: Callable[[AccessShape], bool]) -> int:
         """Give back the pools of the sessions whose shape ``match`` accepts: the

@@ -55,6 +55,7 @@ from ..errors import (
 __all__ = [
     "PoolSaturatedError",
     "TrioPool",
+    "is_login_refused",
     "is_slot_exhaustion",
     "is_transient_connect_error",
     "next_connect_delay_ms",
@@ -124,6 +125,31 @@ def is_slot_exhaustion(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError) and bool(_SLOTS_MESSAGE.search(str(exc)))
 
 
+#: A login the server refused: a wrong password, or a role that does not exist
+#: (any more) or has expired (SQLSTATE 28P01 / 28000; and the texts, for
+#: connects that fail before psycopg carries a SQLSTATE).
+_LOGIN_REFUSED_SQLSTATES = frozenset({"28P01", "28000"})
+_LOGIN_REFUSED_MESSAGE = re.compile(
+    r"password authentication failed|role \"[^\"]*\" does not exist", re.IGNORECASE
+)
+
+
+def is_login_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the error it was raised from) is a login the server
+    refused: a wrong password, or a role that is gone or expired. Never transient
+    for the URL that met it; for a scoped session it means the session is gone."""
+    for error in (exc, exc.__cause__):
+        if not isinstance(error, psycopg.Error | OSError):
+            continue
+        if getattr(error, "sqlstate", None) in _LOGIN_REFUSED_SQLSTATES:
+            return True
+        if isinstance(error, psycopg.OperationalError) and _LOGIN_REFUSED_MESSAGE.search(
+            str(error)
+        ):
+            return True
+    return False
+
+
 def next_connect_delay_ms(
     exc: BaseException, failures: int, elapsed_ms: float, delays_ms: Sequence[int], budget_ms: int
 ) -> int | None:
@@ -162,19 +188,25 @@ def is_transient_connect_error(exc: BaseException) -> bool:
 
 
 class _Redactor:
-    """Removes a URL's secrets (and any URL-looking credentials) from text."""
+    """Removes a URL's secrets (and any URL-looking credentials) from text, and
+    the URL's login name where the server quotes it (``for user "..."``,
+    ``role "..."``): a scoped session's role name is half its credentials."""
 
     _URL_CREDENTIALS = re.compile(r"(?i)(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
     _KEYWORD_PASSWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
     def __init__(self, url: str) -> None:
         secrets: set[str] = set()
+        self._login: re.Pattern[str] | None = None
         with contextlib.suppress(Exception):
             params = conninfo_to_dict(url)
             for name in ("password", "sslpassword"):
                 value = params.get(name)
                 if value:
                     secrets.add(str(value))
+            user = params.get("user")
+            if user:
+                self._login = re.compile(rf'(?i)((?:for user|role) )"{re.escape(str(user))}"')
         # The raw URL too, in case it failed to parse (and so leaked verbatim).
         secrets.add(url)
         self._secrets = sorted((s for s in secrets if s), key=len, reverse=True)
@@ -182,6 +214,8 @@ class _Redactor:
     def __call__(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "[redacted]")
+        if self._login is not None:
+            text = self._login.sub(r'\1"[redacted]"', text)
         text = self._URL_CREDENTIALS.sub(r"\1[redacted]@", text)
         return self._KEYWORD_PASSWORD.sub(r"\1[redacted]", text)
 
@@ -487,7 +521,7 @@ class TrioPool:
         """The worker thread: get a connection, run ``fn`` in a transaction, give it back."""
         started = time.monotonic()
         try:
-            conn = self._pool.getconn(timeout=self.connect_budget_ms / 1000)
+            conn = self._getconn(started)
         except PoolTimeout:
             waited = round((time.monotonic() - started) * 1000)
             error = self._last_connect_error
@@ -503,6 +537,9 @@ class TrioPool:
                 if is_slot_exhaustion(error):
                     kind = ConnectionSlotsExhaustedError
             failure = kind(message, transient=transient, waited_ms=waited)
+            if error is not None and is_login_refused(error):
+                # The cause tells a session manager that its session is gone.
+                _chain(failure, error)
             return outcome.Error(failure.with_traceback(None))
         except psycopg.Error as exc:
             return outcome.Error(_chain(_translate(exc, self._redact), exc))
@@ -527,6 +564,21 @@ class TrioPool:
                 self._sweep()
             return outcome.Error(_chain(error, result.error))
         return result
+
+    def _getconn(self, started: float) -> Conn:
+        """A pooled connection within the connect budget; ``PoolTimeout`` when none
+        came, or as soon as the pool's connects are refused the login (that does
+        not pass: waiting out the budget would only delay the caller's recovery)."""
+        deadline = started + self.connect_budget_ms / 1000
+        check = budgets.POSTGRES_LOGIN_REFUSAL_CHECK_MS / 1000
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._pool.getconn(timeout=max(min(check, left), 0.001))
+            except PoolTimeout:
+                error = self._last_connect_error
+                if left <= check or (error is not None and is_login_refused(error)):
+                    raise
 
     def _sweep(self) -> None:
         """After one pooled connection turned out dead, test the idle ones and replace the dead.
