@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -320,6 +321,37 @@ class _Budget:
             raise ReadBatchTooLargeError(self.used)
 
 
+_DECLARE = sql.SQL("DECLARE sheetplane_page NO SCROLL CURSOR FOR {}")
+_FETCH = sql.SQL("FETCH FORWARD {} FROM sheetplane_page")
+_CLOSE = sql.SQL("CLOSE sheetplane_page")
+
+
+@contextmanager
+def _page_cursor(
+    conn: Conn, query: sql.Composed, params: Mapping[str, Any], *, binary: bool = False
+) -> Iterator[Callable[[int], list[Any]]]:
+    """A page query's rows a bounded fetch at a time: yields ``fetch(n)``, the next
+    ``n`` rows (fewer at the end, none past it).
+
+    The query runs as a cursor declared on the server, so the client never holds
+    more of the page than one fetch. Each fetch is its own statement, whose result
+    is dropped as soon as its rows are loaded: a psycopg server-side cursor would
+    keep each fetch's result until the next one had arrived, two fetches at once.
+    ``binary`` fetches in binary format (a ``bytea`` column comes as ``bytes``).
+    The cursor is closed when the block ends; on an exception the transaction's
+    rollback closes it.
+    """
+    conn.execute(_DECLARE.format(query), params)
+
+    def fetch(rows: int) -> list[Any]:
+        with conn.cursor(binary=binary) as cursor:
+            cursor.execute(_FETCH.format(sql.Literal(rows)))
+            return cursor.fetchall()
+
+    yield fetch
+    conn.execute(_CLOSE)
+
+
 def _fetch(
     conn: Conn,
     query: sql.Composed,
@@ -329,7 +361,7 @@ def _fetch(
 ) -> tuple[list[dict[str, Any]], Sequence[Any] | None]:
     """Run a page query; its rows as dicts (measured into ``budget``) and the last raw row.
 
-    The rows come through a server-side cursor, a bounded fetch at a time: a
+    The rows come through ``_page_cursor``, a bounded fetch at a time: a
     client-side cursor would hold the whole page in the client before the first
     row is measured. With a budget, each fetch asks for about a
     ``1 / _FETCH_BUDGET_SHARE`` of what remains at the rows' average size so far
@@ -340,9 +372,8 @@ def _fetch(
     keys = projection.keys
     last: Sequence[Any] | None = None
     want = _FETCH_ROWS if budget is None else _FIRST_FETCH_ROWS
-    with conn.cursor(name="sheetplane_page") as cursor:
-        cursor.execute(query, params)
-        while chunk := cursor.fetchmany(want):
+    with _page_cursor(conn, query, params) as fetch:
+        while chunk := fetch(want):
             if budget is not None:
                 # Hidden position columns (past the keys) are not part of the answer.
                 width = len(keys)
@@ -443,7 +474,7 @@ _RECODE_CELL = (
 _WIRE_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
-def _recoded(text: str) -> bytes:
+def _recoded(text: bytes) -> bytes:
     """The compact wire form of a row whose Postgres text is not compact.
 
     ``decode_body`` reads it as psycopg reads a jsonb value; the standard
@@ -507,7 +538,7 @@ class _Json(_Form[bytes]):
 
     def query(self, table: sql.Identifier, where: sql.Composable, *, offset: bool) -> sql.Composed:
         page = (
-            "SELECT {row}, {recode}, _o_key, _o_index, _o_created FROM"
+            "SELECT convert_to({row}, 'UTF8'), {recode}, _o_key, _o_index, _o_created FROM"
             " (SELECT {inner} FROM {table} {where} {order} LIMIT %(limit)s"
             + (" OFFSET %(offset)s" if offset else "")
             + ") AS page ORDER BY _o_index ASC NULLS LAST, _o_created ASC, _o_key ASC"
@@ -527,10 +558,11 @@ class _Json(_Form[bytes]):
         rows: list[bytes] = []
         last: Sequence[Any] | None = None
         want = _FIRST_FETCH_ROWS
-        with conn.cursor(name="sheetplane_page") as cursor:
-            cursor.execute(query, params)
-            while chunk := cursor.fetchmany(want):
-                encoded = [_recoded(row[0]) if row[1] else row[0].encode() for row in chunk]
+        # Binary: each row's text arrives as the bytes sent (its UTF-8, a bytea),
+        # never decoded to a str and encoded again.
+        with _page_cursor(conn, query, params, binary=True) as fetch:
+            while chunk := fetch(want):
+                encoded = [_recoded(row[0]) if row[1] else row[0] for row in chunk]
                 budget.add_encoded(encoded)
                 want = budget.rows_to_fetch(_FETCH_ROWS, _FETCH_BUDGET_SHARE)
                 rows += encoded
