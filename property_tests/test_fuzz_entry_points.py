@@ -37,7 +37,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sheetplane import (
@@ -71,6 +71,7 @@ from sheetplane.gateway.server._command import (
     ConfigurationError,
     serve_settings,
 )
+from sheetplane.names import normalize_play_name
 from sheetplane.pages import Page, PageRequest, read_pages_adaptive
 from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
 from sheetplane.store import RowFilter, SheetStore, open_store
@@ -484,6 +485,12 @@ CONTRACT = SheetContract(
         ),
     ),
 )
+# A mapping's keys were taken for URLs (the constructor listed any iterable).
+@example(base_url={"http://gw.test": 1}, token="tok", play="p", headers=None)
+@example(base_url={"http://gw.test"}, token="tok", play="p", headers=None)
+# A play name is the names rule's to refuse (too long once normalised; blank).
+@example(base_url="http://gw.test", token="tok", play="\u00e9" * 10_000, headers=None)
+@example(base_url="http://gw.test", token="tok", play=" ", headers=None)
 def test_gateway_client_constructor_refuses_bad_arguments(
     base_url: Any, token: Any, play: Any, headers: Any
 ) -> None:
@@ -497,8 +504,7 @@ def test_gateway_client_constructor_refuses_bad_arguments(
         and isinstance(token, str)
         and token.strip()
         and not any(ch in token for ch in "\x00\r\n")
-        and isinstance(play, str)
-        and play
+        and typed_or_value(lambda: normalize_play_name(play))[0] == "ok"
         and (
             headers is None
             or (

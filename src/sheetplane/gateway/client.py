@@ -143,12 +143,13 @@ _LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
 def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None) -> tuple[str, ...]:
     """Every gateway URL a client was given: ``base_url`` (one URL or a sequence of
     them) followed by ``base_urls``, stripped of a trailing slash, duplicates
-    dropped; ``InvalidInputError`` for an empty or non-string URL, or none at all."""
-    given: list[object] = [base_url] if isinstance(base_url, str) else list(base_url)
+    dropped; ``InvalidInputError`` for an empty or non-string URL, or none at all.
+
+    A mapping or a set is not a sequence of URLs (its keys in no stated order):
+    refused like any other value that is neither a URL nor a sequence of them."""
+    given: list[object] = [base_url] if isinstance(base_url, str) else _urls("base_url", base_url)
     if base_urls is not None:
-        if isinstance(base_urls, str) or not isinstance(base_urls, Sequence):
-            raise InvalidInputError("base_urls must be a sequence of URLs")
-        given += list(base_urls)
+        given += _urls("base_urls", base_urls)
     urls: list[str] = []
     for url in given:
         if not isinstance(url, str) or not url.strip():
@@ -159,6 +160,13 @@ def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None)
     if not urls:
         raise InvalidInputError("the gateway client needs a base URL")
     return tuple(urls)
+
+
+def _urls(what: str, value: object) -> list[object]:
+    """The URLs a sequence holds; never echoed (a URL may carry a password)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise InvalidInputError(f"{what} must be a URL or a sequence of URLs")
+    return list(value)
 
 
 @attrs.frozen
