@@ -6,6 +6,7 @@ another org's new session connects and works meanwhile."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,12 @@ from sheetplane.budgets import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.gateway.server._roles import _drop_role, org_session_backends
+from sheetplane.gateway.server._roles import (
+    _drop_role,
+    create_session_role,
+    org_session_backends,
+    scoped_url,
+)
 from sheetplane.sessions import AccessShape, SessionManager
 from sheetplane.store import sheet_names
 from sheetplane.store.embedded import EmbeddedPostgres
@@ -287,3 +293,63 @@ async def test_a_session_whose_role_is_reclaimed_while_its_runner_waits_for_a_sl
     assert failed == []
     assert answer == [(0,)]
     assert manager.minted == 3
+
+
+async def test_the_watchdog_cuts_an_org_past_its_budget_back_newest_first(
+    small_server: EmbeddedPostgres,
+) -> None:
+    # No mint takes an org past its budget any more (by construction), so the
+    # watchdog's trimming, kept for roles minted before the rule, cannot be reached
+    # through the gateway: build the over-budget org directly, with the gateway's
+    # own role creation but no connection cap (as a gateway before the rule minted),
+    # and connect each role up to its limit. The watchdog ends the org's newest
+    # backends past its budget within a pass; another org's connection carries on.
+    budget = org_connection_budget(MAX_CONNECTIONS, SUPERUSER_RESERVED)
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    async with running_gateway(small_server.url, tokens={TOKEN_A: ORG_A, TOKEN_B: ORG_B}) as gw:
+        assert gw.state.caps.connections_per_org == budget
+        for token in (TOKEN_A, TOKEN_B):
+            response = await post(
+                gw, token, "ensure_sheet", tableNamespace=NAMESPACE, sheetContract=CONTRACT
+            )
+            assert response.status_code == 200, response.text
+        url_b, _ = await mint(gw, TOKEN_B, key)
+        conn_b = await trio.to_thread.run_sync(try_connect, url_b)
+        assert conn_b is not None
+        expires = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)
+        sessions = budget // DB_SESSION_MAX_CONNECTIONS + 1
+        roles = [
+            await create_session_role(
+                gw.state.store,
+                SheetRef(ORG_A, PLAY, NAMESPACE),
+                ["rows.read"],
+                expires,
+                bounds=gw.state.config.session_bounds(),
+            )
+            for _ in range(sessions)
+        ]
+        held: list[psycopg.Connection[Any]] = []
+        try:
+            for role in roles:  # as many connections on each as its limit allows, in order
+                url = scoped_url(small_server.url, role.role, role.password)
+                for _ in range(DB_SESSION_MAX_CONNECTIONS):
+                    conn = await trio.to_thread.run_sync(try_connect, url)
+                    assert conn is not None
+                    held.append(conn)
+            assert len(held) > budget
+            with trio.fail_after(30):
+                while await org_backends(gw, ORG_A) > budget:
+                    passes = gw.state.reaper.watchdog_passes
+                    await gw.state.reaper.wait_for_watchdog_pass(passes + 1)
+            assert gw.state.reaper.over_budget == len(held) - budget
+            ended = gw.state.metrics.registry.get_sample_value(
+                "sheetplane_session_backends_ended_total", {"reason": "org_budget"}
+            )
+            assert ended == len(held) - budget
+            # Newest first: the oldest connections carry on, and org-b's.
+            survivors = [await trio.to_thread.run_sync(alive, conn) for conn in held]
+            assert survivors == [True] * budget + [False] * (len(held) - budget)
+            assert await trio.to_thread.run_sync(alive, conn_b)
+        finally:
+            for conn in [*held, conn_b]:
+                await trio.to_thread.run_sync(conn.close)

@@ -1,7 +1,8 @@
 """Concurrent first callers of every DDL path in a new org: none may fail.
 
 A new org has no schema yet; its first callers race to create it (and its
-sheets' tables, its plays' receipts tables, its plays table). Each path takes
+sheets' tables, its plays' receipts tables, its plays table), and on a new
+database the gateway's workers race to create its session ledger. Each path takes
 the org's DDL key and checks again after it (``store._schema.ensure_ddl``);
 before that, 20 concurrent first claims in a fresh org answered 500
 (``UniqueViolation`` on ``pg_namespace_nspname_index``) for about a quarter of
@@ -17,11 +18,16 @@ from functools import partial
 from typing import Any
 
 import trio
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from _runtime_helpers import CONTRACT, counting_gateway
+from _session_helpers import run_sql
 from sheetplane._types import ResolvedPlay, SheetRef
+from sheetplane.gateway.server._hardening import harden_database
+from sheetplane.gateway.server._roles import GATEWAY_SCHEMA
 from sheetplane.runtime import Runtime, open_runtime
-from sheetplane.store import SheetStore
+from sheetplane.store import SheetStore, open_store
 
 #: Concurrent first callers per org, and fresh orgs per test (the issue's 20 in each).
 CALLERS = 20
@@ -121,3 +127,38 @@ async def test_concurrent_first_once_calls_through_the_gateway_all_succeed(
                 calls = [partial(_once_square, rt, results, i) for i in range(CALLERS)]
                 assert await _all_succeed(calls) == []
                 assert results == {i: i * i for i in range(CALLERS)}
+
+
+async def test_the_gateways_ledger_and_every_ddl_path_of_a_new_database_race_safely(
+    database_url: str,
+) -> None:
+    # The gateway's own DDL: every gateway worker or process starting on a new
+    # database creates the session ledger (``harden_database`` ->
+    # ``ensure_session_ledger``, the gateway's schema and table) while the first
+    # callers of a new org create its schema, sheets, receipts and plays.
+    database = f"sp_first_{uuid.uuid4().hex[:10]}"
+    await run_sql(database_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    url = make_conninfo(database_url, dbname=database)
+    try:
+        async with open_store(url, max_connections=CALLERS) as store:
+            org = _fresh_org()
+            shared = SheetRef(org, "play-a", "ns-shared")
+            gateways: list[Call] = [partial(harden_database, store) for _ in range(CALLERS // 2)]
+            calls = [*_first_callers(store, org, shared), *gateways]
+            assert await _all_succeed(calls) == []
+            # The ledger was created once and works; so does the org's layout.
+            rows = await store.pool.run(
+                lambda conn: conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(
+                        sql.Identifier(GATEWAY_SCHEMA, "sessions")
+                    )
+                ).fetchall()
+            )
+            assert rows == [(0,)]
+            assert await store.count(shared) == 0
+            assert await store.resolve_play(org, "n4") == ResolvedPlay("id-4")
+    finally:
+        await run_sql(
+            database_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)),
+        )
