@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -16,13 +16,13 @@ import pytest
 import trio
 from psycopg import sql
 
-from _session_helpers import aad_of
-from sheetplane import SheetCapError, crypto
+from _session_helpers import aad_of, run_sql
+from sheetplane import SheetCapError, StagingQuotaError, crypto
 from sheetplane._types import INTEGER_MAX, ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import MAX_ROW_KEY_BYTES
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.store import StoreQuotas, _quotas, open_store
+from sheetplane.store import StoreQuotas, _quotas, _staging, open_store
 from sheetplane.store._names import org_schema, sheet_names
 from sheetplane.store._staging import sweep_admissions
 
@@ -136,11 +136,15 @@ CAPPED_ORG: dict[str, str] = {}
 
 
 @contextlib.asynccontextmanager
-async def quota_gateway(database_url: str, quotas: StoreQuotas) -> AsyncIterator[RunningGateway]:
+async def quota_gateway(
+    database_url: str, quotas: StoreQuotas, *, more_tokens: Sequence[str] = ()
+) -> AsyncIterator[RunningGateway]:
     """A gateway with ``quotas`` whose two tokens belong to two new orgs (so each test
-    starts with empty ones); TOKEN_A's org is ``CAPPED_ORG["a"]``."""
+    starts with empty ones); TOKEN_A's org is ``CAPPED_ORG["a"]``, and also that of
+    each of ``more_tokens``."""
     CAPPED_ORG["a"] = f"org-cap-{uuid.uuid4().hex[:8]}"
     tokens = {TOKEN_A: CAPPED_ORG["a"], TOKEN_B: f"org-cap-{uuid.uuid4().hex[:8]}"}
+    tokens.update((token, CAPPED_ORG["a"]) for token in more_tokens)
     async with running_gateway(database_url, tokens=tokens, quotas=quotas) as gw:
         yield gw
 
@@ -253,45 +257,74 @@ async def mint_stage_role(gw: RunningGateway, play: str, namespace: str) -> str:
 
 
 def hostile_stage(
-    url: str, names: Any, admission_id: str, seq: int, key: str, *, record: bool = True
+    url: str,
+    names: Any,
+    admission_id: str,
+    seq: int,
+    key: str,
+    *,
+    record: bool = True,
+    copy_row: bool = True,
+    size: int = 2048,
+    count: int = 1,
 ) -> str | None:
-    """As the stage role: record a chunk (unless not ``record``) and COPY its staging
-    row (one 2 KiB row under ``key``); the name of the error Postgres refused it
-    with, or None."""
+    """As the stage role, in one transaction: record chunks ``seq .. seq + count - 1``
+    (unless not ``record``) and COPY their staging rows in one statement (each one row
+    of ``size`` bytes under ``key``, naming no chunk before it; unless not
+    ``copy_row``); the name of the error Postgres refused it with, or None."""
+    seqs = range(seq, seq + count)
     try:
         with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
             if record:
-                conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (admission_id, seq, first_position, row_count) "
-                        "VALUES (%s, %s, 0, 1) ON CONFLICT DO NOTHING"
-                    ).format(names.ident("stage_chunks_table")),
-                    (admission_id, seq),
-                )
+                for each in seqs:
+                    conn.execute(
+                        sql.SQL(
+                            "INSERT INTO {} (admission_id, seq, first_position, row_count) "
+                            "VALUES (%s, %s, 0, 1) ON CONFLICT DO NOTHING"
+                        ).format(names.ident("stage_chunks_table")),
+                        (admission_id, each),
+                    )
+            if not copy_row:
+                return None
             with conn.cursor().copy(
                 sql.SQL(
                     "COPY {} (_admission_id, _seq, _first_position, _row_count, _keys, _rows) "
                     "FROM STDIN"
                 ).format(names.ident("staging_table"))
             ) as copy:
-                copy.write_row(
-                    (admission_id, seq, 0, 1, f'["{key}"]', '[{"email": "' + "x" * 2048 + '"}]')
-                )
+                for each in seqs:
+                    copy.write_row(
+                        (
+                            admission_id,
+                            each,
+                            0,
+                            1,
+                            f'["{key}"]',
+                            '[{"email": "' + "x" * size + '"}]',
+                        )
+                    )
     except psycopg.Error as exc:
         return type(exc).__name__
     return None
 
 
-def staged_rows(database_url: str, names: Any) -> list[tuple[str, int]]:
+def staged_rows(
+    database_url: str, names: Any, table: str = "staging_table"
+) -> list[tuple[str, int]]:
+    """The ``(admission id, seq)`` of the sheet's staging rows (or chunk records)."""
+    columns = "admission_id, seq" if table == "stage_chunks_table" else "_admission_id, _seq"
     with psycopg.connect(database_url) as conn:
         return [
             (str(a), int(s))
             for a, s in conn.execute(
-                sql.SQL("SELECT _admission_id, _seq FROM {} ORDER BY 1, 2").format(
-                    names.ident("staging_table")
+                sql.SQL("SELECT {} FROM {} ORDER BY 1, 2").format(
+                    sql.SQL(columns), names.ident(table)
                 )
             ).fetchall()
         ]
+
+
+chunk_rows = functools.partial(staged_rows, table="stage_chunks_table")
 
 
 async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_cap(
@@ -315,24 +348,43 @@ async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_ca
     long_key = "k" * (MAX_ROW_KEY_BYTES + 1)
     refused = await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, long_key)
     assert refused == "CheckViolation"
-    # Rows the role stages for a live admission, left after that admission closed:
-    # the sweep deletes what no open admission owns.
+    # Rows the role stages for a live admission go with it when it closes; after it
+    # closed, the staging trigger refuses a row for it, and a chunk the role records
+    # alone is deleted by the sweep, which deletes what no open admission owns.
     assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
     aborted = await post(
         gateway, "abort_sheet_admission", play=play, tableNamespace="leads", admissionId=live
     )
     assert aborted.status_code == 200, aborted.text
-    assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
-    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == [(live, 0)]
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == []
+    refused = await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k")
+    assert refused == "ObjectNotInPrerequisiteState"
+    alone = functools.partial(hostile_stage, copy_row=False)
+    assert await trio.to_thread.run_sync(alone, url, names, live, 0, "k") is None
+    assert await trio.to_thread.run_sync(chunk_rows, database_url, names) == [(live, 0)]
     async with open_store(database_url) as store:
         await sweep_admissions(store.pool)
+    assert await trio.to_thread.run_sync(chunk_rows, database_url, names) == []
     assert await trio.to_thread.run_sync(staged_rows, database_url, names) == []
 
 
-def total_staged(database_url: str) -> int:
-    """Staged bytes in every org's staging tables, as the quota counts them."""
+def counter(database_url: str, scope: str = "total", key: str = "") -> tuple[int, int]:
+    """A staging counter's ``(staged_bytes, open_admissions)`` (0, 0 when it has none)."""
     with psycopg.connect(database_url) as conn:
-        return _quotas._staged_bytes(conn, None)
+        if conn.execute("SELECT to_regclass('sheetplane_staging.quotas')").fetchone() == (None,):
+            return (0, 0)  # no admission was begun yet
+        row = conn.execute(
+            sql.SQL(
+                "SELECT staged_bytes, open_admissions FROM {} WHERE scope = %s AND key = %s"
+            ).format(sql.Identifier(_quotas.QUOTA_SCHEMA, "quotas")),
+            (scope, key),
+        ).fetchone()
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def total_staged(database_url: str) -> int:
+    """Staged bytes every org's open admissions hold, as the quota counts them."""
+    return counter(database_url)[0]
 
 
 def rows_of(n: int, size: int = 5_000) -> list[dict[str, str]]:
@@ -422,3 +474,257 @@ async def test_open_admissions_are_bounded_per_org_and_an_admission_has_a_lifeti
     assert expired.status_code == 409, expired.text
     assert "expired" in expired.json()["error"]
     assert (await begin(gw, "leads")) is not None
+
+
+#: Two new tokens of ``CAPPED_ORG["a"]`` behind ``token_capped`` (a token's counter
+#: outlives its gateway: each test takes new ones).
+TWO_TOKENS: list[str] = []
+
+
+@pytest.fixture
+async def token_capped(database_url: str) -> AsyncIterator[RunningGateway]:
+    # Two tokens of one org, each holding at most two of the org's three admissions.
+    TWO_TOKENS[:] = [f"tok-quota-{uuid.uuid4().hex}" for _ in range(2)]
+    quotas = StoreQuotas(max_open_admissions_per_org=3, max_open_admissions_per_token=2)
+    async with quota_gateway(database_url, quotas, more_tokens=TWO_TOKENS) as gw:
+        yield gw
+
+
+def admission_tokens(database_url: str, org: str) -> list[str | None]:
+    """The token id each admission of ``org`` records (checking that no registry row
+    holds a token's text)."""
+    with psycopg.connect(database_url) as conn:
+        tables = conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname LIKE %s",
+            (org_schema(org), r"%\_admissions"),
+        ).fetchall()
+        found: list[str | None] = []
+        for (table,) in tables:
+            for token_id, text in conn.execute(
+                sql.SQL("SELECT token_id, a::text FROM {} AS a").format(
+                    sql.Identifier(org_schema(org), table)
+                )
+            ).fetchall():
+                assert not any(token in text for token in TWO_TOKENS)
+                found.append(token_id)
+    return found
+
+
+async def test_open_admissions_are_bounded_per_token_by_its_digest(
+    token_capped: RunningGateway, database_url: str
+) -> None:
+    # The registry recorded no token: one token could hold all of its org's admissions.
+    gw = token_capped
+    first, second = TWO_TOKENS
+    opened = [await begin(gw, "leads", token=first) for _ in range(2)]
+    refused = await post(
+        gw,
+        "begin_sheet_admission",
+        token=first,
+        tableNamespace="other",
+        sheetContract=CONTRACT,
+        admissionId=uuid.uuid4().hex,
+        runId="run-1",
+    )
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "runtime_staging_quota"
+    assert "this token holds 2 open admissions" in refused.json()["error"]
+    # A retried begin is not a new admission; the org's other token has room of its own
+    # until the org's bound.
+    again = await post(
+        gw,
+        "begin_sheet_admission",
+        token=first,
+        tableNamespace="leads",
+        sheetContract=CONTRACT,
+        admissionId=opened[0],
+        runId="run-1",
+    )
+    assert again.status_code == 200, again.text
+    assert await begin(gw, "leads", token=second)
+    by_org = await post(
+        gw,
+        "begin_sheet_admission",
+        token=second,
+        tableNamespace="leads",
+        sheetContract=CONTRACT,
+        admissionId=uuid.uuid4().hex,
+        runId="run-1",
+    )
+    assert by_org.status_code == 429, by_org.text
+    assert "the org holds 3 open admissions" in by_org.json()["error"]
+    # Refused begins kept nothing; each admission names its token by a digest only.
+    tokens = await trio.to_thread.run_sync(admission_tokens, database_url, CAPPED_ORG["a"])
+    assert len(tokens) == 3 and None not in tokens
+    assert len(set(tokens)) == 2
+    # An abort gives the token its room back.
+    aborted = await post(
+        gw, "abort_sheet_admission", token=first, tableNamespace="leads", admissionId=opened[1]
+    )
+    assert aborted.status_code == 200, aborted.text
+    assert await begin(gw, "other", token=first)
+
+
+def hold_admissions(database_url: str, names: list[Any], ids: list[str]) -> psycopg.Connection[Any]:
+    """A connection holding the registry rows of ``ids`` (``FOR UPDATE``) until closed:
+    a chunk of one of them waits at its chunk record's foreign key."""
+    conn = psycopg.connect(database_url)
+    for sheet_names_, admission_id in zip(names, ids, strict=True):
+        conn.execute(
+            sql.SQL("SELECT FROM {} WHERE admission_id = %s FOR UPDATE").format(
+                sheet_names_.ident("admissions_table")
+            ),
+            (admission_id,),
+        )
+    return conn
+
+
+def lock_waiters(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def wait_for_lock_waiters(database_url: str, count: int) -> None:
+    """Poll Postgres until at least ``count`` backends wait on a lock."""
+    with trio.fail_after(30):
+        while True:
+            if await trio.to_thread.run_sync(lock_waiters, database_url) >= count:
+                return
+            await trio.sleep(0.02)
+
+
+def org_counters_sum(database_url: str) -> int:
+    """Staged bytes of every org's counter together (what the total must equal)."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT coalesce(sum(staged_bytes), 0) FROM {} WHERE scope = 'org'").format(
+                sql.Identifier(_quotas.QUOTA_SCHEMA, "quotas")
+            )
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+RACERS = 6
+
+
+@pytest.mark.parametrize("bound", ["org", "total"])
+async def test_concurrent_chunks_take_exactly_the_room_left_and_give_it_all_back(
+    database_url: str, bound: str
+) -> None:
+    # Each chunk was counted in its own transaction before it was written: chunks
+    # racing each other each saw the room before any of them and together passed it.
+    org = f"org-race-{uuid.uuid4().hex[:8]}"
+    contract = SheetContract((ContractColumn("email", "email", "input"),))
+    chunk = _staging.prepare_chunk(rows_of(2), 0)
+    size = len(chunk.keys) + len(chunk.rows)
+    baseline = await trio.to_thread.run_sync(total_staged, database_url)
+    room = 3 * size + size // 2  # three chunks, not four
+    quotas = StoreQuotas(
+        max_org_staged_bytes=room if bound == "org" else 100 * size,
+        max_total_staged_bytes=baseline + room if bound == "total" else baseline + 100 * size,
+        max_open_admissions_per_org=RACERS,
+    )
+    sheets = [SheetRef(org, "race", f"ns{i % 2}") for i in range(RACERS)]
+    names = [sheet_names(sheet) for sheet in sheets]
+    outcomes: list[str] = []
+    async with open_store(database_url, quotas=quotas) as store:
+        ids = []
+        for sheet in sheets:
+            ids.append(uuid.uuid4().hex)
+            await store.begin_admission(sheet, contract, ids[-1], "run-1")
+        blocker = await trio.to_thread.run_sync(hold_admissions, database_url, names, ids)
+
+        async def race(sheet: SheetRef, admission_id: str) -> None:
+            try:
+                await store.stage_chunk(sheet, admission_id, 0, 0, chunk)
+                outcomes.append(admission_id)
+            except StagingQuotaError:
+                outcomes.append("refused")
+
+        async with trio.open_nursery() as nursery:
+            for sheet, admission_id in zip(sheets, ids, strict=True):
+                nursery.start_soon(race, sheet, admission_id)
+            # Every chunk has passed whatever it checks before writing, and waits.
+            await wait_for_lock_waiters(database_url, RACERS)
+            await trio.to_thread.run_sync(blocker.close)
+        staged = [admission_id for admission_id in outcomes if admission_id != "refused"]
+        assert len(staged) == 3, outcomes
+        org_bytes, org_open = await trio.to_thread.run_sync(
+            counter, database_url, "org", org_schema(org)
+        )
+        assert org_open == RACERS
+        assert org_bytes == await trio.to_thread.run_sync(total_staged, database_url) - baseline
+        assert 3 * size * 0.9 < org_bytes <= room
+        # Commit, abort and the sweep each give back what their admission held.
+        committed, aborted = staged[0], staged[1]
+        where = {admission_id: sheet for sheet, admission_id in zip(sheets, ids, strict=True)}
+        await store.commit_admission(
+            where[committed], contract, committed, "run-1", chunks=1, rows=2
+        )
+        assert await store.abort_admission(where[aborted], aborted)
+        left = await trio.to_thread.run_sync(counter, database_url, "org", org_schema(org))
+        assert left[1] == RACERS - 2
+        assert 0 < left[0] == org_bytes - 2 * (org_bytes // 3)
+    async with open_store(database_url, quotas=StoreQuotas(admission_lifetime_ms=1)) as sweeper:
+        assert await sweeper.sweep_admissions() >= RACERS - 2
+    assert await trio.to_thread.run_sync(counter, database_url, "org", org_schema(org)) == (0, 0)
+    total = await trio.to_thread.run_sync(total_staged, database_url)
+    assert total == await trio.to_thread.run_sync(org_counters_sum, database_url)
+
+
+@pytest.fixture
+async def stage_capped(database_url: str) -> AsyncIterator[RunningGateway]:
+    # An admission holds at most about two and a half of the stage role's 2 KiB rows.
+    async with quota_gateway(database_url, StoreQuotas(max_admission_staged_bytes=5_500)) as gw:
+        yield gw
+
+
+async def test_a_stage_role_copy_past_its_admissions_staged_bytes_is_refused_in_postgres(
+    stage_capped: RunningGateway, database_url: str
+) -> None:
+    # Only the gateway counted staged bytes: a direct runner's rows.stage session COPYd
+    # into staging bounded only by the admission's lifetime and the sweep.
+    gw = stage_capped
+    play = f"copy-{uuid.uuid4().hex[:8]}"
+    made = await post(gw, "ensure_sheet", play=play, tableNamespace="leads")
+    assert made.status_code == 200, made.text
+    names = sheet_names(SheetRef(CAPPED_ORG["a"], play, "leads"))
+    url = await mint_stage_role(gw, play, "leads")
+    live = await begin(gw, "leads", playName=play)
+    assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
+    # One COPY of two more rows: the first fits, the second passes the bound, and the
+    # statement (and its transaction's chunk records) keeps nothing.
+    two = functools.partial(hostile_stage, count=2)
+    assert await trio.to_thread.run_sync(two, url, names, live, 1, "k") == "ProgramLimitExceeded"
+    one_big = functools.partial(hostile_stage, size=6_000)
+    refused = await trio.to_thread.run_sync(one_big, url, names, live, 1, "k")
+    assert refused == "ProgramLimitExceeded"
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == [(live, 0)]
+    assert await trio.to_thread.run_sync(chunk_rows, database_url, names) == [(live, 0)]
+    # Nor can the role move a counter or switch the trigger off.
+    quotas_table = sql.Identifier(_quotas.QUOTA_SCHEMA, "quotas")
+    for statement in (
+        sql.SQL("UPDATE {} SET staged_bytes = 0").format(names.ident("admissions_table")),
+        sql.SQL("UPDATE {} SET staged_bytes = 0").format(quotas_table),
+        sql.SQL("ALTER TABLE {} DISABLE TRIGGER USER").format(names.ident("staging_table")),
+        sql.SQL("SET session_replication_role = replica"),
+    ):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await run_sql(url, statement)
+    # The room left is still there: one more row fits.
+    assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 1, "k") is None
+    held = await trio.to_thread.run_sync(counter, database_url, "org", org_schema(CAPPED_ORG["a"]))
+    assert 4_096 < held[0] <= 5_500
+    # Staged rows go with their admission, and so do their bytes.
+    aborted = await post(
+        gw, "abort_sheet_admission", play=play, tableNamespace="leads", admissionId=live
+    )
+    assert aborted.status_code == 200, aborted.text
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == []
+    assert await trio.to_thread.run_sync(
+        counter, database_url, "org", org_schema(CAPPED_ORG["a"])
+    ) == (0, 0)

@@ -328,6 +328,11 @@ STAGING_MAX_TOTAL_BYTES: Final = 8 * ORG_MAX_STAGED_BYTES
 #: runner holds one per ``start``; past it 429 ``runtime_staging_quota``.
 ORG_MAX_OPEN_ADMISSIONS: Final = 64
 
+#: Admissions one executor token may hold open at once: a quarter of its org's,
+#: so one token (a runaway runner, a leaked token) leaves three quarters of its
+#: org's admissions to the org's other tokens. A retried begin is not a new one.
+TOKEN_MAX_OPEN_ADMISSIONS: Final = ORG_MAX_OPEN_ADMISSIONS // 4
+
 #: The ``retry_after_ms`` of a staging quota's 429: the longest the client waits.
 STAGING_QUOTA_RETRY_AFTER_MS: Final = MAX_RETRY_AFTER_MS
 
@@ -729,6 +734,9 @@ def _check() -> None:
             ADMISSION_MAX_LIFETIME_MS > ADMISSION_IDLE_MS
             and ADMISSION_MAX_STAGED_BYTES >= ADMISSION_CHUNK_BYTES
             and ADMISSION_MAX_STAGED_BYTES <= ORG_MAX_STAGED_BYTES <= STAGING_MAX_TOTAL_BYTES
+        ),
+        "a token holds at least one open admission and fewer than its org": (
+            1 <= TOKEN_MAX_OPEN_ADMISSIONS < ORG_MAX_OPEN_ADMISSIONS
         ),
         "a compacted counter log is shorter than the reaper's compaction threshold": (
             len(("total", "queued", "running", "completed", "failed")) + MAX_CONTRACT_COLUMNS

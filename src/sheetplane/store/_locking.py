@@ -23,7 +23,13 @@ takes nothing out of it (docs/store.md has the table of paths):
    which run side by side, lock the rows they decide on ``FOR UPDATE`` in that
    order, chunk after chunk);
 5. the event row (an append; under the exclusive lock when it carries an
-   idempotency key).
+   idempotency key);
+6. staged admissions: the admission's registry row (a chunk's record takes it
+   ``FOR KEY SHARE`` by its foreign key, the chunk's byte reservation updates
+   it; begin, commit, abort and expiry update it), then the staging counters
+   (``_quotas``): the org's, the total, the token's. A chunk takes no writer
+   lock; sheet setup locks a live registry (only when it adds the quota columns
+   and triggers to an older sheet) before the staging table, as a chunk does.
 
 The counters take no row lock: the counting triggers only append to the
 sheet's counter log (``_counters``), which has no key, so no statement waits

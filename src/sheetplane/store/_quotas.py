@@ -2,21 +2,49 @@
 open admissions and their staged bytes.
 
 The bounds are ``budgets``' (``MAX_SHEETS_PER_ORG``, ``MAX_RECEIPT_TABLES_PER_ORG``,
-``ORG_MAX_OPEN_ADMISSIONS``, the staged-bytes bounds);
-a store takes smaller ones for tests and for an operator's own limits. A new
-sheet or receipt table is counted against them inside the DDL transaction,
-after the org's DDL key (``_schema.ensure_ddl``), so concurrent first callers
-of one org cannot together pass the cap. Staged bytes and open admissions are
-counted in the transaction that would add to them, before anything is written
-(``_staging``): chunks racing each other may each pass a bound by one chunk.
-Staged bytes are the chunks' ``pg_column_size`` (the staging table stores them
-uncompressed), summed over the live staging rows: what the tables hold, not
-the dead space a commit leaves until vacuum.
+``ORG_MAX_OPEN_ADMISSIONS``, ``TOKEN_MAX_OPEN_ADMISSIONS``, the staged-bytes
+bounds); a store takes smaller ones for tests and for an operator's own limits.
+A new sheet or receipt table is counted against them inside the DDL
+transaction, after the org's DDL key (``_schema.ensure_ddl``), so concurrent
+first callers of one org cannot together pass the cap.
+
+Open admissions and staged bytes are counters, kept exact under concurrency by
+reserving before anything is kept: ``UPDATE ... SET n = n + k WHERE n + k <=
+bound``, which waits on a concurrent reservation of the same counter's row and
+then reads its result, so two racing chunks cannot both take the last room.
+
+* per admission, on its registry row: ``staged_bytes`` against
+  ``max_staged_bytes`` (the begin's ``max_admission_staged_bytes``), and its
+  token's id (``token_id``: a digest, never the token);
+* per org, per token and in total, one row each in the gateway-owned table
+  ``sheetplane_staging.quotas`` (``(scope, key)``: ``('org', schema)``,
+  ``('token', token id)``, ``('total', '')``), with their bounds, which the
+  begin that makes or changes them writes.
+
+A begin reserves one open admission of its org and of its token, only when it
+registers a new admission (a retried begin reserves nothing), in its own
+transaction: past a bound it raises and nothing is kept. A staging row is
+reserved by a ``BEFORE INSERT`` row trigger on the staging table whose function
+(``sheetplane_staging.reserve_chunk``, ``SECURITY DEFINER``, owned by the
+tables' owner) adds the row's ``pg_column_size`` of its keys and rows (the table
+stores them uncompressed) to its admission's, its org's and the total counters,
+in that order, and refuses the row past any bound. It fires for every road: the
+gateway's ``INSERT``, the direct road's, and a stage role's own ``COPY``, which
+holds no privilege on the registry or the counters and cannot disable the
+trigger. An admission that leaves ``open`` (commit, abort, expiry; or a deleted
+open row) gives everything back: an ``AFTER UPDATE OF state`` (and ``AFTER
+DELETE``) row trigger on the registry (``sheetplane_staging.release_admission``)
+subtracts its staged bytes from its org's and the total counters and its open
+admission from its org's and its token's.
+
+The rows are locked in one order, after the sheet's own locks
+(``_locking``): the admission's registry row, then the org's counter, the
+total, the token's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import psycopg
@@ -30,11 +58,26 @@ from ..budgets import (
     ORG_MAX_OPEN_ADMISSIONS,
     ORG_MAX_STAGED_BYTES,
     STAGING_MAX_TOTAL_BYTES,
+    TOKEN_MAX_OPEN_ADMISSIONS,
 )
 from ..errors import AdmissionStagingTooLargeError, SheetCapError, StagingQuotaError
-from ._names import ADMISSIONS_SUFFIX
 
-__all__ = ["StoreQuotas", "check_admission_room", "check_room", "check_staging_room"]
+if TYPE_CHECKING:
+    from ._names import SheetNames
+
+__all__ = [
+    "ADMISSION_QUOTA_COLUMNS",
+    "QUOTA_SCHEMA",
+    "QUOTA_TRIGGERS",
+    "StoreQuotas",
+    "check_room",
+    "create_quota_objects",
+    "quota_objects_missing",
+    "quota_trigger_ddl",
+    "quota_triggers_missing",
+    "reserve_admission",
+    "staging_refusal",
+]
 
 
 def _positive(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -52,6 +95,9 @@ class StoreQuotas:
     )
     max_open_admissions_per_org: int = attrs.field(
         default=ORG_MAX_OPEN_ADMISSIONS, validator=_positive
+    )
+    max_open_admissions_per_token: int = attrs.field(
+        default=TOKEN_MAX_OPEN_ADMISSIONS, validator=_positive
     )
     max_admission_staged_bytes: int = attrs.field(
         default=ADMISSION_MAX_STAGED_BYTES, validator=_positive
@@ -85,80 +131,283 @@ def check_room(conn: psycopg.Connection[Any], schema: str, kind: str, cap: int) 
         )
 
 
-def _tables(conn: psycopg.Connection[Any], schema: str | None, suffix: str) -> list[sql.Identifier]:
-    """The sheets' tables ending in ``suffix`` in ``schema`` (None: every org's)."""
-    rows = conn.execute(
-        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind = 'r' AND n.nspname LIKE %s AND c.relname LIKE %s",
-        (schema.replace("_", r"\_") if schema else r"sp\_%", r"t\_%" + suffix.replace("_", r"\_")),
-    ).fetchall()
-    return [sql.Identifier(str(n), str(c)) for n, c in rows]
+#: The gateway-owned schema of the staging counters and their functions: no scoped
+#: role has ``USAGE`` on it (the triggers' functions run as their owner).
+QUOTA_SCHEMA: Final = "sheetplane_staging"
+_QUOTAS: Final = sql.Identifier(QUOTA_SCHEMA, "quotas")
+_TAKE: Final = sql.Identifier(QUOTA_SCHEMA, "take_bytes")
+_RESERVE_CHUNK: Final = sql.Identifier(QUOTA_SCHEMA, "reserve_chunk")
+_RELEASE: Final = sql.Identifier(QUOTA_SCHEMA, "release_admission")
+
+#: The constraint names the staging trigger refuses a row with, one per bound.
+ADMISSION_BOUND: Final = "sheetplane_admission_staged_bytes"
+ORG_BOUND: Final = "sheetplane_org_staged_bytes"
+TOTAL_BOUND: Final = "sheetplane_total_staged_bytes"
+
+#: The registry's quota columns (created with it, or added to an older one).
+ADMISSION_QUOTA_COLUMNS: Final = (
+    "token_id text",
+    "staged_bytes bigint NOT NULL DEFAULT 0",
+    f"max_staged_bytes bigint NOT NULL DEFAULT {ADMISSION_MAX_STAGED_BYTES}",
+    "open_counted boolean NOT NULL DEFAULT false",
+)
+
+#: (trigger name, table attribute) of the quota triggers of one sheet.
+QUOTA_TRIGGERS: Final = (
+    ("sheetplane_staged_bytes", "staging_table"),
+    ("sheetplane_admission_release", "admissions_table"),
+    ("sheetplane_admission_release_deleted", "admissions_table"),
+)
+
+_TAKE_BODY: Final = f"""
+BEGIN
+  UPDATE {QUOTA_SCHEMA}.quotas SET staged_bytes = staged_bytes + p_bytes
+    WHERE scope = p_scope AND key = p_key AND staged_bytes + p_bytes <= max_staged_bytes;
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  -- A counter no begin made (an admission begun before the counters existed).
+  INSERT INTO {QUOTA_SCHEMA}.quotas (scope, key, max_staged_bytes)
+    VALUES (p_scope, p_key, p_bound) ON CONFLICT DO NOTHING;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  UPDATE {QUOTA_SCHEMA}.quotas SET staged_bytes = staged_bytes + p_bytes
+    WHERE scope = p_scope AND key = p_key AND staged_bytes + p_bytes <= max_staged_bytes;
+  RETURN FOUND;
+END
+"""
+
+_RESERVE_CHUNK_BODY: Final = f"""
+DECLARE
+  n bigint := pg_column_size(NEW._keys) + pg_column_size(NEW._rows);
+  found_state text;
+  held bigint;
+  bound bigint;
+BEGIN
+  EXECUTE format('UPDATE %s SET staged_bytes = staged_bytes + $1 WHERE admission_id = $2 '
+    'AND state = ''open'' AND staged_bytes + $1 <= max_staged_bytes RETURNING state',
+    TG_ARGV[0]::regclass) INTO found_state USING n, NEW._admission_id;
+  IF found_state IS NULL THEN
+    EXECUTE format('SELECT state, staged_bytes, max_staged_bytes FROM %s WHERE admission_id = $1',
+      TG_ARGV[0]::regclass) INTO found_state, held, bound USING NEW._admission_id;
+    IF found_state IS NULL THEN
+      RETURN NEW;  -- no such admission: the row's foreign key to its chunk refuses it
+    ELSIF found_state <> 'open' THEN
+      RAISE EXCEPTION 'admission % is %', NEW._admission_id, found_state
+        USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RAISE EXCEPTION 'admission % holds % staged bytes; a chunk of % would pass its bound of %',
+      NEW._admission_id, held, n, bound
+      USING ERRCODE = 'program_limit_exceeded', CONSTRAINT = '{ADMISSION_BOUND}';
+  END IF;
+  IF NOT {QUOTA_SCHEMA}.take_bytes('org', TG_ARGV[1], n, {ORG_MAX_STAGED_BYTES}) THEN
+    SELECT staged_bytes, max_staged_bytes INTO held, bound FROM {QUOTA_SCHEMA}.quotas
+      WHERE scope = 'org' AND key = TG_ARGV[1];
+    RAISE EXCEPTION 'the org''s open admissions hold % staged bytes; a chunk of % would pass '
+      'its bound of % (commit or abort some)', held, n, bound
+      USING ERRCODE = 'configuration_limit_exceeded', CONSTRAINT = '{ORG_BOUND}';
+  END IF;
+  IF NOT {QUOTA_SCHEMA}.take_bytes('total', '', n, {STAGING_MAX_TOTAL_BYTES}) THEN
+    RAISE EXCEPTION 'the gateway''s staging space is full; retry after other admissions commit'
+      USING ERRCODE = 'configuration_limit_exceeded', CONSTRAINT = '{TOTAL_BOUND}';
+  END IF;
+  RETURN NEW;
+END
+"""
+
+_RELEASE_BODY: Final = f"""
+BEGIN
+  UPDATE {QUOTA_SCHEMA}.quotas SET staged_bytes = staged_bytes - OLD.staged_bytes,
+      open_admissions = open_admissions - OLD.open_counted::integer
+    WHERE scope = 'org' AND key = TG_ARGV[0];
+  IF OLD.staged_bytes <> 0 THEN
+    UPDATE {QUOTA_SCHEMA}.quotas SET staged_bytes = staged_bytes - OLD.staged_bytes
+      WHERE scope = 'total' AND key = '';
+  END IF;
+  IF OLD.open_counted AND OLD.token_id IS NOT NULL THEN
+    UPDATE {QUOTA_SCHEMA}.quotas SET open_admissions = open_admissions - 1
+      WHERE scope = 'token' AND key = OLD.token_id;
+  END IF;
+  RETURN NULL;
+END
+"""
+
+_PINNED: Final = "SET search_path = pg_catalog, pg_temp"
 
 
-def _sum(conn: psycopg.Connection[Any], parts: list[sql.Composable]) -> int:
-    if not parts:
-        return 0
-    query = sql.SQL("SELECT coalesce(sum(n), 0) FROM ({}) AS u(n)").format(
-        sql.SQL(" UNION ALL ").join(parts)
-    )
-    row = conn.execute(query).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-_STAGED = sql.SQL("SELECT sum(pg_column_size(_keys) + pg_column_size(_rows))::bigint FROM {}")
-
-
-def _staged_bytes(conn: psycopg.Connection[Any], schema: str | None) -> int:
-    return _sum(conn, [_STAGED.format(table) for table in _tables(conn, schema, "_staging")])
-
-
-def check_staging_room(
-    conn: psycopg.Connection[Any],
-    quotas: StoreQuotas,
-    schema: str,
-    staging: sql.Identifier,
-    admission_id: str,
-    incoming: int,
-) -> None:
-    """Refuse a chunk of ``incoming`` bytes that would take its admission, its org or
-    every org past its staged bytes; run before the chunk is written."""
+def quota_objects_missing(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the counters' table or one of their functions is missing (read from the
+    catalog tables, as ``_schema.ensure_ddl`` needs)."""
     row = conn.execute(
-        sql.SQL(
-            "SELECT coalesce(sum(pg_column_size(_keys) + pg_column_size(_rows)), 0)::bigint "
-            "FROM {} WHERE _admission_id = %s"
-        ).format(staging),
-        (admission_id,),
+        "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        "  WHERE n.nspname = %(schema)s AND c.relname = 'quotas' AND c.relkind = 'r') = 1"
+        " AND (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        "  WHERE n.nspname = %(schema)s AND p.proname = ANY(%(functions)s)) = 3",
+        {"schema": QUOTA_SCHEMA, "functions": ["take_bytes", "reserve_chunk", "release_admission"]},
     ).fetchone()
-    held = 0 if row is None else int(row[0])
-    if held + incoming > quotas.max_admission_staged_bytes:
-        raise AdmissionStagingTooLargeError(
-            f"admission {admission_id} holds {held} staged bytes; a chunk of {incoming} "
-            f"would pass its bound of {quotas.max_admission_staged_bytes}"
-        )
-    org = _staged_bytes(conn, schema)
-    if org + incoming > quotas.max_org_staged_bytes:
-        raise StagingQuotaError(
-            f"the org's open admissions hold {org} staged bytes; a chunk of {incoming} "
-            f"would pass its bound of {quotas.max_org_staged_bytes} (commit or abort some)"
-        )
-    total = _staged_bytes(conn, None)
-    if total + incoming > quotas.max_total_staged_bytes:
-        raise StagingQuotaError(
-            "the gateway's staging space is full; retry after other admissions commit"
-        )
+    return row != (True,)
 
 
-def check_admission_room(conn: psycopg.Connection[Any], quotas: StoreQuotas, schema: str) -> None:
-    """Refuse a new admission of an org holding ``max_open_admissions_per_org`` open."""
-    open_count = _sum(
-        conn,
-        [
-            sql.SQL("SELECT count(*) FROM {} WHERE state = 'open'").format(table)
-            for table in _tables(conn, schema, ADMISSIONS_SUFFIX)
-        ],
+def create_quota_objects(conn: psycopg.Connection[Any]) -> None:
+    """Create the counters' schema, table and functions (run under their DDL key)."""
+    schema = sql.Identifier(QUOTA_SCHEMA)
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(schema))
+    conn.execute(
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                scope text NOT NULL CHECK (scope IN ('org', 'token', 'total')),
+                key text NOT NULL,
+                staged_bytes bigint NOT NULL DEFAULT 0,
+                max_staged_bytes bigint NOT NULL DEFAULT 0,
+                open_admissions integer NOT NULL DEFAULT 0,
+                max_open_admissions integer NOT NULL DEFAULT 0,
+                PRIMARY KEY (scope, key)
+            )"""
+        ).format(_QUOTAS)
     )
-    if open_count >= quotas.max_open_admissions_per_org:
-        raise StagingQuotaError(
-            f"the org holds {open_count} open admissions, its bound is "
-            f"{quotas.max_open_admissions_per_org} (commit or abort some)"
+    conn.execute(
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}(p_scope text, p_key text, p_bytes bigint, "
+            "p_bound bigint) RETURNS boolean LANGUAGE plpgsql {} AS {}"
+        ).format(_TAKE, sql.SQL(_PINNED), sql.Literal(_TAKE_BODY))
+    )
+    for function, body, definer in (
+        (_RESERVE_CHUNK, _RESERVE_CHUNK_BODY, sql.SQL("SECURITY DEFINER ")),
+        (_RELEASE, _RELEASE_BODY, sql.SQL("")),
+    ):
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql {}{} AS {}"
+            ).format(function, definer, sql.SQL(_PINNED), sql.Literal(body))
         )
+    for signature in (
+        sql.SQL("{}(text, text, bigint, bigint)").format(_TAKE),
+        sql.SQL("{}()").format(_RESERVE_CHUNK),
+        sql.SQL("{}()").format(_RELEASE),
+    ):
+        conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(signature))
+
+
+def quota_trigger_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Composed]:
+    """The sheet's missing quota triggers created: the staging row's reservation, the
+    registry's release (none when all are there: a trigger's DDL locks its table,
+    which the sheet's DDL must not do to a live staging table or registry)."""
+    staging, admissions = names.ident("staging_table"), names.ident("admissions_table")
+    present = {
+        str(row[0])
+        for row in conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid IN (%s::regclass, %s::regclass)",
+            (staging.as_string(conn), admissions.as_string(conn)),
+        ).fetchall()
+    }
+    schema = sql.Literal(names.schema)
+    made = {
+        QUOTA_TRIGGERS[0][0]: sql.SQL(
+            "CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}({}, {})"
+        ).format(
+            sql.Identifier(QUOTA_TRIGGERS[0][0]),
+            staging,
+            _RESERVE_CHUNK,
+            sql.Literal(admissions.as_string(conn)),
+            schema,
+        ),
+        QUOTA_TRIGGERS[1][0]: sql.SQL(
+            "CREATE TRIGGER {} AFTER UPDATE OF state ON {} FOR EACH ROW "
+            "WHEN (OLD.state = 'open' AND NEW.state <> 'open') EXECUTE FUNCTION {}({})"
+        ).format(sql.Identifier(QUOTA_TRIGGERS[1][0]), admissions, _RELEASE, schema),
+        QUOTA_TRIGGERS[2][0]: sql.SQL(
+            "CREATE TRIGGER {} AFTER DELETE ON {} FOR EACH ROW "
+            "WHEN (OLD.state = 'open') EXECUTE FUNCTION {}({})"
+        ).format(sql.Identifier(QUOTA_TRIGGERS[2][0]), admissions, _RELEASE, schema),
+    }
+    # The registry's first (the lock order of the sheet's DDL, ``_schema.ensure_sheet``).
+    order = (QUOTA_TRIGGERS[1][0], QUOTA_TRIGGERS[2][0], QUOTA_TRIGGERS[0][0])
+    return [made[name] for name in order if name not in present]
+
+
+def quota_triggers_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
+    """Whether one of the sheet's quota triggers is missing (an older sheet)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = ANY(%s) AND t.tgname = ANY(%s)",
+        (
+            names.schema,
+            [names.staging_table, names.admissions_table],
+            [name for name, _ in QUOTA_TRIGGERS],
+        ),
+    ).fetchone()
+    return row is None or row[0] != len(QUOTA_TRIGGERS)
+
+
+def reserve_admission(
+    conn: psycopg.Connection[Any], quotas: StoreQuotas, schema: str, token_id: str | None
+) -> None:
+    """Reserve one open admission of the org of ``schema`` and of the token ``token_id``
+    (None: a store called without one), writing the counters' bounds first; raise
+    ``StagingQuotaError`` past either bound (the caller's transaction then keeps
+    nothing). Run by a begin that registered a new admission."""
+    counters = [
+        ("org", schema, quotas.max_org_staged_bytes, quotas.max_open_admissions_per_org),
+        ("total", "", quotas.max_total_staged_bytes, 0),
+    ]
+    if token_id is not None:
+        counters.append(("token", token_id, 0, quotas.max_open_admissions_per_token))
+    values = sql.SQL(", ").join(sql.SQL("(%s, %s, %s::bigint, %s::integer)") for _ in counters)
+    flat = [value for counter in counters for value in counter]
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (scope, key, max_staged_bytes, max_open_admissions) VALUES {} "
+            "ON CONFLICT DO NOTHING"
+        ).format(_QUOTAS, values),
+        flat,
+    )
+    # Only a changed bound is written: an unchanged one takes no row lock.
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} AS q SET max_staged_bytes = v.b, max_open_admissions = v.o "
+            "FROM (VALUES {}) AS v(s, k, b, o) WHERE q.scope = v.s AND q.key = v.k "
+            "AND (q.max_staged_bytes, q.max_open_admissions) IS DISTINCT FROM (v.b, v.o)"
+        ).format(_QUOTAS, values),
+        flat,
+    )
+    for scope, key, what in (("org", schema, "the org"), ("token", token_id, "this token")):
+        if key is None:
+            continue
+        taken = conn.execute(
+            sql.SQL(
+                "UPDATE {} SET open_admissions = open_admissions + 1 WHERE scope = %s "
+                "AND key = %s AND open_admissions < max_open_admissions "
+                "RETURNING open_admissions"
+            ).format(_QUOTAS),
+            (scope, key),
+        ).fetchone()
+        if taken is None:
+            found = conn.execute(
+                sql.SQL(
+                    "SELECT open_admissions, max_open_admissions FROM {} "
+                    "WHERE scope = %s AND key = %s"
+                ).format(_QUOTAS),
+                (scope, key),
+            ).fetchone()
+            held, bound = (0, 0) if found is None else (int(found[0]), int(found[1]))
+            raise StagingQuotaError(
+                f"{what} holds {held} open admissions, its bound is {bound} (commit or abort some)"
+            )
+
+
+def staging_refusal(exc: psycopg.Error) -> Exception | None:
+    """The store's error for a staging row the reservation trigger refused (None when
+    ``exc`` is something else)."""
+    constraint = exc.diag.constraint_name
+    message = exc.diag.message_primary or ""
+    if isinstance(exc, psycopg.errors.ProgramLimitExceeded) and constraint == ADMISSION_BOUND:
+        return AdmissionStagingTooLargeError(message)
+    if isinstance(exc, psycopg.errors.ConfigurationLimitExceeded) and constraint in (
+        ORG_BOUND,
+        TOTAL_BOUND,
+    ):
+        return StagingQuotaError(message)
+    return None

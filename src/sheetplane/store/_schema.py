@@ -42,7 +42,15 @@ from ._guards import guard_ddl, guards_missing
 from ._locking import lock_sheet
 from ._names import TABLE_ATTRS, SheetNames
 from ._pool import TrioPool
-from ._quotas import check_room
+from ._quotas import (
+    ADMISSION_QUOTA_COLUMNS,
+    QUOTA_SCHEMA,
+    check_room,
+    create_quota_objects,
+    quota_objects_missing,
+    quota_trigger_ddl,
+    quota_triggers_missing,
+)
 
 __all__ = [
     "POSTGRES_SYSTEM_COLUMNS",
@@ -268,7 +276,7 @@ def _missing_ddl(
     )
     if any(ids.get(name) != column_id for name, column_id in columns.items()):
         return True
-    return guards_missing(conn, names)
+    return guards_missing(conn, names) or quota_triggers_missing(conn, names)
 
 
 def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, str]) -> sql.Composed:
@@ -432,9 +440,13 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
                 inserted bigint,
                 skipped bigint,
                 pending_count bigint,
-                completed_count bigint
+                completed_count bigint,
+                {}
             )"""
-        ).format(names.ident("admissions_table")),
+        ).format(
+            names.ident("admissions_table"),
+            sql.SQL(", ").join(map(sql.SQL, ADMISSION_QUOTA_COLUMNS)),
+        ),
         sql.SQL(
             """CREATE TABLE IF NOT EXISTS {} (
                 admission_id text NOT NULL REFERENCES {} ON DELETE CASCADE,
@@ -477,13 +489,19 @@ def _staging_ddl(names: SheetNames) -> list[sql.Composable]:
             sql.Identifier(names.staging_keys_constraint),
             _keys_fit(names),
         ),
-        # Stored out of line as they are: pglz compressing every chunk cost more than
-        # the space it saved on a table that lives for one admission.
-        sql.SQL(
-            "ALTER TABLE {} ALTER COLUMN _keys SET STORAGE EXTERNAL, "
-            "ALTER COLUMN _rows SET STORAGE EXTERNAL"
-        ).format(staging),
     ]
+
+
+def _staging_storage(names: SheetNames) -> sql.Composed:
+    """Store a new staging table's arrays out of line as they are: pglz compressing
+    every chunk cost more than the space it saved on a table that lives for one
+    admission. Run only on a table this transaction created: its ``ACCESS
+    EXCLUSIVE`` lock on a live one would wait for staging chunks, which wait for
+    their admission's registry row."""
+    return sql.SQL(
+        "ALTER TABLE {} ALTER COLUMN _keys SET STORAGE EXTERNAL, "
+        "ALTER COLUMN _rows SET STORAGE EXTERNAL"
+    ).format(names.ident("staging_table"))
 
 
 def _receipts_ddl(names: SheetNames) -> sql.Composed:
@@ -615,12 +633,17 @@ async def ensure_sheet(
             " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
             "   AND attname = 'shard' AND NOT attisdropped),"
             " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_constraint"
-            "   WHERE conrelid = to_regclass(%(staging)s) AND conname = %(owner)s)",
+            "   WHERE conrelid = to_regclass(%(staging)s) AND conname = %(owner)s),"
+            " to_regclass(%(admissions)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_attribute"
+            "   WHERE attrelid = to_regclass(%(admissions)s) AND attname = 'open_counted'"
+            "   AND NOT attisdropped),"
+            " to_regclass(%(staging)s) IS NULL, to_regclass(%(admissions)s) IS NOT NULL",
             {
                 "lock": names.ident("lock_table").as_string(conn),
                 "counts": names.ident("counter_table").as_string(conn),
                 "staging": names.ident("staging_table").as_string(conn),
                 "owner": names.staging_owner_constraint,
+                "admissions": names.ident("admissions_table").as_string(conn),
             },
         ).fetchone()
         assert found is not None
@@ -634,11 +657,35 @@ async def ensure_sheet(
             conn.execute(
                 sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
             )
+        if found[6] and (found[4] or quota_triggers_missing(conn, names)):
+            # A registry made before the staging quotas. Its lock first, before the
+            # staging table's: a staging chunk holds its admission's registry row (the
+            # foreign key's share lock) before it writes its staging row, and then
+            # reserves its bytes on that registry row.
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                    names.ident("admissions_table")
+                )
+            )
+        if found[4]:
+            # Its rows count nothing (an open one gives back only what it reserves
+            # from now on).
+            conn.execute(
+                sql.SQL("ALTER TABLE {} {}").format(
+                    names.ident("admissions_table"),
+                    sql.SQL(", ").join(
+                        sql.SQL("ADD COLUMN IF NOT EXISTS {}").format(sql.SQL(column))
+                        for column in ADMISSION_QUOTA_COLUMNS
+                    ),
+                )
+            )
         if found[3]:
             # An older staging table (one row per staged row, or chunks without their
             # chain): scratch space, made again (an admission staged into it starts again).
             conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
         conn.execute(_ddl(names, columns, logical))
+        if found[5] or found[3]:
+            conn.execute(_staging_storage(names))
         if not found[0]:
             # No policy: even a role granted more than UPDATE would see and change no row.
             conn.execute(
@@ -660,8 +707,16 @@ async def ensure_sheet(
             conn.execute(statement)
         for statement in guard_ddl(conn, names):
             conn.execute(statement)
+        for statement in quota_trigger_ddl(conn, names):
+            conn.execute(statement)
 
-    await ensure_ddl(pool, names.schema, lambda conn: _missing_ddl(conn, names, columns), create)
+    def missing(conn: psycopg.Connection[Any]) -> bool:
+        return _missing_ddl(conn, names, columns)
+
+    if await pool.run(missing):
+        # The staging counters the sheet's quota triggers call, under their own key.
+        await ensure_ddl(pool, QUOTA_SCHEMA, quota_objects_missing, create_quota_objects)
+        await ensure_ddl(pool, names.schema, missing, create)
 
 
 async def ensure_receipts(

@@ -78,7 +78,7 @@ from ..identity import row_key
 from ._counters import compact_counters, compact_if_long
 from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 from ._pool import TrioPool
-from ._quotas import StoreQuotas, check_admission_room, check_staging_room
+from ._quotas import StoreQuotas, reserve_admission, staging_refusal
 from ._rowdata import (
     check_row,
     column_lookup_names,
@@ -310,27 +310,33 @@ async def begin_admission(
     run_id: str,
     *,
     quotas: StoreQuotas | None = None,
+    token_id: str | None = None,
 ) -> None:
     """Register ``admission_id`` for ``run_id`` (a no-op if it exists for the same run).
 
-    Raises ``AdmissionStateError`` if the id is registered for another run, and with
-    ``quotas`` (the gateway) ``StagingQuotaError`` for a new admission of an org
-    holding its bound of open ones.
+    A new admission reserves one open admission of its org and of ``token_id``
+    (the begin's token's id, a digest; None for a store called without one)
+    against ``quotas`` (``budgets``' when None) and records the staged-bytes
+    bound its chunks are held to (``_quotas``). Raises ``AdmissionStateError`` if
+    the id is registered for another run, ``StagingQuotaError`` for a new
+    admission past an open-admission bound (nothing is kept).
     """
     check_admission_id(admission_id)
+    bounds = StoreQuotas() if quotas is None else quotas
 
     def run(conn: Conn) -> None:
-        lifetime = ADMISSION_MAX_LIFETIME_MS if quotas is None else quotas.admission_lifetime_ms
-        _expire_idle(conn, names, lifetime)
-        if quotas is not None and _state(conn, names, admission_id) is None:
-            check_admission_room(conn, quotas, names.schema)
-        conn.execute(
+        _expire_idle(conn, names, bounds.admission_lifetime_ms)
+        inserted = conn.execute(
             sql.SQL(
-                "INSERT INTO {} (admission_id, run_id) VALUES (%s, %s) "
-                "ON CONFLICT (admission_id) DO NOTHING"
+                "INSERT INTO {} (admission_id, run_id, token_id, max_staged_bytes, open_counted) "
+                "VALUES (%s, %s, %s, %s, true) ON CONFLICT (admission_id) DO NOTHING"
             ).format(names.ident("admissions_table")),
-            (admission_id, run_id),
-        )
+            (admission_id, run_id, token_id, bounds.max_admission_staged_bytes),
+        ).rowcount
+        if inserted:
+            # Only a new admission counts; a retried begin found its row.
+            reserve_admission(conn, bounds, names.schema, token_id)
+            return
         found = conn.execute(
             sql.SQL("SELECT run_id FROM {} WHERE admission_id = %s").format(
                 names.ident("admissions_table")
@@ -426,13 +432,15 @@ async def stage_chunk(
     chunk: EncodedChunk,
     *,
     check_state: bool = True,
-    quotas: StoreQuotas | None = None,
 ) -> bool:
     """Stage one chunk (see the module docstring); returns False for a replay.
 
     With ``check_state`` (the gateway, which may read the registry) a chunk for an
     admission that is not open raises ``AdmissionStateError``; the direct road's
     role cannot read it, and a chunk for an unknown admission fails its foreign key.
+    On either road the staging table's trigger reserves the chunk's bytes
+    (``_quotas``): past its admission's bound ``AdmissionStagingTooLargeError``,
+    past its org's or the total ``StagingQuotaError``, nothing written.
     """
     check_admission_id(admission_id)
     _check_chunk_args(seq, first_position)
@@ -444,15 +452,6 @@ async def stage_chunk(
                 raise AdmissionStateError(f"admission {admission_id} does not exist")
             if state[0] != "open":
                 raise AdmissionStateError(f"admission {admission_id} is {state[0]}")
-        if quotas is not None:
-            check_staging_room(
-                conn,
-                quotas,
-                names.schema,
-                names.ident("staging_table"),
-                admission_id,
-                len(chunk.keys) + len(chunk.rows),
-            )
         try:
             return write_chunk(conn, names, admission_id, seq, first_position, chunk)
         except psycopg.errors.ForeignKeyViolation as exc:
@@ -460,6 +459,17 @@ async def stage_chunk(
                 # The chunk before this one has no staging row: a restart emptied them.
                 raise staging_lost(admission_id) from None
             raise AdmissionStateError(f"admission {admission_id} does not exist") from None
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+            # The trigger found the admission closed (it closed after the check above).
+            raise AdmissionStateError(exc.diag.message_primary or "admission closed") from None
+        except (
+            psycopg.errors.ProgramLimitExceeded,
+            psycopg.errors.ConfigurationLimitExceeded,
+        ) as exc:
+            refused = staging_refusal(exc)
+            if refused is None:
+                raise
+            raise refused from None
 
     return await pool.run(run)
 

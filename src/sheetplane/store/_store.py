@@ -154,11 +154,23 @@ class SheetStore:
     # --- staged admission (see store/_staging.py) ----------------------------------------
 
     async def begin_admission(
-        self, sheet: SheetRef, contract: SheetContract, admission_id: str, run_id: str
+        self,
+        sheet: SheetRef,
+        contract: SheetContract,
+        admission_id: str,
+        run_id: str,
+        *,
+        token_id: str | None = None,
     ) -> None:
-        """Register a staged admission (idempotent); ensures the sheet's layout first."""
+        """Register a staged admission (idempotent); ensures the sheet's layout first.
+
+        ``token_id`` names the begin's token (a digest, never the token) for its
+        open-admission bound (``StoreQuotas.max_open_admissions_per_token``).
+        """
         names = await self._ensure_cached(sheet, contract)
-        await _staging.begin_admission(self.pool, names, admission_id, run_id, quotas=self.quotas)
+        await _staging.begin_admission(
+            self.pool, names, admission_id, run_id, quotas=self.quotas, token_id=token_id
+        )
 
     async def stage_chunk(
         self,
@@ -179,7 +191,6 @@ class SheetStore:
             first_position,
             chunk,
             check_state=check_state,
-            quotas=self.quotas if check_state else None,
         )
 
     async def commit_admission(

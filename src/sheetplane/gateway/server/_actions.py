@@ -543,7 +543,9 @@ async def begin_sheet_admission(call: Call) -> dict[str, Any]:
     request = _read(call, m.BeginAdmissionRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
     contract = d.contract_of(request.sheet_contract)
-    await call.state.store.begin_admission(sheet, contract, request.admission_id, request.run_id)
+    await call.state.store.begin_admission(
+        sheet, contract, request.admission_id, request.run_id, token_id=call.token_id
+    )
     return m.unstructure(
         m.BeginAdmissionAnswer(
             admission_id=request.admission_id,
