@@ -39,6 +39,18 @@ def test_importing_the_http_client_does_not_import_psycopg() -> None:
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_importing_sheetplane_and_map_loads_no_database_driver() -> None:
+    # map checks its outputs with the store's own checks and reads ahead over a dataset:
+    # both once came through the store package, which loads psycopg.
+    probe = (
+        "import sys, sheetplane, sheetplane._map, sheetplane._rowchecks\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')"
+        " or m.startswith('sheetplane.store')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_runtime_names_load_on_first_use() -> None:
     probe = "import sys, sheetplane\nsheetplane.open_runtime\nprint('psycopg' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from _store_helpers import column_counts_match, counters_match_rows, snapshot, stored_rows
+from sheetplane import _rowchecks
 from sheetplane._types import (
     CompleteRow,
     ContractColumn,
@@ -19,7 +20,7 @@ from sheetplane._types import (
     TerminalWriteResult,
 )
 from sheetplane.errors import AttemptSupersededError, InvalidInputError, WriteConflictError
-from sheetplane.store import SheetStore, _rowdata, raise_if_superseded, superseded_rows
+from sheetplane.store import SheetStore, raise_if_superseded, superseded_rows
 from sheetplane.store._fencing import Decision, StoredRow, decide_terminal_write
 
 CONTRACT = SheetContract(
@@ -162,14 +163,14 @@ async def test_a_terminal_write_of_flat_outputs_bounds_them_instead_of_measuring
     # store's costliest step of a map's write); a flat object passes on its size bound.
     version = await admit(store, sheet, list(range(200)), "run-1")
     measured = 0
-    measure = _rowdata.json_byte_length_up_to
+    measure = _rowchecks.json_byte_length_up_to
 
     def counting(value: object, limit: int) -> Any:
         nonlocal measured
         measured += 1
         return measure(value, limit)
 
-    monkeypatch.setattr(_rowdata, "json_byte_length_up_to", counting)
+    monkeypatch.setattr(_rowchecks, "json_byte_length_up_to", counting)
     rows = [CompleteRow(str(i), {"score": i, "note": f"n{i}"}, {"score": None}) for i in range(200)]
     result = await store.complete_map_rows(
         sheet, CONTRACT, rows, run_id="run-1", write_version=version

@@ -61,12 +61,13 @@ import hashlib
 import math
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import attrs
 import trio
 
 from ._groups import raise_single
+from ._rowchecks import checked_json_object
 from ._types import CompleteRow, FailRow, SheetContract, TerminalWriteResult
 from .batching import Batch, BoundedBatchFunction, Pending
 from .budgets import (
@@ -79,9 +80,7 @@ from .budgets import (
     MAX_QUEUE_WAIT_MS,
     MAX_ROW_KEY_BYTES,
 )
-from .dataset import DatasetIterator
 from .errors import BatcherClosedError, InvalidInputError
-from .store._rowdata import checked_json_object
 
 __all__ = [
     "UNKNOWN_OUTPUTS",
@@ -98,6 +97,14 @@ MapFn = Callable[[Row], Awaitable[Mapping[str, Any]]]
 Once = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[tuple[Any, bool]]]
 Kind = Literal["complete", "fail"]
 _MS: Final = 1000
+
+
+@runtime_checkable
+class ReadsAhead(Protocol):
+    """An iterator of pending rows that reads its next page on request (a ``Dataset``'s
+    ``DatasetIterator``: named by shape, so importing ``map`` loads no store)."""
+
+    async def read_ahead(self) -> bool: ...
 
 
 @attrs.frozen
@@ -481,7 +488,7 @@ async def run_map(
             if not live_workers:
                 reading_ahead.cancel()
 
-    async def read_ahead(pages: DatasetIterator) -> None:
+    async def read_ahead(pages: ReadsAhead) -> None:
         """Reads each next page while the workers take the current one's rows."""
         with reading_ahead:
             while await pages.read_ahead():
@@ -497,7 +504,7 @@ async def run_map(
                 # batch leaves at once: no row can join it now), the watcher ends.
                 async with batcher, trio.open_nursery() as workers:
                     state.workers = workers.cancel_scope
-                    if isinstance(iterator, DatasetIterator):
+                    if isinstance(iterator, ReadsAhead):
                         workers.start_soon(read_ahead, iterator)
                     for _ in range(concurrency):
                         workers.start_soon(worker)

@@ -66,6 +66,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._rowchecks import checked_json_object
 from .._types import (
     BENIGN_STALE_REASONS,
     CompleteRow,
@@ -85,7 +86,6 @@ from ._rowdata import (
     check_key,
     check_text,
     check_write_version,
-    checked_json_object,
     chunked,
     column_lookups,
     physical_columns,

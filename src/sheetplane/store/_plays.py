@@ -16,11 +16,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._rowchecks import check_json_value
 from .._types import ResolvedPlay
 from ..errors import InvalidInputError
 from ._names import org_schema
 from ._pool import TrioPool
-from ._rowdata import check_json_value, check_key
+from ._rowdata import check_key
 from ._schema import ensure_ddl, relations_missing
 
 __all__ = ["register_play", "resolve_play"]

@@ -40,6 +40,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._rowchecks import check_json_value
 from .._types import (
     INTEGER_MAX,
     LEASE_TOKEN_BYTES,
@@ -52,7 +53,7 @@ from ..budgets import MAX_REQUEST_TEXT_BYTES, WORK_RECEIPT_LEASE_TTL_MS
 from ..errors import InvalidInputError, WorkReceiptFencedError
 from ._names import SheetNames
 from ._pool import TrioPool
-from ._rowdata import check_json_value, check_key, check_text
+from ._rowdata import check_key, check_text
 
 __all__ = [
     "LEASE_TOKEN_BYTES",

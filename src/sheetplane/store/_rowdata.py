@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 
+from .._rowchecks import (
+    check_nested,
+    flat_row_bound,
+)
 from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
-from ..budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
+from ..budgets import MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ..errors import InvalidInputError
 from ..identity import ROW_KEY_FIELD
 from ..sizes import json_byte_length_up_to
@@ -31,113 +35,6 @@ T = TypeVar("T")
 
 
 # --- input checks -----------------------------------------------------------------
-
-
-def _flat_row_bound(row: Mapping[str, Any]) -> int | None:
-    """An upper bound on a flat row's compact-JSON bytes, or None to measure it exactly.
-
-    Checks what ``json_byte_length_up_to`` would refuse (non-finite floats,
-    strings with a lone surrogate) on the way. Every character of a JSON
-    string costs at most 6 bytes (``\\u00XX``; UTF-8 needs at most 4), an int
-    at most ``bit_length() // 3 + 2`` characters, a float at most 24. A value
-    that is not a plain scalar, or a bound past ``MAX_ROW_BYTES``, answers None,
-    and the row is measured with ``json_byte_length_up_to`` (which stops early).
-    """
-    total = 2
-    for name, value in row.items():
-        total += 6 * len(name) + 4  # quotes, colon, comma
-        if not name.isascii():
-            _encodable(name)
-        if "\x00" in name:
-            raise InvalidInputError(_NUL_MESSAGE)
-        kind = type(value)
-        if kind is str:
-            total += 6 * len(value) + 2
-            if total > MAX_ROW_BYTES:
-                return None
-            if not value.isascii():
-                _encodable(value)
-            if "\x00" in value:
-                raise InvalidInputError(_NUL_MESSAGE)
-        elif kind is int:
-            if value.bit_length() > _LONG_INT_BITS:
-                return None  # measured: Python may refuse to write it as text
-            total += value.bit_length() // 3 + 2
-        elif kind is float:
-            if not math.isfinite(value):
-                raise InvalidInputError(f"{value!r} has no JSON form (JSON numbers are finite)")
-            total += 24
-        elif value is None or kind is bool:
-            total += 5
-        else:
-            return None
-    return total if total <= MAX_ROW_BYTES else None
-
-
-_NUL_MESSAGE = "a string holds a NUL character, which Postgres cannot store in text or jsonb"
-
-#: An int longer than this many bits is measured rather than bounded: Python refuses to
-#: write an int of more than ``sys.get_int_max_str_digits()`` digits (4,300 by default)
-#: as text, and 10,000 bits is about 3,011 digits.
-_LONG_INT_BITS = 10_000
-
-
-def checked_json_object(value: object, what: Callable[[], str]) -> tuple[dict[str, Any], int]:
-    """``value`` as a new dict if it is a JSON object with string keys that
-    ``check_json_value`` passes, and its compact-JSON bytes or a bound on them;
-    ``what()`` names it in the error.
-
-    A flat object (plain scalar values) whose size bound is within
-    ``MAX_ROW_BYTES`` passes on the bound, checked on the way (as ``check_row``
-    checks an input row); any other is measured, nested checks included, by
-    ``check_json_value``, which also words the error of a flat one that fails.
-    ``map`` checks each output so (a row the store would refuse fails alone) and
-    takes the bytes as its batch estimate; the store checks what it is given so.
-    """
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise InvalidInputError(f"{what()} must be a JSON object")
-    checked = dict(value)
-    try:
-        bound = _flat_row_bound(checked)
-    except InvalidInputError:
-        bound = None
-    return checked, check_json_value(checked, what()) if bound is None else bound
-
-
-def _check_nested(value: object) -> None:
-    """Raise ``InvalidInputError`` when any string in ``value`` (a key or a value, at any
-    depth) holds NUL, or when it nests deeper than ``MAX_JSON_DEPTH``.
-
-    Postgres refuses NUL in ``text`` and ``jsonb``, and Python's json encoder
-    fails past the recursion limit: either way a write that got that far
-    would fail as a store error, not as the bad input it is. Walks with an
-    explicit stack, so depth costs memory, not recursion.
-    """
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise InvalidInputError(_NUL_MESSAGE)
-        elif isinstance(item, Mapping | list | tuple):
-            if depth >= MAX_JSON_DEPTH:
-                raise InvalidInputError(
-                    f"a value nests deeper than {MAX_JSON_DEPTH} levels (MAX_JSON_DEPTH)"
-                )
-            if isinstance(item, Mapping):
-                stack.extend((name, depth) for name in item)
-                stack.extend((child, depth + 1) for child in item.values())
-            else:
-                stack.extend((child, depth + 1) for child in item)
-
-
-def _encodable(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"string holds a lone surrogate {text[exc.start : exc.end]!r}; it has no UTF-8 form"
-        ) from None
 
 
 def check_row(row: object, position: int) -> Mapping[str, Any]:
@@ -157,7 +54,7 @@ def check_row(row: object, position: int) -> Mapping[str, Any]:
         if not isinstance(name, str):
             raise InvalidInputError(f"row {position} has a non-string field name {name!r}")
     try:
-        if _flat_row_bound(row) is not None:
+        if flat_row_bound(row) is not None:
             return row
         size = json_byte_length_up_to(dict(row), MAX_ROW_BYTES)
     except (InvalidInputError, TypeError, ValueError) as exc:
@@ -168,26 +65,10 @@ def check_row(row: object, position: int) -> Mapping[str, Any]:
             f"(at least {size.bytes} bytes): a row must fit in one page read"
         )
     try:
-        _check_nested(row)
+        check_nested(row)
     except InvalidInputError as exc:
         raise InvalidInputError(f"row {position}: {exc}") from None
     return row
-
-
-def check_json_value(value: object, what: str) -> int:
-    """Check that ``value`` is JSON with finite numbers and fits the row budget; its
-    compact-JSON bytes."""
-    try:
-        size = json_byte_length_up_to(value, MAX_ROW_BYTES)
-    except (InvalidInputError, TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
-    if size.exceeded:
-        raise InvalidInputError(f"{what} is larger than the {MAX_ROW_BYTES} byte row budget")
-    try:
-        _check_nested(value)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"{what}: {exc}") from None
-    return size.bytes
 
 
 def check_key(key: object, what: str = "row key") -> str:
