@@ -65,6 +65,8 @@ class Writes:
     """The 1-based write call that reports the attempt superseded."""
     log: list[tuple[float, str, tuple[str, ...]]] = attrs.Factory(list)
     calls: int = 0
+    errors: dict[str, str] = attrs.Factory(dict)
+    """Each failed row's error, by key."""
 
     async def _write(self, kind: str, keys: tuple[str, ...]) -> TerminalWriteResult:
         self.calls += 1
@@ -82,6 +84,7 @@ class Writes:
         return await self._write("complete", tuple(row.key for row in batch))
 
     async def fail(self, batch: Sequence[FailRow]) -> TerminalWriteResult:
+        self.errors.update((row.key, row.error) for row in batch)
         return await self._write("fail", tuple(row.key for row in batch))
 
     def written(self) -> int:
@@ -284,11 +287,7 @@ def test_receipt_keys_name_the_row_or_digest_a_long_one() -> None:
 
 async def test_outputs_that_cannot_be_written_fail_their_row_alone(autojump_clock: Any) -> None:
     writes = Writes()
-    failures: dict[str, str] = {}
-
-    async def record(batch: Sequence[FailRow]) -> TerminalWriteResult:
-        failures.update((row.key, row.error) for row in batch)
-        return await writes.fail(batch)
+    failures = writes.errors
 
     async def odd(row: dict[str, Any]) -> Any:
         await trio.lowlevel.checkpoint()
@@ -303,7 +302,7 @@ async def test_outputs_that_cannot_be_written_fail_their_row_alone(autojump_cloc
             else _raise_long()
         )
 
-    counts = await mapped(Pending(rows(8)), odd, writes, fail=record, concurrency=2, batch_rows=10)
+    counts = await mapped(Pending(rows(8)), odd, writes, concurrency=2, batch_rows=10)
     assert counts == (1, 7, 0)  # row 0 completes; row 4 raised; the rest cannot be written
     assert "not valid JSON" in failures["k00001"] and "not valid JSON" in failures["k00002"]
     assert "must return a mapping" in failures["k00003"]
@@ -315,11 +314,7 @@ async def test_outputs_the_store_would_refuse_fail_their_row_alone(autojump_cloc
     # These passed map's measure and reached the store's check of the whole batch,
     # which refused the write: the map stopped on the one bad row.
     writes = Writes()
-    failures: dict[str, str] = {}
-
-    async def record(batch: Sequence[FailRow]) -> TerminalWriteResult:
-        failures.update((row.key, row.error) for row in batch)
-        return await writes.fail(batch)
+    failures = writes.errors
 
     deep: Any = 1
     for _ in range(MAX_JSON_DEPTH + 1):
@@ -330,7 +325,7 @@ async def test_outputs_the_store_would_refuse_fail_their_row_alone(autojump_cloc
         await trio.lowlevel.checkpoint()
         return bad[row["n"]]
 
-    counts = await mapped(Pending(rows(4)), refused, writes, fail=record, batch_rows=10)
+    counts = await mapped(Pending(rows(4)), refused, writes, batch_rows=10)
     assert counts == (1, 3, 0)
     assert "NUL" in failures["k00001"]
     assert "MAX_JSON_DEPTH" in failures["k00002"]

@@ -28,22 +28,13 @@ def test_all_names_every_public_attribute() -> None:
     assert public == set(sheetplane.__all__)
 
 
-def test_importing_the_http_client_does_not_import_psycopg() -> None:
-    # A fresh interpreter: this test session has long imported the store.
+def test_importing_the_http_client_and_map_does_not_import_psycopg() -> None:
+    # A fresh interpreter: this test session has long imported the store. map checks
+    # its outputs with the store's own checks and reads ahead over a dataset: both
+    # once came through the store package.
     probe = (
         "import sys, sheetplane.gateway.client, sheetplane._types, sheetplane\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')"
-        " or m.startswith('sheetplane.store')))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]", done.stdout
-
-
-def test_importing_sheetplane_and_map_loads_no_database_driver() -> None:
-    # map checks its outputs with the store's own checks and reads ahead over a dataset:
-    # both once came through the store package, which loads psycopg.
-    probe = (
-        "import sys, sheetplane, sheetplane._map, sheetplane._rowchecks\n"
+        "import sheetplane._map, sheetplane._rowchecks\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')"
         " or m.startswith('sheetplane.store')))"
     )

@@ -108,18 +108,24 @@ async def test_an_int_too_long_to_write_is_refused_not_a_store_error(
     # A flat row passed on its size bound (about 4,800 bytes for this int) and Python
     # refused to write it as text (over 4,300 digits) inside the write.
     before = await snapshot(store, sheet)
-    long_int = 10**5_000
-    with pytest.raises(InvalidInputError):
-        await store.start_dataset(sheet, [{"_key": "c", "email": long_int}], "r2", CONTRACT)
-    with pytest.raises(InvalidInputError):
+    await refused_as_input_and_output(store, sheet, admitted, 10**5_000, "not valid JSON")
+    assert await snapshot(store, sheet) == before
+
+
+async def refused_as_input_and_output(
+    store: SheetStore, sheet: SheetRef, admitted: int, value: Any, match: str
+) -> None:
+    """``value`` is refused in an admitted row and in a written output."""
+    with pytest.raises(InvalidInputError, match=match):
+        await store.start_dataset(sheet, [{"_key": "c", "email": value}], "r2", CONTRACT)
+    with pytest.raises(InvalidInputError, match=match):
         await store.complete_map_rows(
             sheet,
             CONTRACT,
-            [CompleteRow("a", {"score": long_int})],
+            [CompleteRow("a", {"score": value})],
             run_id="r1",
             write_version=admitted,
         )
-    assert await snapshot(store, sheet) == before
 
 
 @pytest.mark.parametrize("key", ["\ud800", "a\udfffb"])
@@ -173,16 +179,7 @@ async def test_nesting_past_max_json_depth_is_refused_not_a_recursion_error(
 ) -> None:
     before = await snapshot(store, sheet)
     too_deep = nested(MAX_JSON_DEPTH + 1)
-    with pytest.raises(InvalidInputError, match="MAX_JSON_DEPTH"):
-        await store.start_dataset(sheet, [{"_key": "k", "email": too_deep}], "r2", CONTRACT)
-    with pytest.raises(InvalidInputError, match="MAX_JSON_DEPTH"):
-        await store.complete_map_rows(
-            sheet,
-            CONTRACT,
-            [CompleteRow("a", {"score": too_deep})],
-            run_id="r1",
-            write_version=admitted,
-        )
+    await refused_as_input_and_output(store, sheet, admitted, too_deep, "MAX_JSON_DEPTH")
     with pytest.raises(InvalidInputError, match="MAX_JSON_DEPTH"):
         await store.complete_work_receipt(sheet.org_id, sheet.play_name, "w", too_deep, "r1")
     assert await snapshot(store, sheet) == before
