@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime
 import math
 import secrets
+import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 import attrs
 
@@ -478,9 +479,16 @@ class Page:
     """The requested offset."""
 
 
+#: The pages every road serves: ``limit`` from 1 to ``READ_PAGE_MAX_ROWS`` rows, ``offset``
+#: within a Postgres ``bigint``. ``check_page_request`` holds a ``PageRequest`` to them, and
+#: the wire's classes (``protocol/_messages.py``) a request's members.
+PAGE_LIMITS: Final = (1, READ_PAGE_MAX_ROWS)
+PAGE_OFFSETS: Final = (0, BIGINT_MAX)
+
+
 def check_page_limit(limit: object) -> int:
     """A page's row limit: an integer from 1 to ``READ_PAGE_MAX_ROWS``."""
-    return check_int("limit", limit, 1, READ_PAGE_MAX_ROWS)
+    return check_int("limit", limit, *PAGE_LIMITS)
 
 
 def check_page_request(request: object) -> PageRequest:
@@ -489,14 +497,42 @@ def check_page_request(request: object) -> PageRequest:
     if not isinstance(request, PageRequest):
         raise InvalidInputError(f"page request must be a PageRequest, got {request!r}")
     check_page_limit(request.limit)
-    check_int("offset", request.offset, 0, BIGINT_MAX)
+    check_int("offset", request.offset, *PAGE_OFFSETS)
     return request
 
 
-def check_page_batch(pages: object) -> list[PageRequest]:
+#: What only this module's makers of ``CheckedPages`` hold.
+_CHECKED: Final = object()
+
+
+class CheckedPages(tuple[PageRequest, ...]):
+    """A batch read's pages after their one check on a road: 1 to ``READ_BATCH_MAX_PAGES``
+    pages within ``PAGE_LIMITS`` and ``PAGE_OFFSETS``.
+
+    Only ``check_page_batch`` (the client's and the store's check of the
+    ``PageRequest``s a caller passes) and ``decoded_page_batch`` (the reference
+    gateway's, of the pages a request's wire class has checked) make one; a
+    road handed one reads it without checking it again. Pickled, it is
+    checked again where it is read back.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, pages: Iterable[PageRequest], key: object) -> CheckedPages:
+        if key is not _CHECKED:
+            raise TypeError("CheckedPages are made by check_page_batch, not directly")
+        return super().__new__(cls, pages)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (check_page_batch, (list(self),))
+
+
+def check_page_batch(pages: object) -> CheckedPages:
     """A batch read's pages, checked once where they enter a road (the client, the
     store): 1 to ``READ_BATCH_MAX_PAGES`` ``check_page_request``s; else
-    ``InvalidInputError``."""
+    ``InvalidInputError``. Pages already checked come back as they are."""
+    if isinstance(pages, CheckedPages):
+        return pages
     if isinstance(pages, str | bytes) or not isinstance(pages, Sequence):
         raise InvalidInputError("pages must be a sequence of PageRequest")
     requests = [check_page_request(request) for request in pages]
@@ -504,7 +540,36 @@ def check_page_batch(pages: object) -> list[PageRequest]:
         raise InvalidInputError(
             f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
         )
-    return requests
+    return CheckedPages(requests, _CHECKED)
+
+
+def decoded_page_batch(pages: Iterable[tuple[int, int]]) -> CheckedPages:
+    """The ``(limit, offset)`` pages of a decoded request as ``CheckedPages``, not
+    checked again: for the wire decoder only (``protocol/_domain.page_batch_of``),
+    whose classes held them to ``PAGE_LIMITS``, ``PAGE_OFFSETS`` and the batch's
+    count as they were read."""
+    return CheckedPages((_decoded_page(limit, offset) for limit, offset in pages), _CHECKED)
+
+
+def _decoded_page(limit: int, offset: int) -> PageRequest:
+    return unchecked(PageRequest, limit=limit, offset=offset)
+
+
+A = TypeVar("A")
+
+
+def unchecked(cls: type[A], **fields: Any) -> A:
+    """The frozen attrs value ``cls(**fields)`` made the way attrs' own initialiser sets
+    a frozen value's members, without running its validators: for values a check
+    already held to the same rules (a decoded message's pages, a checked batch
+    written to the wire). Every field must be given."""
+    names = {field.name for field in attrs.fields(typing.cast(Any, cls))}
+    if set(fields) != names:
+        raise TypeError(f"{cls.__name__} needs exactly {sorted(names)}, got {sorted(fields)}")
+    value = object.__new__(cls)
+    for name, member in fields.items():
+        object.__setattr__(value, name, member)
+    return value
 
 
 # --- scoped DB sessions -------------------------------------------------------------

@@ -772,7 +772,7 @@ class GatewayClient:
             run_id,
             admitted,
             row_mode=row_mode,
-            pages=[m.PageRequestWire(limit=r.limit, offset=r.offset) for r in requests],
+            pages=_answers.pages_wire(requests),
         )
         try:
             answer = await self._send(self._request(m.ReadRowsBatchRequest, input=read))

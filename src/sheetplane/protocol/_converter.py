@@ -41,6 +41,7 @@ __all__ = [
     "ABSENT",
     "TEXT_CAPS",
     "Absent",
+    "Checked",
     "Verbatim",
     "WireConverter",
     "WireError",
@@ -77,6 +78,12 @@ class WireError(ValueError):
 
 class Verbatim(ValueError):
     """A rule whose message is the whole answer (a seed error text), not a field's."""
+
+
+class Checked(list[T]):
+    """A list member built from values a domain check already held to the member's
+    rules (a client's pages, checked by ``check_page_batch``): its count rule is not
+    run again, and its items are made with ``sheetplane._types.unchecked``."""
 
 
 #: The longest text (UTF-8 bytes) a request member may carry, by wire name; every
@@ -135,6 +142,8 @@ def between(minimum: int, maximum: int | None = None) -> Any:
 
 def count_rule(minimum: int, maximum: int, verbatim: str | None = None) -> Any:
     def validate(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if isinstance(value, Checked):
+            return
         if not isinstance(value, list):
             raise ValueError(f"must be a list, got {type(value).__name__}")
         if not minimum <= len(value) <= maximum:

@@ -22,13 +22,14 @@ from __future__ import annotations
 import datetime as dt
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
 from .._types import (
     OPERATIONS,
     AdmittedPart,
+    CheckedPages,
     CompleteRow,
     ContractColumn,
     DbSession,
@@ -49,9 +50,12 @@ from .._types import (
     Summary,
     TerminalWriteResult,
     canonical_operations,
+    decoded_page_batch,
+    unchecked,
 )
 from ..errors import GatewayProtocolError, InvalidInputError
 from . import _messages as m
+from ._converter import Checked
 
 T = TypeVar("T")
 
@@ -155,6 +159,29 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:  # a lone surrogate
         return False
     return True
+
+
+class _Paged(Protocol):
+    """A page as a request carries it: a batch's ``PageRequestWire``, a read's ``input``."""
+
+    @property
+    def limit(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
+def page_batch_of(pages: Iterable[_Paged]) -> CheckedPages:
+    """The pages a decoded read asks for (a batch's ``input.pages``, or a read's
+    ``input`` itself), as the store reads them without checking them again:
+    their wire classes held them to the page rules and the count as they were
+    read, the reference gateway's one check of a page."""
+    return decoded_page_batch((page.limit, page.offset) for page in pages)
+
+
+def pages_wire(pages: CheckedPages) -> list[m.PageRequestWire]:
+    """A batch read's ``input.pages`` from pages ``check_page_batch`` checked, written
+    without holding them to the wire class's rules again (the same rules)."""
+    return Checked(unchecked(m.PageRequestWire, limit=p.limit, offset=p.offset) for p in pages)
 
 
 def receipt_wire(receipt: Receipt) -> m.ReceiptWire:

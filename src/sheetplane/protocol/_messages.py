@@ -24,6 +24,8 @@ from .._types import (
     BIGINT_MAX,
     BIGINT_MIN,
     INTEGER_MAX,
+    PAGE_LIMITS,
+    PAGE_OFFSETS,
     CodeFormat,
     LogicalTable,
     Operation,
@@ -33,7 +35,6 @@ from .._types import (
 from ..budgets import (
     ADMISSION_CHUNK_ROWS,
     READ_BATCH_MAX_PAGES,
-    READ_PAGE_MAX_ROWS,
 )
 from ._converter import (
     ABSENT,
@@ -99,10 +100,10 @@ class SheetContractWire:
 
 @attrs.frozen(kw_only=True)
 class PageRequestWire:
-    """``{limit, offset}``."""
+    """``{limit, offset}``: decoding it is the reference gateway's one check of a page."""
 
-    limit: int = int_field(1, READ_PAGE_MAX_ROWS)
-    offset: int = int_field(0, BIGINT_MAX)
+    limit: int = int_field(*PAGE_LIMITS)
+    offset: int = int_field(*PAGE_OFFSETS)
 
 
 @attrs.frozen(kw_only=True)
@@ -226,8 +227,8 @@ class ReadInput:
 class ReadRowKeysInput(ReadInput):
     """The ``input`` of a read of one page: ``limit`` rows from ``offset``."""
 
-    limit: int = int_field(1, READ_PAGE_MAX_ROWS)
-    offset: int = int_field(0, BIGINT_MAX)
+    limit: int = int_field(*PAGE_LIMITS)
+    offset: int = int_field(*PAGE_OFFSETS)
 
 
 @attrs.frozen(kw_only=True)

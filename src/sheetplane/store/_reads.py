@@ -43,6 +43,7 @@ from .._json import decode_body
 from .._types import (
     EVERY_ROW,
     AdmittedPart,
+    CheckedPages,
     Page,
     PageRequest,
     RowCursor,
@@ -721,8 +722,9 @@ async def _batch(
     pages: Sequence[PageRequest],
     which: RowFilter,
     make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
-) -> tuple[list[list[R]], list[PageRequest]]:
-    """The rows of each page of a batch read in ``make_form``'s form, and the requests."""
+) -> tuple[list[list[R]], CheckedPages]:
+    """The rows of each page of a batch read in ``make_form``'s form, and the requests
+    (checked here unless they come checked: ``CheckedPages``)."""
     requests = check_page_batch(pages)
     filt = _filter(which)
 

@@ -23,7 +23,6 @@ from ..._types import (
     InlineAdmission,
     LogicalTable,
     Operation,
-    PageRequest,
     SheetContract,
     SheetRef,
     canonical_operations,
@@ -304,11 +303,12 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     message = _read(call, m.ReadRowsRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
-    request = PageRequest(limit=spec.limit, offset=spec.offset)
+    pages = d.page_batch_of([spec])
+    (request,) = pages
     store = call.state.store
     which = d.row_filter_of(spec)
     if spec.after is m.ABSENT or call.state.config.legacy:
-        (page,) = await store.read_rows_batch_json(sheet, [request], which=which)
+        (page,) = await store.read_rows_batch_json(sheet, pages, which=which)
         return EncodedAnswer(_page_body(page))
     try:
         cursor = d.row_cursor_of(spec.after)
@@ -329,9 +329,8 @@ async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
     message = _read(call, m.ReadRowsBatchRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
-    requests = [PageRequest(limit=p.limit, offset=p.offset) for p in spec.pages]
     pages = await call.state.store.read_rows_batch_json(
-        sheet, requests, which=d.row_filter_of(spec)
+        sheet, d.page_batch_of(spec.pages), which=d.row_filter_of(spec)
     )
     # The envelope the store's budget counted around the pages (protocol/_splice.py).
     return EncodedAnswer(splice.pages_body(_page_body(page) for page in pages))
@@ -342,7 +341,7 @@ async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
     message = _read(call, m.ReadRowKeysRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
-    request = PageRequest(limit=spec.limit, offset=spec.offset)
+    (request,) = d.page_batch_of([spec])
     keys = await call.state.store.read_row_keys(sheet, request, which=d.row_filter_of(spec))
     answer = m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
     return m.unstructure(answer)
