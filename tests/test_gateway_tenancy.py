@@ -1007,18 +1007,20 @@ async def test_a_refused_batch_read_decodes_about_its_budget_not_the_whole_page(
     assert peak < READ_BATCH_MAX_RESPONSE_BYTES + 12 * MiB, peak
 
 
-async def test_refused_reads_release_their_rows_when_answered_not_at_the_next_collection(
+async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answered(
     database_url: str, namespace: str
 ) -> None:
-    """Refused reads keep no rows once answered, and only the reads the pool admits
-    hold rows at once.
+    """A refused read holds its rows once, as the bytes it would send; answered, it
+    keeps none; and only the reads the pool admits hold rows at once.
 
-    The rows a refused read had measured were held by its exception's traceback,
-    and the gateway's answer put that exception in a reference cycle: each refused
-    read's rows (about its 12 MiB budget) stayed until the cyclic collector ran, so
-    a burst of refused reads piled them up past what the pool's reads in flight
-    hold (``sheetplane bench refused_reads``: 20 reads, 316 MiB of growth). The
-    collector is held off here, as it is between its runs.
+    Before, each row also came as a str (encoded to bytes after), the previous
+    fetch's rows stayed while the next arrived, and the rows a refused read had
+    measured were held by its exception's traceback, which the gateway's answer
+    put in a reference cycle: each refused read's rows (about its 12 MiB budget)
+    stayed until the cyclic collector ran, so a burst of refused reads piled them
+    up past what the pool's reads in flight hold (``sheetplane bench
+    refused_reads``: 20 reads, 316 MiB of growth). The collector is held off
+    here, as it is between its runs.
     """
     read = await seed_mib_rows(database_url, namespace, 14)
     pool, reads = 2, 6
@@ -1029,25 +1031,33 @@ async def test_refused_reads_release_their_rows_when_answered_not_at_the_next_co
             response = await post(gw, TOKEN_A, "runtime_sheet_read_rows_batch", **read)
             statuses.append(response.status_code)
 
-        gc.collect()
-        gc.disable()
-        tracemalloc.start()
-        try:
-            before, _ = tracemalloc.get_traced_memory()
-            async with trio.open_nursery() as nursery:
-                for _ in range(reads):
-                    nursery.start_soon(one)
-            after, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-            gc.enable()
-    assert statuses == [413] * reads
-    # Each read in flight holds its budget and one fetch of 1 MiB rows (as text and
-    # as bytes); the pool admits two at once. Before, the answered reads' rows
-    # stayed too: six reads' budgets.
+        async def traced(n: int) -> tuple[int, int]:
+            """What ``n`` concurrent refused reads allocated at their peak, and kept."""
+            gc.collect()
+            gc.disable()
+            tracemalloc.start()
+            try:
+                before, _ = tracemalloc.get_traced_memory()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(n):
+                        nursery.start_soon(one)
+                after, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+                gc.enable()
+            return peak - before, after - before
+
+        alone, kept_alone = await traced(1)
+        burst, kept = await traced(reads)
+    assert statuses == [413] * (1 + reads)
+    # One read: the rows within the budget and the one 1 MiB row that passes it,
+    # each once (before: 14 MiB, the rows as text too).
+    assert alone < READ_BATCH_MAX_RESPONSE_BYTES + MiB, alone / MiB
+    # Each read in flight holds its budget and one fetch; the pool admits two at
+    # once. Before, the answered reads' rows stayed too: six reads' budgets.
     in_flight = pool * (READ_BATCH_MAX_RESPONSE_BYTES + 3 * MiB)
-    assert peak - before < in_flight + 4 * MiB, (peak - before) / MiB
-    assert after - before < 2 * MiB, (after - before) / MiB
+    assert burst < in_flight + 4 * MiB, burst / MiB
+    assert kept_alone < MiB and kept < 2 * MiB, (kept_alone / MiB, kept / MiB)
 
 
 # --- finding 4: no org's metadata in what every role can read ---------------------------

@@ -12,12 +12,20 @@ and what it holds once they are answered and a few seconds have passed
 (``VmRSS``), with the answers' statuses. A read that fetched its page whole
 before measuring it holds the page; one that fetches a bounded slice at a
 time holds about the budget, and the pool bounds how many run at once.
+
+Then, on the same server, the median of ``--ok-reads`` (default 15) batch reads
+that are answered 200, one at a time: a page of the large rows that fits the
+budget (``--ok-rows``, default 3), and a batch of four 500-row pages of a
+company sheet of 2,000 small rows. A change that bounds the refused reads'
+memory should leave these no slower: compare the figures of two runs, one on
+each version of the code (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -35,6 +43,7 @@ from ..gateway.server import RUNTIME_PATH
 from ..protocol._domain import read_contract
 from ..store import open_store
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
+from . import _common
 
 __all__ = ["main"]
 
@@ -53,6 +62,11 @@ def _memory_kib(pid: int) -> dict[str, int]:
     return fields
 
 
+#: The company sheet of the successful small-row reads: its rows and its pages.
+SMALL_ROWS = 2_000
+SMALL_PAGES = [{"limit": 500, "offset": offset} for offset in range(0, SMALL_ROWS, 500)]
+
+
 async def _seed(url: str, namespace: str, rows: int, row_mib: float) -> None:
     sheet = SheetRef(ORG, PLAY, namespace)
     contract = read_contract(CONTRACT)
@@ -65,29 +79,59 @@ async def _seed(url: str, namespace: str, rows: int, row_mib: float) -> None:
                 for i in range(start, min(rows, start + 4))
             ]
             await store.start_dataset(sheet, chunk, f"run-{start}", contract)
+        small = SheetRef(ORG, PLAY, f"{namespace}_small")
+        rows_small = _common.make_rows(SMALL_ROWS)
+        await store.start_dataset(small, rows_small, "run-small", _common.CONTRACT, key_field="id")
+
+
+def _read_body(namespace: str, pages: list[dict[str, int]]) -> dict[str, object]:
+    return {
+        "action": "runtime_sheet_read_rows_batch",
+        "playName": PLAY,
+        "input": {"tableNamespace": namespace, "pages": pages},
+    }
+
+
+def _client(base_url: str, token: str, n: int) -> httpx.AsyncClient:
+    headers = {"authorization": f"Bearer {token}"}
+    limits = httpx.Limits(max_connections=n)
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120, limits=limits)
 
 
 async def _read_all(base_url: str, token: str, namespace: str, rows: int, n: int) -> Counter[int]:
     statuses: Counter[int] = Counter()
-    body = {
-        "action": "runtime_sheet_read_rows_batch",
-        "playName": PLAY,
-        "input": {"tableNamespace": namespace, "pages": [{"limit": rows, "offset": 0}]},
-    }
+    body = _read_body(namespace, [{"limit": rows, "offset": 0}])
 
     async def one(http: httpx.AsyncClient) -> None:
         response = await http.post(RUNTIME_PATH, json=body)
         statuses[response.status_code] += 1
 
-    headers = {"authorization": f"Bearer {token}"}
-    limits = httpx.Limits(max_connections=n)
-    async with (
-        httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120, limits=limits) as http,
-        trio.open_nursery() as nursery,
-    ):
+    async with _client(base_url, token, n) as http, trio.open_nursery() as nursery:
         for _ in range(n):
             nursery.start_soon(one, http)
     return statuses
+
+
+async def _ok_reads(
+    base_url: str, token: str, namespace: str, ok_rows: int, n: int
+) -> dict[str, float]:
+    """Median seconds of ``n`` successful batch reads of each kind, one at a time."""
+    bodies = {
+        f"{ok_rows} large rows, one page": _read_body(namespace, [{"limit": ok_rows, "offset": 0}]),
+        f"{SMALL_ROWS:,} small rows, four pages": _read_body(f"{namespace}_small", SMALL_PAGES),
+    }
+    medians: dict[str, float] = {}
+    async with _client(base_url, token, 1) as http:
+        for name, body in bodies.items():
+            times = []
+            for _ in range(n):
+                started = time.perf_counter()
+                response = await http.post(RUNTIME_PATH, json=body)
+                times.append(time.perf_counter() - started)
+                if response.status_code != 200:
+                    raise RuntimeError(f"{name}: answered {response.status_code}")
+            medians[name] = statistics.median(times)
+    return medians
 
 
 def _serve(url: str, token: str) -> tuple[subprocess.Popen[str], str]:
@@ -124,6 +168,7 @@ def _run(url: str, args: argparse.Namespace) -> None:
         peak = _memory_kib(process.pid)
         time.sleep(args.settle)
         after = _memory_kib(process.pid)
+        medians = trio.run(_ok_reads, base_url, token, namespace, args.ok_rows, args.ok_reads)
     finally:
         process.terminate()
         process.wait(30)
@@ -134,6 +179,9 @@ def _run(url: str, args: argparse.Namespace) -> None:
     print(f"server RSS before:  {before['VmRSS'] / 1024:8.1f} MiB")
     print(f"server RSS peak:    {peak['VmHWM'] / 1024:8.1f} MiB (VmHWM)")
     print(f"server RSS {args.settle:.0f} s after: {after['VmRSS'] / 1024:8.1f} MiB")
+    print(f"successful batch reads, median of {args.ok_reads}:")
+    for name, seconds in medians.items():
+        print(f"  {name}: {seconds * 1000:8.1f} ms")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--row-mib", type=float, default=3.0, help="MiB of data per row")
     parser.add_argument("--concurrent", type=int, default=20, help="simultaneous reads")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before the last sample")
+    parser.add_argument("--ok-rows", type=int, default=3, help="large rows of a successful read")
+    parser.add_argument("--ok-reads", type=int, default=15, help="successful reads of each kind")
     args = parser.parse_args(argv)
     url = database_url_from_env()
     if url is not None:
