@@ -1029,7 +1029,7 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
     here, as it is between its runs.
     """
     read = await seed_mib_rows(database_url, namespace, 14)
-    pool, reads = 2, 6
+    pool, reads = 2, 4
     statuses: list[int] = []
     async with running_gateway(database_url, tokens={TOKEN_A: ORG_A}, max_connections=pool) as gw:
 
@@ -1060,7 +1060,7 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
     # each once (before: 14 MiB, the rows as text too).
     assert alone < READ_BATCH_MAX_RESPONSE_BYTES + MiB, alone / MiB
     # Each read in flight holds its budget and one fetch; the pool admits two at
-    # once. Before, the answered reads' rows stayed too: six reads' budgets.
+    # once. Before, the answered reads' rows stayed too: four reads' budgets.
     in_flight = pool * (READ_BATCH_MAX_RESPONSE_BYTES + 3 * MiB)
     assert burst < in_flight + 4 * MiB, burst / MiB
     assert kept_alone < MiB and kept < 2 * MiB, (kept_alone / MiB, kept / MiB)
