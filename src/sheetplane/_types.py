@@ -98,9 +98,13 @@ _COLUMN_SOURCES: Final = get_args(ColumnSource)
 
 
 def _column_text(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not value:
+    """A column's ``id`` and ``sql_name``: a string with a character that is not
+    whitespace, and no system column. The one statement of the rule: the gateway
+    reads a contract into ``ContractColumn``s and answers this refusal 400."""
+    if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(
-            f"ContractColumn.{attribute.name} must be a non-empty string, got {value!r}"
+            f"ContractColumn.{attribute.name} must be a non-empty string "
+            f"(not only whitespace), got {value!r}"
         )
     if value in SYSTEM_COLUMNS:
         raise InvalidInputError(

@@ -50,6 +50,7 @@ __all__ = [
     "build",
     "check_text_cap",
     "count_rule",
+    "domain_text_field",
     "int_field",
     "lease_token_field",
     "optional_int_field",
@@ -160,6 +161,13 @@ _TEXT = rule(_non_empty)
 def text_field() -> Any:
     """A required non-empty string."""
     return attrs.field(validator=_TEXT, metadata={"minLength": 1, "pattern": r"\S"})
+
+
+def domain_text_field() -> Any:
+    """A required string whose rule the domain value it is read into states (a contract
+    column's ``id`` and ``sqlName``: ``ContractColumn``'s check): the schema says it
+    is never blank, and the domain check refuses it, once, on both roads."""
+    return attrs.field(metadata={"minLength": 1, "pattern": r"\S"})
 
 
 def admission_id_field() -> Any:

@@ -45,6 +45,7 @@ from ._converter import (
     between,
     build,
     count_rule,
+    domain_text_field,
     int_field,
     lease_token_field,
     optional_int_field,
@@ -83,10 +84,10 @@ MAX_TTL_SECONDS: Final = BIGINT_MAX // 1_000
 
 @attrs.frozen(kw_only=True)
 class ContractColumnWire:
-    """One column of a sheet contract."""
+    """One column of a sheet contract (``ContractColumn`` checks ``id`` and ``sqlName``)."""
 
-    id: str = text_field()
-    sql_name: str = text_field()
+    id: str = domain_text_field()
+    sql_name: str = domain_text_field()
     source: Literal["input", "mapField", "output"]
     field: str | None = None
 
