@@ -63,11 +63,14 @@ T = TypeVar("T")
 # --- both directions ---------------------------------------------------------------------
 
 
-def copy_fields(value: Any, cls: type[T]) -> T:
+def copy_fields(value: Any, cls: type[T], **given: Any) -> T:
     """A ``cls`` (a domain value or a wire class) holding ``value``'s members of the
-    same names: where a message and a value agree field for field."""
+    same names, but for those ``given``: where a message and a value agree field for
+    field (a row list on the wire is a tuple in a value)."""
     fields = attrs.fields(typing.cast(Any, cls))
-    return cls(**{field.name: getattr(value, field.name) for field in fields})
+    return cls(
+        **{f.name: given[f.name] if f.name in given else getattr(value, f.name) for f in fields}
+    )
 
 
 def contract_wire(contract: SheetContract) -> m.SheetContractWire:
@@ -269,16 +272,11 @@ def session_limits_of(value: m.SessionLimitsWire) -> SessionLimits:
 
 def admission_answer(admission: InlineAdmission) -> dict[str, Any]:
     """``start_sheet_dataset``'s answer."""
-    return m.unstructure(
-        m.AdmissionAnswer(
-            inserted=admission.inserted,
-            skipped=admission.skipped,
-            pending_rows=list(admission.pending_rows),
-            completed_rows=list(admission.completed_rows),
-            table_namespace=admission.table_namespace,
-            write_version=admission.write_version,
-        )
+    pending, completed = list(admission.pending_rows), list(admission.completed_rows)
+    answer = copy_fields(
+        admission, m.AdmissionAnswer, pending_rows=pending, completed_rows=completed
     )
+    return m.unstructure(answer)
 
 
 def terminal_write_answer(result: TerminalWriteResult, *, legacy: bool) -> dict[str, Any]:
@@ -352,14 +350,8 @@ def parse_ok(answer: Mapping[str, Any], action: str) -> None:
 def parse_admission(answer: Mapping[str, Any], action: str) -> InlineAdmission:
     """``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
     read = read_as(answer, m.AdmissionAnswer, action)
-    return InlineAdmission(
-        inserted=read.inserted,
-        skipped=read.skipped,
-        pending_rows=tuple(read.pending_rows),
-        completed_rows=tuple(read.completed_rows),
-        write_version=read.write_version,
-        table_namespace=read.table_namespace,
-    )
+    pending, completed = tuple(read.pending_rows), tuple(read.completed_rows)
+    return copy_fields(read, InlineAdmission, pending_rows=pending, completed_rows=completed)
 
 
 def check_page(value: object, request: PageRequest, action: str, where: str) -> Page:
