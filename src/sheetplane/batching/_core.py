@@ -488,20 +488,18 @@ class SchedulingCore(Generic[K, V]):
         first.index = 0
         first.key = first.value = None
         nbytes = first.nbytes
-        if nbytes <= self.max_batch_bytes:
-            max_bytes = self.max_batch_bytes
-            max_index = self.max_batch_items - 1
-            index = 0
-            while queue and index < max_index:
-                entry = queue[0]
+        max_bytes = self.max_batch_bytes
+        if nbytes <= max_bytes:
+            take = queue.popleft
+            for index in range(1, min(len(queue) + 1, self.max_batch_items)):
+                entry = take()
                 size = entry.nbytes
                 if nbytes + size > max_bytes:
+                    queue.appendleft(entry)
                     break
-                queue.popleft()
                 entries.append(entry)
                 values.append(entry.value)
                 nbytes += size
-                index += 1
                 entry.state = RUNNING
                 entry.batch = batch
                 entry.index = index
