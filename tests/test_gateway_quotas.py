@@ -60,17 +60,24 @@ async def post(
         )
 
 
-async def begin(gw: RunningGateway, namespace: str, **fields: Any) -> str:
-    admission_id = uuid.uuid4().hex
-    response = await post(
+async def begin_answer(
+    gw: RunningGateway, namespace: str, admission_id: str | None = None, **fields: Any
+) -> httpx.Response:
+    """The answer to a begin of ``admission_id`` (a new one when None) for run-1."""
+    return await post(
         gw,
         "begin_sheet_admission",
         tableNamespace=namespace,
         sheetContract=CONTRACT,
-        admissionId=admission_id,
+        admissionId=admission_id or uuid.uuid4().hex,
         runId="run-1",
         **fields,
     )
+
+
+async def begin(gw: RunningGateway, namespace: str, **fields: Any) -> str:
+    admission_id = uuid.uuid4().hex
+    response = await begin_answer(gw, namespace, admission_id, **fields)
     assert response.status_code == 200, response.text
     return admission_id
 
@@ -176,15 +183,7 @@ async def test_an_org_past_its_sheet_cap_is_refused_429_on_every_road_that_creat
             rows=[{"_key": "k", "email": "a@example.com"}],
             runId="run-1",
         ),
-        await post(
-            capped,
-            "begin_sheet_admission",
-            play=play,
-            tableNamespace="ns-staged",
-            sheetContract=CONTRACT,
-            admissionId=uuid.uuid4().hex,
-            runId="run-1",
-        ),
+        await begin_answer(capped, "ns-staged", play=play),
     ]
     for refused in refusals:
         assert refused.status_code == 429, refused.text
@@ -445,25 +444,11 @@ async def test_open_admissions_are_bounded_per_org_and_an_admission_has_a_lifeti
 ) -> None:
     gw = staging_capped
     opened = [await begin(gw, "leads") for _ in range(3)]
-    refused = await post(
-        gw,
-        "begin_sheet_admission",
-        tableNamespace="leads",
-        sheetContract=CONTRACT,
-        admissionId=uuid.uuid4().hex,
-        runId="run-1",
-    )
+    refused = await begin_answer(gw, "leads")
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "runtime_staging_quota"
     # A begin of an admission already open is a retry, not a new one.
-    again = await post(
-        gw,
-        "begin_sheet_admission",
-        tableNamespace="leads",
-        sheetContract=CONTRACT,
-        admissionId=opened[0],
-        runId="run-1",
-    )
+    again = await begin_answer(gw, "leads", opened[0])
     assert again.status_code == 200, again.text
     # However often it is fed, an admission older than its lifetime is expired by the
     # sweep (before, each chunk extended its idle expiry without end).
@@ -518,40 +503,19 @@ async def test_open_admissions_are_bounded_per_token_by_its_digest(
     gw = token_capped
     first, second = TWO_TOKENS
     opened = [await begin(gw, "leads", token=first) for _ in range(2)]
-    refused = await post(
-        gw,
-        "begin_sheet_admission",
-        token=first,
-        tableNamespace="other",
-        sheetContract=CONTRACT,
-        admissionId=uuid.uuid4().hex,
-        runId="run-1",
-    )
+    tables = await trio.to_thread.run_sync(org_tables, database_url, CAPPED_ORG["a"])
+    refused = await begin_answer(gw, "other", token=first)
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "runtime_staging_quota"
     assert "this token holds 2 open admissions" in refused.json()["error"]
+    # Refused before anything was written: not even the new sheet's tables.
+    assert await trio.to_thread.run_sync(org_tables, database_url, CAPPED_ORG["a"]) == tables
     # A retried begin is not a new admission; the org's other token has room of its own
     # until the org's bound.
-    again = await post(
-        gw,
-        "begin_sheet_admission",
-        token=first,
-        tableNamespace="leads",
-        sheetContract=CONTRACT,
-        admissionId=opened[0],
-        runId="run-1",
-    )
+    again = await begin_answer(gw, "leads", opened[0], token=first)
     assert again.status_code == 200, again.text
     assert await begin(gw, "leads", token=second)
-    by_org = await post(
-        gw,
-        "begin_sheet_admission",
-        token=second,
-        tableNamespace="leads",
-        sheetContract=CONTRACT,
-        admissionId=uuid.uuid4().hex,
-        runId="run-1",
-    )
+    by_org = await begin_answer(gw, "leads", token=second)
     assert by_org.status_code == 429, by_org.text
     assert "the org holds 3 open admissions" in by_org.json()["error"]
     # Refused begins kept nothing; each admission names its token by a digest only.
@@ -728,3 +692,86 @@ async def test_a_stage_role_copy_past_its_admissions_staged_bytes_is_refused_in_
     assert await trio.to_thread.run_sync(
         counter, database_url, "org", org_schema(CAPPED_ORG["a"])
     ) == (0, 0)
+
+
+def make_older_layout(database_url: str, names: Any, layout: str) -> None:
+    """Take the sheet's staging tables back to ``layout``: ``before-quotas`` (no quota
+    columns on the registry, no quota triggers) or ``before-trigger`` (the staging
+    row reserved by the first, ``BEFORE INSERT``, trigger)."""
+    staging, admissions = names.ident("staging_table"), names.ident("admissions_table")
+    with psycopg.connect(database_url) as conn:
+        for trigger, table in _quotas.QUOTA_TRIGGERS:
+            if layout == "before-quotas" or table == "staging_table":
+                conn.execute(
+                    sql.SQL("DROP TRIGGER {} ON {}").format(
+                        sql.Identifier(trigger), names.ident(table)
+                    )
+                )
+        if layout == "before-quotas":
+            conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {} DROP COLUMN token_id, DROP COLUMN staged_bytes, "
+                    "DROP COLUMN max_staged_bytes, DROP COLUMN open_counted"
+                ).format(admissions)
+            )
+        else:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER sheetplane_staged_bytes BEFORE INSERT ON {} FOR EACH ROW "
+                    "EXECUTE FUNCTION sheetplane_staging.reserve_chunk({}, {})"
+                ).format(staging, sql.Literal(admissions.as_string(conn)), names.schema)
+            )
+
+
+@pytest.mark.parametrize("layout", ["before-quotas", "before-trigger"])
+async def test_an_older_sheets_staging_gains_the_quotas_and_counts_each_chunk_once(
+    database_url: str, layout: str
+) -> None:
+    org = f"org-upgrade-{uuid.uuid4().hex[:8]}"
+    sheet = SheetRef(org, "upgrade", "leads")
+    names = sheet_names(sheet)
+    contract = SheetContract((ContractColumn("email", "email", "input"),))
+    chunk = _staging.prepare_chunk(rows_of(2), 0)
+    async with open_store(database_url) as store:
+        await store.ensure_sheet(sheet, contract)
+    await trio.to_thread.run_sync(make_older_layout, database_url, names, layout)
+    old = uuid.uuid4().hex
+    with psycopg.connect(database_url) as conn:  # begun by the older code
+        conn.execute(
+            sql.SQL("INSERT INTO {} (admission_id, run_id) VALUES (%s, 'run-1')").format(
+                names.ident("admissions_table")
+            ),
+            (old,),
+        )
+    async with open_store(database_url) as store:
+        assert await store.stage_chunk(sheet, old, 0, 0, chunk)  # older code's trigger
+        new = uuid.uuid4().hex
+        await store.begin_admission(sheet, contract, new, "run-1")  # upgrades the sheet
+        assert await store.stage_chunk(sheet, old, 1, 2, _staging.prepare_chunk(rows_of(2), 2))
+        assert await store.stage_chunk(sheet, new, 0, 0, chunk)
+
+        def stored() -> dict[str, int]:
+            with psycopg.connect(database_url) as conn:
+                found = conn.execute(
+                    sql.SQL(
+                        "SELECT a.admission_id, a.staged_bytes, (SELECT coalesce(sum("
+                        "pg_column_size(s._keys) + pg_column_size(s._rows)), 0) FROM {} AS s "
+                        "WHERE s._admission_id = a.admission_id) FROM {} AS a"
+                    ).format(names.ident("staging_table"), names.ident("admissions_table"))
+                ).fetchall()
+            # Each admission's counter is its rows' bytes (less what it staged before
+            # the counters existed): nothing is counted twice.
+            return {str(a): int(held) - int(rows) for a, held, rows in found}
+
+        kept = await trio.to_thread.run_sync(stored)
+        assert kept[new] == 0
+        size = len(chunk.keys) + len(chunk.rows)
+        if layout == "before-quotas":
+            assert -2 * size < kept[old] < -size // 2  # its first chunk counts nothing
+        else:
+            # Counted once, by the superseded trigger (which read the row's size
+            # before it was stored: a header byte or three more) and then the new one.
+            assert 0 <= kept[old] < size // 2
+        await store.commit_admission(sheet, contract, old, "run-1", chunks=2, rows=4)
+        assert await store.abort_admission(sheet, new)
+    assert await trio.to_thread.run_sync(counter, database_url, "org", org_schema(org)) == (0, 0)

@@ -711,7 +711,7 @@ async def ensure_sheet(
             conn.execute(statement)
 
     def missing(conn: psycopg.Connection[Any]) -> bool:
-        return _missing_ddl(conn, names, columns)
+        return _missing_ddl(conn, names, columns) or quota_objects_missing(conn)
 
     if await pool.run(missing):
         # The staging counters the sheet's quota triggers call, under their own key.

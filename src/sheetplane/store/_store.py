@@ -27,7 +27,17 @@ from .._types import (
     SheetRef,
     TerminalWriteResult,
 )
-from . import _admission, _fencing, _plays, _reads, _receipts, _schema, _staging, _writes
+from . import (
+    _admission,
+    _fencing,
+    _plays,
+    _quotas,
+    _reads,
+    _receipts,
+    _schema,
+    _staging,
+    _writes,
+)
 from ._names import SheetNames, receipt_names, sheet_names
 from ._pool import TrioPool, open_pool
 from ._quotas import StoreQuotas
@@ -167,6 +177,18 @@ class SheetStore:
         ``token_id`` names the begin's token (a digest, never the token) for its
         open-admission bound (``StoreQuotas.max_open_admissions_per_token``).
         """
+        names = sheet_names(sheet)
+        if not await self.pool.run(functools.partial(_schema.sheet_exists, names=names)):
+            # A new sheet's begin is a new admission: refused at its bound before the
+            # sheet's tables are made.
+            await self.pool.run(
+                functools.partial(
+                    _quotas.check_admission_room,
+                    quotas=self.quotas,
+                    schema=names.schema,
+                    token_id=token_id,
+                )
+            )
         names = await self._ensure_cached(sheet, contract)
         await _staging.begin_admission(
             self.pool, names, admission_id, run_id, quotas=self.quotas, token_id=token_id
