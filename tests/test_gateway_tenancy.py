@@ -1017,7 +1017,8 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
     database_url: str, namespace: str
 ) -> None:
     """A refused read holds its rows once, as the bytes it would send; answered, it
-    keeps none; and only the reads the pool admits hold rows at once.
+    keeps none (refused 413 or failed 400 on a row it cannot send); and only the
+    reads the pool admits hold rows at once.
 
     Before, each row also came as a str (encoded to bytes after), the previous
     fetch's rows stayed while the next arrived, and the rows a refused read had
@@ -1055,7 +1056,17 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
 
         alone, kept_alone = await traced(1)
         burst, kept = await traced(reads)
-    assert statuses == [413] * (1 + reads)
+        # A stored number no float holds (the direct road's roles can write one)
+        # fails the read 400 at the tenth row, after nine 1 MiB rows were read.
+        table = sheet_names(SheetRef(ORG_A, PLAY, namespace)).ident("sheet_table")
+        unreadable = "1" + "0" * 400 + ".5"
+        await run_sql(
+            database_url,
+            sql.SQL("UPDATE {} SET email = %s::jsonb WHERE _key = 'big9'").format(table),
+            (unreadable,),
+        )
+        _, kept_failed = await traced(1)
+    assert statuses == [413] * (1 + reads) + [400]
     # One read: the rows within the budget and the one 1 MiB row that passes it,
     # each once (before: 14 MiB, the rows as text too).
     assert alone < READ_BATCH_MAX_RESPONSE_BYTES + MiB, alone / MiB
@@ -1064,6 +1075,8 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
     in_flight = pool * (READ_BATCH_MAX_RESPONSE_BYTES + 3 * MiB)
     assert burst < in_flight + 4 * MiB, burst / MiB
     assert kept_alone < MiB and kept < 2 * MiB, (kept_alone / MiB, kept / MiB)
+    # Nor does a read that fails on a row it cannot write (9 MiB before).
+    assert kept_failed < MiB, kept_failed / MiB
 
 
 # --- finding 4: no org's metadata in what every role can read ---------------------------

@@ -55,7 +55,7 @@ from .._types import (
     check_page_request,
 )
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES
-from ..errors import InvalidInputError, ReadBatchTooLargeError
+from ..errors import InvalidInputError, ReadBatchTooLargeError, SheetplaneError
 from ..protocol._splice import ANSWER_OVERHEAD, page_overhead
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
@@ -396,20 +396,24 @@ T = TypeVar("T")
 def _refused_without_rows(read: Callable[[Conn], T]) -> Callable[[Conn], T]:
     """``read``, whose refusal leaves without the frames that hold the rows read so far.
 
-    ``ReadBatchTooLargeError`` is raised deep in a read, in frames that hold every
-    row measured until then (about the budget). Its traceback would keep them for
-    as long as anything keeps the exception, and a reference cycle keeps it until
-    the cyclic collector runs: a burst of refused reads then piles up their rows.
-    The refusal is raised anew here, with no traceback below this frame and no
-    context, so the rows go when the read ends, whoever keeps the refusal.
+    A refusal (``ReadBatchTooLargeError`` past the budget, ``InvalidInputError``
+    for a stored value with no JSON form, any ``SheetplaneError``) is raised deep
+    in a read, in frames that hold every row read until then (about the budget).
+    Its traceback, and the frames' callers each frame refers to, would keep them
+    for as long as anything keeps the exception, and a reference cycle keeps it
+    until the cyclic collector runs: a burst of refused reads then piles up their
+    rows. The refusal leaves here with no traceback below this frame and no
+    context or cause (a 413 or 400 answer names neither), so the rows go when the
+    read ends, whoever keeps the refusal. A psycopg error keeps its traceback, for
+    the log of the store error it becomes.
     """
 
     def run(conn: Conn) -> T:
         try:
             return read(conn)
-        except ReadBatchTooLargeError as exc:
-            observed = exc.observed_bytes
-        raise ReadBatchTooLargeError(observed)
+        except SheetplaneError as exc:
+            exc.__context__ = None
+            raise exc.with_traceback(None) from None
 
     return run
 
