@@ -289,6 +289,13 @@ ADMISSION_COMMIT_RANGE_ROWS: Final = 10 * POSTGRES_WRITE_CHUNK_ROWS
 #: instead of spilling to disk at Postgres' 4 MiB default.
 ADMISSION_COMMIT_WORK_MEM_BYTES: Final = 32 * MiB
 
+#: An admission that adds at least this many rows, and at least a tenth of its
+#: sheet's rows (autovacuum's default analyze scale factor), analyzes the sheet
+#: before it commits (``store._rowdata.analyze_if_grown``): a fifth of a write
+#: statement's rows, so a map batch of ``MAP_MAX_BATCH_ROWS`` rows written right
+#: after it is planned on what the sheet holds.
+ADMISSION_ANALYZE_MIN_ROWS: Final = POSTGRES_WRITE_CHUNK_ROWS // 5
+
 #: An open staged admission with no chunk for this long is abandoned (its
 #: runner died): the next admission of its sheet, or the reaper, expires it and
 #: deletes its staging rows. A closed admission's record (kept so a retried

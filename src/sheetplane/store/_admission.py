@@ -57,6 +57,7 @@ from ._counters import compact_counters
 from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
+    analyze_if_grown,
     check_row,
     check_text,
     chunked,
@@ -340,6 +341,7 @@ async def start_dataset(
         else:
             pending_rows, completed_rows = writer.admit_into_sheet(kept)
         compact_counters(conn, names)
+        analyze_if_grown(conn, names, writer.inserted)
         record_event(
             conn,
             names,

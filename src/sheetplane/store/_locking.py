@@ -18,7 +18,8 @@ takes nothing out of it (docs/store.md has the table of paths):
    exclusive request holds back later shared ones, so a stream of terminal
    writes cannot starve an admission;
 3. the rows table (the statements' own relation locks; ``ALTER TABLE``'s
-   ``ACCESS EXCLUSIVE`` only ever under the exclusive writer lock);
+   ``ACCESS EXCLUSIVE``, and the ``SHARE UPDATE EXCLUSIVE`` of an admission's
+   ``ANALYZE``, only ever under the exclusive writer lock);
 4. row locks on sheet rows, in ``_key COLLATE "C"`` order (terminal writes,
    which run side by side, lock the rows they decide on ``FOR UPDATE`` in that
    order, chunk after chunk);

@@ -80,6 +80,7 @@ from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 from ._pool import TrioPool
 from ._quotas import StoreQuotas, reserve_admission, staging_refusal
 from ._rowdata import (
+    analyze_if_grown,
     check_row,
     column_lookup_names,
     lock_sheet,
@@ -831,6 +832,7 @@ async def commit_admission(
             _admit_by_ranges(conn, names, columns, params, rows, tally)
         readmitted = sum(tally.by_old_status[s] for s in _READMITTED)
         compact_counters(conn, names)
+        analyze_if_grown(conn, names, tally.inserted)
         record_event(
             conn,
             names,
