@@ -22,7 +22,12 @@ from .._rowchecks import (
     flat_row_bound,
 )
 from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
-from ..budgets import ADMISSION_ANALYZE_MIN_ROWS, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
+from ..budgets import (
+    ADMISSION_ANALYZE_MIN_ROWS,
+    ADMISSION_ANALYZE_STATISTICS_TARGET,
+    MAX_ROW_BYTES,
+    MAX_ROW_KEY_BYTES,
+)
 from ..errors import InvalidInputError
 from ..identity import ROW_KEY_FIELD
 from ..sizes import json_byte_length_up_to
@@ -308,15 +313,20 @@ def analyze_if_grown(conn: psycopg.Connection[Any], names: SheetNames, added: in
     ``complete_map_rows`` right after a 16,000-row first admission took 17-19 s,
     near ``POSTGRES_STATEMENT_TIMEOUT_MS``; 0.6-1.4 s after an ``ANALYZE``). Run
     in the admission's own transaction under its writer lock, by the tables'
-    owner (the gateway, or the store's role): it samples the rows the
-    transaction wrote, its statistics are visible when the admission commits and
-    gone if it rolls back. A role that does not own the sheet is skipped with a
-    warning, as ``ANALYZE`` does.
+    owner (the gateway, or the store's role), at the statistics target
+    ``ADMISSION_ANALYZE_STATISTICS_TARGET`` (for this transaction only): it
+    samples the rows the transaction wrote, its statistics are visible when the
+    admission commits and gone if it rolls back. A role that does not own the
+    sheet is skipped with a warning, as ``ANALYZE`` does.
     """
     if added < ADMISSION_ANALYZE_MIN_ROWS:
         return False
     if added * 10 < status_counts(conn, names)["total"]:
         return False
+    conn.execute(
+        "SELECT set_config('default_statistics_target', %s, true)",
+        (str(ADMISSION_ANALYZE_STATISTICS_TARGET),),
+    )
     conn.execute(sql.SQL("ANALYZE {}").format(names.ident("sheet_table")))
     return True
 
