@@ -5,7 +5,8 @@ The path, in order:
 1. ``begin_admission``: register an admission id (chosen by the runner, a
    random 128-bit hex string, so a retried begin is a no-op) for one run.
    Abandoned admissions of the sheet (open, idle past ``ADMISSION_IDLE_MS``)
-   are expired on the way and their staging rows deleted.
+   are expired on the way and their staging rows deleted. A new admission
+   reserves one open admission of its org and of its token (``_quotas``).
 2. ``stage_chunk`` (once per chunk, any number of times): record the chunk
    ``(admission id, seq)`` with ``INSERT ... ON CONFLICT DO NOTHING`` and,
    only if that inserted it, write its staging row, in one transaction. A
@@ -17,7 +18,9 @@ The path, in order:
    they arrived when they carry keys and are in a form the store accepts
    (``gateway/server/_chunks.py``), and the direct road writes them itself,
    needing only ``INSERT`` on the staging and chunk tables (operation
-   ``rows.stage``).
+   ``rows.stage``). On either road the staging table's trigger reserves the
+   row's bytes on its admission, its org and the total, and refuses the row
+   past a bound (``_quotas``).
 3. ``commit_admission``: one transaction. Lock the admission row, check the
    chunks are exactly ``0..n-1``, contiguous, with the row count the runner
    sent and every chunk's staging row present; take the sheet's writer lock
