@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import psycopg.conninfo
 import pytest
 import trio
 from psycopg import sql
@@ -19,9 +20,11 @@ from psycopg import sql
 from _session_helpers import aad_of
 from _slot_helpers import hogging_every_slot, refusals
 from sheetplane import crypto
+from sheetplane._recovery import retry_idempotent
 from sheetplane._types import ContractColumn, SheetContract, SheetRef
 from sheetplane.budgets import (
     DB_SESSION_MAX_CONNECTIONS,
+    POSTGRES_CONNECT_BUDGET_MS,
     org_connection_budget,
 )
 from sheetplane.gateway.client import GatewayClient
@@ -353,3 +356,52 @@ async def test_the_watchdog_cuts_an_org_past_its_budget_back_newest_first(
         finally:
             for conn in [*held, conn_b]:
                 await trio.to_thread.run_sync(conn.close)
+
+
+async def test_a_session_whose_role_is_reclaimed_under_its_open_pool_is_minted_anew_by_the_retry(
+    small_server: EmbeddedPostgres,
+) -> None:
+    # The pool opened (its first connect let go again), then the role was reclaimed
+    # before the statement's connect: the login is refused under an open pool.
+    # Before, the statement waited out the whole connect budget (22.5 s) and the
+    # call failed store_unavailable; now the statement leaves at the refusal, the
+    # session is retired, and the direct road's retry mints anew and succeeds.
+    key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
+    async with (
+        running_gateway(small_server.url, tokens={TOKEN_A: ORG_A}) as gw,
+        GatewayClient(gw.base_url, TOKEN_A, play_name=PLAY, org_id=ORG_A) as client,
+        SessionManager(client, decryption_key=key) as manager,
+    ):
+        response = await post(
+            gw, TOKEN_A, "ensure_sheet", tableNamespace=NAMESPACE, sheetContract=CONTRACT
+        )
+        assert response.status_code == 200, response.text
+        shape = AccessShape(NAMESPACE, ("rows.read",), contract=SHEET_CONTRACT)
+        table = sheet_names(SheetRef(ORG_A, PLAY, NAMESPACE)).ident("sheet_table")
+        attempts = 0
+
+        async def attempt() -> list[tuple[int, ...]]:
+            nonlocal attempts
+            attempts += 1
+            async with manager.store(shape) as store:
+                if attempts == 1:
+                    role = str(manager._sessions[manager.cache_key(shape)].postgres_url)
+                    name = psycopg.conninfo.conninfo_to_dict(role)["user"]
+                    assert name is not None
+
+                    def reclaim(conn: psycopg.Connection[Any]) -> None:
+                        _drop_role(conn, str(name))  # as a mint waiting for room does
+
+                    await gw.state.store.pool.run(reclaim)
+                return await store.pool.run(
+                    lambda conn: conn.execute(
+                        sql.SQL("SELECT count(*) FROM {}").format(table)
+                    ).fetchall()
+                )
+
+        # Before, the first attempt's statement alone took the whole connect budget.
+        with trio.fail_after(POSTGRES_CONNECT_BUDGET_MS / 1000):
+            rows = await retry_idempotent(attempt)
+    assert rows == [(0,)]
+    assert attempts == 2
+    assert manager.minted == 2

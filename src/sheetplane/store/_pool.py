@@ -368,7 +368,10 @@ class TrioPool:
                         pool._slot_refusals += is_slot_exhaustion(exc)
                         delay = pool._next_delay_ms(exc, failures, started, time.monotonic())
                         if delay is None:
-                            pool._outage_began(exc, failures, started)
+                            if not is_login_refused(exc):
+                                # A refused login is no outage: a scoped session's
+                                # role reclaimed or expired; the caller is told.
+                                pool._outage_began(exc, failures, started)
                             raise
                         time.sleep(delay / 1000)
                     else:
