@@ -775,3 +775,39 @@ async def test_an_older_sheets_staging_gains_the_quotas_and_counts_each_chunk_on
         await store.commit_admission(sheet, contract, old, "run-1", chunks=2, rows=4)
         assert await store.abort_admission(sheet, new)
     assert await trio.to_thread.run_sync(counter, database_url, "org", org_schema(org)) == (0, 0)
+
+
+async def test_the_sweep_sets_the_counters_back_when_a_registry_is_dropped_with_open_admissions(
+    database_url: str,
+) -> None:
+    # Counters move only with the registry's rows: a sheet's tables dropped with an
+    # open admission (an operator's cleanup) left its org's and token's room taken.
+    org = f"org-drift-{uuid.uuid4().hex[:8]}"
+    token_id = f"tok-drift-{uuid.uuid4().hex[:8]}"
+    contract = SheetContract((ContractColumn("email", "email", "input"),))
+    dropped, kept = SheetRef(org, "drift", "gone"), SheetRef(org, "drift", "kept")
+    async with open_store(database_url) as store:
+        for sheet in (dropped, kept):
+            admission_id = uuid.uuid4().hex
+            await store.begin_admission(sheet, contract, admission_id, "run-1", token_id=token_id)
+            await store.stage_chunk(
+                sheet, admission_id, 0, 0, _staging.prepare_chunk(rows_of(2), 0)
+            )
+        org_key = org_schema(org)
+        held = await trio.to_thread.run_sync(counter, database_url, "org", org_key)
+        assert held[1] == 2
+
+        def drop() -> None:
+            names = sheet_names(dropped)
+            with psycopg.connect(database_url) as conn:
+                for table in ("staging_table", "stage_chunks_table", "admissions_table"):
+                    conn.execute(sql.SQL("DROP TABLE {}").format(names.ident(table)))
+
+        await trio.to_thread.run_sync(drop)
+        assert await trio.to_thread.run_sync(counter, database_url, "org", org_key) == held
+        await store.sweep_admissions()
+        org_bytes, org_open = await trio.to_thread.run_sync(counter, database_url, "org", org_key)
+        assert (org_open, 0 < org_bytes < held[0]) == (1, True)
+        assert await trio.to_thread.run_sync(counter, database_url, "token", token_id) == (0, 1)
+        total = await trio.to_thread.run_sync(total_staged, database_url)
+        assert total == await trio.to_thread.run_sync(org_counters_sum, database_url)

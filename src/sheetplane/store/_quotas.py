@@ -62,6 +62,7 @@ from ..budgets import (
     TOKEN_MAX_OPEN_ADMISSIONS,
 )
 from ..errors import AdmissionStagingTooLargeError, SheetCapError, StagingQuotaError
+from ._names import ADMISSIONS_SUFFIX
 
 if TYPE_CHECKING:
     from ._names import SheetNames
@@ -73,10 +74,14 @@ __all__ = [
     "StoreQuotas",
     "check_admission_room",
     "check_room",
+    "counted_orgs",
     "create_quota_objects",
     "quota_objects_missing",
     "quota_trigger_ddl",
     "quota_triggers_missing",
+    "reconcile_org",
+    "reconcile_tokens",
+    "reconcile_total",
     "reserve_admission",
     "staging_refusal",
 ]
@@ -473,3 +478,120 @@ def staging_refusal(exc: psycopg.Error) -> Exception | None:
     ):
         return StagingQuotaError(message)
     return None
+
+
+# --- reconciliation (the reaper's pass) -------------------------------------------------
+
+_REGISTRIES: Final = (
+    "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'open_counted'"
+    " AND NOT a.attisdropped WHERE c.relkind = 'r' AND n.nspname LIKE %s AND c.relname LIKE %s"
+)
+
+
+def _open_admissions(conn: psycopg.Connection[Any], schema: str | None) -> sql.Composable:
+    """A query of ``(token_id, staged_bytes, open_counted)`` of every open admission of
+    ``schema``'s registries (None: every org's) that carry the quota columns."""
+    rows = conn.execute(
+        _REGISTRIES,
+        (
+            schema.replace("_", r"\_") if schema else r"sp\_%",
+            "%" + ADMISSIONS_SUFFIX.replace("_", r"\_"),
+        ),
+    ).fetchall()
+    parts = [
+        sql.SQL("SELECT token_id, staged_bytes, open_counted FROM {} WHERE state = 'open'").format(
+            sql.Identifier(str(n), str(c))
+        )
+        for n, c in rows
+    ]
+    if not parts:
+        return sql.SQL("SELECT NULL::text, 0::bigint, false WHERE false")
+    return sql.SQL(" UNION ALL ").join(parts)
+
+
+def reconcile_org(conn: psycopg.Connection[Any], schema: str) -> bool:
+    """Set the org's counter to what its open admissions hold (it drifts only when a
+    registry is dropped with open admissions in it); whether it differed.
+
+    Exact under concurrency: the counter's row is locked first, so a reservation
+    that took it has committed before the registries are read, and one waiting for
+    it adds to the value set here (its registry row, uncommitted, is not counted).
+    """
+    if (
+        conn.execute(
+            sql.SQL("SELECT FROM {} WHERE scope = 'org' AND key = %s FOR UPDATE").format(_QUOTAS),
+            (schema,),
+        ).fetchone()
+        is None
+    ):
+        return False
+    found = conn.execute(
+        sql.SQL(
+            "SELECT coalesce(sum(o.staged_bytes), 0)::bigint, "
+            "(count(*) FILTER (WHERE o.open_counted))::integer FROM ({}) AS o(t, staged_bytes, "
+            "open_counted)"
+        ).format(_open_admissions(conn, schema))
+    ).fetchone()
+    assert found is not None
+    return (
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET staged_bytes = %s, open_admissions = %s WHERE scope = 'org' "
+                "AND key = %s AND (staged_bytes, open_admissions) IS DISTINCT FROM (%s, %s)"
+            ).format(_QUOTAS),
+            (found[0], found[1], schema, found[0], found[1]),
+        ).rowcount
+        == 1
+    )
+
+
+def reconcile_total(conn: psycopg.Connection[Any]) -> bool:
+    """Set the total counter to the sum of the orgs' (its row locked first, as
+    ``reconcile_org``'s); whether it differed."""
+    if (
+        conn.execute(
+            sql.SQL("SELECT FROM {} WHERE scope = 'total' AND key = '' FOR UPDATE").format(_QUOTAS)
+        ).fetchone()
+        is None
+    ):
+        return False
+    return (
+        conn.execute(
+            sql.SQL(
+                "UPDATE {q} SET staged_bytes = s.n FROM (SELECT coalesce(sum(staged_bytes), 0) "
+                "AS n FROM {q} WHERE scope = 'org') AS s WHERE scope = 'total' AND key = '' "
+                "AND staged_bytes <> s.n"
+            ).format(q=_QUOTAS)
+        ).rowcount
+        == 1
+    )
+
+
+def reconcile_tokens(conn: psycopg.Connection[Any]) -> int:
+    """Set every token's counter to its open admissions in every org's registries (the
+    token rows locked first, in key order); how many differed."""
+    conn.execute(
+        sql.SQL("SELECT FROM {} WHERE scope = 'token' ORDER BY key FOR UPDATE").format(_QUOTAS)
+    )
+    return conn.execute(
+        sql.SQL(
+            "UPDATE {q} AS q SET open_admissions = coalesce(c.n, 0) FROM {q} AS k "
+            "LEFT JOIN (SELECT o.t, count(*)::integer AS n FROM ({open}) AS o(t, staged_bytes, "
+            "open_counted) WHERE o.open_counted GROUP BY o.t) AS c ON c.t = k.key "
+            "WHERE k.scope = 'token' AND q.scope = 'token' AND q.key = k.key "
+            "AND q.open_admissions <> coalesce(c.n, 0)"
+        ).format(q=_QUOTAS, open=_open_admissions(conn, None))
+    ).rowcount
+
+
+def counted_orgs(conn: psycopg.Connection[Any]) -> list[str]:
+    """The org schemas the counters hold a row for (none before any begin)."""
+    if conn.execute("SELECT to_regclass(%s)", (f"{QUOTA_SCHEMA}.quotas",)).fetchone() == (None,):
+        return []
+    return [
+        str(row[0])
+        for row in conn.execute(
+            sql.SQL("SELECT key FROM {} WHERE scope = 'org' ORDER BY key").format(_QUOTAS)
+        ).fetchall()
+    ]

@@ -81,7 +81,15 @@ from ..identity import row_key
 from ._counters import compact_counters, compact_if_long
 from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 from ._pool import TrioPool
-from ._quotas import StoreQuotas, reserve_admission, staging_refusal
+from ._quotas import (
+    StoreQuotas,
+    counted_orgs,
+    reconcile_org,
+    reconcile_tokens,
+    reconcile_total,
+    reserve_admission,
+    staging_refusal,
+)
 from ._rowdata import (
     analyze_if_grown,
     check_row,
@@ -515,7 +523,9 @@ def _compact_unless_busy(conn: Conn, names: SheetNames) -> bool:
 async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFETIME_MS) -> int:
     """The reaper's pass: expire every sheet's idle admissions and delete their staging
     rows, and compact every long counter log (``_counters.compact_if_long``), each
-    sheet in its own transactions; returns how many admissions were expired."""
+    sheet in its own transactions, then set the staging counters to what the open
+    admissions hold (``_quotas.reconcile_org``); returns how many admissions were
+    expired."""
 
     def tables(conn: Conn) -> list[tuple[str, str]]:
         rows = conn.execute(
@@ -531,6 +541,12 @@ async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFE
         names = sheet_tables(schema, table.removesuffix(ADMISSIONS_SUFFIX))
         expired += await pool.run(partial(_expire_idle, names=names, lifetime_ms=lifetime_ms))
         await pool.run(partial(_compact_unless_busy, names=names))
+    # The staging counters, each in a transaction of its own, set to what the open
+    # admissions hold (they drift only when a registry is dropped with open ones).
+    for schema in await pool.run(counted_orgs):
+        await pool.run(partial(reconcile_org, schema=schema))
+    await pool.run(reconcile_total)
+    await pool.run(reconcile_tokens)
     return expired
 
 
