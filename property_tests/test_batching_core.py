@@ -50,6 +50,9 @@ class BatcherCoreMachine(RuleBasedStateMachine):
         self.last_run: dict[str, int] = {}
         # The shell's timer: lowered by every wakeup hint, reset by each scheduler step.
         self.timer = math.inf
+        # Retention peaks seen after each step: the core's peaks are at least these
+        # (one step, an expiry say, can admit a value and drop it again unseen).
+        self.peak_items = self.peak_bytes = 0
 
     @initialize(
         max_batch_items=st.integers(1, 4),
@@ -254,7 +257,10 @@ class BatcherCoreMachine(RuleBasedStateMachine):
         assert stats.waiting_for_admission == len(self.model.admitting)
         assert stats.queued == sum(len(q) for q in self.model.lanes.values())
         assert stats.peak_in_flight <= self.limits["max_in_flight_batches"]
-        assert stats.peak_retained_items <= self.limits["max_retained_items"]
+        self.peak_items = max(self.peak_items, self.model.retained_items)
+        self.peak_bytes = max(self.peak_bytes, self.model.retained_bytes)
+        assert self.peak_items <= stats.peak_retained_items <= self.limits["max_retained_items"]
+        assert self.peak_bytes <= stats.peak_retained_bytes <= self.limits["max_retained_bytes"]
 
 
 BatcherCoreMachine.TestCase.settings = settings(
