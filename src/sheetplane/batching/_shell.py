@@ -10,6 +10,8 @@ The shell only waits, wakes and cancels; every decision is the core's.
   next ready batch in the same step. Before a runner starts a batch it makes
   sure another runner is summoned if more batches are ready, so a slow
   ``execute`` never holds up the others (up to ``max_in_flight_batches``).
+  A runner that has settled ``_WAKE_ROUND`` values yields once before its
+  next batch, so the callers it woke run in rounds rather than all at once.
   When every caller of a batch has gone, that batch's scope is cancelled;
   the runner then retires with it, so a cancelled scope never touches
   another batch. (Spawning a task and entering a cancel scope per batch
@@ -63,6 +65,15 @@ _reschedule: Final = trio.lowlevel.reschedule
 _current_task: Final = trio.lowlevel.current_task
 _park: Final = trio.lowlevel.wait_task_rescheduled
 _current_time: Final = trio.current_time
+_yield_shielded: Final = trio.lowlevel.cancel_shielded_checkpoint
+_WAKE_ROUND: Final = 64
+"""Values a runner settles before it yields once, when more batches are ready.
+
+Without it a runner drains a deep lane in one step and wakes every caller of
+it in one wave: thousands of parked tasks, each touched twice (woken, then
+run) long after it parked, so most of trio's park and wake works out of
+cache. A round of 64 keeps each task's wake-up close to its run; the yield
+costs one scheduler pass per 64 values. See docs/benchmarks.md."""
 _INF: Final = math.inf
 _TEXT: Final = (str, bytes, bytearray)
 """Sequences that are not a sequence of results."""
@@ -530,7 +541,15 @@ class BoundedBatchFunction(Generic[K, V, R]):
         with trio.CancelScope() as scope:
             while True:
                 self._summoned -= 1
+                woken = 0
                 while True:
+                    if woken >= _WAKE_ROUND:
+                        # Let the callers woken so far run before waking more (see
+                        # _WAKE_ROUND); meanwhile this runner counts as summoned.
+                        woken = 0
+                        self._summoned += 1
+                        await _yield_shielded()
+                        self._summoned -= 1
                     now = self._now()
                     expired = core.expire(now)
                     if expired:
@@ -567,6 +586,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                     if core.wakeup_hint < self._timer_at:
                         self._sync_timer()
                     self._settle_batch(entries, results)
+                    woken += len(entries)
                     if self._drained is not None:
                         self._check_drained()
                     if scope.cancel_called:
