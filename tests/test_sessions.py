@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 import httpx
+import psycopg
 import pytest
 import trio
 
@@ -24,12 +25,15 @@ from sheetplane import (
     GatewayProtocolError,
     InvalidInputError,
     SessionError,
+    StoreUnavailableError,
 )
 from sheetplane._types import ContractColumn, SheetContract
 from sheetplane.budgets import (
+    CALL_BUDGET_MS,
     DB_SESSION_POOL_IDLE_MS,
     DB_SESSION_RENEWAL_WINDOW_MS,
     DB_SESSION_TTL_MS,
+    POSTGRES_CONNECT_RETRY_DELAYS_MS,
 )
 from sheetplane.crypto import (
     DecryptionKey,
@@ -155,12 +159,26 @@ class FakePools:
 
     events: list[tuple[float, str, str]] = attrs.field(factory=list)
     fail_next: bool = False
+    #: How many opens Postgres refuses the login of (its role reclaimed), as libpq says it.
+    refuse_logins: int = 0
 
     @asynccontextmanager
     async def open(self, url: str) -> AsyncIterator[Any]:
         if self.fail_next:
             self.fail_next = False
             raise OSError("connection refused")
+        if self.refuse_logins:
+            self.refuse_logins -= 1
+            role = url.split("//")[1].split(":")[0]
+            await trio.sleep(0.01)  # a connect's round trip
+            try:
+                raise psycopg.OperationalError(
+                    f'connection failed: FATAL:  password authentication failed for user "{role}"'
+                )
+            except psycopg.OperationalError as refused:
+                raise StoreUnavailableError(
+                    "could not connect to Postgres (1 attempt(s) in 10 ms)", transient=False
+                ) from refused
         self.events.append((trio.current_time(), "open", url))
         try:
             yield {"url": url}
@@ -478,6 +496,46 @@ async def test_pool_that_fails_to_open_is_tried_again(
                 pass
         async with manager.store(READ) as store:
             assert store["url"] == url_of(1)
+
+
+async def test_a_session_refused_again_and_again_is_minted_anew_each_time(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    # Each of the runner's sessions was reclaimed while it waited for a slot: its
+    # login refused. Before, one was minted anew once; the second refusal failed the
+    # call (and every other caller waiting on the same pool failed at the first).
+    gateway, pools = FakeGateway(), FakePools(refuse_logins=3)
+    got: list[str] = []
+    async with manager_for(key, gateway, pools) as manager:
+
+        async def caller() -> None:
+            async with manager.store(READ) as store:
+                got.append(store["url"])
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(caller)
+    assert got == [url_of(4)] * 4
+    assert len(gateway.requests) == 4
+
+
+async def test_refused_logins_end_at_the_calls_deadline_without_naming_the_role(
+    autojump_clock: Any, key: DecryptionKey
+) -> None:
+    gateway, pools = FakeGateway(), FakePools(refuse_logins=10**6)
+    async with manager_for(key, gateway, pools) as manager:
+        started = trio.current_time()
+        with pytest.raises(StoreUnavailableError) as caught:
+            async with manager.store(READ):
+                pass
+        waited = trio.current_time() - started
+    assert CALL_BUDGET_MS / 1000 - 2 <= waited <= CALL_BUDGET_MS / 1000
+    # Minted anew on the connect ladder's rungs, not as fast as the gateway answers.
+    assert 10 < len(gateway.requests) < CALL_BUDGET_MS / POSTGRES_CONNECT_RETRY_DELAYS_MS[-1] + 5
+    assert not caught.value.transient
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert "sp_role_" not in str(caught.value) and "secret-" not in str(caught.value)
+    assert f"{len(gateway.requests)} session(s)" in str(caught.value)
 
 
 async def test_leaving_the_manager_closes_every_pool(

@@ -64,12 +64,13 @@ RETRIED_ERRORS = (StoreUnavailableError, TransactionConflictError)
 _CALL_DEADLINE: ContextVar[float | None] = ContextVar("sheetplane_call_deadline", default=None)
 
 
-def call_deadline() -> float:
+def call_deadline(started: float) -> float:
     """The deadline of the direct call this task runs: its ``retry_idempotent``
-    budget's, or (outside one) a whole call budget from now. A session manager
-    mints a gone session anew only until then."""
+    budget's, or (outside one) a whole call budget from ``started`` (its
+    ``trio.current_time()``). A session manager mints a gone session anew only
+    until then."""
     deadline = _CALL_DEADLINE.get()
-    return CallBudget(trio.current_time()).deadline if deadline is None else deadline
+    return CallBudget(started).deadline if deadline is None else deadline
 
 
 async def retry_idempotent(attempt: Callable[[], Awaitable[T]]) -> T:

@@ -69,6 +69,7 @@ from .budgets import (
     DB_SESSION_MAX_CONNECTIONS,
     DB_SESSION_POOL_IDLE_MS,
     DB_SESSION_TTL_MS,
+    POSTGRES_CONNECT_RETRY_DELAYS_MS,
     POSTGRES_PREWARM_MAX_ATTEMPTS,
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
@@ -292,17 +293,27 @@ async def _prewarm_one(session: DbSession, open_pool: PoolOpener) -> None:
 @attrs.define
 class _Refusals:
     """The sessions one ``store`` call met gone (their logins refused): each is
-    minted anew until the call's deadline, set at the first."""
+    minted anew until the call's deadline, set at the first. The first is
+    minted anew at once; each later one after the next rung of the connect
+    ladder (``POSTGRES_CONNECT_RETRY_DELAYS_MS``, then its last), so a refusal
+    that keeps coming does not hammer the gateway with mints."""
 
     count: int = 0
     deadline: float = math.inf
+    started: float = attrs.field(factory=trio.current_time)
+    """When the ``store`` call began (its budget's start outside ``retry_idempotent``)."""
 
-    def add(self) -> None:
+    async def add(self) -> None:
         self.count += 1
         if self.count == 1:
-            self.deadline = call_deadline()
+            self.deadline = call_deadline(self.started)
+        else:
+            rung = min(self.count - 2, len(POSTGRES_CONNECT_RETRY_DELAYS_MS) - 1)
+            wake = trio.current_time() + POSTGRES_CONNECT_RETRY_DELAYS_MS[rung] / _MS
+            await trio.sleep_until(min(wake, self.deadline))
         if trio.current_time() >= self.deadline:
-            raise self.error()
+            # From nothing: the refusal being handled names the role.
+            raise self.error() from None
 
     def error(self) -> StoreUnavailableError:
         return StoreUnavailableError(
@@ -630,7 +641,7 @@ class SessionManager:
                 assert pool.error is not None
                 if not (pool.minted and _login_refused(pool.error)):
                     raise pool.error
-                self._gone(key, pool.session, refusals)
+                await self._gone(key, pool.session, refusals)
                 continue
             if not pool.closed:
                 return pool
@@ -664,17 +675,17 @@ class SessionManager:
                 except Exception as exc:
                     if not (minted and _login_refused(exc)):
                         raise
-                    self._gone(key, session, refusals)
+                    await self._gone(key, session, refusals)
                     continue
                 return session, minted, own
             raise refusals.error()
 
-    def _gone(self, key: str, session: DbSession, refusals: _Refusals) -> None:
+    async def _gone(self, key: str, session: DbSession, refusals: _Refusals) -> None:
         """Postgres refused the login of ``session``, which this manager minted:
         retire it (unless another caller did) so the next try mints anew."""
         if self._sessions.get(key) is session:
             self._retire(key)
-        refusals.add()
+        await refusals.add()
 
     def _lost(
         self, key: str, session: DbSession, minted: bool, exc: StoreError
