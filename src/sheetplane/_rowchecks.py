@@ -36,11 +36,14 @@ def flat_row_bound(row: Mapping[str, Any]) -> int | None:
     strings with a lone surrogate) on the way. Every character of a JSON
     string costs at most 6 bytes (``\\u00XX``; UTF-8 needs at most 4), an int
     at most ``bit_length() // 3 + 2`` characters, a float at most 24. A value
-    that is not a plain scalar, or a bound past ``MAX_ROW_BYTES``, answers None,
-    and the row is measured with ``json_byte_length_up_to`` (which stops early).
+    that is not a plain scalar, a name that is not a ``str``, or a bound past
+    ``MAX_ROW_BYTES`` answers None, and the row is measured with
+    ``json_byte_length_up_to`` (which stops early).
     """
     total = 2
     for name, value in row.items():
+        if type(name) is not str:
+            return None
         total += 6 * len(name) + 4  # quotes, colon, comma
         if not name.isascii():
             encodable(name)
@@ -90,14 +93,18 @@ def checked_json_object(value: object, what: Callable[[], str]) -> tuple[dict[st
     ``map`` checks each output so (a row the store would refuse fails alone) and
     takes the bytes as its batch estimate; the store checks what it is given so.
     """
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+    if not isinstance(value, Mapping):
         raise InvalidInputError(f"{what()} must be a JSON object")
     checked = dict(value)
     try:
-        bound = flat_row_bound(checked)
+        bound = flat_row_bound(checked)  # None for a name that is not a str
     except InvalidInputError:
         bound = None
-    return checked, check_json_value(checked, what()) if bound is None else bound
+    if bound is not None:
+        return checked, bound
+    if not all(isinstance(k, str) for k in checked):
+        raise InvalidInputError(f"{what()} must be a JSON object")
+    return checked, check_json_value(checked, what())
 
 
 def check_nested(value: object) -> None:
