@@ -495,23 +495,62 @@ def check_page_limit(limit: object) -> int:
     return check_int("limit", limit, *PAGE_LIMITS)
 
 
-def check_page_request(request: object) -> PageRequest:
-    """A ``PageRequest`` every road can serve: ``limit`` at most ``READ_PAGE_MAX_ROWS``
-    and ``offset`` within a Postgres ``bigint``; else ``InvalidInputError``."""
+class CheckedPage(PageRequest):
+    """A ``PageRequest`` after its one check on a road: ``limit`` within ``PAGE_LIMITS``
+    and ``offset`` within ``PAGE_OFFSETS``.
+
+    Making one is the check (``CheckedPage(limit, offset)``, or
+    ``check_page_request`` of a caller's ``PageRequest``); the wire decoder
+    (``decoded_page_batch``) makes them from pages a request's wire class
+    held to the same rules. A road handed one reads it without checking it
+    again (``check_page_request`` gives it back as it is), and a client writes
+    it without running the wire class's rules again. It equals and hashes as
+    the ``PageRequest`` of the same ``limit`` and ``offset``; pickled or
+    copied, it is checked again where it is read back.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, limit: object, offset: object) -> None:
+        object.__setattr__(self, "limit", check_page_limit(limit))
+        object.__setattr__(self, "offset", check_int("offset", offset, *PAGE_OFFSETS))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PageRequest):
+            return (self.limit, self.offset) == (other.limit, other.offset)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = PageRequest.__hash__
+
+    def __repr__(self) -> str:
+        return f"PageRequest(limit={self.limit!r}, offset={self.offset!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CheckedPage, (self.limit, self.offset))
+
+
+def check_page_request(request: object) -> CheckedPage:
+    """A ``PageRequest`` every road can serve, checked once where it enters a road:
+    ``limit`` at most ``READ_PAGE_MAX_ROWS`` and ``offset`` within a Postgres
+    ``bigint``; else ``InvalidInputError``. A ``CheckedPage`` comes back as it is."""
+    if isinstance(request, CheckedPage):
+        return request
     if not isinstance(request, PageRequest):
         raise InvalidInputError(f"page request must be a PageRequest, got {request!r}")
-    check_page_limit(request.limit)
-    check_int("offset", request.offset, *PAGE_OFFSETS)
-    return request
+    return CheckedPage(request.limit, request.offset)
 
 
 #: What only this module's makers of ``CheckedPages`` hold.
 _CHECKED: Final = object()
 
 
-class CheckedPages(tuple[PageRequest, ...]):
+class CheckedPages(tuple[CheckedPage, ...]):
     """A batch read's pages after their one check on a road: 1 to ``READ_BATCH_MAX_PAGES``
-    pages within ``PAGE_LIMITS`` and ``PAGE_OFFSETS``.
+    ``CheckedPage``s.
 
     Only ``check_page_batch`` (the client's and the store's check of the
     ``PageRequest``s a caller passes) and ``decoded_page_batch`` (the reference
@@ -522,7 +561,7 @@ class CheckedPages(tuple[PageRequest, ...]):
 
     __slots__ = ()
 
-    def __new__(cls, pages: Iterable[PageRequest], key: object) -> CheckedPages:
+    def __new__(cls, pages: Iterable[CheckedPage], key: object) -> CheckedPages:
         if key is not _CHECKED:
             raise TypeError("CheckedPages are made by check_page_batch, not directly")
         return super().__new__(cls, pages)
@@ -555,8 +594,8 @@ def decoded_page_batch(pages: Iterable[tuple[int, int]]) -> CheckedPages:
     return CheckedPages((_decoded_page(limit, offset) for limit, offset in pages), _CHECKED)
 
 
-def _decoded_page(limit: int, offset: int) -> PageRequest:
-    return unchecked(PageRequest, limit=limit, offset=offset)
+def _decoded_page(limit: int, offset: int) -> CheckedPage:
+    return unchecked(CheckedPage, limit=limit, offset=offset)
 
 
 A = TypeVar("A")

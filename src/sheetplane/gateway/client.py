@@ -55,6 +55,7 @@ from .. import _checks as checks
 from .._types import (
     AdmissionCounts,
     AdmittedPart,
+    CheckedPage,
     CompleteRow,
     FailRow,
     InlineAdmission,
@@ -697,10 +698,13 @@ class GatewayClient:
         return (await self._send(request)).body
 
     @staticmethod
-    def _request_part(cls: type[_T], **fields: Any) -> _T:
-        """A part of a request (``InvalidInputError`` naming the member, nothing sent)."""
+    def _request_part(cls: type[_T], page: CheckedPage | None = None, **fields: Any) -> _T:
+        """A part of a request (``InvalidInputError`` naming the member, nothing sent);
+        a single read's ``page``, checked where it entered, is written as it is."""
         try:
-            return m.build(cls, **_normalised(fields))
+            if page is None:
+                return m.build(cls, **_normalised(fields))
+            return _answers.page_input(cls, page, **_normalised(fields))
         except m.WireError as exc:
             raise InvalidInputError(f"{cls.__name__}: {exc}") from None
 
@@ -710,12 +714,14 @@ class GatewayClient:
         table_namespace: str,
         run_id: str | None,
         admitted: AdmittedPart | None,
+        page: CheckedPage | None = None,
         **fields: Any,
     ) -> _T:
         if admitted is not None and not isinstance(admitted, AdmittedPart):
             raise InvalidInputError(f"admitted must be an AdmittedPart, got {admitted!r}")
         return self._request_part(
             cls,
+            page,
             table_namespace=table_namespace,
             run_id=run_id,
             admission=_answers.admitted_wire(admitted),
@@ -732,18 +738,12 @@ class GatewayClient:
         admitted: AdmittedPart | None = None,
     ) -> Page:
         """One page with ``runtime_sheet_read_rows``, checked against its request."""
-        check_page_request(request)
+        page = check_page_request(request)
         read = self._read_input(
-            m.ReadRowsInput,
-            table_namespace,
-            run_id,
-            admitted,
-            row_mode=row_mode,
-            limit=request.limit,
-            offset=request.offset,
+            m.ReadRowsInput, table_namespace, run_id, admitted, page, row_mode=row_mode
         )
         answer = await self._send(self._request(m.ReadRowsRequest, input=read))
-        return _answers.check_page(answer.body, request, _READ_ROWS, "the page")
+        return _answers.check_page(answer.body, page, _READ_ROWS, "the page")
 
     async def read_rows_batch(
         self,
@@ -813,8 +813,7 @@ class GatewayClient:
         without a wasted request. Raises ``ReadBatchTooLargeError`` on the
         gateway's 413.
         """
-        request = PageRequest(limit=limit, offset=offset)
-        check_page_request(request)
+        page = CheckedPage(limit, offset)
         if after is not None and not isinstance(after, Mapping):
             raise InvalidInputError(f"after must be a cursor object or None, got {after!r}")
         try:
@@ -826,21 +825,20 @@ class GatewayClient:
             table_namespace,
             run_id,
             admitted,
+            page,
             row_mode=row_mode,
-            limit=limit,
-            offset=offset,
             after=cursor,
         )
         answer = (await self._send(self._request(m.ReadRowsRequest, input=read))).body
-        page = _answers.check_page(answer, request, _READ_ROWS, "the page")
+        rows = _answers.check_page(answer, page, _READ_ROWS, "the page").rows
         if "nextAfter" not in answer:
-            return KeysetPage(page.rows, None, keyset=False)
+            return KeysetPage(rows, None, keyset=False)
         next_after = answer["nextAfter"]
         if next_after is not None:
             next_after = m.unstructure(
                 _answers.read_as(next_after, m.RowCursorWire, _READ_ROWS, "nextAfter.")
             )
-        return KeysetPage(page.rows, next_after, keyset=True)
+        return KeysetPage(rows, next_after, keyset=True)
 
     async def read_row_keys(
         self,
@@ -851,17 +849,10 @@ class GatewayClient:
         admitted: AdmittedPart | None = None,
     ) -> list[str]:
         """The keys of one page, in read order (``runtime_sheet_read_row_keys``)."""
-        check_page_request(request)
-        read = self._read_input(
-            m.ReadRowKeysInput,
-            table_namespace,
-            run_id,
-            admitted,
-            limit=request.limit,
-            offset=request.offset,
-        )
+        page = check_page_request(request)
+        read = self._read_input(m.ReadRowKeysInput, table_namespace, run_id, admitted, page)
         answer = await self._send(self._request(m.ReadRowKeysRequest, input=read))
-        return _answers.parse_row_keys(answer.body, request, m.action_of(m.ReadRowKeysRequest))
+        return _answers.parse_row_keys(answer.body, page, m.action_of(m.ReadRowKeysRequest))
 
     async def complete_map_rows(
         self,

@@ -29,6 +29,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
+from .._types import unchecked
 from ..budgets import (
     MAX_ERROR_TEXT_BYTES,
     MAX_REQUEST_TEXT_BYTES,
@@ -48,6 +49,7 @@ __all__ = [
     "admission_id_field",
     "between",
     "build",
+    "build_checked",
     "check_text_cap",
     "count_rule",
     "domain_text_field",
@@ -512,3 +514,31 @@ def build(cls: type[T], **fields: Any) -> T:
         raise WireError(str(exc)) from None
     except ValueError as exc:
         raise WireError(f"{_failing_field(cls, fields)} {exc}") from None
+
+
+#: The type of an attrs default made by a factory (its stubs type ``attrs.Factory`` as
+#: a function).
+_FACTORY: Final[type[Any]] = typing.cast(Any, attrs.Factory)
+
+
+def build_checked(cls: type[T], checked: Mapping[str, Any], /, **fields: Any) -> T:
+    """``build(cls, **fields, **checked)`` where a domain check already held the
+    ``checked`` members to their fields' rules (a single read's ``limit`` and
+    ``offset``, a ``CheckedPage``): only the other members' rules run, in field
+    order and with ``build``'s messages, and the value is made with
+    ``sheetplane._types.unchecked``."""
+    members = {**fields, **checked}
+    for field in attrs.fields(typing.cast(Any, cls)):
+        if field.name not in members and field.default is not attrs.NOTHING:
+            default = field.default
+            is_factory = isinstance(default, _FACTORY)
+            members[field.name] = default.factory() if is_factory else default
+        if field.validator is None or field.name in checked or field.name not in members:
+            continue
+        try:
+            field.validator(None, field, members[field.name])
+        except Verbatim as exc:
+            raise WireError(str(exc)) from None
+        except ValueError as exc:
+            raise WireError(f"{wire_name(field)} {exc}") from None
+    return unchecked(cls, **members)

@@ -29,6 +29,7 @@ import attrs
 from .._types import (
     OPERATIONS,
     AdmittedPart,
+    CheckedPage,
     CheckedPages,
     CompleteRow,
     ContractColumn,
@@ -55,7 +56,7 @@ from .._types import (
 )
 from ..errors import GatewayProtocolError, InvalidInputError
 from . import _messages as m
-from ._converter import Checked
+from ._converter import Checked, build_checked
 
 T = TypeVar("T")
 
@@ -185,6 +186,14 @@ def pages_wire(pages: CheckedPages) -> list[m.PageRequestWire]:
     """A batch read's ``input.pages`` from pages ``check_page_batch`` checked, written
     without holding them to the wire class's rules again (the same rules)."""
     return Checked(unchecked(m.PageRequestWire, limit=p.limit, offset=p.offset) for p in pages)
+
+
+def page_input(cls: type[T], page: CheckedPage, **fields: Any) -> T:
+    """A single-page read's ``input`` (``ReadRowsInput``, ``ReadRowKeysInput``) with the
+    ``limit`` and ``offset`` of a page ``check_page_request`` checked written without
+    holding them to the class's rules again (the same rules); the other members'
+    rules run as ``m.build`` runs them."""
+    return build_checked(cls, {"limit": page.limit, "offset": page.offset}, **fields)
 
 
 def receipt_wire(receipt: Receipt) -> m.ReceiptWire:

@@ -43,6 +43,7 @@ from .._json import decode_body
 from .._types import (
     EVERY_ROW,
     AdmittedPart,
+    CheckedPage,
     CheckedPages,
     Page,
     PageRequest,
@@ -51,7 +52,6 @@ from .._types import (
     RowMode,
     Summary,
     check_page_batch,
-    check_page_limit,
     check_page_request,
 )
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES
@@ -786,11 +786,15 @@ async def read_rows_after_json(
     pool: TrioPool,
     names: SheetNames,
     cursor: RowCursor | None,
-    limit: int,
+    limit: int | CheckedPage,
     *,
     which: RowFilter = EVERY_ROW,
 ) -> tuple[list[bytes], RowCursor | None]:
-    """``read_rows_after`` with each row as its compact JSON, written by Postgres."""
+    """``read_rows_after`` with each row as its compact JSON, written by Postgres.
+
+    ``limit`` may be the ``CheckedPage`` the reference gateway decoded (its
+    ``limit`` rows, measured with its ``offset`` as the answer will carry it),
+    read without checking it again."""
     return await _read_after(pool, names, cursor, limit, which, _Json)
 
 
@@ -798,13 +802,13 @@ async def _read_after(
     pool: TrioPool,
     names: SheetNames,
     cursor: RowCursor | None,
-    limit: int,
+    limit: int | CheckedPage,
     which: RowFilter,
     make_form: Callable[[Sequence[tuple[str, str]], RowMode], _Form[R]],
 ) -> tuple[list[R], RowCursor | None]:
     if cursor is not None and not isinstance(cursor, RowCursor):
         raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
-    limit = check_page_limit(limit)
+    page = limit if isinstance(limit, CheckedPage) else CheckedPage(limit, 0)
     filt = _filter(which)
     after = None if cursor is None else (cursor.input_index, cursor.created_at, cursor.key)
 
@@ -815,9 +819,9 @@ async def _read_after(
             return [], None
         form = make_form(columns, filt.row_mode)
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
-        budget.start_page(PageRequest(limit, 0))
-        rows, last = _rows_after(conn, names, form, filt, after, limit, budget)
-        if len(rows) < limit or last is None:
+        budget.start_page(page)
+        rows, last = _rows_after(conn, names, form, filt, after, page.limit, budget)
+        if len(rows) < page.limit or last is None:
             return rows, None
         position, _ = form.position(last)
         if position is None:

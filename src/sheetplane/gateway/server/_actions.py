@@ -316,7 +316,7 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
         raise bad_request(str(exc)) from None
     # The store measures the rows as Postgres writes them and raises
     # ReadBatchTooLargeError (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
-    rows, next_cursor = await store.read_rows_after_json(sheet, cursor, request.limit, which=which)
+    rows, next_cursor = await store.read_rows_after_json(sheet, cursor, request, which=which)
     next_after = d.row_cursor_wire(next_cursor)
     return EncodedAnswer(
         splice.page_body(rows, request.limit, request.offset, next_after=next_after)
