@@ -543,7 +543,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 self._summoned -= 1
                 woken = 0
                 while True:
-                    if woken >= _WAKE_ROUND:
+                    if woken >= _WAKE_ROUND and core.has_ready(self._now()):
                         # Let the callers woken so far run before waking more (see
                         # _WAKE_ROUND); meanwhile this runner counts as summoned.
                         woken = 0
