@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from _runtime_helpers import ROADS, counting_gateway, new_play, runtime, seeding, sheet_of
 from sheetplane import _types
 from sheetplane._types import (
     CheckedPage,
@@ -40,7 +41,8 @@ from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
 from sheetplane.protocol import _messages as m
 from sheetplane.protocol._converter import WireError, build_checked
-from sheetplane.store import SheetStore
+from sheetplane.runtime import Strategy
+from sheetplane.store import RowFilter, SheetStore
 
 TOKEN = "tok-pages-5c1d7e2a"
 ORG = "acme"
@@ -342,3 +344,25 @@ def test_a_single_read_input_built_around_a_checked_page_keeps_the_other_rules()
     with pytest.raises(WireError) as whole:
         m.build(m.ReadRowKeysInput, limit=1, offset=0, table_namespace=" ")
     assert str(around.value) == str(whole.value) == "tableNamespace must be a non-empty string"
+
+
+@pytest.mark.parametrize("strategy", ROADS)
+async def test_a_runtime_road_checks_a_keyset_page_once(
+    store: SheetStore, database_url: str, checks: Counter[str], strategy: Strategy
+) -> None:
+    """The runtime's roads hand the store and the client the page they checked
+    (``read_after``; a run's ``count`` on the gateway road reads keys by pages)."""
+    play, ns = new_play(), "keyset"
+    async with seeding(store) as seed, counting_gateway(database_url) as gw:
+        await seed(sheet_of(play, ns), 10)
+        async with runtime(gw, strategy, play=play) as rt:
+            road = rt.road(ns, RowFilter(run_id="run-1"))
+            await road.count()  # the session exists before counting
+            checks.clear()
+            rows, _ = await road.read_after(None, 4)
+            assert len(rows) == 4
+            via_gateway = strategy != "direct"
+            assert checks == ({"domain": 1, "wire": 1} if via_gateway else {"domain": 1})
+            checks.clear()
+            assert await road.count() == 10
+            assert checks == ({"domain": 1, "wire": 1} if via_gateway else {})

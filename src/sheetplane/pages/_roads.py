@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from .._recovery import retry_idempotent
-from .._types import Page, PageRequest, SheetRef, check_page_limit
+from .._types import CheckedPage, Page, PageRequest, SheetRef
 from ..budgets import READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError, SessionError
 from ..gateway.client import GatewayClient
@@ -145,8 +145,8 @@ class DirectRoad(_ScopedRoad):
         """
         if cursor is not None and not isinstance(cursor, RowCursor):
             raise InvalidInputError(f"cursor must be a RowCursor or None, got {cursor!r}")
-        limit = check_page_limit(limit)
-        shape = self._shape(limit)
+        page = CheckedPage(limit, 0)  # the read's one check: the store takes it as it is
+        shape = self._shape(page.limit)
         self.stats.keyset_reads += 1
         await self._checked_session(shape)
 
@@ -154,7 +154,7 @@ class DirectRoad(_ScopedRoad):
             store: SheetStore
             async with self._sessions.store(shape) as store:
                 return await store.read_rows_after(
-                    self._sheet, cursor, limit, which=self._scope.which
+                    self._sheet, cursor, page, which=self._scope.which
                 )
 
         try:
@@ -225,15 +225,16 @@ class GatewayRoad(_ScopedRoad):
         """Up to ``limit`` rows after ``cursor`` (a ``GatewayCursor``; None: from the start)."""
         if cursor is not None and not isinstance(cursor, GatewayCursor):
             raise InvalidInputError(f"cursor must be a GatewayCursor or None, got {cursor!r}")
-        limit = check_page_limit(limit)
         scope, client = self._scope, self._client
+        # The read's one check of ``limit`` is the client's (the page it makes, or this
+        # road's CheckedPage, which the client takes as it is).
         try:
             if cursor is not None and cursor.after is None:
                 # This gateway ignored ``after`` before: go on by offset.
                 self.stats.offset_reads += 1
                 page = await client.read_rows(
                     scope.table_namespace,
-                    PageRequest(limit=limit, offset=cursor.offset),
+                    CheckedPage(limit, cursor.offset),
                     run_id=scope.run_id,
                     row_mode=scope.row_mode,
                     admitted=scope.admitted,
@@ -278,7 +279,7 @@ class GatewayRoad(_ScopedRoad):
         while True:
             keys = await client.read_row_keys(
                 scope.table_namespace,
-                PageRequest(limit=READ_PAGE_MAX_ROWS, offset=total),
+                CheckedPage(READ_PAGE_MAX_ROWS, total),
                 run_id=scope.run_id,
                 admitted=scope.admitted,
             )

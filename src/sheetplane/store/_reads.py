@@ -757,11 +757,14 @@ async def read_rows_after(
     pool: TrioPool,
     names: SheetNames,
     cursor: RowCursor | None,
-    limit: int,
+    limit: int | CheckedPage,
     *,
     which: RowFilter = EVERY_ROW,
 ) -> tuple[list[dict[str, Any]], RowCursor | None]:
     """Up to ``limit`` rows after ``cursor`` (from the start if None), and the next cursor.
+
+    ``limit`` may be a ``CheckedPage`` a road checked (its ``limit`` rows), read
+    without checking it again.
 
     Keyset pagination: unlike an offset, each page costs the same however deep
     it is, and rows admitted meanwhile never shift a page. The next cursor is
@@ -793,8 +796,7 @@ async def read_rows_after_json(
     """``read_rows_after`` with each row as its compact JSON, written by Postgres.
 
     ``limit`` may be the ``CheckedPage`` the reference gateway decoded (its
-    ``limit`` rows, measured with its ``offset`` as the answer will carry it),
-    read without checking it again."""
+    ``limit`` rows, measured with its ``offset`` as the answer will carry it)."""
     return await _read_after(pool, names, cursor, limit, which, _Json)
 
 
