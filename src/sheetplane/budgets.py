@@ -335,7 +335,9 @@ ADMISSION_MAX_STAGED_BYTES: Final = 256 * ADMISSION_CHUNK_BYTES
 ORG_MAX_STAGED_BYTES: Final = 2 * ADMISSION_MAX_STAGED_BYTES
 
 #: Staged bytes every org's staging tables together may hold on disk: eight
-#: orgs' worth, 32 GiB; past it every org's next chunk waits (429).
+#: orgs' worth, 32 GiB; past it every org's next chunk waits (429). Read as the
+#: orgs' counters summed, without a lock: chunks of other orgs in flight at once
+#: can pass it by what their transactions hold (one per org).
 STAGING_MAX_TOTAL_BYTES: Final = 8 * ORG_MAX_STAGED_BYTES
 
 #: Admissions one org may hold open at once (``begin_sheet_admission``): a

@@ -16,10 +16,23 @@ then reads its result, so two racing chunks cannot both take the last room.
 * per admission, on its registry row: ``staged_bytes`` against
   ``max_staged_bytes`` (the begin's ``max_admission_staged_bytes``), and its
   token's id (``token_id``: a digest, never the token);
-* per org, per token and in total, one row each in the gateway-owned table
+* per org and per token, one row each in the gateway-owned table
   ``sheetplane_staging.quotas`` (``(scope, key)``: ``('org', schema)``,
-  ``('token', token id)``, ``('total', '')``), with their bounds, which the
-  begin that makes or changes them writes.
+  ``('token', token id)``), with their bounds, which the begin that makes or
+  changes them writes.
+
+The total is not a counter anyone locks: it is every org's counter summed, read
+without a lock, against the bound the row ``('total', '')`` records. A reserved
+counter row stays locked until the reserving transaction ends, and a stage role
+controls its own transaction: one row shared by every org let one org's open
+transaction stall every other org's staging. The rows a chunk locks (its
+admission's, its org's) couple a tenant only with itself. The price: the sum a
+chunk reads holds what other orgs have committed, not what their transactions
+in flight have reserved, so concurrent chunks of different orgs can pass the
+total by what those transactions hold: at most one transaction per org (its
+org's row orders its own), one chunk for the gateway's, at most its org's room
+for a stage role's own. A staging row is refused in a transaction above ``READ
+COMMITTED``, whose snapshot would hide other orgs' commits from the sum.
 
 A begin reserves one open admission of its org and of its token, only when it
 registers a new admission (a retried begin reserves nothing), in its own
@@ -27,20 +40,21 @@ transaction: past a bound it raises and nothing is kept. A staging row is
 reserved by an ``AFTER INSERT`` row trigger on the staging table whose function
 (``sheetplane_staging.reserve_chunk``, ``SECURITY DEFINER``, owned by the
 tables' owner) adds the row's ``pg_column_size`` of its keys and rows (the table
-stores them uncompressed) to its admission's, its org's and the total counters,
-in that order, and refuses the row past any bound (the statement fails, and the
-row goes with it). It fires for every road: the
+stores them uncompressed) to its admission's and its org's counters, in that
+order, then reads the total, and refuses the row past any bound (the statement
+fails, and the row goes with it). It fires for every road: the
 gateway's ``INSERT``, the direct road's, and a stage role's own ``COPY``, which
 holds no privilege on the registry or the counters and cannot disable the
 trigger. An admission that leaves ``open`` (commit, abort, expiry; or a deleted
 open row) gives everything back: an ``AFTER UPDATE OF state`` (and ``AFTER
 DELETE``) row trigger on the registry (``sheetplane_staging.release_admission``)
-subtracts its staged bytes from its org's and the total counters and its open
-admission from its org's and its token's.
+subtracts its staged bytes from its org's counter and its open admission from
+its org's and its token's.
 
 The rows are locked in one order, after the sheet's own locks
 (``_locking``): the admission's registry row, then the org's counter, the
-total, the token's.
+token's. Only a begin whose bounds differ from the recorded ones writes the
+total's row (in the gateway's own short transaction).
 """
 
 from __future__ import annotations
@@ -81,7 +95,6 @@ __all__ = [
     "quota_triggers_missing",
     "reconcile_org",
     "reconcile_tokens",
-    "reconcile_total",
     "reserve_admission",
     "staging_refusal",
 ]
@@ -197,6 +210,11 @@ DECLARE
   held bigint;
   bound bigint;
 BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    -- Its snapshot would hide what other orgs committed since from the total below.
+    RAISE EXCEPTION 'staging rows are written only in READ COMMITTED transactions'
+      USING ERRCODE = 'feature_not_supported';
+  END IF;
   EXECUTE format('UPDATE %s SET staged_bytes = staged_bytes + $1 WHERE admission_id = $2 '
     'AND state = ''open'' AND staged_bytes + $1 <= max_staged_bytes RETURNING state',
     TG_ARGV[0]::regclass) INTO found_state USING n, NEW._admission_id;
@@ -220,7 +238,13 @@ BEGIN
       'its bound of % (commit or abort some)', held, n, bound
       USING ERRCODE = 'configuration_limit_exceeded', CONSTRAINT = '{ORG_BOUND}';
   END IF;
-  IF NOT {QUOTA_SCHEMA}.take_bytes('total', '', n, {STAGING_MAX_TOTAL_BYTES}) THEN
+  -- The total is every org's counter summed, read without locking: no row lock one
+  -- org holds couples another org (an org's open transaction would stall them all).
+  SELECT coalesce(sum(staged_bytes), 0) INTO held FROM {QUOTA_SCHEMA}.quotas
+    WHERE scope = 'org';
+  SELECT max_staged_bytes INTO bound FROM {QUOTA_SCHEMA}.quotas
+    WHERE scope = 'total' AND key = '';
+  IF held > coalesce(bound, {STAGING_MAX_TOTAL_BYTES}) THEN
     RAISE EXCEPTION 'the gateway''s staging space is full; retry after other admissions commit'
       USING ERRCODE = 'configuration_limit_exceeded', CONSTRAINT = '{TOTAL_BOUND}';
   END IF;
@@ -235,10 +259,6 @@ BEGIN
   UPDATE {QUOTA_SCHEMA}.quotas SET staged_bytes = staged_bytes - OLD.staged_bytes,
       open_admissions = open_admissions - OLD.open_counted::integer
     WHERE scope = 'org' AND key = TG_ARGV[0];
-  IF OLD.staged_bytes <> 0 THEN
-    UPDATE {QUOTA_SCHEMA}.quotas SET staged_bytes = staged_bytes - OLD.staged_bytes
-      WHERE scope = 'total' AND key = '';
-  END IF;
   IF OLD.open_counted AND OLD.token_id IS NOT NULL THEN
     UPDATE {QUOTA_SCHEMA}.quotas SET open_admissions = open_admissions - 1
       WHERE scope = 'token' AND key = OLD.token_id;
@@ -317,6 +337,13 @@ def create_quota_objects(conn: psycopg.Connection[Any]) -> None:
         sql.SQL("{}()").format(_RELEASE),
     ):
         conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(signature))
+    # The total row keeps only the bound now (the total is the orgs' counters summed);
+    # what an older version counted on it is cleared so no reader takes it for one.
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET staged_bytes = 0 WHERE scope = 'total' AND staged_bytes <> 0"
+        ).format(_QUOTAS)
+    )
 
 
 def quota_trigger_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Composed]:
@@ -517,10 +544,15 @@ def reconcile_org(conn: psycopg.Connection[Any], schema: str) -> bool:
     Exact under concurrency: the counter's row is locked first, so a reservation
     that took it has committed before the registries are read, and one waiting for
     it adds to the value set here (its registry row, uncommitted, is not counted).
+    A row another transaction holds is skipped until the next pass (``SKIP
+    LOCKED``): a stage role's open transaction holds its org's row, and the sweep
+    must not wait behind it with every other org's reconciliation after it.
     """
     if (
         conn.execute(
-            sql.SQL("SELECT FROM {} WHERE scope = 'org' AND key = %s FOR UPDATE").format(_QUOTAS),
+            sql.SQL(
+                "SELECT FROM {} WHERE scope = 'org' AND key = %s FOR UPDATE SKIP LOCKED"
+            ).format(_QUOTAS),
             (schema,),
         ).fetchone()
         is None
@@ -541,28 +573,6 @@ def reconcile_org(conn: psycopg.Connection[Any], schema: str) -> bool:
                 "AND key = %s AND (staged_bytes, open_admissions) IS DISTINCT FROM (%s, %s)"
             ).format(_QUOTAS),
             (found[0], found[1], schema, found[0], found[1]),
-        ).rowcount
-        == 1
-    )
-
-
-def reconcile_total(conn: psycopg.Connection[Any]) -> bool:
-    """Set the total counter to the sum of the orgs' (its row locked first, as
-    ``reconcile_org``'s); whether it differed."""
-    if (
-        conn.execute(
-            sql.SQL("SELECT FROM {} WHERE scope = 'total' AND key = '' FOR UPDATE").format(_QUOTAS)
-        ).fetchone()
-        is None
-    ):
-        return False
-    return (
-        conn.execute(
-            sql.SQL(
-                "UPDATE {q} SET staged_bytes = s.n FROM (SELECT coalesce(sum(staged_bytes), 0) "
-                "AS n FROM {q} WHERE scope = 'org') AS s WHERE scope = 'total' AND key = '' "
-                "AND staged_bytes <> s.n"
-            ).format(q=_QUOTAS)
         ).rowcount
         == 1
     )

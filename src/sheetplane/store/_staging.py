@@ -86,7 +86,6 @@ from ._quotas import (
     counted_orgs,
     reconcile_org,
     reconcile_tokens,
-    reconcile_total,
     reserve_admission,
     staging_refusal,
 )
@@ -545,7 +544,6 @@ async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFE
     # admissions hold (they drift only when a registry is dropped with open ones).
     for schema in await pool.run(counted_orgs):
         await pool.run(partial(reconcile_org, schema=schema))
-    await pool.run(reconcile_total)
     await pool.run(reconcile_tokens)
     return expired
 
