@@ -347,11 +347,12 @@ def test_a_single_read_input_built_around_a_checked_page_keeps_the_other_rules()
 
 
 @pytest.mark.parametrize("strategy", ROADS)
-async def test_a_runtime_road_checks_a_keyset_page_once(
+async def test_a_runtime_road_checks_each_page_once(
     store: SheetStore, database_url: str, checks: Counter[str], strategy: Strategy
 ) -> None:
-    """The runtime's roads hand the store and the client the page they checked
-    (``read_after``; a run's ``count`` on the gateway road reads keys by pages)."""
+    """The runtime hands the store and the client the pages it checked: the page
+    reader's (``normalize_page_request``, read in a batch), a road's ``read_after``'s,
+    and a run's ``count`` on the gateway road (it reads keys by pages)."""
     play, ns = new_play(), "keyset"
     async with seeding(store) as seed, counting_gateway(database_url) as gw:
         await seed(sheet_of(play, ns), 10)
@@ -366,3 +367,7 @@ async def test_a_runtime_road_checks_a_keyset_page_once(
             checks.clear()
             assert await road.count() == 10
             assert checks == ({"domain": 1, "wire": 1} if via_gateway else {})
+            checks.clear()
+            page = await rt.reader.read_page(road, 3, 2)
+            assert (len(page.rows), page.limit, page.offset) == (3, 3, 2)
+            assert checks == ({"domain": 1, "wire": 1} if via_gateway else {"domain": 1})

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .._types import AdmittedPart, Page, PageRequest, RowFilter, RowMode
+from .._types import AdmittedPart, CheckedPage, Page, PageRequest, RowFilter, RowMode
 from ..batching import Batch, BatcherStatistics, BoundedBatchFunction
 from ..budgets import (
     MAX_QUEUE_WAIT_MS,
@@ -143,15 +143,16 @@ def _whole_number(name: str, value: object) -> int:
     return int(math.floor(value))  # noqa: RUF046 (Real.__floor__ is typed Integral, not int)
 
 
-def normalize_page_request(limit: object, offset: object) -> PageRequest:
+def normalize_page_request(limit: object, offset: object) -> CheckedPage:
     """The page a caller meant: ``limit`` clamped to 1..READ_PAGE_MAX_ROWS, ``offset`` >= 0.
 
     Fractions round down. A non-numeric or non-finite limit or offset raises
-    ``InvalidInputError``.
+    ``InvalidInputError``, and so does an offset past a Postgres ``bigint``. The
+    page is a ``CheckedPage``: the read's one check, which the roads take as it is.
     """
     whole_limit = _whole_number("limit", limit)
     whole_offset = _whole_number("offset", offset)
-    return PageRequest(
+    return CheckedPage(
         limit=max(1, min(READ_PAGE_MAX_ROWS, whole_limit)),
         offset=max(0, whole_offset),
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
-from .._types import Page, PageRequest
+from .._types import CheckedPage, Page, PageRequest
 from ..errors import BatchContractError, ReadBatchTooLargeError
 
 __all__ = ["ReadBatch", "read_pages_adaptive"]
@@ -86,7 +86,7 @@ async def _read_split(
     while pending:
         limit = pending.pop()
         if error is None:
-            piece = PageRequest(limit=limit, offset=request.offset + len(rows))
+            piece = CheckedPage(limit, request.offset + len(rows))
             try:
                 (page,) = _checked(await read_batch((piece,)), (piece,))
             except ReadBatchTooLargeError as exc:
