@@ -6,7 +6,9 @@ import re
 import socket
 import threading
 import time
+import traceback
 import uuid
+import weakref
 from typing import Any
 
 import psycopg
@@ -18,7 +20,13 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sheetplane import budgets
-from sheetplane.errors import StatementTimeoutError, StoreError, StoreUnavailableError
+from sheetplane._threads import THREAD_TRACEBACK_NOTE
+from sheetplane.errors import (
+    InvalidInputError,
+    StatementTimeoutError,
+    StoreError,
+    StoreUnavailableError,
+)
 from sheetplane.store import PoolSaturatedError, TrioPool, open_pool
 from sheetplane.store._pool import is_login_refused
 
@@ -75,6 +83,42 @@ async def test_run_commits_on_return_and_rolls_back_on_error(database_url: str) 
         assert rows == [(1,)]
         await pool.run(lambda c: c.execute(f"DROP TABLE {table}"))
         _assert_idle(pool)
+
+
+class _Rows:
+    """Stands for the rows a worker thread's frames hold."""
+
+
+async def test_an_error_leaves_the_worker_thread_without_its_frames_but_keeps_their_traceback(
+    database_url: str,
+) -> None:
+    """Before, a Postgres error (as the store error's cause) or an error of ``fn``
+    kept through its traceback every frame of the worker thread, and with them the
+    rows those frames held, for as long as anything kept the error."""
+    alive: list[weakref.ref[_Rows]] = []
+
+    def failing_in_postgres(conn: Conn) -> None:
+        rows = _Rows()
+        alive.append(weakref.ref(rows))
+        conn.execute("SELECT 1/0")
+
+    def refusing(conn: Conn) -> None:
+        rows = _Rows()
+        alive.append(weakref.ref(rows))
+        raise InvalidInputError("refused")
+
+    async with open_pool(database_url, max_connections=1) as pool:
+        with pytest.raises(StoreError) as failed:
+            await pool.run(failing_in_postgres)
+        with pytest.raises(InvalidInputError) as refused:
+            await pool.run(refusing)
+        # Both errors are still held here; the rows of their threads are gone.
+        assert [ref() for ref in alive] == [None, None]
+    # Where they were raised is still in their tracebacks' text (what the log shows).
+    logged = "".join(traceback.format_exception(failed.value))
+    assert THREAD_TRACEBACK_NOTE in logged, logged
+    assert "in failing_in_postgres" in logged and "SELECT 1/0" in logged, logged
+    assert "in refusing" in "".join(traceback.format_exception(refused.value))
 
 
 async def test_connections_carry_statement_timeout_and_utc(database_url: str) -> None:

@@ -11,7 +11,10 @@ Each ``run(fn)`` takes a connection, runs ``fn(conn)`` inside one transaction
 on a worker thread, and gives the connection back. Every connection carries
 ``statement_timeout`` and ``TimeZone=UTC``. Connects retry on transient errors
 along a delay ladder. Errors leave as ``StoreError`` subclasses with the cause
-kept and the URL's password (and any other secret of the URL) redacted.
+kept and the URL's password (and any other secret of the URL) redacted. Every
+error leaves the worker thread without its frames (``sheetplane._threads``:
+the traceback kept as a note), so the rows ``fn`` was given or read go when
+the thread finishes, whoever keeps the error.
 
 Cancellation reaches Postgres: a cancelled caller sends a cancel request for
 the running statement (``Connection.cancel_safe``), re-sending it until the
@@ -42,6 +45,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import budgets
 from .._json import decode_body
+from .._threads import call_frameless, frameless, unwrap
 from ..errors import (
     ConnectionSlotsExhaustedError,
     InvalidInputError,
@@ -495,7 +499,12 @@ class TrioPool:
             with trio.CancelScope(shield=True):
                 await self._cancel(call)
             raise
-        return result.unwrap()
+        try:
+            return unwrap(result)
+        finally:
+            # This frame is in a raised error's traceback: holding the outcome
+            # (and so the error) would make a cycle of it and of every frame.
+            del result
 
     async def _cancel(self, call: _Call) -> None:
         """Stop the worker of a cancelled ``run``: cancel its statement until it finishes."""
@@ -543,16 +552,16 @@ class TrioPool:
             if error is not None and is_login_refused(error):
                 # The cause tells a session manager that its session is gone.
                 _chain(failure, error)
-            return outcome.Error(failure.with_traceback(None))
+            return outcome.Error(frameless(failure))
         except psycopg.Error as exc:
-            return outcome.Error(_chain(_translate(exc, self._redact), exc))
+            return outcome.Error(frameless(_chain(_translate(exc, self._redact), exc)))
         with call.lock:
             if call.cancelled:
                 self._pool.putconn(conn)
                 return outcome.Error(_Cancelled())
             call.conn = conn
         try:
-            result = outcome.capture(self._transaction, fn, conn, call)
+            result = call_frameless(self._transaction, fn, conn, call)
         finally:
             with call.lock:
                 call.conn = None

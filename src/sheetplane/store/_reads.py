@@ -55,7 +55,7 @@ from .._types import (
     check_page_request,
 )
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES
-from ..errors import InvalidInputError, ReadBatchTooLargeError, SheetplaneError
+from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..protocol._splice import ANSWER_OVERHEAD, page_overhead
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
@@ -390,32 +390,6 @@ def _fetch(
 _Position = tuple["int | None", datetime.datetime, str]
 
 R = TypeVar("R")
-T = TypeVar("T")
-
-
-def _refused_without_rows(read: Callable[[Conn], T]) -> Callable[[Conn], T]:
-    """``read``, whose refusal leaves without the frames that hold the rows read so far.
-
-    A refusal (``ReadBatchTooLargeError`` past the budget, ``InvalidInputError``
-    for a stored value with no JSON form, any ``SheetplaneError``) is raised deep
-    in a read, in frames that hold every row read until then (about the budget).
-    Its traceback, and the frames' callers each frame refers to, would keep them
-    for as long as anything keeps the exception, and a reference cycle keeps it
-    until the cyclic collector runs: a burst of refused reads then piles up their
-    rows. The refusal leaves here with no traceback below this frame and no
-    context or cause (a 413 or 400 answer names neither), so the rows go when the
-    read ends, whoever keeps the refusal. A psycopg error keeps its traceback, for
-    the log of the store error it becomes.
-    """
-
-    def run(conn: Conn) -> T:
-        try:
-            return read(conn)
-        except SheetplaneError as exc:
-            exc.__context__ = None
-            raise exc.with_traceback(None) from None
-
-    return run
 
 
 class _Form(Generic[R]):
@@ -738,7 +712,7 @@ async def _batch(
         form = None if columns is None else make_form(columns, filt.row_mode)
         return _read_batch(conn, names, requests, filt, form)
 
-    return await pool.run(_refused_without_rows(run)), requests
+    return await pool.run(run), requests
 
 
 async def read_rows(
@@ -830,7 +804,7 @@ async def _read_after(
             raise AssertionError("a keyset read selects the position of its rows")
         return rows, RowCursor(*position)
 
-    return await pool.run(_refused_without_rows(run))
+    return await pool.run(run)
 
 
 async def read_row_keys(

@@ -49,10 +49,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import psycopg
-import trio
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._threads import run_sync
 from .._types import WriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
@@ -166,7 +166,7 @@ async def append_rows(
     Raises ``InvalidInputError`` before anything is written for a bad row or key.
     """
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
-    checked = await trio.to_thread.run_sync(_check_rows, rows)
+    checked = await run_sync(_check_rows, rows)
 
     def body(conn: psycopg.Connection[Any]) -> int:
         return _insert_appended(conn, names, checked, idempotency_key, _next_index(conn, names))
@@ -186,7 +186,7 @@ async def replace_rows(
     Raises ``InvalidInputError`` before anything is written (or deleted).
     """
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
-    checked = await trio.to_thread.run_sync(_check_rows, rows)
+    checked = await run_sync(_check_rows, rows)
 
     def body(conn: psycopg.Connection[Any]) -> int:
         # Through the sheet's clear function: no session role holds DELETE (_guards).
@@ -226,8 +226,8 @@ async def upsert_rows(
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     if key_field is not None:
         check_text(key_field, "key_field")
-    checked = await trio.to_thread.run_sync(_check_rows, rows)
-    entries = await trio.to_thread.run_sync(_merge_by_key, checked, key_field)
+    checked = await run_sync(_check_rows, rows)
+    entries = await run_sync(_merge_by_key, checked, key_field)
 
     def body(conn: psycopg.Connection[Any]) -> int:
         columns = table_columns(conn, names, ("INSERT", "UPDATE"))

@@ -15,9 +15,9 @@ from typing import Any, Final, TypeVar
 
 import attrs
 import psycopg
-import trio
 
 from ... import crypto
+from ..._threads import run_sync
 from ..._types import (
     OPERATIONS,
     InlineAdmission,
@@ -575,7 +575,7 @@ async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
         )
 
     try:
-        chunk, as_sent = await trio.to_thread.run_sync(
+        chunk, as_sent = await run_sync(
             chunk_of, request.rows, request.keys, call.undecoded, request.first_position
         )
         try:
@@ -584,7 +584,7 @@ async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
             if not as_sent or not isinstance(exc.__cause__, _REFUSED_AS_SENT):
                 raise
             # Postgres refused the rows as sent: read them, to stage them or name the bad one.
-            chunk = await trio.to_thread.run_sync(
+            chunk = await run_sync(
                 checked_chunk, request.rows, request.keys, request.first_position
             )
             staged = await stage(chunk)

@@ -282,7 +282,13 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
         answer = _error_answer(exc, action, state)
         if answer is None:
             raise
-        raise answer from None
+        try:
+            raise answer from None
+        finally:
+            # This frame (which holds the raw body) is in the answer's traceback:
+            # keeping the answer here would make a cycle of both until the
+            # cyclic collector ran.
+            del answer
     if payload is None:
         raise ActionError(
             504,
