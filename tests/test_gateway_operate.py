@@ -18,6 +18,7 @@ from psycopg import sql
 
 from _serve_helpers import Served, SummaryLock, post_action, secret_file_options, serving
 from sheetplane import crypto
+from sheetplane._threads import THREAD_TRACEBACK_NOTE
 from sheetplane._types import SheetRef
 from sheetplane.budgets import GATEWAY_READINESS_BUDGET_MS
 from sheetplane.gateway.server import running_gateway
@@ -350,8 +351,12 @@ async def test_a_500_logs_its_traceback_under_its_request_id(
     (error,) = errors
     assert error["request_id"] == "req-500-7e8f"
     assert error["level"] == "error"
-    assert error["traceback"].startswith("Traceback (most recent call last)")
-    assert "psycopg.errors.UndefinedColumn" in error["traceback"]
+    # The Postgres error first (it left the store's worker thread without its
+    # frames: their traceback is its note), then the store error's traceback.
+    logged = error["traceback"]
+    assert logged.startswith("psycopg.errors.UndefinedColumn"), logged
+    assert THREAD_TRACEBACK_NOTE in logged and ", in _transaction" in logged, logged
+    assert "Traceback (most recent call last)" in logged, logged
     access = [r for r in records if r.get("event") == "request"]
     (line,) = [r for r in access if r["request_id"] == "req-500-7e8f"]
     assert line["status"] == 500
