@@ -7,12 +7,11 @@ import base64
 import functools
 import gc
 import hashlib
-import json
 import logging
 import os
 import tracemalloc
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from _serve_helpers import secret_file_options, serving
 from _session_helpers import aad_of, run_sql
 from sheetplane import DatabaseNotHardenedError, crypto
 from sheetplane._types import CompleteRow, FailRow, SheetRef
+from sheetplane.bench._common import post_over_socket
 from sheetplane.budgets import (
     MAX_CONTRACT_COLUMNS,
     MAX_ERROR_TEXT_BYTES,
@@ -982,6 +982,22 @@ async def test_the_reapers_drop_owned_does_not_race_concurrent_minting(
 # --- finding 6: a refused read holds about its budget, not the page ---------------------
 
 
+async def allocated_and_kept(work: Callable[[], Awaitable[None]]) -> tuple[int, int]:
+    """What ``work`` allocated at its peak and what it kept (Python allocations, all
+    threads), the cyclic collector held off as it is between its runs."""
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        await work()
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    return peak - before, after - before
+
+
 async def seed_mib_rows(database_url: str, namespace: str, n: int) -> dict[str, Any]:
     """``n`` rows of 1 MiB each in org-a's sheet; the batch read of all of them in one page."""
     rows = [{"_key": f"big{i}", "email": os.urandom(MiB // 2).hex()} for i in range(n)]
@@ -1041,19 +1057,13 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
 
         async def traced(n: int) -> tuple[int, int]:
             """What ``n`` concurrent refused reads allocated at their peak, and kept."""
-            gc.collect()
-            gc.disable()
-            tracemalloc.start()
-            try:
-                before, _ = tracemalloc.get_traced_memory()
+
+            async def reads() -> None:
                 async with trio.open_nursery() as nursery:
                     for _ in range(n):
                         nursery.start_soon(one)
-                after, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
-                gc.enable()
-            return peak - before, after - before
+
+            return await allocated_and_kept(reads)
 
         alone, kept_alone = await traced(1)
         burst, kept = await traced(reads)
@@ -1081,22 +1091,10 @@ async def test_refused_reads_hold_each_row_once_and_release_the_rows_when_answer
 
 
 async def post_and_drop(gw: RunningGateway, token: str, action: str, **fields: Any) -> int:
-    """POST over a bare socket and answer the status: httpx keeps each request
-    (its body too) in a reference cycle, which would hide the gateway's own."""
-    body = json.dumps({"action": action, "playName": PLAY, **fields}).encode()
-    host, _, port = gw.base_url.removeprefix("http://").partition(":")
-    head = (
-        f"POST {RUNTIME_PATH} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {token}\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        "connection: close\r\n\r\n"
+    """The status of a POST whose client keeps nothing of it (see ``post_over_socket``)."""
+    return await post_over_socket(
+        gw.base_url, token, {"action": action, "playName": PLAY, **fields}
     )
-    async with await trio.open_tcp_stream(host, int(port)) as stream:
-        await stream.send_all(head.encode() + body)
-        del body
-        answer = b""
-        while chunk := await stream.receive_some():
-            answer += chunk
-    return int(answer.split(b" ", 2)[1])
 
 
 async def test_refused_large_writes_keep_neither_their_body_nor_their_rows_once_answered(
@@ -1169,24 +1167,18 @@ async def test_refused_large_writes_keep_neither_their_body_nor_their_rows_once_
                 )
             )
 
-        gc.collect()
-        gc.disable()
-        tracemalloc.start()
-        try:
-            before, _ = tracemalloc.get_traced_memory()
+        async def burst() -> None:
             async with trio.open_nursery() as nursery:
                 for i in range(n):
                     nursery.start_soon(conflicting, i)
                     nursery.start_soon(bad_chunk, i)
-            after, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-            gc.enable()
+
+        peak, kept = await allocated_and_kept(burst)
     assert sorted(statuses) == [400] * n + [409] * n
     # The bodies were there (each about rows * row_bytes)...
-    assert peak - before > n * rows * row_bytes, (peak - before) / MiB
+    assert peak > n * rows * row_bytes, peak / MiB
     # ... and none stays (before: about 24 MiB per 409 and 30 MiB per 400).
-    assert after - before < 2 * MiB, (after - before) / MiB
+    assert kept < 2 * MiB, kept / MiB
 
 
 # --- finding 4: no org's metadata in what every role can read ---------------------------

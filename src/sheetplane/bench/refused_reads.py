@@ -42,7 +42,6 @@ from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES, MiB
 from ..gateway.server import RUNTIME_PATH
 from ..protocol._domain import read_contract
 from ..store import open_store
-from ..store.embedded import EmbeddedPostgres, database_url_from_env
 from . import _common
 
 __all__ = ["main"]
@@ -194,10 +193,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ok-rows", type=int, default=3, help="large rows of a successful read")
     parser.add_argument("--ok-reads", type=int, default=15, help="successful reads of each kind")
     args = parser.parse_args(argv)
-    url = database_url_from_env()
-    if url is not None:
-        _run(url, args)
-        return 0
-    with EmbeddedPostgres() as server:
-        _run(server.url, args)
-    return 0
+    return _common.on_postgres(lambda url: _run(url, args))

@@ -18,7 +18,6 @@ that drops its body when answered grows the server by the bodies in flight.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import uuid
 from collections import Counter
@@ -28,10 +27,9 @@ import trio
 
 from .._types import CompleteRow, SheetRef
 from ..budgets import MiB
-from ..gateway.server import RUNTIME_PATH
 from ..protocol._domain import read_contract
 from ..store import open_store
-from ..store.embedded import EmbeddedPostgres, database_url_from_env
+from . import _common
 from .refused_reads import _memory_kib, _serve
 
 __all__ = ["main"]
@@ -62,21 +60,7 @@ async def _seed(url: str, namespace: str) -> int:
 
 
 async def _post(base_url: str, token: str, fields: dict[str, object]) -> int:
-    """POST over a bare socket (no client object outlives the answer); the status."""
-    body = json.dumps({"playName": PLAY, **fields}).encode()
-    host, _, port = base_url.removeprefix("http://").partition(":")
-    head = (
-        f"POST {RUNTIME_PATH} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {token}\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        "connection: close\r\n\r\n"
-    )
-    async with await trio.open_tcp_stream(host, int(port)) as stream:
-        await stream.send_all(head.encode() + body)
-        del body
-        answer = b""
-        while chunk := await stream.receive_some():
-            answer += chunk
-    return int(answer.split(b" ", 2)[1])
+    return await _common.post_over_socket(base_url, token, {"playName": PLAY, **fields})
 
 
 async def _wave(
@@ -148,10 +132,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--body-mib", type=float, default=7.0, help="MiB of rows per body")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before the last sample")
     args = parser.parse_args(argv)
-    url = database_url_from_env()
-    if url is not None:
-        _run(url, args)
-        return 0
-    with EmbeddedPostgres() as server:
-        _run(server.url, args)
-    return 0
+    return _common.on_postgres(lambda url: _run(url, args))
