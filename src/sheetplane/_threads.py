@@ -11,8 +11,10 @@ collector runs. A burst of refused large requests then piles up their bodies.
 
 Here an error leaves the thread as an outcome, with no traceback on it or on
 any error it chains (cause, context): where it was raised is kept as the
-traceback's text, a note of each error (so a logged traceback still shows
-the thread's frames), and the frames go when the thread's function returns.
+traceback's text (each frame's file, line and function), a note of each
+error (so a logged traceback still shows the thread's frames; formatting
+it reads no source file), and the frames go when the thread's function
+returns.
 ``unwrap`` raises it on the trio side with no frame of the raise keeping it,
 so the trio-side frames go as soon as whoever handles the error drops it.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import outcome
@@ -47,11 +50,21 @@ def frameless(error: E) -> E:
         seen.add(id(current))
         tb = current.__traceback__
         if tb is not None:
-            current.add_note(THREAD_TRACEBACK_NOTE + "".join(traceback.format_tb(tb)).rstrip())
+            current.add_note(THREAD_TRACEBACK_NOTE + _where(tb))
             current.__traceback__ = None
             del tb
         pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
     return error
+
+
+def _where(tb: TracebackType) -> str:
+    """The frames of ``tb`` as a traceback names them, without their source lines:
+    formatting reads no file (``linecache`` would load each frame's whole source,
+    on a path every refusal takes)."""
+    return "\n".join(
+        f'  File "{frame.f_code.co_filename}", line {lineno}, in {frame.f_code.co_name}'
+        for frame, lineno in traceback.walk_tb(tb)
+    )
 
 
 def call_frameless(fn: Callable[..., T], *args: Any) -> outcome.Outcome[T]:
