@@ -152,7 +152,7 @@ async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
     assert sum(r["dropped"] for r in passes) == SESSIONS
     assert all(r["failed"] == 0 for r in passes)
     problems: list[dict[str, Any]] = [r for r in records if r["level"] in {"warning", "error"}]
-    assert problems == []
+    assert problems == [], [r.get("message") for r in problems]
     minted = [r for r in records if r.get("action") == "create_db_session" and r["status"] == 200]
     assert {r["pid"] for r in minted} == workers
 

@@ -580,7 +580,10 @@ def reconcile_org(conn: psycopg.Connection[Any], schema: str) -> bool:
 
 def reconcile_tokens(conn: psycopg.Connection[Any]) -> int:
     """Set every token's counter to its open admissions in every org's registries (the
-    token rows locked first, in key order); how many differed."""
+    token rows locked first, in key order); how many differed (none before the
+    counters' table exists: a database no admission has begun in yet)."""
+    if not _counters_exist(conn):
+        return 0
     conn.execute(
         sql.SQL("SELECT FROM {} WHERE scope = 'token' ORDER BY key FOR UPDATE").format(_QUOTAS)
     )
@@ -597,7 +600,7 @@ def reconcile_tokens(conn: psycopg.Connection[Any]) -> int:
 
 def counted_orgs(conn: psycopg.Connection[Any]) -> list[str]:
     """The org schemas the counters hold a row for (none before any begin)."""
-    if conn.execute("SELECT to_regclass(%s)", (f"{QUOTA_SCHEMA}.quotas",)).fetchone() == (None,):
+    if not _counters_exist(conn):
         return []
     return [
         str(row[0])
@@ -605,3 +608,9 @@ def counted_orgs(conn: psycopg.Connection[Any]) -> list[str]:
             sql.SQL("SELECT key FROM {} WHERE scope = 'org' ORDER BY key").format(_QUOTAS)
         ).fetchall()
     ]
+
+
+def _counters_exist(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the counters' table exists (it is made by the first begin's DDL)."""
+    found = conn.execute("SELECT to_regclass(%s)", (f"{QUOTA_SCHEMA}.quotas",)).fetchone()
+    return found is not None and found[0] is not None
