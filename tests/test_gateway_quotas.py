@@ -255,6 +255,15 @@ async def mint_stage_role(gw: RunningGateway, play: str, namespace: str) -> str:
     return crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad_of(answer))
 
 
+async def stage_role_sheet(gw: RunningGateway, org: str, prefix: str) -> tuple[str, Any, str]:
+    """A new play's sheet ``leads`` of ``org`` (TOKEN_A's), its names and the Postgres
+    URL of a new ``rows.stage`` session on it: ``(play, names, url)``."""
+    play = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    made = await post(gw, "ensure_sheet", play=play, tableNamespace="leads")
+    assert made.status_code == 200, made.text
+    return play, sheet_names(SheetRef(org, play, "leads")), await mint_stage_role(gw, play, "leads")
+
+
 def hostile_stage(
     url: str,
     names: Any,
@@ -335,11 +344,7 @@ async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_ca
 ) -> None:
     # A rows.stage role could COPY rows under an admission never begun, with 100 KB keys,
     # and abort, commit and the reaper's sweep (which delete by registered id) kept them.
-    play = f"orphan-{uuid.uuid4().hex[:8]}"
-    made = await post(gateway, "ensure_sheet", play=play, tableNamespace="leads")
-    assert made.status_code == 200, made.text
-    names = sheet_names(SheetRef(ORG_A, play, "leads"))
-    url = await mint_stage_role(gateway, play, "leads")
+    play, names, url = await stage_role_sheet(gateway, ORG_A, "orphan")
     never_begun = uuid.uuid4().hex
     orphan = functools.partial(hostile_stage, record=False)
     refused = await trio.to_thread.run_sync(orphan, url, names, never_begun, 0, "k")
@@ -402,11 +407,7 @@ async def test_a_stage_role_idle_in_its_transaction_does_not_stall_another_orgs_
     # until the chunk's transaction ended: org-a's stage role COPYd one row and sat
     # idle in its transaction, and every other org's chunk waited for the session's
     # idle bound to end it (and again each time it repeated).
-    play = f"idle-{uuid.uuid4().hex[:8]}"
-    made = await post(gateway, "ensure_sheet", play=play, tableNamespace="leads")
-    assert made.status_code == 200, made.text
-    names = sheet_names(SheetRef(ORG_A, play, "leads"))
-    url = await mint_stage_role(gateway, play, "leads")
+    play, names, url = await stage_role_sheet(gateway, ORG_A, "idle")
     held = await begin(gateway, "leads", play=play)
     other = await begin(gateway, "leads", token=TOKEN_B, play=play)
     hostile = await trio.to_thread.run_sync(open_hostile_stage, url, names, held)
@@ -719,23 +720,25 @@ async def test_concurrent_chunks_take_exactly_the_room_left_and_give_it_all_back
 
 
 @pytest.fixture
-async def stage_capped(database_url: str) -> AsyncIterator[RunningGateway]:
-    # An admission holds at most about two and a half of the stage role's 2 KiB rows.
-    async with quota_gateway(database_url, StoreQuotas(max_admission_staged_bytes=5_500)) as gw:
+async def stage_capped(
+    database_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[RunningGateway]:
+    """A gateway with the test's quotas (its parameter)."""
+    async with quota_gateway(database_url, request.param) as gw:
         yield gw
 
 
+# An admission holds at most about two and a half of the stage role's 2 KiB rows.
+@pytest.mark.parametrize(
+    "stage_capped", [StoreQuotas(max_admission_staged_bytes=5_500)], indirect=True
+)
 async def test_a_stage_role_copy_past_its_admissions_staged_bytes_is_refused_in_postgres(
     stage_capped: RunningGateway, database_url: str
 ) -> None:
     # Only the gateway counted staged bytes: a direct runner's rows.stage session COPYd
     # into staging bounded only by the admission's lifetime and the sweep.
     gw = stage_capped
-    play = f"copy-{uuid.uuid4().hex[:8]}"
-    made = await post(gw, "ensure_sheet", play=play, tableNamespace="leads")
-    assert made.status_code == 200, made.text
-    names = sheet_names(SheetRef(CAPPED_ORG["a"], play, "leads"))
-    url = await mint_stage_role(gw, play, "leads")
+    play, names, url = await stage_role_sheet(gw, CAPPED_ORG["a"], "copy")
     live = await begin(gw, "leads", playName=play)
     assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
     # One COPY of two more rows: the first fits, the second passes the bound, and the
@@ -770,6 +773,46 @@ async def test_a_stage_role_copy_past_its_admissions_staged_bytes_is_refused_in_
     assert await trio.to_thread.run_sync(
         counter, database_url, "org", org_schema(CAPPED_ORG["a"])
     ) == (0, 0)
+
+
+# One transaction of an org stages at most about two of the stage role's 2 KiB rows.
+@pytest.mark.parametrize(
+    "stage_capped", [StoreQuotas(max_transaction_staged_bytes=5_000)], indirect=True
+)
+async def test_one_transaction_stages_at_most_its_bound_so_other_orgs_see_the_total_within_it(
+    stage_capped: RunningGateway, database_url: str
+) -> None:
+    # The total is read without a lock, so what one org's transaction in flight has
+    # reserved is hidden from every other org's check until it commits: a stage
+    # role's one transaction could reserve its org's whole room out of their sight.
+    gw = stage_capped
+    play, names, url = await stage_role_sheet(gw, CAPPED_ORG["a"], "xact")
+    live = await begin(gw, "leads", play=play)
+    three = functools.partial(hostile_stage, count=3)
+    refused = await trio.to_thread.run_sync(three, url, names, live, 0, "k")
+    assert refused == "ConfigurationLimitExceeded"
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == []
+    # Each transaction has a room of its own; the gateway's chunks, one per
+    # transaction, each fit.
+    two = functools.partial(hostile_stage, count=2)
+    assert await trio.to_thread.run_sync(two, url, names, live, 0, "k") is None
+    assert await trio.to_thread.run_sync(two, url, names, live, 2, "k") is None
+    assert await trio.to_thread.run_sync(staged_rows, database_url, names) == [
+        (live, seq) for seq in range(4)
+    ]
+    fed = await begin(gw, "other", play=play)
+    for seq in range(3):
+        staged = await stage(gw, "other", fed, seq, rows_of(1, 3_000), firstPosition=seq, play=play)
+        assert staged.status_code == 200, staged.text
+    for namespace, admission_id in (("leads", live), ("other", fed)):
+        aborted = await post(
+            gw,
+            "abort_sheet_admission",
+            play=play,
+            tableNamespace=namespace,
+            admissionId=admission_id,
+        )
+        assert aborted.status_code == 200, aborted.text
 
 
 def make_older_layout(database_url: str, names: Any, layout: str) -> None:

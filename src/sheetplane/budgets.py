@@ -337,8 +337,17 @@ ORG_MAX_STAGED_BYTES: Final = 2 * ADMISSION_MAX_STAGED_BYTES
 #: Staged bytes every org's staging tables together may hold on disk: eight
 #: orgs' worth, 32 GiB; past it every org's next chunk waits (429). Read as the
 #: orgs' counters summed, without a lock: chunks of other orgs in flight at once
-#: can pass it by what their transactions hold (one per org).
+#: can pass it by what their transactions hold (one per org, each at most
+#: ``STAGING_MAX_TRANSACTION_BYTES``).
 STAGING_MAX_TOTAL_BYTES: Final = 8 * ORG_MAX_STAGED_BYTES
+
+#: Staged bytes one transaction may reserve on one org: every road writes one
+#: chunk per transaction, and a chunk's request is at most the transport
+#: ceiling, stored as ``jsonb`` at most six times its JSON (an array of one-digit
+#: numbers, 12 bytes stored for 2, the largest ratio measured), so eight
+#: ceilings leave room. It bounds what one org's transaction in flight hides from
+#: the other orgs' reading of the total; past it 429 ``runtime_staging_quota``.
+STAGING_MAX_TRANSACTION_BYTES: Final = 8 * TRANSPORT_CEILING_BYTES
 
 #: Admissions one org may hold open at once (``begin_sheet_admission``): a
 #: runner holds one per ``start``; past it 429 ``runtime_staging_quota``.
@@ -750,6 +759,9 @@ def _check() -> None:
             ADMISSION_MAX_LIFETIME_MS > ADMISSION_IDLE_MS
             and ADMISSION_MAX_STAGED_BYTES >= ADMISSION_CHUNK_BYTES
             and ADMISSION_MAX_STAGED_BYTES <= ORG_MAX_STAGED_BYTES <= STAGING_MAX_TOTAL_BYTES
+        ),
+        "one transaction holds a whole chunk request as jsonb, and less than its org": (
+            6 * TRANSPORT_CEILING_BYTES <= STAGING_MAX_TRANSACTION_BYTES < ORG_MAX_STAGED_BYTES
         ),
         "a token holds at least one open admission and fewer than its org": (
             1 <= TOKEN_MAX_OPEN_ADMISSIONS < ORG_MAX_OPEN_ADMISSIONS

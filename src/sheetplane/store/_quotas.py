@@ -30,9 +30,12 @@ admission's, its org's) couple a tenant only with itself. The price: the sum a
 chunk reads holds what other orgs have committed, not what their transactions
 in flight have reserved, so concurrent chunks of different orgs can pass the
 total by what those transactions hold: at most one transaction per org (its
-org's row orders its own), one chunk for the gateway's, at most its org's room
-for a stage role's own. A staging row is refused in a transaction above ``READ
-COMMITTED``, whose snapshot would hide other orgs' commits from the sum.
+org's row orders its own), and each at most ``max_transaction_staged_bytes``
+(``STAGING_MAX_TRANSACTION_BYTES``; every road writes one chunk per
+transaction, so only a stage role's own transaction of many rows meets it),
+counted per org in ``sheetplane_staging.transactions`` by the transaction's id.
+A staging row is refused in a transaction above ``READ COMMITTED``, whose
+snapshot would hide other orgs' commits from the sum.
 
 A begin reserves one open admission of its org and of its token, only when it
 registers a new admission (a retried begin reserves nothing), in its own
@@ -41,20 +44,20 @@ reserved by an ``AFTER INSERT`` row trigger on the staging table whose function
 (``sheetplane_staging.reserve_chunk``, ``SECURITY DEFINER``, owned by the
 tables' owner) adds the row's ``pg_column_size`` of its keys and rows (the table
 stores them uncompressed) to its admission's and its org's counters, in that
-order, then reads the total, and refuses the row past any bound (the statement
-fails, and the row goes with it). It fires for every road: the
-gateway's ``INSERT``, the direct road's, and a stage role's own ``COPY``, which
-holds no privilege on the registry or the counters and cannot disable the
-trigger. An admission that leaves ``open`` (commit, abort, expiry; or a deleted
-open row) gives everything back: an ``AFTER UPDATE OF state`` (and ``AFTER
-DELETE``) row trigger on the registry (``sheetplane_staging.release_admission``)
-subtracts its staged bytes from its org's counter and its open admission from
-its org's and its token's.
+order, and to its transaction's on the org, then reads the total, and refuses
+the row past any bound (the statement fails, and the row goes with it). It
+fires for every road: the gateway's ``INSERT``, the direct road's, and a stage
+role's own ``COPY``, which holds no privilege on the registry or the counters
+and cannot disable the trigger. An admission that leaves ``open`` (commit,
+abort, expiry; or a deleted open row) gives everything back: an ``AFTER UPDATE
+OF state`` (and ``AFTER DELETE``) row trigger on the registry
+(``sheetplane_staging.release_admission``) subtracts its staged bytes from its
+org's counter and its open admission from its org's and its token's.
 
 The rows are locked in one order, after the sheet's own locks
 (``_locking``): the admission's registry row, then the org's counter, the
-token's. Only a begin whose bounds differ from the recorded ones writes the
-total's row (in the gateway's own short transaction).
+org's transaction row, the token's. Only a begin whose bounds differ from the
+recorded ones writes the total's row (in the gateway's own short transaction).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ from ..budgets import (
     ORG_MAX_OPEN_ADMISSIONS,
     ORG_MAX_STAGED_BYTES,
     STAGING_MAX_TOTAL_BYTES,
+    STAGING_MAX_TRANSACTION_BYTES,
     TOKEN_MAX_OPEN_ADMISSIONS,
 )
 from ..errors import AdmissionStagingTooLargeError, SheetCapError, StagingQuotaError
@@ -124,6 +128,9 @@ class StoreQuotas:
     )
     max_org_staged_bytes: int = attrs.field(default=ORG_MAX_STAGED_BYTES, validator=_positive)
     max_total_staged_bytes: int = attrs.field(default=STAGING_MAX_TOTAL_BYTES, validator=_positive)
+    max_transaction_staged_bytes: int = attrs.field(
+        default=STAGING_MAX_TRANSACTION_BYTES, validator=_positive
+    )
     admission_lifetime_ms: int = attrs.field(default=ADMISSION_MAX_LIFETIME_MS, validator=_positive)
 
 
@@ -155,6 +162,9 @@ def check_room(conn: psycopg.Connection[Any], schema: str, kind: str, cap: int) 
 #: role has ``USAGE`` on it (the triggers' functions run as their owner).
 QUOTA_SCHEMA: Final = "sheetplane_staging"
 _QUOTAS: Final = sql.Identifier(QUOTA_SCHEMA, "quotas")
+#: Per org: what its latest staging transaction reserved (``xact_id``,
+#: ``staged_bytes``) against ``max_staged_bytes``.
+_TRANSACTIONS: Final = sql.Identifier(QUOTA_SCHEMA, "transactions")
 _TAKE: Final = sql.Identifier(QUOTA_SCHEMA, "take_bytes")
 _RESERVE_CHUNK: Final = sql.Identifier(QUOTA_SCHEMA, "reserve_chunk")
 _RELEASE: Final = sql.Identifier(QUOTA_SCHEMA, "release_admission")
@@ -163,6 +173,7 @@ _RELEASE: Final = sql.Identifier(QUOTA_SCHEMA, "release_admission")
 ADMISSION_BOUND: Final = "sheetplane_admission_staged_bytes"
 ORG_BOUND: Final = "sheetplane_org_staged_bytes"
 TOTAL_BOUND: Final = "sheetplane_total_staged_bytes"
+TRANSACTION_BOUND: Final = "sheetplane_transaction_staged_bytes"
 
 #: The registry's quota columns (created with it, or added to an older one).
 ADMISSION_QUOTA_COLUMNS: Final = (
@@ -238,6 +249,18 @@ BEGIN
       'its bound of % (commit or abort some)', held, n, bound
       USING ERRCODE = 'configuration_limit_exceeded', CONSTRAINT = '{ORG_BOUND}';
   END IF;
+  -- What this transaction reserved on its org (the row is its org's only): it is
+  -- what the other orgs' reading of the total below cannot see until it commits.
+  INSERT INTO {QUOTA_SCHEMA}.transactions AS t (org, xact_id, staged_bytes, max_staged_bytes)
+    VALUES (TG_ARGV[1], pg_current_xact_id(), n, {STAGING_MAX_TRANSACTION_BYTES})
+    ON CONFLICT (org) DO UPDATE SET xact_id = pg_current_xact_id(), staged_bytes =
+      CASE WHEN t.xact_id = pg_current_xact_id() THEN t.staged_bytes + n ELSE n END
+    RETURNING t.staged_bytes, t.max_staged_bytes INTO held, bound;
+  IF held > bound THEN
+    RAISE EXCEPTION 'this transaction has staged % bytes of the org; one may stage at most % '
+      '(commit between chunks)', held, bound
+      USING ERRCODE = 'configuration_limit_exceeded', CONSTRAINT = '{TRANSACTION_BOUND}';
+  END IF;
   -- The total is every org's counter summed, read without locking: no row lock one
   -- org holds couples another org (an org's open transaction would stall them all).
   SELECT coalesce(sum(staged_bytes), 0) INTO held FROM {QUOTA_SCHEMA}.quotas
@@ -283,7 +306,8 @@ def quota_objects_missing(conn: psycopg.Connection[Any]) -> bool:
     ``_schema.ensure_ddl`` needs)."""
     row = conn.execute(
         "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        "  WHERE n.nspname = %(schema)s AND c.relname = 'quotas' AND c.relkind = 'r') = 1"
+        "  WHERE n.nspname = %(schema)s AND c.relname IN ('quotas', 'transactions')"
+        "  AND c.relkind = 'r') = 2"
         " AND (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         "  JOIN unnest(%(names)s::text[], %(bodies)s::text[]) AS b(name, body)"
         "  ON b.name = p.proname AND b.body = p.prosrc"
@@ -315,6 +339,16 @@ def create_quota_objects(conn: psycopg.Connection[Any]) -> None:
                 PRIMARY KEY (scope, key)
             )"""
         ).format(_QUOTAS)
+    )
+    conn.execute(
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                org text PRIMARY KEY,
+                xact_id xid8,
+                staged_bytes bigint NOT NULL DEFAULT 0,
+                max_staged_bytes bigint NOT NULL
+            )"""
+        ).format(_TRANSACTIONS)
     )
     conn.execute(
         sql.SQL(
@@ -435,6 +469,19 @@ def reserve_admission(
         ).format(_QUOTAS, values),
         flat,
     )
+    bound = quotas.max_transaction_staged_bytes
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (org, max_staged_bytes) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+        ).format(_TRANSACTIONS),
+        (schema, bound),
+    )
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET max_staged_bytes = %s WHERE org = %s AND max_staged_bytes <> %s"
+        ).format(_TRANSACTIONS),
+        (bound, schema, bound),
+    )
     for scope, key, what in _open_counters(schema, token_id):
         taken = conn.execute(
             sql.SQL(
@@ -502,6 +549,7 @@ def staging_refusal(exc: psycopg.Error) -> Exception | None:
     if isinstance(exc, psycopg.errors.ConfigurationLimitExceeded) and constraint in (
         ORG_BOUND,
         TOTAL_BOUND,
+        TRANSACTION_BOUND,
     ):
         return StagingQuotaError(message)
     return None
