@@ -440,6 +440,40 @@ async def test_a_stage_role_idle_in_its_transaction_does_not_stall_another_orgs_
         assert aborted.status_code == 200, aborted.text
 
 
+#: How long the reaper's sweep may take while one org's stage role holds its rows.
+SWEEP_BOUND_S = 3.0
+
+
+async def test_the_sweep_expires_other_orgs_admissions_while_a_stage_role_holds_its_orgs_rows(
+    gateway: RunningGateway, database_url: str
+) -> None:
+    # The sweep expired sheet after sheet in one pass: an expiry of org-a's waited for
+    # the org's counter row (its release updates it) behind org-a's stage role sitting
+    # in an open transaction, and every other org's expiry waited after it.
+    play, names, url = await stage_role_sheet(gateway, ORG_A, "sweep")
+    held = await begin(gateway, "leads", play=play)
+    due = await begin(gateway, "other", play=play)  # org-a's, expired by the sweep
+    other = await begin(gateway, "leads", token=TOKEN_B, play=play)
+    hostile = await trio.to_thread.run_sync(open_hostile_stage, url, names, held)
+    try:
+        async with open_store(database_url, quotas=StoreQuotas(admission_lifetime_ms=1)) as store:
+            started = trio.current_time()
+            await store.sweep_admissions()
+            took = trio.current_time() - started
+        assert took < SWEEP_BOUND_S, f"the sweep took {took:.2f} s"
+        expired = await stage(gateway, "leads", other, 0, rows_of(1, 10), token=TOKEN_B, play=play)
+        assert expired.status_code == 409, expired.text
+        await trio.to_thread.run_sync(hostile.commit)
+    finally:
+        await trio.to_thread.run_sync(hostile.close)
+    # The next pass, with nothing held, expires what the busy org's sheets kept.
+    async with open_store(database_url, quotas=StoreQuotas(admission_lifetime_ms=1)) as store:
+        await store.sweep_admissions()
+    for namespace, admission_id in (("leads", held), ("other", due)):
+        late = await stage(gateway, namespace, admission_id, 1, rows_of(1, 10), play=play)
+        assert late.status_code == 409, late.text
+
+
 def counter(database_url: str, scope: str, key: str) -> tuple[int, int]:
     """A staging counter's ``(staged_bytes, open_admissions)`` (0, 0 when it has none)."""
     with psycopg.connect(database_url) as conn:

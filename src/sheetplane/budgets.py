@@ -422,6 +422,14 @@ DB_SESSION_TRANSACTION_TIMEOUT_MS: Final = POSTGRES_OPERATION_BUDGET_MS
 #: backends itself (``pg_terminate_backend``), at most one interval late.
 DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS // 5
 
+#: How long the reaper's sweep waits for a row lock while it expires one sheet's
+#: admissions before it leaves the sheet to its next pass: half a watchdog
+#: interval, several times a full chunk's own transaction (110 to 137 ms), so
+#: only a transaction held open longer (a stage role sitting in one holds its
+#: admission's and its org's rows) makes it skip, and the rest of that org's
+#: sheets with it, so one org cannot hold the pass back from every other's.
+ADMISSION_SWEEP_LOCK_WAIT_MS: Final = DB_SESSION_WATCHDOG_INTERVAL_MS // 2
+
 #: Private memory (``RssAnon``) one session backend may hold before the
 #: watchdog ends it: a role may ``SET work_mem`` / ``hash_mem_multiplier`` (or
 #: ``ALTER ROLE current_user SET`` them) as high as it likes, and one hash

@@ -73,6 +73,7 @@ from ..budgets import (
     ADMISSION_COMMIT_WORK_MEM_BYTES,
     ADMISSION_IDLE_MS,
     ADMISSION_MAX_LIFETIME_MS,
+    ADMISSION_SWEEP_LOCK_WAIT_MS,
     MAX_ROW_BYTES,
     KiB,
 )
@@ -505,6 +506,21 @@ async def abort_admission(pool: TrioPool, names: SheetNames, admission_id: str) 
     return await pool.run(run)
 
 
+def _expire_unless_busy(conn: Conn, names: SheetNames, lifetime_ms: int) -> int | None:
+    """``_expire_idle`` for the sweep, waiting at most ``ADMISSION_SWEEP_LOCK_WAIT_MS``
+    for a row lock; None when another transaction holds one (the next pass expires)."""
+    conn.execute(
+        sql.SQL("SET LOCAL lock_timeout = {}").format(
+            sql.Literal(f"{ADMISSION_SWEEP_LOCK_WAIT_MS}ms")
+        )
+    )
+    try:
+        with conn.transaction():
+            return _expire_idle(conn, names, lifetime_ms)
+    except psycopg.errors.LockNotAvailable:
+        return None
+
+
 def _compact_unless_busy(conn: Conn, names: SheetNames) -> bool:
     """Compact the sheet's counter log if it is long and no writer holds the sheet."""
     found = conn.execute(
@@ -524,7 +540,10 @@ async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFE
     rows, and compact every long counter log (``_counters.compact_if_long``), each
     sheet in its own transactions, then set the staging counters to what the open
     admissions hold (``_quotas.reconcile_org``); returns how many admissions were
-    expired."""
+    expired. A sheet whose rows another transaction holds past
+    ``ADMISSION_SWEEP_LOCK_WAIT_MS`` is left to the next pass, and so are its org's
+    other sheets: one org's open transaction delays the pass for every other org by
+    at most that wait."""
 
     def tables(conn: Conn) -> list[tuple[str, str]]:
         rows = conn.execute(
@@ -536,9 +555,17 @@ async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFE
         return [(schema, table) for schema, table in rows]
 
     expired = 0
+    busy: set[str] = set()  # orgs a transaction holds rows of: left to the next pass
     for schema, table in await pool.run(tables):
         names = sheet_tables(schema, table.removesuffix(ADMISSIONS_SUFFIX))
-        expired += await pool.run(partial(_expire_idle, names=names, lifetime_ms=lifetime_ms))
+        if schema not in busy:
+            found = await pool.run(
+                partial(_expire_unless_busy, names=names, lifetime_ms=lifetime_ms)
+            )
+            if found is None:
+                busy.add(schema)
+            else:
+                expired += found
         await pool.run(partial(_compact_unless_busy, names=names))
     # The staging counters, each in a transaction of its own, set to what the open
     # admissions hold (they drift only when a registry is dropped with open ones).
