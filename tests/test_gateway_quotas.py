@@ -255,13 +255,17 @@ async def mint_stage_role(gw: RunningGateway, play: str, namespace: str) -> str:
     return crypto.decrypt_postgres_url(answer["encryptedPostgresUrl"], key, aad_of(answer))
 
 
-async def stage_role_sheet(gw: RunningGateway, org: str, prefix: str) -> tuple[str, Any, str]:
-    """A new play's sheet ``leads`` of ``org`` (TOKEN_A's), its names and the Postgres
-    URL of a new ``rows.stage`` session on it: ``(play, names, url)``."""
-    play = f"{prefix}-{uuid.uuid4().hex[:8]}"
+async def stage_role_sheet(
+    gw: RunningGateway, org: str, play: str | None = None
+) -> tuple[str, Any, str, str]:
+    """The sheet ``leads`` of ``play`` (a new one when None) of ``org`` (TOKEN_A's), its
+    names, the Postgres URL of a new ``rows.stage`` session on it and a new admission
+    of it: ``(play, names, url, admission id)``."""
+    play = play or f"stage-{uuid.uuid4().hex[:8]}"
     made = await post(gw, "ensure_sheet", play=play, tableNamespace="leads")
     assert made.status_code == 200, made.text
-    return play, sheet_names(SheetRef(org, play, "leads")), await mint_stage_role(gw, play, "leads")
+    url = await mint_stage_role(gw, play, "leads")
+    return play, sheet_names(SheetRef(org, play, "leads")), url, await begin(gw, "leads", play=play)
 
 
 def hostile_stage(
@@ -344,13 +348,12 @@ async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_ca
 ) -> None:
     # A rows.stage role could COPY rows under an admission never begun, with 100 KB keys,
     # and abort, commit and the reaper's sweep (which delete by registered id) kept them.
-    play, names, url = await stage_role_sheet(gateway, ORG_A, "orphan")
+    play, names, url, live = await stage_role_sheet(gateway, ORG_A)
     never_begun = uuid.uuid4().hex
     orphan = functools.partial(hostile_stage, record=False)
     refused = await trio.to_thread.run_sync(orphan, url, names, never_begun, 0, "k")
     assert refused == "ForeignKeyViolation"
     # Nor under a live admission without recording the chunk.
-    live = await begin(gateway, "leads", playName=play)
     refused = await trio.to_thread.run_sync(orphan, url, names, live, 0, "k")
     assert refused == "ForeignKeyViolation"
     long_key = "k" * (MAX_ROW_KEY_BYTES + 1)
@@ -395,6 +398,25 @@ def open_hostile_stage(url: str, names: Any, admission_id: str) -> psycopg.Conne
     return conn
 
 
+@contextlib.asynccontextmanager
+async def org_a_stage_role_holding(
+    gw: RunningGateway, play: str | None = None
+) -> AsyncIterator[tuple[str, Any, str, str, str]]:
+    """ORG_A's stage role, on the sheet ``leads`` of ``play`` (a new one when None),
+    sits in an open transaction after staging chunk 0 of a new admission; ORG_B has an
+    admission of its own sheet of the same names. Yields ``(play, names, url, held,
+    other)`` (the two admission ids); the role's transaction commits when the block
+    ends without error (which fails if the session was ended meanwhile)."""
+    play, names, url, held = await stage_role_sheet(gw, ORG_A, play)
+    other = await begin(gw, "leads", token=TOKEN_B, play=play)
+    hostile = await trio.to_thread.run_sync(open_hostile_stage, url, names, held)
+    try:
+        yield play, names, url, held, other
+        await trio.to_thread.run_sync(hostile.commit)
+    finally:
+        await trio.to_thread.run_sync(hostile.close)
+
+
 #: How long another org's chunk may take while one org's stage role sits in an open
 #: transaction (a chunk alone takes tens of milliseconds; the idle bound is 5 s).
 OTHER_ORG_CHUNK_BOUND_S = 2.0
@@ -407,20 +429,13 @@ async def test_a_stage_role_idle_in_its_transaction_does_not_stall_another_orgs_
     # until the chunk's transaction ended: org-a's stage role COPYd one row and sat
     # idle in its transaction, and every other org's chunk waited for the session's
     # idle bound to end it (and again each time it repeated).
-    play, names, url = await stage_role_sheet(gateway, ORG_A, "idle")
-    held = await begin(gateway, "leads", play=play)
-    other = await begin(gateway, "leads", token=TOKEN_B, play=play)
-    hostile = await trio.to_thread.run_sync(open_hostile_stage, url, names, held)
-    try:
+    async with org_a_stage_role_holding(gateway) as (play, names, url, held, other):
         started = trio.current_time()
         staged = await stage(gateway, "leads", other, 0, rows_of(2), token=TOKEN_B, play=play)
         took = trio.current_time() - started
         assert staged.status_code == 200, staged.text
         assert took < OTHER_ORG_CHUNK_BOUND_S, f"org-b's chunk took {took:.2f} s"
-        # The stage role's transaction was still open all along, and keeps its row.
-        await trio.to_thread.run_sync(hostile.commit)
-    finally:
-        await trio.to_thread.run_sync(hostile.close)
+    # The stage role's transaction was open all along (it committed), and kept its row.
     assert await trio.to_thread.run_sync(staged_rows, database_url, names) == [(held, 0)]
     # The total is read afresh by each row's trigger: a transaction whose snapshot
     # would hide what other orgs committed since it began is refused.
@@ -450,12 +465,10 @@ async def test_the_sweep_expires_other_orgs_admissions_while_a_stage_role_holds_
     # The sweep expired sheet after sheet in one pass: an expiry of org-a's waited for
     # the org's counter row (its release updates it) behind org-a's stage role sitting
     # in an open transaction, and every other org's expiry waited after it.
-    play, names, url = await stage_role_sheet(gateway, ORG_A, "sweep")
-    held = await begin(gateway, "leads", play=play)
-    due = await begin(gateway, "other", play=play)  # org-a's, expired by the sweep
-    other = await begin(gateway, "leads", token=TOKEN_B, play=play)
-    hostile = await trio.to_thread.run_sync(open_hostile_stage, url, names, held)
-    try:
+    play = f"sweep-{uuid.uuid4().hex[:8]}"
+    # Org-a's, expired by the sweep (begun first: a begin of org-a waits for the role).
+    due = await begin(gateway, "other", play=play)
+    async with org_a_stage_role_holding(gateway, play) as (_, _, _, held, other):
         async with open_store(database_url, quotas=StoreQuotas(admission_lifetime_ms=1)) as store:
             started = trio.current_time()
             await store.sweep_admissions()
@@ -463,9 +476,6 @@ async def test_the_sweep_expires_other_orgs_admissions_while_a_stage_role_holds_
         assert took < SWEEP_BOUND_S, f"the sweep took {took:.2f} s"
         expired = await stage(gateway, "leads", other, 0, rows_of(1, 10), token=TOKEN_B, play=play)
         assert expired.status_code == 409, expired.text
-        await trio.to_thread.run_sync(hostile.commit)
-    finally:
-        await trio.to_thread.run_sync(hostile.close)
     # The next pass, with nothing held, expires what the busy org's sheets kept.
     async with open_store(database_url, quotas=StoreQuotas(admission_lifetime_ms=1)) as store:
         await store.sweep_admissions()
@@ -772,8 +782,7 @@ async def test_a_stage_role_copy_past_its_admissions_staged_bytes_is_refused_in_
     # Only the gateway counted staged bytes: a direct runner's rows.stage session COPYd
     # into staging bounded only by the admission's lifetime and the sweep.
     gw = stage_capped
-    play, names, url = await stage_role_sheet(gw, CAPPED_ORG["a"], "copy")
-    live = await begin(gw, "leads", playName=play)
+    play, names, url, live = await stage_role_sheet(gw, CAPPED_ORG["a"])
     assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
     # One COPY of two more rows: the first fits, the second passes the bound, and the
     # statement (and its transaction's chunk records) keeps nothing.
@@ -820,8 +829,7 @@ async def test_one_transaction_stages_at_most_its_bound_so_other_orgs_see_the_to
     # reserved is hidden from every other org's check until it commits: a stage
     # role's one transaction could reserve its org's whole room out of their sight.
     gw = stage_capped
-    play, names, url = await stage_role_sheet(gw, CAPPED_ORG["a"], "xact")
-    live = await begin(gw, "leads", play=play)
+    play, names, url, live = await stage_role_sheet(gw, CAPPED_ORG["a"])
     three = functools.partial(hostile_stage, count=3)
     refused = await trio.to_thread.run_sync(three, url, names, live, 0, "k")
     assert refused == "ConfigurationLimitExceeded"
