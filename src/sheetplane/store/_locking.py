@@ -28,9 +28,11 @@ takes nothing out of it (docs/store.md has the table of paths):
 6. staged admissions: the admission's registry row (a chunk's record takes it
    ``FOR KEY SHARE`` by its foreign key, the chunk's byte reservation updates
    it; begin, commit, abort and expiry update it), then the staging counters
-   (``_quotas``): the org's, the total, the token's. A chunk takes no writer
-   lock; sheet setup locks a live registry (only when it adds the quota columns
-   and triggers to an older sheet) before the staging table, as a chunk does.
+   (``_quotas``): the org's, the org's transaction row, the token's (no row
+   shared between orgs: the total is the org counters read without a lock).
+   A chunk takes no writer lock; sheet setup locks a live registry (only when
+   it adds the quota columns and triggers to an older sheet) before the staging
+   table, as a chunk does.
 
 The counters take no row lock: the counting triggers only append to the
 sheet's counter log (``_counters``), which has no key, so no statement waits
