@@ -10,6 +10,13 @@ exploring further is the job of local runs and ``--campaign``.
 
 ``--campaign`` (both suites) also runs the long campaigns: tests marked
 ``slow``, and the longer settings of tests that read the option.
+
+Tests marked ``heavy(seconds)`` (tens of seconds each on the two-core CI
+machine) are collected first, longest first. ``pytest-xdist``'s work stealing
+hands each worker a contiguous half of the collection and steals from the end
+of the longer queue, so the long tests start at once on the first worker while
+the short ones fill both workers' remaining time, instead of a long test
+starting last and running alone at the end (longest processing time first).
 """
 
 from __future__ import annotations
@@ -34,9 +41,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = sorted(items, key=_heaviest_first)  # stable: the rest keep their order
     if config.getoption("--campaign"):
         return
     skip = pytest.mark.skip(reason="a long campaign: run with --campaign")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _heaviest_first(item: pytest.Item) -> float:
+    heavy = item.get_closest_marker("heavy")
+    return -float(heavy.args[0]) if heavy is not None else 0.0

@@ -53,6 +53,7 @@ def test_the_parts_run_the_whole_slice_once() -> None:
         assert len(set(seeds)) == count
 
 
+@pytest.mark.heavy(45)
 @pytest.mark.parametrize("part", range(VIRTUAL_PARTS))
 def test_virtual_slice_of_ten_thousand_schedules(part: int) -> None:
     figures = Figures(SLICE_SEED)
@@ -67,6 +68,7 @@ def test_virtual_slice_of_ten_thousand_schedules(part: int) -> None:
     assert figures.outcomes["superseded"] > 0 and figures.outcomes["cancelled"] > 0
 
 
+@pytest.mark.heavy(30)
 @pytest.mark.parametrize("part", range(REAL_PARTS))
 def test_real_slice_of_fifty_schedules(sheetplane_database_url: str, part: int) -> None:
     figures = Figures(SLICE_SEED)
@@ -90,6 +92,7 @@ def test_long_campaign_on_a_fresh_seed(sheetplane_database_url: str) -> None:
     _check(figures)
 
 
+@pytest.mark.heavy(10)
 def test_a_seed_replays_the_same_virtual_history() -> None:
     seeds = schedule_seeds(SLICE_SEED, 300, "replay")
     first, second = Figures(SLICE_SEED), Figures(SLICE_SEED)

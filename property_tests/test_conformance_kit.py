@@ -311,6 +311,7 @@ def test_the_whole_quick_profile_names_the_broken_requirement(served: Served, na
     assert not report.passed
 
 
+@pytest.mark.heavy(11)
 def test_the_model_phase_prints_the_shortest_sequence_and_the_seed_that_replays_it(
     served: Served, request: pytest.FixtureRequest
 ) -> None:

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import trio
 
 #: ``sheetplane ...`` through the console script's entry point, with this interpreter.
@@ -55,6 +56,7 @@ async def test_bad_row_counts_are_refused_by_the_parser() -> None:
         assert b"--rows must be" in done.stderr
 
 
+@pytest.mark.heavy(23)
 async def test_an_unreachable_database_fails_with_one_line_and_no_password() -> None:
     url = "postgresql://demo:sekret-pw@127.0.0.1:1/nowhere"
     done = await sheetplane("demo", "--rows", "10", "--database-url", url, env=dict(os.environ))

@@ -40,6 +40,7 @@ def own_server() -> Iterator[EmbeddedPostgres]:
         yield server
 
 
+@pytest.mark.heavy(25)
 async def test_a_direct_runner_reports_postgres_down_within_the_connect_budget(
     own_server: EmbeddedPostgres, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 
 from _runtime_helpers import CONTRACT
@@ -107,6 +108,7 @@ async def _kill(served: Served) -> None:
     served.stopped = True
 
 
+@pytest.mark.heavy(18)
 async def test_a_writing_runner_rides_through_a_gateway_killed_and_restarted_on_its_port(
     database_url: str, tmp_path: Path
 ) -> None:

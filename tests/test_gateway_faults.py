@@ -195,6 +195,7 @@ async def test_client_retries_transient_faults_to_success(
     assert faulty.state.faults.pending(SUMMARY) == 0
 
 
+@pytest.mark.heavy(16)
 async def test_client_times_out_a_hung_attempt_then_retries(
     faulty: RunningGateway, namespace: str, mock_clock: trio.testing.MockClock
 ) -> None:

@@ -69,6 +69,7 @@ async def _worker_pids(http: httpx.AsyncClient, count: int) -> set[int]:
     return workers
 
 
+@pytest.mark.heavy(11)
 async def test_two_workers_share_one_port_and_their_reapers_never_conflict(
     own_postgres: EmbeddedPostgres, tmp_path: Path
 ) -> None:

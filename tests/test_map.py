@@ -50,6 +50,7 @@ async def count_words(row: dict[str, Any]) -> dict[str, Any]:
     return {"words": len(row["text"].split())}
 
 
+@pytest.mark.heavy(12)
 @pytest.mark.parametrize("strategy", ROADS)
 async def test_a_big_map_equals_its_input(gateway: CountingGateway, strategy: Strategy) -> None:
     play, rows = new_play(), inputs(BIG)

@@ -69,6 +69,7 @@ async def random_reads(dataset: Any, size: int, calls: int, seed: int) -> None:
                 nursery.start_soon(one)
 
 
+@pytest.mark.heavy(42)
 async def test_iterating_a_million_rows_holds_one_page_and_a_bounded_batcher(
     gateway: CountingGateway,
     store: SheetStore,

@@ -161,6 +161,7 @@ async def _finish(processes: list[trio.Process]) -> list[int]:
                 await process.wait()
 
 
+@pytest.mark.heavy(21)
 async def test_more_runners_than_connection_slots_wait_instead_of_failing(
     small_server: EmbeddedPostgres, tmp_path: Path
 ) -> None:
@@ -222,6 +223,7 @@ def _org_backends(server: EmbeddedPostgres, org: str) -> int:
         return org_session_backends(conn, org)
 
 
+@pytest.mark.heavy(20)
 async def test_runners_that_admit_their_own_sheets_never_starve_the_org_on_idle_connections(
     small_server: EmbeddedPostgres, tmp_path: Path
 ) -> None:

@@ -289,6 +289,7 @@ async def _pairs(fleet: Fleet, rounds: int) -> int:
     return ran
 
 
+@pytest.mark.heavy(15)
 async def test_every_pair_of_write_paths_runs_without_deadlock_or_500(
     database_url: str, server_log: Path | None, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
