@@ -32,8 +32,8 @@ from sheetplane.store import SheetStore
 
 RUNNER = Path(__file__).with_name("_writer_process.py")
 WRITERS = 8
-ROWS_PER_WRITER = 3_000
-CHUNK = 100
+ROWS_PER_WRITER = 6_000
+CHUNK = 300
 DEADLINE_S = 240
 #: Time between two samples of the writers' backends.
 SAMPLE_S = 0.01
