@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import attrs
+
 from ._types import CompleteRow, FailRow
 from .budgets import TRANSPORT_CEILING_BYTES
 from .errors import InvalidInputError
@@ -133,3 +135,9 @@ def _terminal_rows(
         checked.append(row)
     json_value("rows", payload)
     return checked
+
+
+def positive_field(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An attrs validator: the field is an ``int`` of at least 1 (a ``bool`` is not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")

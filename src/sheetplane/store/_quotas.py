@@ -68,6 +68,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
+from .._checks import positive_field as _positive
 from ..budgets import (
     ADMISSION_MAX_LIFETIME_MS,
     ADMISSION_MAX_STAGED_BYTES,
@@ -102,11 +103,6 @@ __all__ = [
     "reserve_admission",
     "staging_refusal",
 ]
-
-
-def _positive(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)

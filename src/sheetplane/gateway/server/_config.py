@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from ... import crypto
+from ..._checks import positive_field as _positive
 from ...budgets import (
     DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     DB_SESSION_MAX_BACKEND_MEMORY_BYTES,
@@ -22,23 +23,17 @@ from ...budgets import (
     GATEWAY_BODY_READ_TIMEOUT_MS,
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
-from ...errors import InvalidInputError
 from ...store._quotas import StoreQuotas
 from ._plays import PlayDefinition
 from ._roles import SessionBounds, SessionCaps
 from ._shares import TenantCaps
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")
-
-
 def _optional_positive(
     instance: object, attribute: attrs.Attribute[int | None], value: object
 ) -> None:
     if value is not None:
-        _positive(instance, attribute, value)  # type: ignore[arg-type]
+        _positive(instance, attribute, value)
 
 
 #: The default of ``session_max_backend_memory_bytes`` (typed so None may replace it).

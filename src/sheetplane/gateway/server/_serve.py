@@ -45,6 +45,7 @@ from hypercorn.typing import ASGIFramework, ConnectionState
 from hypercorn.utils import LifespanFailureError, repr_socket_addr
 from starlette.applications import Starlette
 
+from ..._checks import positive_field as _positive
 from ..._types import LogicalTable, SheetContract
 from ...budgets import (
     GATEWAY_DRAIN_BUDGET_MS,
@@ -53,7 +54,6 @@ from ...budgets import (
     GATEWAY_MAX_CONNECTIONS,
     GATEWAY_READ_TIMEOUT_MS,
 )
-from ...errors import InvalidInputError
 from ._actions import GatewayState, mint_preloaded_session
 from ._app import create_app, gateway_state, startup_failure
 from ._config import GatewayConfig
@@ -71,11 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sheetplane.gateway.server")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")
 
 
 @attrs.frozen

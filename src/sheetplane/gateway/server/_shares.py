@@ -27,6 +27,7 @@ import attrs
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..._checks import positive_field as _positive
 from ...budgets import (
     GATEWAY_MAX_CONNECTIONS_PER_ORG,
     GATEWAY_MAX_CONNECTIONS_PER_TOKEN,
@@ -34,7 +35,6 @@ from ...budgets import (
     GATEWAY_MAX_REQUESTS_PER_TOKEN,
     GATEWAY_TENANT_RETRY_AFTER_MS,
 )
-from ...errors import InvalidInputError
 from ...protocol._messages import error_body
 from ...protocol._wire import RUNTIME_PATH, Code
 from ._auth import TokenTable
@@ -44,11 +44,6 @@ __all__ = ["TenantCaps", "TenantShares", "TenantSharesMiddleware", "connection_o
 
 #: A connection: the peer's address as the socket reports it (host, port).
 ConnectionId = tuple[Any, ...]
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")
 
 
 @attrs.frozen
