@@ -65,8 +65,8 @@ from sheetplane.gateway.faults import FaultSchedule
 from sheetplane.gateway.server import RUNTIME_PATH, GatewayConfig, create_app
 from sheetplane.gateway.server._actions import GatewayState
 from sheetplane.gateway.server._auth import TokenTable
-from sheetplane.gateway.server._roles import ReaperProgress
 from sheetplane.gateway.server._serve import ServeOptions
+from sheetplane.gateway.server._watchdog import ReaperProgress
 from sheetplane.store import SheetStore
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES
 from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values

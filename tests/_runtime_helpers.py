@@ -280,7 +280,7 @@ def reap_session_roles(database_url: str) -> None:
     For modules that mint many sessions: their roles would otherwise stay live
     for a whole session TTL and show in later tests' role counts.
     """
-    from sheetplane.gateway.server._roles import ROLE_PREFIX, _drop_role
+    from sheetplane.gateway.server._roles import ROLE_PREFIX, drop_role
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         roles = [
@@ -291,4 +291,4 @@ def reap_session_roles(database_url: str) -> None:
         ]
         for role in roles:
             with conn.transaction():
-                _drop_role(conn, role)
+                drop_role(conn, role)

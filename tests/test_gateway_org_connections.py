@@ -30,8 +30,8 @@ from sheetplane.budgets import (
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
 from sheetplane.gateway.server._roles import (
-    _drop_role,
     create_session_role,
+    drop_role,
     org_session_backends,
     scoped_url,
 )
@@ -286,7 +286,7 @@ async def test_a_session_whose_role_is_reclaimed_while_its_runner_waits_for_a_sl
                     await until(refused)
 
                     def reclaim(conn: psycopg.Connection[Any], role: str = role) -> None:
-                        _drop_role(conn, role)  # as a mint waiting for room does
+                        drop_role(conn, role)  # as a mint waiting for room does
 
                     await gw.state.store.pool.run(reclaim)
                     reclaimed.append(role)
@@ -390,7 +390,7 @@ async def test_a_session_whose_role_is_reclaimed_under_its_open_pool_is_minted_a
                     assert name is not None
 
                     def reclaim(conn: psycopg.Connection[Any]) -> None:
-                        _drop_role(conn, str(name))  # as a mint waiting for room does
+                        drop_role(conn, str(name))  # as a mint waiting for room does
 
                     await gw.state.store.pool.run(reclaim)
                 return await store.pool.run(

@@ -17,10 +17,10 @@ from ._auth import parse_token_pairs as parse_token_pairs
 from ._config import GatewayConfig as GatewayConfig
 from ._hardening import hardening_statements as hardening_statements
 from ._roles import ROLE_PREFIX as ROLE_PREFIX
-from ._roles import reap_expired_roles as reap_expired_roles
 from ._serve import RunningGateway as RunningGateway
 from ._serve import running_gateway as running_gateway
 from ._serve import serve as serve
+from ._watchdog import reap_expired_roles as reap_expired_roles
 
 __all__ = [
     "ROLE_PREFIX",

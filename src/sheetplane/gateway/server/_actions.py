@@ -52,12 +52,12 @@ from ._mintqueue import MintQueues
 from ._plays import play_of
 from ._roles import (
     MintedRole,
-    ReaperProgress,
     SessionCapReachedError,
     SessionCaps,
     create_session_role,
     scoped_url,
 )
+from ._watchdog import ReaperProgress
 
 __all__ = ["HANDLERS", "Call", "GatewayState", "mint_preloaded_session", "unsupported"]
 

@@ -89,8 +89,8 @@ from ._logs import RequestInfo, internal_error_fields, redact_in_logs
 from ._metrics import GatewayMetrics, action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
 from ._probes import probe_routes
-from ._roles import ReaperProgress, resolve_org_connection_budget, run_reaper, run_watchdog
 from ._shares import TenantSharesMiddleware
+from ._watchdog import ReaperProgress, resolve_org_connection_budget, run_reaper, run_watchdog
 
 __all__ = ["RUNTIME_PATH", "create_app", "gateway_state"]
 
