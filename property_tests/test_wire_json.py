@@ -257,10 +257,10 @@ def test_encode_row_refuses_what_check_row_refuses_and_writes_the_row_it_accepts
     """``encode_row`` looks at the document orjson wrote (not at every cell) and sends a
     row through ``check_row`` only when the document could hide what it refuses; it
     must refuse exactly those rows, and key and write the others as they are."""
+    from sheetplane._rowchecks import check_row
     from sheetplane.errors import InvalidInputError
     from sheetplane.identity import row_key
-    from sheetplane.store._rowdata import check_row
-    from sheetplane.store._staging import encode_row
+    from sheetplane.protocol import encode_row
 
     try:
         check_row(row, 3)

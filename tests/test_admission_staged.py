@@ -34,10 +34,10 @@ from sheetplane.budgets import ADMISSION_CHUNK_ROWS, MAX_JSON_DEPTH, MAX_ROW_BYT
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.faults import FAULT_HEADER
 from sheetplane.identity import row_key
+from sheetplane.protocol import prepare_chunk
 from sheetplane.runtime import CompleteRow, Strategy
 from sheetplane.store import SheetStore, sheet_names
 from sheetplane.store._counters import STATUS_COUNTERS, status_counts
-from sheetplane.store._staging import prepare_chunk
 
 #: Every DUP_EVERY-th input row repeats the key of the row DUP_EVERY // 2 before it.
 DUP_EVERY = 1000

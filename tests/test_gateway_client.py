@@ -56,8 +56,7 @@ from sheetplane.budgets import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest
-from sheetplane.protocol import _messages
-from sheetplane.store._staging import prepare_chunk
+from sheetplane.protocol import _messages, prepare_chunk
 
 TOKEN = "exec-token-0123456789"
 BASE = "http://gateway.test"

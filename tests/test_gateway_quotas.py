@@ -22,7 +22,8 @@ from sheetplane._types import INTEGER_MAX, ContractColumn, SheetContract, SheetR
 from sheetplane.budgets import MAX_ROW_KEY_BYTES
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.store import StoreQuotas, _quotas, _staging, open_store
+from sheetplane.protocol import prepare_chunk
+from sheetplane.store import StoreQuotas, _quotas, open_store
 from sheetplane.store._names import org_schema, sheet_names
 from sheetplane.store._staging import sweep_admissions
 
@@ -706,7 +707,7 @@ async def test_concurrent_chunks_take_exactly_the_room_left_and_give_it_all_back
     # two orgs), so it is passed by at most one chunk of each other org in flight.
     orgs = [f"org-race-{uuid.uuid4().hex[:8]}" for _ in range(1 if bound == "org" else 2)]
     contract = SheetContract((ContractColumn("email", "email", "input"),))
-    chunk = _staging.prepare_chunk(rows_of(2), 0)
+    chunk = prepare_chunk(rows_of(2), 0)
     size = len(chunk.keys) + len(chunk.rows)
     baseline = await trio.to_thread.run_sync(total_staged, database_url)
     room = 3 * size + size // 2  # three chunks, not four
@@ -894,7 +895,7 @@ async def test_an_older_sheets_staging_gains_the_quotas_and_counts_each_chunk_on
     sheet = SheetRef(org, "upgrade", "leads")
     names = sheet_names(sheet)
     contract = SheetContract((ContractColumn("email", "email", "input"),))
-    chunk = _staging.prepare_chunk(rows_of(2), 0)
+    chunk = prepare_chunk(rows_of(2), 0)
     async with open_store(database_url) as store:
         await store.ensure_sheet(sheet, contract)
     await trio.to_thread.run_sync(make_older_layout, database_url, names, layout)
@@ -910,7 +911,7 @@ async def test_an_older_sheets_staging_gains_the_quotas_and_counts_each_chunk_on
         assert await store.stage_chunk(sheet, old, 0, 0, chunk)  # older code's trigger
         new = uuid.uuid4().hex
         await store.begin_admission(sheet, contract, new, "run-1")  # upgrades the sheet
-        assert await store.stage_chunk(sheet, old, 1, 2, _staging.prepare_chunk(rows_of(2), 2))
+        assert await store.stage_chunk(sheet, old, 1, 2, prepare_chunk(rows_of(2), 2))
         assert await store.stage_chunk(sheet, new, 0, 0, chunk)
 
         def stored() -> dict[str, int]:
@@ -953,9 +954,7 @@ async def test_the_sweep_sets_the_counters_back_when_a_registry_is_dropped_with_
         for sheet in (dropped, kept):
             admission_id = uuid.uuid4().hex
             await store.begin_admission(sheet, contract, admission_id, "run-1", token_id=token_id)
-            await store.stage_chunk(
-                sheet, admission_id, 0, 0, _staging.prepare_chunk(rows_of(2), 0)
-            )
+            await store.stage_chunk(sheet, admission_id, 0, 0, prepare_chunk(rows_of(2), 0))
         org_key = org_schema(org)
         held = await trio.to_thread.run_sync(counter, database_url, "org", org_key)
         assert held[1] == 2

@@ -15,8 +15,8 @@ from psycopg import sql
 from _store_helpers import snapshot
 from sheetplane._types import CompleteRow, ContractColumn, FailRow, SheetContract, SheetRef
 from sheetplane.errors import STAGING_LOST_TEXT, AdmissionStateError, InvalidInputError
+from sheetplane.protocol import prepare_chunk
 from sheetplane.store import SheetStore, _staging, sheet_names
-from sheetplane.store._staging import prepare_chunk
 
 CONTRACT = SheetContract(
     (

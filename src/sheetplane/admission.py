@@ -58,8 +58,8 @@ from .errors import InvalidInputError, SheetplaneError, StoreUnavailableError
 from .gateway.client import GatewayClient
 from .identity import ROW_KEY_FIELD
 from .pages import SheetRoad
+from .protocol import ChunkBuilder, EncodedChunk, encode_row
 from .sessions import AccessShape, SessionLimits, SessionManager
-from .store._staging import ChunkBuilder, EncodedChunk, encode_row
 
 __all__ = ["Admission", "AdmissionInput", "KeyedRoad", "StagedAdmission", "check_input"]
 

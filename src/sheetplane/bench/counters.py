@@ -25,8 +25,8 @@ from psycopg import sql
 
 from .._types import SheetRef
 from ..budgets import ADMISSION_CHUNK_ROWS
+from ..protocol import prepare_chunk
 from ..store import SheetStore, open_store, sheet_names
-from ..store._staging import prepare_chunk
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 from ._common import CONTRACT, make_rows
 

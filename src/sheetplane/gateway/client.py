@@ -118,7 +118,7 @@ from ._body import (
 from ._retry import CallBudget, jitter
 
 if TYPE_CHECKING:
-    from ..store._staging import EncodedChunk
+    from ..protocol import EncodedChunk
 
 __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage", "gateway_urls"]
 

@@ -33,7 +33,7 @@ from ..dataset import Dataset, InMemoryDataset
 from ..errors import AdmissionTooLargeError
 from ..gateway.client import GatewayClient
 from ..identity import with_row_key
-from ..store._staging import encode_row
+from ..protocol import encode_row
 
 __all__ = ["Tape", "admit_whole", "whole_admission"]
 

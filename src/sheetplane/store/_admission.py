@@ -49,6 +49,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._rowchecks import check_row
 from .._types import ContractColumn, InlineAdmission, SheetContract, SheetRef
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError
@@ -58,7 +59,6 @@ from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
     analyze_if_grown,
-    check_row,
     check_text,
     chunked,
     column_lookups,

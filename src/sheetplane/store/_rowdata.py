@@ -17,20 +17,14 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .._rowchecks import (
-    check_nested,
-    flat_row_bound,
-)
 from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
 from ..budgets import (
     ADMISSION_ANALYZE_MIN_ROWS,
     ADMISSION_ANALYZE_STATISTICS_TARGET,
-    MAX_ROW_BYTES,
     MAX_ROW_KEY_BYTES,
 )
 from ..errors import InvalidInputError
 from ..identity import ROW_KEY_FIELD
-from ..sizes import json_byte_length_up_to
 from ._counters import STATUS_COUNTER, status_counts
 from ._locking import lock_sheet as lock_sheet_in
 from ._names import SheetNames
@@ -40,40 +34,6 @@ T = TypeVar("T")
 
 
 # --- input checks -----------------------------------------------------------------
-
-
-def check_row(row: object, position: int) -> Mapping[str, Any]:
-    """Check one input row: a JSON object with string keys, finite numbers, within budget.
-
-    A flat row (plain scalar values) whose size bound is under ``MAX_ROW_BYTES``
-    passes on the bound; any other row is measured with
-    ``json_byte_length_up_to``, which stops counting past the budget, so an
-    oversized row is refused without being serialised. Raises
-    ``InvalidInputError`` naming the row's position. A caller commits nothing
-    before every row has passed: it checks them all first, or (admission)
-    checks each as it writes it, inside a transaction the error rolls back.
-    """
-    if not isinstance(row, Mapping):
-        raise InvalidInputError(f"row {position} must be a JSON object, got {type(row).__name__}")
-    for name in row:
-        if not isinstance(name, str):
-            raise InvalidInputError(f"row {position} has a non-string field name {name!r}")
-    try:
-        if flat_row_bound(row) is not None:
-            return row
-        size = json_byte_length_up_to(dict(row), MAX_ROW_BYTES)
-    except (InvalidInputError, TypeError, ValueError) as exc:
-        raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
-    if size.exceeded:
-        raise InvalidInputError(
-            f"row {position} is larger than the {MAX_ROW_BYTES} byte row budget "
-            f"(at least {size.bytes} bytes): a row must fit in one page read"
-        )
-    try:
-        check_nested(row)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"row {position}: {exc}") from None
-    return row
 
 
 def check_key(key: object, what: str = "row key") -> str:

@@ -13,7 +13,7 @@ The path, in order:
    chunk retried after a lost answer finds its row and writes nothing; two
    copies racing serialise on the primary key. A chunk is one staging row: its
    rows' keys and documents as two jsonb arrays (``EncodedChunk``), which
-   ``encode_row`` wrote once per row, checking each where it encoded it. The
+   ``protocol.encode_row`` wrote once per row, checking each where it encoded it. The
    runner encodes them on both roads; the gateway stages a chunk's arrays as
    they arrived when they carry keys and are in a form the store accepts
    (``gateway/server/_chunks.py``), and the direct road writes them itself,
@@ -54,15 +54,13 @@ unchanged, and the next admission of the sheet (or the gateway's reaper,
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import attrs
-import orjson
 import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper
@@ -74,11 +72,10 @@ from ..budgets import (
     ADMISSION_IDLE_MS,
     ADMISSION_MAX_LIFETIME_MS,
     ADMISSION_SWEEP_LOCK_WAIT_MS,
-    MAX_ROW_BYTES,
     KiB,
 )
 from ..errors import STAGING_LOST_TEXT, AdmissionStateError, InvalidInputError
-from ..identity import row_key
+from ..protocol import EncodedChunk
 from ._counters import compact_counters, compact_if_long
 from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
 from ._pool import TrioPool
@@ -92,7 +89,6 @@ from ._quotas import (
 )
 from ._rowdata import (
     analyze_if_grown,
-    check_row,
     column_lookup_names,
     lock_sheet,
     next_write_version,
@@ -101,14 +97,10 @@ from ._rowdata import (
 
 __all__ = [
     "ADMISSION_ID_PATTERN",
-    "ChunkBuilder",
-    "EncodedChunk",
     "abort_admission",
     "begin_admission",
     "check_admission_id",
     "commit_admission",
-    "encode_row",
-    "prepare_chunk",
     "stage_chunk",
     "sweep_admissions",
 ]
@@ -126,117 +118,6 @@ def check_admission_id(value: object) -> str:
     if not isinstance(value, str) or not ADMISSION_ID_PATTERN.fullmatch(value):
         raise InvalidInputError(f"admission id must be 32 lowercase hex digits, got {value!r}")
     return value
-
-
-class EncodedChunk(NamedTuple):
-    """One chunk of checked, keyed rows in the form the staging table stores them: the
-    rows' keys and their documents, each as one JSON array (the wire form of a chunk
-    too, so neither road re-encodes a row between the runner and Postgres)."""
-
-    keys: bytes
-    """A JSON array of the rows' keys (strings), in input order."""
-    rows: bytes
-    """A JSON array of the rows' documents (objects), in input order."""
-    row_count: int
-    """How many rows."""
-
-
-class ChunkBuilder:
-    """A chunk's two arrays, written as its rows are encoded (``encode_row``).
-
-    Each row's key and document are appended at once and dropped: orjson hands
-    back every document in a buffer of at least 4 KiB, so holding a chunk's rows
-    as separate ``bytes`` took forty times their size.
-    """
-
-    __slots__ = ("_keys", "_rows", "row_count")
-
-    def __init__(self) -> None:
-        self._keys = bytearray(b"[")
-        self._rows = bytearray(b"[")
-        self.row_count = 0
-
-    @property
-    def size(self) -> int:
-        """The bytes of both arrays so far."""
-        return len(self._keys) + len(self._rows)
-
-    def add(self, key: bytes, doc: bytes) -> None:
-        """Append one row's key and document (compact JSON)."""
-        if self.row_count:
-            self._keys += b","
-            self._rows += b","
-        self._keys += key
-        self._rows += doc
-        self.row_count += 1
-
-    def chunk(self) -> EncodedChunk:
-        """The chunk of the rows added."""
-        return EncodedChunk(bytes(self._keys + b"]"), bytes(self._rows + b"]"), self.row_count)
-
-
-_ENCODE_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-_STDLIB_ENCODE: Final = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, allow_nan=False
-).encode
-
-
-def encode_row(row: object, position: int) -> tuple[bytes, bytes]:
-    """One input row's key and document, each as compact JSON (UTF-8), checked where
-    they are encoded.
-
-    orjson writes the document once; the checks read what it wrote: its length
-    against ``MAX_ROW_BYTES``, and a ``null`` or ``\\u0000`` in it (orjson writes
-    NaN and infinities as ``null``, and a NUL as ``\\u0000``, which Postgres
-    refuses in jsonb) sends the row through ``check_row``, as does anything
-    orjson refuses (a non-string field name, an integer past 64 bits, a lone
-    surrogate, a type JSON has not, nesting past orjson's limit). So a row is
-    refused when ``check_row`` refuses it, with its message and the row's
-    position in the whole input, and a plain row is looked at once (orjson
-    writes a ``uuid.UUID`` as its text, which the standard library's encoder
-    refused). The key is ``row_key``'s: a ``_key`` the row carries, else its
-    derived identity.
-    """
-    if type(row) is not dict:
-        if not isinstance(row, Mapping):
-            raise InvalidInputError(
-                f"row {position} must be a JSON object, got {type(row).__name__}"
-            )
-        row = dict(row)
-    try:
-        doc: bytes | None = orjson.dumps(row, option=_ENCODE_OPTIONS)
-    except TypeError:  # orjson.JSONEncodeError is a TypeError
-        doc = None
-    if doc is None or b"null" in doc or b"\\u0000" in doc:
-        checked = check_row(row, position)
-        if doc is None:
-            try:
-                doc = _STDLIB_ENCODE(checked).encode("utf-8")
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise InvalidInputError(f"row {position} is not valid JSON: {exc}") from None
-    if len(doc) > MAX_ROW_BYTES:
-        raise InvalidInputError(
-            f"row {position} is larger than the {MAX_ROW_BYTES} byte row budget "
-            f"({len(doc)} bytes): a row must fit in one page read"
-        )
-    try:
-        key = orjson.dumps(row_key(row, None))
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"row {position}: {exc}") from None
-    except TypeError:  # a carried _key with a lone surrogate
-        raise InvalidInputError(
-            f"row {position}: a row's _key must be text with a UTF-8 form"
-        ) from None
-    return key, doc
-
-
-def prepare_chunk(rows: Iterable[object], first_position: int) -> EncodedChunk:
-    """Check, key and encode a chunk's rows (``encode_row``; ``InvalidInputError``
-    names the row's position in the whole input: ``first_position`` + its index)."""
-    builder = ChunkBuilder()
-    for offset, raw in enumerate(rows):
-        builder.add(*encode_row(raw, first_position + offset))
-    return builder.chunk()
 
 
 class _JsonText:

@@ -27,6 +27,7 @@ from .._types import (
     SheetRef,
     TerminalWriteResult,
 )
+from ..protocol import EncodedChunk
 from . import (
     _admission,
     _fencing,
@@ -42,7 +43,6 @@ from ._names import SheetNames, receipt_names, sheet_names
 from ._pool import TrioPool, open_pool
 from ._quotas import StoreQuotas
 from ._rowdata import physical_columns
-from ._staging import EncodedChunk
 
 __all__ = ["SheetStore", "open_store"]
 

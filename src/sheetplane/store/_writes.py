@@ -52,6 +52,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._rowchecks import check_row
 from .._threads import run_sync
 from .._types import WriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
@@ -62,7 +63,6 @@ from ._names import SheetNames
 from ._pool import TrioPool
 from ._rowdata import (
     check_key_size,
-    check_row,
     check_text,
     chunked,
     column_lookups,

@@ -34,14 +34,13 @@ from ...budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import AdmissionTooLargeError, InvalidInputError, StoreError
+from ...protocol import EncodedChunk, _wire
 from ...protocol import _domain as d
 from ...protocol import _messages as m
 from ...protocol import _splice as splice
-from ...protocol import _wire
 from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
 from ...sizes import json_byte_length_up_to
 from ...store import JsonPage, SheetStore
-from ...store._staging import EncodedChunk
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._chunks import checked_chunk, chunk_of

@@ -30,9 +30,9 @@ import orjson
 from ..._json import decode_body
 from ...budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ...errors import InvalidInputError
+from ...protocol import ChunkBuilder, EncodedChunk, encode_row
 from ...protocol import _messages as m
 from ...store._rowdata import check_key
-from ...store._staging import ChunkBuilder, EncodedChunk, encode_row
 
 __all__ = ["checked_chunk", "chunk_of", "parse_chunk_body"]
 
