@@ -27,9 +27,14 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from sheetplane.protocol._messages import REQUESTS
-from sheetplane.protocol._openapi import OPENAPI_PATH
-from sheetplane.protocol._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, RUNTIME_PATH
+from sheetplane.protocol import (
+    HEALTHZ_PATH,
+    METRICS_PATH,
+    OPENAPI_PATH,
+    READYZ_PATH,
+    REQUESTS,
+    RUNTIME_PATH,
+)
 
 from ._threaded_gateway import ThreadedGateway
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sheetplane import json_byte_length_up_to
-from sheetplane.protocol._wire import decode_body, encode_body
+from sheetplane.protocol import decode_body, encode_body
 
 # Text without lone surrogates (the measure refuses those; the wire never sends them raw).
 text = st.text(st.characters(blacklist_categories=("Cs",)))

@@ -20,7 +20,7 @@ from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetR
 from sheetplane.budgets import TRANSPORT_CEILING_BYTES, MiB
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.protocol._domain import contract_json
+from sheetplane.protocol import contract_json
 from sheetplane.store import sheet_names
 
 TOKEN = "tok-ceiling-1b2c3d"

@@ -33,6 +33,7 @@ from sheetplane import (
     ResponseTooLargeError,
     TransientGatewayError,
     UnsupportedActionError,
+    protocol,
 )
 from sheetplane._types import (
     CompleteRow,
@@ -56,7 +57,7 @@ from sheetplane.budgets import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import Page, PageRequest
-from sheetplane.protocol import _messages, prepare_chunk
+from sheetplane.protocol import prepare_chunk
 
 TOKEN = "exec-token-0123456789"
 BASE = "http://gateway.test"
@@ -979,11 +980,11 @@ async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any
         for call in calls:
             with pytest.raises(GatewayError):
                 await call
-    classes = _messages.REQUESTS
+    classes = protocol.REQUESTS
     assert {body["action"] for body in sent} == set(classes)
     for body in sent:
-        read = _messages.structure(body, classes[body["action"]])
-        assert _messages.unstructure(read) == body, body["action"]
+        read = protocol.structure(body, classes[body["action"]])
+        assert protocol.unstructure(read) == body, body["action"]
         assert body["playName"] == "p"
 
 

@@ -15,7 +15,7 @@ from sheetplane.budgets import (
     RETRY_DELAYS_MS,
 )
 from sheetplane.gateway._retry import CallBudget, retry_delay_ms
-from sheetplane.protocol._receive import (
+from sheetplane.protocol import (
     TRANSIENT_MESSAGE,
     is_transient_message,
     retry_after_from_body,

@@ -29,7 +29,7 @@ from sheetplane.gateway.server import (
     running_gateway,
 )
 from sheetplane.gateway.server._roles import create_role_statements
-from sheetplane.protocol._domain import read_contract
+from sheetplane.protocol import read_contract
 from sheetplane.store import open_store, sheet_names
 
 TOKEN = "tok-security-1b2c3d4e5f"

@@ -580,7 +580,7 @@ async def test_orgs_never_see_each_others_sheets(gateway: RunningGateway, namesp
 async def test_batch_read_over_budget_answers_413(gateway: RunningGateway, namespace: str) -> None:
     store = gateway.state.store
     from sheetplane._types import SheetRef
-    from sheetplane.protocol._domain import read_contract
+    from sheetplane.protocol import read_contract
 
     sheet = SheetRef(ORG, PLAY, namespace)
     contract = read_contract(CONTRACT)
@@ -631,7 +631,7 @@ async def test_batch_read_budget_is_the_answer_body_byte_for_byte(
     READ_BATCH_MAX_RESPONSE_BYTES is sent, whole, and one byte more is refused."""
     store = gateway.state.store
     from sheetplane._types import SheetRef
-    from sheetplane.protocol._domain import read_contract
+    from sheetplane.protocol import read_contract
     from sheetplane.store import sheet_names
 
     sheet = SheetRef(ORG, PLAY, namespace)
@@ -677,7 +677,7 @@ async def test_a_stored_number_no_float_holds_is_refused_not_written_null(
     what Python reads them as (infinity), wherever the row stands in the page."""
     store = gateway.state.store
     from sheetplane._types import SheetRef
-    from sheetplane.protocol._domain import read_contract
+    from sheetplane.protocol import read_contract
     from sheetplane.store import sheet_names
 
     sheet = SheetRef(ORG, PLAY, namespace)

@@ -43,7 +43,7 @@ from sheetplane.gateway.server import (
     running_gateway,
 )
 from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harden_database
-from sheetplane.protocol._domain import read_contract
+from sheetplane.protocol import read_contract
 from sheetplane.store import open_store, sheet_names
 from sheetplane.store._counters import column_counts
 from sheetplane.store._names import receipt_names

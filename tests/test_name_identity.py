@@ -20,7 +20,7 @@ from _session_helpers import aad_of
 from sheetplane import InvalidInputError, crypto
 from sheetplane._types import SheetRef
 from sheetplane.gateway.server import RUNTIME_PATH
-from sheetplane.protocol._domain import contract_json
+from sheetplane.protocol import contract_json
 from sheetplane.runtime import Strategy, open_runtime
 from sheetplane.store import SheetStore, sheet_names
 

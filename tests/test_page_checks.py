@@ -25,6 +25,7 @@ import pytest
 
 from _runtime_helpers import ROADS, counting_gateway, new_play, runtime, seeding, sheet_of
 from sheetplane import _types
+from sheetplane import protocol as m
 from sheetplane._types import (
     CheckedPage,
     CheckedPages,
@@ -39,8 +40,7 @@ from sheetplane.budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from sheetplane.errors import InvalidInputError
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
-from sheetplane.protocol import _messages as m
-from sheetplane.protocol._converter import WireError, build_checked
+from sheetplane.protocol import WireError, build_checked
 from sheetplane.runtime import Strategy
 from sheetplane.store import RowFilter, SheetStore
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sheetplane import protocol as m
 from sheetplane.budgets import DEFAULT_RETRY_AFTER_MS
 from sheetplane.errors import (
     AdmissionStateError,
@@ -20,16 +21,18 @@ from sheetplane.errors import (
     TransientGatewayError,
     WorkReceiptFencedError,
 )
-from sheetplane.protocol import _messages as m
-from sheetplane.protocol._errors import (
+from sheetplane.protocol import (
     ERRORS,
     TRANSIENT_STATUSES,
+    Answer,
+    Code,
+    Retry,
+    encode_body,
+    openapi_document,
+    receive,
     rule_for_code,
     rule_for_exception,
 )
-from sheetplane.protocol._openapi import openapi_document
-from sheetplane.protocol._receive import Answer, Retry, receive
-from sheetplane.protocol._wire import Code, encode_body
 
 READ_ROWS = m.action_of(m.ReadRowsRequest)
 SUMMARY = m.action_of(m.SummaryRequest)

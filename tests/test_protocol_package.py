@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 
@@ -24,6 +29,7 @@ def test_importing_the_protocol_imports_no_http_server_or_database_library() -> 
             "_receive",
             "_splice",
             "_openapi",
+            "_chunks",
         )
     ]
     probe = (
@@ -36,9 +42,39 @@ def test_importing_the_protocol_imports_no_http_server_or_database_library() -> 
     assert sheetplane.protocol.__doc__ is not None
 
 
+def _defined_public_names(module: ModuleType) -> set[str]:
+    """The names a module defines at its top level (not imports), but private ones."""
+    tree = ast.parse(inspect.getsource(module))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "TypeVar":
+                continue
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_the_protocol_package_exports_every_public_name_of_its_modules() -> None:
+    """Others import ``sheetplane.protocol``, never one of its private modules: each
+    module's ``__all__`` holds every public name it defines, and the package
+    exports all of them, sorted as ruff sorts ``__all__``."""
+    exported: set[str] = set()
+    for info in pkgutil.iter_modules(sheetplane.protocol.__path__):
+        module = importlib.import_module(f"sheetplane.protocol.{info.name}")
+        assert _defined_public_names(module) <= set(module.__all__), info.name
+        exported |= set(module.__all__)
+        for name in module.__all__:
+            assert getattr(sheetplane.protocol, name) is getattr(module, name), name
+    assert set(sheetplane.protocol.__all__) == exported
+    assert len(sheetplane.protocol.__all__) == len(exported)
+
+
 def test_every_action_is_named_once_by_its_request_class() -> None:
+    from sheetplane import protocol as m
     from sheetplane.gateway.server._actions import HANDLERS
-    from sheetplane.protocol import _messages as m
 
     assert tuple(m.action_of(request) for request, _ in m.EXCHANGES) == m.ACTIONS
     assert len(set(m.ACTIONS)) == len(m.ACTIONS)
@@ -50,7 +86,7 @@ def test_every_action_is_named_once_by_its_request_class() -> None:
 def test_two_converters_with_different_policies_do_not_share_rules() -> None:
     import attrs
 
-    from sheetplane.protocol._converter import WireConverter, WireError
+    from sheetplane.protocol import WireConverter, WireError
 
     @attrs.frozen(kw_only=True)
     class Probe:
@@ -71,19 +107,18 @@ def test_read_cursor_converts_both_ways_in_the_protocol() -> None:
     import datetime as dt
 
     import sheetplane.store
+    from sheetplane import protocol as m
     from sheetplane._types import RowCursor
-    from sheetplane.protocol import _domain as d
-    from sheetplane.protocol import _messages as m
 
     assert sheetplane.store.RowCursor is RowCursor
     cursor = RowCursor(7, dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC), "k-7")
-    wire = d.row_cursor_wire(cursor)
+    wire = m.row_cursor_wire(cursor)
     assert wire == m.RowCursorWire(
         input_index=7, created_at="2026-01-02T03:04:05.000006+00:00", key="k-7"
     )
-    assert d.row_cursor_of(m.structure(m.unstructure(wire), m.RowCursorWire)) == cursor
-    assert d.row_cursor_wire(None) is None
-    assert d.row_cursor_of(None) is None
+    assert m.row_cursor_of(m.structure(m.unstructure(wire), m.RowCursorWire)) == cursor
+    assert m.row_cursor_wire(None) is None
+    assert m.row_cursor_of(None) is None
     for created_at, key, fragment in [
         ("yesterday", "k", "input.after.createdAt must be an ISO 8601 timestamp"),
         ("2026-01-02T03:04:05", "k", "input.after.createdAt must carry a time zone"),
@@ -92,4 +127,4 @@ def test_read_cursor_converts_both_ways_in_the_protocol() -> None:
     ]:
         bad = m.RowCursorWire(input_index=None, created_at=created_at, key=key)
         with pytest.raises(m.WireError, match=fragment):
-            d.row_cursor_of(bad)
+            m.row_cursor_of(bad)

@@ -27,10 +27,10 @@ from sheetplane import (
     StoreError,
     UnsupportedActionError,
 )
+from sheetplane import protocol as m
 from sheetplane._types import SheetRef
 from sheetplane.budgets import ADMISSION_CHUNK_ROWS, TRANSPORT_CEILING_BYTES
 from sheetplane.identity import derive_row_identity
-from sheetplane.protocol import _messages as m
 from sheetplane.runtime import CompleteRow, FailRow, Strategy
 from sheetplane.store import SheetStore
 from sheetplane.testing.seed_gateway import SEED_ACTIONS

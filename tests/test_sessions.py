@@ -44,8 +44,7 @@ from sheetplane.crypto import (
 )
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.pages import PageRequest
-from sheetplane.protocol._domain import session_limits_of
-from sheetplane.protocol._messages import SessionLimitsWire, structure
+from sheetplane.protocol import SessionLimitsWire, session_limits_of, structure
 from sheetplane.sessions import (
     AccessShape,
     PreloadedSession,

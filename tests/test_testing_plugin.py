@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sheetplane._types import CompleteRow, ContractColumn, SheetContract
 from sheetplane.gateway.faults import FaultSpec
 from sheetplane.gateway.server import RUNTIME_PATH
-from sheetplane.protocol._domain import contract_json, read_contract
+from sheetplane.protocol import contract_json, read_contract
 from sheetplane.store._fencing import StoredRow, decide_terminal_write
 from sheetplane.store._schema import _physical_columns
 from sheetplane.testing.models import ModelRow, ModelWrite, json_equal, model_decision

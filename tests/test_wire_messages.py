@@ -18,19 +18,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
+from sheetplane import protocol as m
 from sheetplane.crypto import generate_decryption_key
 from sheetplane.gateway.server import running_gateway
-from sheetplane.protocol import _messages
-from sheetplane.protocol._messages import (
+from sheetplane.protocol import (
     ABSENT,
     ANSWERS,
+    OPENAPI_PATH,
     REQUESTS,
+    RUNTIME_PATH,
     WireError,
+    openapi_document,
     structure,
     unstructure,
 )
-from sheetplane.protocol._openapi import OPENAPI_PATH, openapi_document
-from sheetplane.protocol._wire import RUNTIME_PATH
 from sheetplane.testing.strategies import wire_json, wire_messages
 
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
@@ -40,16 +41,18 @@ CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
 CLASSES = sorted(
     (
         cls
-        for cls in vars(_messages).values()
-        if isinstance(cls, type) and attrs.has(cls) and cls.__module__ == _messages.__name__
+        for cls in vars(m).values()
+        if isinstance(cls, type)
+        and attrs.has(cls)
+        and cls.__module__ == "sheetplane.protocol._messages"
     ),
     key=lambda c: c.__name__,
 )
 
 
 def test_the_round_trips_cover_every_request_and_answer() -> None:
-    assert {*REQUESTS.values(), *ANSWERS.values(), *_messages.PROBE_ANSWERS} <= set(CLASSES)
-    assert _messages.ErrorBody in CLASSES and _messages.ContractColumnWire in CLASSES
+    assert {*REQUESTS.values(), *ANSWERS.values(), *m.PROBE_ANSWERS} <= set(CLASSES)
+    assert m.ErrorBody in CLASSES and m.ContractColumnWire in CLASSES
 
 
 def _wire_keys(value: Any) -> list[str]:
@@ -71,7 +74,7 @@ def test_structure_of_unstructure_is_the_identity(cls: type[Any], data: st.DataO
     assert unstructure(structure(again, cls)) == again
     # What goes out is what came in, under the same camelCase names; a request
     # leaves out a null it does not need, an answer writes it.
-    writes_nulls = cls in _messages.WRITES_NULLS
+    writes_nulls = cls in m.WRITES_NULLS
     for key, item in raw.items():
         if item is None and not writes_nulls and key not in again:
             continue
@@ -304,15 +307,13 @@ def test_error_bodies_carry_the_seed_s_snake_case_members() -> None:
     # class read them as retryAfterMs and observedBytes, and the document said so.
     properties = openapi_document()["components"]["schemas"]["ErrorBody"]["properties"]
     assert {"retry_after_ms", "observed_bytes"} <= set(properties)
-    body = _messages.error_body(
-        "saturated", "runtime_postgres_admission_backpressure", retry_after_ms=250
-    )
+    body = m.error_body("saturated", "runtime_postgres_admission_backpressure", retry_after_ms=250)
     assert body == {
         "error": "saturated",
         "code": "runtime_postgres_admission_backpressure",
         "retry_after_ms": 250,
     }
-    read = structure({"error": "too big", "code": "x", "observed_bytes": 7}, _messages.ErrorBody)
+    read = structure({"error": "too big", "code": "x", "observed_bytes": 7}, m.ErrorBody)
     assert read.observed_bytes == 7 and read.retry_after_ms is ABSENT
 
 
@@ -325,8 +326,8 @@ def test_error_bodies_carry_the_seed_s_snake_case_members() -> None:
     ],
 )
 def test_a_page_of_rows_names_the_member_that_is_not_an_object(rows: Any, problem: str) -> None:
-    with pytest.raises(_messages.WireError, match=re.escape(problem)):
-        _messages.structure({"rows": rows, "limit": 5, "offset": 0}, _messages.PageWire)
+    with pytest.raises(m.WireError, match=re.escape(problem)):
+        m.structure({"rows": rows, "limit": 5, "offset": 0}, m.PageWire)
 
 
 def test_a_page_of_rows_keeps_its_objects() -> None:
@@ -334,5 +335,5 @@ def test_a_page_of_rows_keeps_its_objects() -> None:
         pass
 
     rows = [{"a": 1}, Row(b=2), {}]
-    page = _messages.structure({"rows": rows, "limit": 5, "offset": 0}, _messages.PageWire)
+    page = m.structure({"rows": rows, "limit": 5, "offset": 0}, m.PageWire)
     assert page.rows == rows

@@ -26,8 +26,7 @@ from typing import Any
 from ._types import SheetContract
 from .errors import InvalidInputError
 from .names import normalize_table_namespace
-from .protocol._converter import WireError
-from .protocol._domain import read_contract
+from .protocol import WireError, read_contract
 
 __all__ = ["resolve_sheet_contract"]
 

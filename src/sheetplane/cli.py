@@ -44,7 +44,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 def _print_openapi(args: argparse.Namespace) -> int:
     import json
 
-    from .protocol._openapi import openapi_document
+    from .protocol import openapi_document
 
     json.dump(openapi_document(), sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")

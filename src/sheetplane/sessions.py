@@ -53,6 +53,7 @@ import attrs
 import trio
 
 from . import crypto
+from . import protocol as m
 from ._groups import single_error
 from ._recovery import call_deadline
 from ._types import (
@@ -82,7 +83,6 @@ from .errors import (
     StoreUnavailableError,
 )
 from .names import normalize_name, normalize_table_namespace
-from .protocol import _domain
 
 if TYPE_CHECKING:
     from .gateway.client import GatewayClient
@@ -153,10 +153,8 @@ class AccessShape:
             "tableNamespace": self.table_namespace,
             "logicalTable": self.logical_table,
             "operations": list(self.operations),
-            "limits": _domain.session_limits_json(self.limits),
-            "sheetContract": None
-            if self.contract is None
-            else _domain.contract_json(self.contract),
+            "limits": m.session_limits_json(self.limits),
+            "sheetContract": None if self.contract is None else m.contract_json(self.contract),
             "userEmail": self.user_email,
         }
 
@@ -213,9 +211,9 @@ class _Answer:
 
 
 def _parse_answer(answer: Mapping[str, Any]) -> _Answer:
-    """Read a ``create_db_session`` answer (``protocol/_domain.parse_db_session``) and
+    """Read a ``create_db_session`` answer (``protocol/m.parse_db_session``) and
     the additional data its sealed URL is bound to."""
-    identity, envelope = _domain.parse_db_session(answer)
+    identity, envelope = m.parse_db_session(answer)
     aad = crypto.session_aad(
         org_id=identity.org_id,
         play_name=identity.play_name,
@@ -546,7 +544,7 @@ class SessionManager:
             table_namespace=shape.table_namespace,
             logical_table=shape.logical_table,
             operations=shape.operations,
-            limits=_domain.session_limits_json(shape.limits) or None,
+            limits=m.session_limits_json(shape.limits) or None,
             contract=shape.contract,
             ttl_seconds=DB_SESSION_TTL_MS // _MS,
             encryption=key.encryption_request(),

@@ -40,7 +40,7 @@ import trio
 from .._types import SheetRef
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES, MiB
 from ..gateway.server import RUNTIME_PATH
-from ..protocol._domain import read_contract
+from ..protocol import read_contract
 from ..store import open_store
 from . import _common
 

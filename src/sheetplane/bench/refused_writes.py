@@ -27,7 +27,7 @@ import trio
 
 from .._types import CompleteRow, SheetRef
 from ..budgets import MiB
-from ..protocol._domain import read_contract
+from ..protocol import read_contract
 from ..store import open_store
 from . import _common
 from .refused_reads import _memory_kib, _serve

@@ -12,7 +12,7 @@ alternating the two codecs run by run:
 
 It also times ``json_byte_length_up_to`` over the same pages (what the server
 measures every batch with) and the wire classes' structuring of the answer
-(``_messages.structure``, what the client checks every answer with), so the
+(``m.structure``, what the client checks every answer with), so the
 figures say where the road's CPU goes. Medians of ``--repeats`` runs.
 """
 
@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import protocol as m
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
-from ..protocol import _messages
-from ..protocol._wire import decode_body, encode_body
+from ..protocol import decode_body, encode_body
 from ..sizes import json_byte_length_up_to
 from ._common import make_rows
 
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     answer = _answer()
     body = _stdlib_dumps(answer)
     assert decode_body(encode_body(answer)) == json.loads(body) == answer
-    cls = _messages.ANSWERS["runtime_sheet_read_rows_batch"]
+    cls = m.ANSWERS["runtime_sheet_read_rows_batch"]
     cases: dict[str, Callable[[], object]] = {
         "encode stdlib": lambda: _stdlib_dumps(answer),
         "encode wire": lambda: encode_body(answer),
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "measure (json_byte_length_up_to)": lambda: json_byte_length_up_to(
             answer["pages"], 1 << 30
         ),
-        "structure (wire classes)": lambda: _messages.structure(answer, cls),
+        "structure (wire classes)": lambda: m.structure(answer, cls),
     }
     runs: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.repeats):  # interleaved: load on the machine hits every case alike

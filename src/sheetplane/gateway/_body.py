@@ -38,7 +38,7 @@ from ..budgets import (
     RESPONSE_ENVELOPE_HEADROOM_BYTES,
 )
 from ..errors import ResponseTooLargeError
-from ..protocol._messages import ReadRowsBatchRequest, action_of
+from ..protocol import ReadRowsBatchRequest, action_of
 
 #: The decoded-body budget of a batch read, envelope included.
 READ_BATCH_BODY_BYTES: Final = READ_BATCH_MAX_RESPONSE_BYTES + RESPONSE_ENVELOPE_HEADROOM_BYTES

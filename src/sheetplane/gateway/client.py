@@ -52,6 +52,7 @@ import httpx
 import trio
 
 from .. import _checks as checks
+from .. import protocol as m
 from .._types import (
     AdmissionCounts,
     AdmittedPart,
@@ -95,15 +96,15 @@ from ..errors import (
     UnsupportedActionError,
 )
 from ..names import normalize_play_name, normalize_table_namespace
-from ..protocol import _domain as _answers
-from ..protocol import _messages as m
-from ..protocol._receive import Answer, Retry, receive
-from ..protocol._splice import chunk_body
-from ..protocol._wire import (
+from ..protocol import (
     PROTECTION_BYPASS_HEADER,
     RUNTIME_PATH,
+    Answer,
     Code,
+    Retry,
+    chunk_body,
     encode_body,
+    receive,
     token_digest,
 )
 from ..sizes import json_byte_length_up_to
@@ -441,9 +442,9 @@ class GatewayClient:
             timeout = Retry(self._transport_error(GatewayTimeoutError, action, exc))
             return timeout, not isinstance(exc, httpx.ConnectTimeout)
         except (UnsupportedEncodingError, CorruptBodyError) as exc:
-            raise _answers.protocol_error(action, str(exc)) from None
+            raise m.protocol_error(action, str(exc)) from None
         except TruncatedBodyError as exc:
-            return Retry(_answers.protocol_error(action, str(exc))), True
+            return Retry(m.protocol_error(action, str(exc))), True
         except httpx.TransportError as exc:
             if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
                 raise self._transport_error(GatewayError, action, exc) from exc
@@ -504,7 +505,7 @@ class GatewayClient:
         return self._request(
             cls,
             table_namespace=table_namespace,
-            sheet_contract=_answers.contract_wire(contract),
+            sheet_contract=m.contract_wire(contract),
             **fields,
         )
 
@@ -519,10 +520,10 @@ class GatewayClient:
         request = self._request(
             m.EnsureSheetRequest,
             table_namespace=table_namespace,
-            sheet_contract=_answers.contract_wire(contract),
+            sheet_contract=m.contract_wire(contract),
             user_email=self.user_email,
         )
-        _answers.parse_ok((await self._send(request)).body, request.action)
+        m.parse_ok((await self._send(request)).body, request.action)
 
     async def start_sheet_dataset(
         self,
@@ -552,7 +553,7 @@ class GatewayClient:
         if measured.exceeded:
             raise AdmissionTooLargeError(measured.bytes)
         answer = await self._call_content(request.action, _dumps(payload))
-        return _answers.parse_admission(answer.body, request.action)
+        return m.parse_admission(answer.body, request.action)
 
     # --- staged admission ----------------------------------------------------------------
 
@@ -574,9 +575,9 @@ class GatewayClient:
             self._learn(request.action, False)  # a gateway that only admits whole
             raise
         self._learn(request.action, True)
-        answer = _answers.read_as(sent.body, m.BeginAdmissionAnswer, request.action)
+        answer = m.read_as(sent.body, m.BeginAdmissionAnswer, request.action)
         if answer.admission_id != admission_id:
-            raise _answers.protocol_error(request.action, "admissionId does not match")
+            raise m.protocol_error(request.action, "admissionId does not match")
 
     def admission_chunk_body(
         self,
@@ -615,7 +616,7 @@ class GatewayClient:
         staged it before (a retry after a lost answer)."""
         action = m.action_of(m.StageAdmissionChunkRequest)
         answer = await self._call_content(action, body)
-        return _answers.read_as(answer.body, m.StageAdmissionChunkAnswer, action).staged
+        return m.read_as(answer.body, m.StageAdmissionChunkAnswer, action).staged
 
     async def commit_admission(
         self,
@@ -643,8 +644,8 @@ class GatewayClient:
             rows=rows,
         )
         answer = await self._send(request, attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS)
-        read = _answers.read_as(answer.body, m.CommitAdmissionAnswer, request.action)
-        return _answers.copy_fields(read, AdmissionCounts)
+        read = m.read_as(answer.body, m.CommitAdmissionAnswer, request.action)
+        return m.copy_fields(read, AdmissionCounts)
 
     async def abort_admission(self, table_namespace: str, admission_id: str) -> bool:
         """Drop an open staged admission's rows; False when it was not open."""
@@ -652,7 +653,7 @@ class GatewayClient:
             m.AbortAdmissionRequest, table_namespace=table_namespace, admission_id=admission_id
         )
         answer = await self._send(request)
-        return _answers.read_as(answer.body, m.AbortAdmissionAnswer, request.action).aborted
+        return m.read_as(answer.body, m.AbortAdmissionAnswer, request.action).aborted
 
     async def create_db_session(
         self,
@@ -690,7 +691,7 @@ class GatewayClient:
             ),
             operations=list(operations),
             limits=wire_limits,
-            sheet_contract=None if contract is None else _answers.contract_wire(contract),
+            sheet_contract=None if contract is None else m.contract_wire(contract),
             ttl_seconds=ttl_seconds,
             user_email=self.user_email,
             postgres_url_encryption=wire_encryption,
@@ -704,7 +705,7 @@ class GatewayClient:
         try:
             if page is None:
                 return m.build(cls, **_normalised(fields))
-            return _answers.page_input(cls, page, **_normalised(fields))
+            return m.page_input(cls, page, **_normalised(fields))
         except m.WireError as exc:
             raise InvalidInputError(f"{cls.__name__}: {exc}") from None
 
@@ -724,7 +725,7 @@ class GatewayClient:
             page,
             table_namespace=table_namespace,
             run_id=run_id,
-            admission=_answers.admitted_wire(admitted),
+            admission=m.admitted_wire(admitted),
             **fields,
         )
 
@@ -743,7 +744,7 @@ class GatewayClient:
             m.ReadRowsInput, table_namespace, run_id, admitted, page, row_mode=row_mode
         )
         answer = await self._send(self._request(m.ReadRowsRequest, input=read))
-        return _answers.check_page(answer.body, page, _READ_ROWS, "the page")
+        return m.check_page(answer.body, page, _READ_ROWS, "the page")
 
     async def read_rows_batch(
         self,
@@ -772,7 +773,7 @@ class GatewayClient:
             run_id,
             admitted,
             row_mode=row_mode,
-            pages=_answers.pages_wire(requests),
+            pages=m.pages_wire(requests),
         )
         try:
             answer = await self._send(self._request(m.ReadRowsBatchRequest, input=read))
@@ -783,7 +784,7 @@ class GatewayClient:
                 )
                 for request in requests
             ]
-        pages = _answers.parse_pages(answer.body, requests, _READ_ROWS_BATCH)
+        pages = m.parse_pages(answer.body, requests, _READ_ROWS_BATCH)
         if answer.size > READ_BATCH_MAX_RESPONSE_BYTES:
             # The body is large; measure the pages themselves, as the server should have.
             measured = json_byte_length_up_to(answer.body["pages"], READ_BATCH_MAX_RESPONSE_BYTES)
@@ -830,13 +831,13 @@ class GatewayClient:
             after=cursor,
         )
         answer = (await self._send(self._request(m.ReadRowsRequest, input=read))).body
-        rows = _answers.check_page(answer, page, _READ_ROWS, "the page").rows
+        rows = m.check_page(answer, page, _READ_ROWS, "the page").rows
         if "nextAfter" not in answer:
             return KeysetPage(rows, None, keyset=False)
         next_after = answer["nextAfter"]
         if next_after is not None:
             next_after = m.unstructure(
-                _answers.read_as(next_after, m.RowCursorWire, _READ_ROWS, "nextAfter.")
+                m.read_as(next_after, m.RowCursorWire, _READ_ROWS, "nextAfter.")
             )
         return KeysetPage(rows, next_after, keyset=True)
 
@@ -852,7 +853,7 @@ class GatewayClient:
         page = check_page_request(request)
         read = self._read_input(m.ReadRowKeysInput, table_namespace, run_id, admitted, page)
         answer = await self._send(self._request(m.ReadRowKeysRequest, input=read))
-        return _answers.parse_row_keys(answer.body, page, m.action_of(m.ReadRowKeysRequest))
+        return m.parse_row_keys(answer.body, page, m.action_of(m.ReadRowKeysRequest))
 
     async def complete_map_rows(
         self,
@@ -867,7 +868,7 @@ class GatewayClient:
         self._check_row_writes(rows, CompleteRow)
         return await self._terminal_write(
             m.CompleteMapRowsRequest,
-            partial(_answers.complete_rows_wire, rows),
+            partial(m.complete_rows_wire, rows),
             table_namespace,
             contract,
             run_id,
@@ -887,7 +888,7 @@ class GatewayClient:
         self._check_row_writes(rows, FailRow)
         return await self._terminal_write(
             m.FailMapRowsRequest,
-            partial(_answers.fail_rows_wire, rows),
+            partial(m.fail_rows_wire, rows),
             table_namespace,
             contract,
             run_id,
@@ -916,7 +917,7 @@ class GatewayClient:
             write_version=write_version,
             rows=rows,
         )
-        return _answers.parse_terminal_write((await self._send(request)).body, request.action)
+        return m.parse_terminal_write((await self._send(request)).body, request.action)
 
     async def complete_work_receipt(
         self,
@@ -944,7 +945,7 @@ class GatewayClient:
             lease_token=lease_token,
         )
         answer = await self._send(request)
-        return _answers.parse_receipt_completion(answer.body, request.action, run_id)
+        return m.parse_receipt_completion(answer.body, request.action, run_id)
 
     async def claim_work_receipt(
         self, key: str, holder: str, *, lease_token: str | None = None
@@ -961,14 +962,14 @@ class GatewayClient:
             m.ClaimWorkReceiptRequest, key=key, holder=holder, lease_token=token
         )
         answer = await self._send(request)
-        return _answers.parse_receipt_claim(answer.body, request.action, holder, token)
+        return m.parse_receipt_claim(answer.body, request.action, holder, token)
 
     async def release_work_receipt(self, key: str, holder: str, lease_token: str) -> bool:
         """Give up ``holder``'s lease on ``key``; True when it held one with ``lease_token``."""
         request = self._request(
             m.ReleaseWorkReceiptRequest, key=key, holder=holder, lease_token=lease_token
         )
-        return _answers.parse_released((await self._send(request)).body, request.action)
+        return m.parse_released((await self._send(request)).body, request.action)
 
     async def resolve_play(self, play_ref: str) -> ResolvedPlay | None:
         """The play ``play_ref`` names (its id, else its name) in the token's org, or None.
@@ -977,7 +978,7 @@ class GatewayClient:
         within ``RESOLVE_PLAY_CALL_BUDGET_MS``): it is a run's first call.
         """
         request = self._request(m.ResolvePlayRequest, play_ref=checks.text("play_ref", play_ref))
-        return _answers.parse_resolved_play((await self._send(request)).body, request.action)
+        return m.parse_resolved_play((await self._send(request)).body, request.action)
 
     async def register_play(self, play: ResolvedPlay, *, name: str | None = None) -> None:
         """Register (or replace) ``play`` in the token's org, also under ``name``."""
@@ -995,13 +996,11 @@ class GatewayClient:
             else dict(play.contract_snapshot),
         )
         request = self._request(m.RegisterPlayRequest, play=definition)
-        answer = _answers.read_as(
-            (await self._send(request)).body, m.RegisterPlayAnswer, request.action
-        )
+        answer = m.read_as((await self._send(request)).body, m.RegisterPlayAnswer, request.action)
         if answer.play_id != play.play_id:
-            raise _answers.protocol_error(request.action, "playId must echo the registered play")
+            raise m.protocol_error(request.action, "playId must echo the registered play")
 
     async def summary(self, table_namespace: str) -> Summary:
         """The sheet's status counters."""
         request = self._request(m.SummaryRequest, table_namespace=table_namespace)
-        return _answers.parse_summary((await self._send(request)).body, request.action)
+        return m.parse_summary((await self._send(request)).body, request.action)

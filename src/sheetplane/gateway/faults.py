@@ -61,8 +61,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
-from ..protocol._messages import error_body
-from ..protocol._wire import UNSUPPORTED_ACTION_TEXT, Code, encode_body
+from ..protocol import UNSUPPORTED_ACTION_TEXT, Code, encode_body, error_body
 
 __all__ = [
     "FAULT_HEADER",

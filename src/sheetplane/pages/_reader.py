@@ -32,7 +32,7 @@ from ..budgets import (
 )
 from ..errors import InvalidInputError
 from ..names import normalize_play_name, normalize_table_namespace
-from ..protocol._wire import token_digest
+from ..protocol import token_digest
 from ..sizes import json_byte_length_up_to
 from ._splitter import read_pages_adaptive
 

@@ -20,7 +20,12 @@ from ..budgets import MAX_ROW_BYTES
 from ..errors import InvalidInputError
 from ..identity import row_key
 
-__all__ = ["ChunkBuilder", "EncodedChunk", "encode_row", "prepare_chunk"]
+__all__ = [
+    "ChunkBuilder",
+    "EncodedChunk",
+    "encode_row",
+    "prepare_chunk",
+]
 
 
 class EncodedChunk(NamedTuple):

@@ -58,6 +58,51 @@ from ..errors import GatewayProtocolError, InvalidInputError
 from . import _messages as m
 from ._converter import Checked, build_checked
 
+__all__ = [
+    "admission_answer",
+    "admitted_of",
+    "admitted_wire",
+    "check_page",
+    "claim_answer",
+    "complete_rows_of",
+    "complete_rows_wire",
+    "contract_json",
+    "contract_of",
+    "contract_wire",
+    "copy_fields",
+    "fail_rows_of",
+    "fail_rows_wire",
+    "page_batch_of",
+    "page_input",
+    "pages_wire",
+    "parse_admission",
+    "parse_db_session",
+    "parse_ok",
+    "parse_pages",
+    "parse_receipt_claim",
+    "parse_receipt_completion",
+    "parse_released",
+    "parse_resolved_play",
+    "parse_row_keys",
+    "parse_summary",
+    "parse_terminal_write",
+    "play_wire",
+    "protocol_error",
+    "read_as",
+    "read_contract",
+    "receipt_answer",
+    "receipt_of",
+    "receipt_wire",
+    "resolved_play_answer",
+    "row_cursor_of",
+    "row_cursor_wire",
+    "row_filter_of",
+    "session_limits_json",
+    "session_limits_of",
+    "summary_answer",
+    "terminal_write_answer",
+]
+
 T = TypeVar("T")
 
 

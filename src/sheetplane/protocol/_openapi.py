@@ -40,7 +40,12 @@ from ._messages import (
 )
 from ._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, RUNTIME_PATH
 
-__all__ = ["ERROR_STATUSES", "OPENAPI_PATH", "openapi_document"]
+__all__ = [
+    "ERROR_STATUSES",
+    "OPENAPI_PATH",
+    "json_of",
+    "openapi_document",
+]
 
 #: Where the reference gateway serves the document.
 OPENAPI_PATH: Final = RUNTIME_PATH + "/openapi.json"

@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from .. import _checks as checks
+from .. import protocol as m
 from .._groups import raise_single
 from .._map import (
     UNKNOWN_OUTPUTS,
@@ -40,7 +41,6 @@ from ..errors import GatewayActionMissingError, InvalidInputError
 from ..gateway.client import GatewayClient, gateway_urls
 from ..names import normalize_table_namespace
 from ..pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
-from ..protocol import _messages as m
 from ..sessions import PreloadedSession, SessionManager
 from ._context import RuntimeContext, Strategy
 from ._receipts import ReceiptRecorder

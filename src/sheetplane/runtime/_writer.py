@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from .. import _checks as checks
+from .. import protocol as m
 from .._json import encode_body
 from .._recovery import retry_idempotent
 from .._types import (
@@ -34,7 +35,6 @@ from ..errors import (
     UnsupportedActionError,
 )
 from ..gateway.client import GatewayClient
-from ..protocol import _messages as m
 from ..sessions import AccessShape, SessionLimits, SessionManager
 from ..store import SheetStore, superseded_error
 from ._whole import Tape, admit_whole, whole_admission

@@ -56,7 +56,7 @@ from .._types import (
 )
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
-from ..protocol._splice import ANSWER_OVERHEAD, page_overhead
+from ..protocol import ANSWER_OVERHEAD, page_overhead
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
 from ._names import SheetNames

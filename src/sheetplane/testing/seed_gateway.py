@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
-from ..protocol import _messages as m
+from .. import protocol as m
 
 if TYPE_CHECKING:
     from ..gateway.server import RunningGateway

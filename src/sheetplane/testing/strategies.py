@@ -16,7 +16,7 @@
 * :func:`bad_numbers`, :func:`wrong_types`, :func:`bad_json_bodies`: inputs
   every entry point must refuse with a typed error (or a 4xx answer);
 * :func:`wire_json` and :func:`wire_messages`: any request or answer of the
-  gateway, drawn from its wire class (``protocol/_messages.py``: its field
+  gateway, drawn from its wire class (``protocol/m.py``: its field
   types, bounds and camelCase names), as decoded JSON or as the class.
 """
 
@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 from hypothesis import strategies as st
 
+from .. import protocol as m
 from .._types import (
     BIGINT_MAX,
     BIGINT_MIN,
@@ -40,8 +41,7 @@ from .._types import (
 )
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.faults import FAULT_KINDS, FaultSpec
-from ..protocol import _messages
-from ..protocol._wire import encode_body
+from ..protocol import encode_body
 from ..store._schema import SYSTEM_COLUMNS
 
 __all__ = [
@@ -70,16 +70,16 @@ T = TypeVar("T")
 #: The actions the fault strategies draw by default: the seed's runtime actions (the
 #: gateway's later ones, play registry and staged admission, have suites of their own).
 ACTIONS: tuple[str, ...] = (
-    _messages.action_of(_messages.EnsureSheetRequest),
-    _messages.action_of(_messages.StartSheetDatasetRequest),
-    _messages.action_of(_messages.CreateDbSessionRequest),
-    _messages.action_of(_messages.ReadRowsRequest),
-    _messages.action_of(_messages.ReadRowsBatchRequest),
-    _messages.action_of(_messages.ReadRowKeysRequest),
-    _messages.action_of(_messages.CompleteMapRowsRequest),
-    _messages.action_of(_messages.FailMapRowsRequest),
-    _messages.action_of(_messages.CompleteWorkReceiptRequest),
-    _messages.action_of(_messages.SummaryRequest),
+    m.action_of(m.EnsureSheetRequest),
+    m.action_of(m.StartSheetDatasetRequest),
+    m.action_of(m.CreateDbSessionRequest),
+    m.action_of(m.ReadRowsRequest),
+    m.action_of(m.ReadRowsBatchRequest),
+    m.action_of(m.ReadRowKeysRequest),
+    m.action_of(m.CompleteMapRowsRequest),
+    m.action_of(m.FailMapRowsRequest),
+    m.action_of(m.CompleteWorkReceiptRequest),
+    m.action_of(m.SummaryRequest),
 )
 
 #: Strings that look like SQL, quoting or injection attempts.
@@ -330,9 +330,7 @@ def wrong_types() -> st.SearchStrategy[Any]:
 def bad_json_bodies() -> st.SearchStrategy[bytes]:
     """Request bodies that are not a JSON object: malformed, truncated, wrong top-level
     type, invalid UTF-8, NaN literals, very deep nesting."""
-    valid = encode_body(
-        _messages.unstructure(_messages.SummaryRequest(play_name="p", table_namespace="ns"))
-    )
+    valid = encode_body(m.unstructure(m.SummaryRequest(play_name="p", table_namespace="ns")))
     return st.one_of(
         st.binary(max_size=64),
         st.integers(min_value=0, max_value=len(valid) - 1).map(lambda n: valid[:n]),
@@ -411,7 +409,7 @@ def _json_for(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
         values = _WIRE_VALUES if args[1] is Any else st.integers(1, 10)
         return st.dictionaries(st.text(max_size=6), values, max_size=3)
     if origin in (typing.Union, types.UnionType):
-        (inner,) = [a for a in args if a not in (type(None), _messages.Absent)]
+        (inner,) = [a for a in args if a not in (type(None), m.Absent)]
         strategy = _json_for(inner, meta)
         return st.none() | strategy if type(None) in args else strategy
     if attrs.has(tp):
@@ -421,7 +419,7 @@ def _json_for(tp: Any, metadata: Any = None) -> st.SearchStrategy[Any]:
 
 def wire_json(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
     """The decoded JSON of a ``cls`` message (a request or answer class of
-    ``protocol/_messages.py``): every required member, some optional ones, under
+    ``protocol/m.py``): every required member, some optional ones, under
     their wire names, each within the bounds the converter enforces."""
     fields = attrs.fields(attrs.resolve_types(cls))
 
@@ -429,9 +427,9 @@ def wire_json(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
         rule = _FIELD_RULES.get(field.name)
         return rule if rule is not None else _json_for(field.type, field.metadata)
 
-    required = {_messages.wire_name(f): member(f) for f in fields if f.default is attrs.NOTHING}
+    required = {m.wire_name(f): member(f) for f in fields if f.default is attrs.NOTHING}
     optional = {
-        _messages.wire_name(f): member(f)
+        m.wire_name(f): member(f)
         for f in fields
         if f.default is not attrs.NOTHING and f.name != "action"
     }
@@ -443,5 +441,5 @@ def wire_json(cls: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
 
 def wire_messages(cls: type[T]) -> st.SearchStrategy[T]:
     """``cls`` messages, read by the converter from :func:`wire_json`; write one with
-    ``_messages.unstructure``."""
-    return wire_json(cls).map(lambda raw: _messages.structure(raw, cls))
+    ``m.unstructure``."""
+    return wire_json(cls).map(lambda raw: m.structure(raw, cls))

@@ -17,6 +17,7 @@ import attrs
 import psycopg
 
 from ... import crypto
+from ... import protocol as m
 from ..._threads import run_sync
 from ..._types import (
     OPERATIONS,
@@ -34,11 +35,7 @@ from ...budgets import (
     TRANSPORT_CEILING_BYTES,
 )
 from ...errors import AdmissionTooLargeError, InvalidInputError, StoreError
-from ...protocol import EncodedChunk, _wire
-from ...protocol import _domain as d
-from ...protocol import _messages as m
-from ...protocol import _splice as splice
-from ...protocol._wire import SERVED_LOGICAL_TABLES, Code
+from ...protocol import SERVED_LOGICAL_TABLES, UNSUPPORTED_ACTION_TEXT, Code, EncodedChunk
 from ...sizes import json_byte_length_up_to
 from ...store import JsonPage, SheetStore
 from ..faults import FaultSchedule
@@ -100,7 +97,7 @@ Handler = Callable[[Call], Awaitable[Any]]
 
 def unsupported(action: str) -> ActionError:
     """The answer of a gateway that does not know ``action``."""
-    return ActionError(400, Code.UNSUPPORTED_ACTION, f"{_wire.UNSUPPORTED_ACTION_TEXT}: {action}")
+    return ActionError(400, Code.UNSUPPORTED_ACTION, f"{UNSUPPORTED_ACTION_TEXT}: {action}")
 
 
 # --- request parsing: the wire classes ----------------------------------------------------
@@ -121,7 +118,7 @@ def _sheet(call: Call, play_name: str, table_namespace: str) -> SheetRef:
 
 
 def _page_body(page: JsonPage) -> bytes:
-    return splice.page_body(page.rows, page.limit, page.offset)
+    return m.page_body(page.rows, page.limit, page.offset)
 
 
 # --- sheet actions -------------------------------------------------------------------------
@@ -131,7 +128,7 @@ async def ensure_sheet(call: Call) -> dict[str, Any]:
     """``{tableNamespace, sheetContract?, userEmail?}`` → ``{ok: true}``."""
     request = _read(call, m.EnsureSheetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    await call.state.store.ensure_sheet(sheet, d.contract_of(request.sheet_contract))
+    await call.state.store.ensure_sheet(sheet, m.contract_of(request.sheet_contract))
     return m.unstructure(m.OkAnswer())
 
 
@@ -140,13 +137,13 @@ async def start_sheet_dataset(call: Call) -> dict[str, Any]:
     ``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
     request = _read(call, m.StartSheetDatasetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = d.contract_of(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     store = call.state.store
     await store.ensure_sheet(sheet, contract)
 
     def answer(admission: InlineAdmission) -> dict[str, Any]:
         # The namespace as the request spelled it, as the runtime answers its input's.
-        return d.admission_answer(attrs.evolve(admission, table_namespace=request.table_namespace))
+        return m.admission_answer(attrs.evolve(admission, table_namespace=request.table_namespace))
 
     admission = await store.start_dataset(
         sheet,
@@ -177,15 +174,15 @@ async def runtime_sheet_complete_map_rows(call: Call) -> dict[str, Any]:
     cellMetaPatch?}]}`` → ``{committedKeys, staleKeys, staleRows, updated}``."""
     request = _read(call, m.CompleteMapRowsRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    rows = d.complete_rows_of(request.rows)
+    rows = m.complete_rows_of(request.rows)
     result = await call.state.store.complete_map_rows(
         sheet,
-        d.contract_of(request.sheet_contract),
+        m.contract_of(request.sheet_contract),
         rows,
         run_id=request.run_id,
         write_version=request.write_version,
     )
-    return d.terminal_write_answer(result, legacy=call.state.config.legacy)
+    return m.terminal_write_answer(result, legacy=call.state.config.legacy)
 
 
 async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
@@ -193,15 +190,15 @@ async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
     data?}]}`` → the same shape as complete."""
     request = _read(call, m.FailMapRowsRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    rows = d.fail_rows_of(request.rows)
+    rows = m.fail_rows_of(request.rows)
     result = await call.state.store.fail_map_rows(
         sheet,
-        d.contract_of(request.sheet_contract),
+        m.contract_of(request.sheet_contract),
         rows,
         run_id=request.run_id,
         write_version=request.write_version,
     )
-    return d.terminal_write_answer(result, legacy=call.state.config.legacy)
+    return m.terminal_write_answer(result, legacy=call.state.config.legacy)
 
 
 async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
@@ -210,7 +207,7 @@ async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
     summary = await call.state.store.summary(
         _sheet(call, request.play_name, request.table_namespace)
     )
-    return d.summary_answer(summary)
+    return m.summary_answer(summary)
 
 
 async def complete_work_receipt(call: Call) -> dict[str, Any]:
@@ -232,7 +229,7 @@ async def complete_work_receipt(call: Call) -> dict[str, Any]:
         holder=request.holder,
         lease_token=request.lease_token,
     )
-    return d.receipt_answer(completion)
+    return m.receipt_answer(completion)
 
 
 async def claim_work_receipt(call: Call) -> dict[str, Any]:
@@ -253,7 +250,7 @@ async def claim_work_receipt(call: Call) -> dict[str, Any]:
         request.holder,
         lease_token=request.lease_token,
     )
-    return d.claim_answer(claim)
+    return m.claim_answer(claim)
 
 
 async def release_work_receipt(call: Call) -> dict[str, Any]:
@@ -276,7 +273,7 @@ async def resolve_play(call: Call) -> dict[str, Any]:
     name, is ``playRef``. Another org's play is never found."""
     request = _read(call, m.ResolvePlayRequest)
     play = await call.state.store.resolve_play(call.org_id, request.play_ref)
-    return d.resolved_play_answer(play)
+    return m.resolved_play_answer(play)
 
 
 async def register_play(call: Call) -> dict[str, Any]:
@@ -302,24 +299,22 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     message = _read(call, m.ReadRowsRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
-    pages = d.page_batch_of([spec])
+    pages = m.page_batch_of([spec])
     (request,) = pages
     store = call.state.store
-    which = d.row_filter_of(spec)
+    which = m.row_filter_of(spec)
     if spec.after is m.ABSENT or call.state.config.legacy:
         (page,) = await store.read_rows_batch_json(sheet, pages, which=which)
         return EncodedAnswer(_page_body(page))
     try:
-        cursor = d.row_cursor_of(spec.after)
+        cursor = m.row_cursor_of(spec.after)
     except m.WireError as exc:
         raise bad_request(str(exc)) from None
     # The store measures the rows as Postgres writes them and raises
     # ReadBatchTooLargeError (answered 413) past READ_BATCH_MAX_RESPONSE_BYTES.
     rows, next_cursor = await store.read_rows_after_json(sheet, cursor, request, which=which)
-    next_after = d.row_cursor_wire(next_cursor)
-    return EncodedAnswer(
-        splice.page_body(rows, request.limit, request.offset, next_after=next_after)
-    )
+    next_after = m.row_cursor_wire(next_cursor)
+    return EncodedAnswer(m.page_body(rows, request.limit, request.offset, next_after=next_after))
 
 
 async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
@@ -329,10 +324,10 @@ async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     pages = await call.state.store.read_rows_batch_json(
-        sheet, d.page_batch_of(spec.pages), which=d.row_filter_of(spec)
+        sheet, m.page_batch_of(spec.pages), which=m.row_filter_of(spec)
     )
     # The envelope the store's budget counted around the pages (protocol/_splice.py).
-    return EncodedAnswer(splice.pages_body(_page_body(page) for page in pages))
+    return EncodedAnswer(m.pages_body(_page_body(page) for page in pages))
 
 
 async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
@@ -340,8 +335,8 @@ async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
     message = _read(call, m.ReadRowKeysRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
-    (request,) = d.page_batch_of([spec])
-    keys = await call.state.store.read_row_keys(sheet, request, which=d.row_filter_of(spec))
+    (request,) = m.page_batch_of([spec])
+    keys = await call.state.store.read_row_keys(sheet, request, which=m.row_filter_of(spec))
     answer = m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
     return m.unstructure(answer)
 
@@ -419,8 +414,8 @@ async def _mint(
             logical_table=logical_table,
         ),
         operations=list(minted.operations),
-        limits=d.copy_fields(limits, m.SessionLimitsAnswer),
-        postgres=d.copy_fields(minted.names, m.PostgresTablesWire),
+        limits=m.copy_fields(limits, m.SessionLimitsAnswer),
+        postgres=m.copy_fields(minted.names, m.PostgresTablesWire),
     )
     aad = crypto.session_aad(
         org_id=sheet.org_id,
@@ -449,7 +444,7 @@ async def create_db_session(call: Call) -> dict[str, Any]:
     operations = canonical_operations(request.operations)
     assert operations  # the wire class allows only operations, at least one
     limits = m.SessionLimitsWire() if request.limits is None else request.limits
-    contract = d.contract_of(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     ttl_ms = _ttl_ms(request.ttl_seconds, call.state.config.session_ttl_ms)
     encryption = request.postgres_url_encryption
     if encryption is not None:
@@ -540,7 +535,7 @@ async def begin_sheet_admission(call: Call) -> dict[str, Any]:
     (idempotent), after expiring the sheet's abandoned ones."""
     request = _read(call, m.BeginAdmissionRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = d.contract_of(request.sheet_contract)
+    contract = m.contract_of(request.sheet_contract)
     await call.state.store.begin_admission(
         sheet, contract, request.admission_id, request.run_id, token_id=call.token_id
     )
@@ -610,7 +605,7 @@ async def commit_sheet_admission(call: Call) -> dict[str, Any]:
     sheet = _sheet(call, request.play_name, request.table_namespace)
     counts = await call.state.store.commit_admission(
         sheet,
-        d.contract_of(request.sheet_contract),
+        m.contract_of(request.sheet_contract),
         request.admission_id,
         request.run_id,
         chunks=request.chunks,

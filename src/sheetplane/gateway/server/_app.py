@@ -68,15 +68,18 @@ from ...errors import (
     SheetplaneError,
     StoreError,
 )
-from ...protocol._errors import rule_for_exception
-from ...protocol._messages import (
+from ...protocol import (
+    OPENAPI_PATH,
+    RUNTIME_PATH,
+    Code,
     CommitAdmissionRequest,
     StartSheetDatasetRequest,
     action_of,
+    decode_body,
     error_body,
+    openapi_document,
+    rule_for_exception,
 )
-from ...protocol._openapi import OPENAPI_PATH, openapi_document
-from ...protocol._wire import RUNTIME_PATH, Code, decode_body
 from ...store import SheetStore, TrioPool, open_store
 from ..faults import FAULT_HEADER, FaultResponse, FaultSchedule
 from ._actions import HANDLERS, LEGACY_UNSUPPORTED, Call, GatewayState, unsupported

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from ...errors import InvalidInputError
-from ...protocol._wire import Code, token_digest
+from ...protocol import Code, token_digest
 from ._http import ActionError
 
 __all__ = ["TokenTable", "check_org", "parse_token_pairs"]

@@ -27,11 +27,11 @@ from typing import Any, Final, cast
 import msgspec
 import orjson
 
+from ... import protocol as m
 from ..._json import decode_body
 from ...budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ...errors import InvalidInputError
 from ...protocol import ChunkBuilder, EncodedChunk, encode_row
-from ...protocol import _messages as m
 from ...store._rowdata import check_key
 
 __all__ = ["checked_chunk", "chunk_of", "parse_chunk_body"]

@@ -8,8 +8,7 @@ import attrs
 from starlette.responses import Response
 from starlette.types import Send
 
-from ...protocol._messages import error_body
-from ...protocol._wire import Code, encode_body
+from ...protocol import Code, encode_body, error_body
 
 
 class ActionError(Exception):

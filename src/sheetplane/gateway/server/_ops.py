@@ -29,8 +29,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...budgets import GATEWAY_DRAIN_RETRY_AFTER_MS
-from ...protocol._messages import error_body
-from ...protocol._wire import HEALTHZ_PATH, METRICS_PATH, Code
+from ...protocol import HEALTHZ_PATH, METRICS_PATH, Code, error_body
 from ._http import encode_json, send_json
 from ._logs import (
     REQUEST_ID_HEADER,

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import attrs
 
+from ... import protocol as m
 from ..._types import ResolvedPlay
 from ...errors import InvalidInputError
-from ...protocol import _domain as d
-from ...protocol import _messages as m
 
 __all__ = ["PlayDefinition", "load_plays", "play_from_json", "play_of"]
 
@@ -57,7 +56,7 @@ def play_of(wire: m.PlayDefinitionWire, org_id: str) -> PlayDefinition:
     it names another org)."""
     if wire.org_id is not None and wire.org_id != org_id:
         raise InvalidInputError("play.orgId must be the token's org (or left out)")
-    return PlayDefinition(org_id, wire.name, d.copy_fields(wire, ResolvedPlay))
+    return PlayDefinition(org_id, wire.name, m.copy_fields(wire, ResolvedPlay))
 
 
 def load_plays(directory: Path) -> tuple[PlayDefinition, ...]:

@@ -32,7 +32,11 @@ from starlette.routing import BaseRoute, Route
 
 from ...budgets import GATEWAY_READINESS_BUDGET_MS
 from ...errors import PoolSaturatedError, StoreError, StoreUnavailableError
-from ...protocol._messages import (
+from ...protocol import (
+    HEALTHZ_PATH,
+    METRICS_PATH,
+    READYZ_PATH,
+    Code,
     HealthAnswer,
     ReadyAnswer,
     UnreadyAnswer,
@@ -40,7 +44,6 @@ from ...protocol._messages import (
     error_body,
     unstructure,
 )
-from ...protocol._wire import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, Code
 from ._actions import GatewayState
 from ._http import encode_json, json_bytes_response
 from ._logs import RequestInfo

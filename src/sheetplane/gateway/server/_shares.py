@@ -35,8 +35,7 @@ from ...budgets import (
     GATEWAY_MAX_REQUESTS_PER_TOKEN,
     GATEWAY_TENANT_RETRY_AFTER_MS,
 )
-from ...protocol._messages import error_body
-from ...protocol._wire import RUNTIME_PATH, Code
+from ...protocol import RUNTIME_PATH, Code, error_body
 from ._auth import TokenTable
 from ._http import ActionError, encode_json, send_json
 
