@@ -39,6 +39,7 @@ from typing import Any, Final, Generic, TypeVar
 import outcome
 import trio
 
+from .. import _tracing
 from .._groups import single_error
 from ..errors import (
     BatchContractError,
@@ -254,6 +255,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
         self._state = _NEW
         self._nursery_manager: Any = None
         self._nursery: trio.Nursery | None = None
+        self._owner_context = _tracing.current_context()
         # Batch runners: parked idle ones, how many are summoned but have not run yet.
         self._idle: list[trio.lowlevel.Task] = []
         self._summoned = 0
@@ -284,6 +286,9 @@ class BoundedBatchFunction(Generic[K, V, R]):
             raise RuntimeError("a BoundedBatchFunction can be entered only once")
         # The run's clock, read directly: trio.current_time() goes through two more calls.
         self._now = trio.lowlevel.current_clock().current_time
+        # Batches run in the context of the block that owns the batcher (its spans'
+        # parent), never in that of whichever caller started a runner.
+        self._owner_context = _tracing.current_context()
         manager = trio.open_nursery()
         self._nursery = await manager.__aenter__()
         self._nursery_manager = manager
@@ -529,6 +534,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
         Its cancel scope belongs to the batch it runs. When that batch's every
         caller has gone the scope is cancelled, and the runner retires with it.
         """
+        _tracing.adopt(self._owner_context)
         core = self._core
         task = _current_task()
         idle = self._idle

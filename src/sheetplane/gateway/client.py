@@ -52,6 +52,7 @@ import httpx
 import trio
 
 from .. import _checks as checks
+from .. import _tracing
 from .. import protocol as m
 from .._types import (
     AdmissionCounts,
@@ -172,6 +173,31 @@ def _urls(what: str, value: object) -> list[object]:
     return list(value)
 
 
+def _url_attributes(url: str) -> dict[str, str | int]:
+    """An attempt span's ``url.full``, ``server.address`` and ``server.port`` for ``url``,
+    without the user and password a URL may carry."""
+    parsed = httpx.URL(url)
+    return {
+        "url.full": str(parsed.copy_with(username=None, password=None)),
+        "server.address": parsed.host,
+        "server.port": parsed.port or (443 if parsed.scheme == "https" else 80),
+    }
+
+
+def _trace_outcome(sent: _tracing.Span, outcome: Answer | Retry) -> None:
+    """What an attempt's span says of a failed attempt worth another: the error's type,
+    the gateway's code and the delay it asked for."""
+    if isinstance(outcome, Answer) or not sent.is_recording():
+        return
+    error = outcome.error
+    sent.set_attribute("error.type", f"{type(error).__module__}.{type(error).__qualname__}")
+    sent.set_status(_tracing.Status(_tracing.StatusCode.ERROR, type(error).__name__))
+    if error.gateway_code is not None:
+        sent.set_attribute("sheetplane.gateway.code", str(error.gateway_code))
+    if outcome.retry_after_ms is not None:
+        sent.set_attribute("sheetplane.retry_after_ms", outcome.retry_after_ms)
+
+
 @attrs.frozen
 class KeysetPage:
     """One keyset read's answer (``GatewayClient.read_rows_after``)."""
@@ -262,6 +288,8 @@ class GatewayClient:
         self.base_url: Final = urls[0]
         self.url: Final = self.base_url + RUNTIME_PATH
         self._current = 0
+        #: Each URL's attributes on an attempt's span.
+        self._span_urls = {url: _url_attributes(url + RUNTIME_PATH) for url in urls}
         #: The play, normalised (``sheetplane.names``): it is the sheets' identity.
         self.play_name: Final = normalize_play_name(play_name)
         self.org_id: Final = org_id
@@ -388,11 +416,43 @@ class GatewayClient:
         }
         delays_ms, budget_ms = _LADDERS.get(action, (RETRY_DELAYS_MS, CALL_BUDGET_MS))
         budget = CallBudget(trio.current_time(), delays_ms, budget_ms, attempt_ms)
+        with _tracing.span(f"gateway {action}", {"sheetplane.gateway.action": action}) as call:
+            return await self._attempts(http, action, content, headers, budget, call)
+
+    async def _attempts(
+        self,
+        http: httpx.AsyncClient,
+        action: str,
+        content: bytes,
+        headers: Mapping[str, str],
+        budget: CallBudget,
+        call: _tracing.Span,
+    ) -> Answer:
+        """The call's attempts, each its own ``POST`` span (the call's span is ``call``),
+        until an answer, or the error once the ladder or the budget runs out."""
         failures = 0
         unreached = 0  # attempts in a row that reached no (serving) gateway
+        attempts = 0
         while True:
-            url = self.base_urls[self._current] + RUNTIME_PATH
-            outcome, reached = await self._attempt(http, url, action, content, headers, budget)
+            base = self.base_urls[self._current]
+            url = base + RUNTIME_PATH
+            with _tracing.span(
+                "POST",
+                {
+                    "http.request.method": "POST",
+                    **self._span_urls[base],
+                    "http.request.body.size": len(content),
+                    "sheetplane.gateway.action": action,
+                    **({"http.request.resend_count": attempts} if attempts else {}),
+                },
+                kind=_tracing.SpanKind.CLIENT,
+            ) as sent:
+                traced = dict(headers)
+                _tracing.inject(traced)
+                outcome, reached = await self._attempt(http, url, action, content, traced, budget)
+                _trace_outcome(sent, outcome)
+            attempts += 1
+            call.set_attribute("sheetplane.gateway.attempts", attempts)
             if isinstance(outcome, Answer):
                 return outcome
             now = trio.current_time()
@@ -412,6 +472,9 @@ class GatewayClient:
                 wake = budget.next_attempt_at(now, failures, outcome.retry_after_ms)
             if wake is None:
                 raise outcome.error
+            call.add_event(
+                "retry", {"sheetplane.retry.delay_ms": max(0, round((wake - now) * 1000))}
+            )
             await trio.sleep_until(wake)
 
     async def _attempt(
@@ -434,6 +497,9 @@ class GatewayClient:
                     answered = True
                     raw = await read_bounded(resp, action, limit)
                     status, response_headers = resp.status_code, resp.headers
+            _tracing.annotate(
+                {"http.response.status_code": status, "http.response.body.size": len(raw)}
+            )
         except trio.TooSlowError:
             ms = round((deadline - now) * 1000)
             error = GatewayTimeoutError(0, None, f"{action} attempt did not finish within {ms} ms")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import re
 import threading
@@ -43,7 +44,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .. import budgets
+from .. import _tracing, budgets
 from .._json import decode_body
 from .._threads import call_frameless, frameless, unwrap
 from ..errors import (
@@ -468,23 +469,21 @@ class TrioPool:
         returns (raising ``trio.Cancelled``) once the worker thread has finished;
         the connection is reused only if it came back clean.
         """
+        with _tracing.span(
+            f"db {_operation(fn)}",
+            {"db.system.name": "postgresql", "db.operation.name": _operation(fn)},
+            kind=_tracing.SpanKind.CLIENT,
+        ):
+            return await self._run(fn, acquire_timeout_ms)
+
+    async def _run(self, fn: Callable[[Conn], T], acquire_timeout_ms: int | None) -> T:
         borrower = object()
-        if acquire_timeout_ms is None:
-            await self._limiter.acquire_on_behalf_of(borrower)
+        if self._limiter.available_tokens < 1:
+            # Every connection is taken: the wait for one is a span of its own.
+            with _tracing.span("db slot wait", {"db.system.name": "postgresql"}):
+                await self._acquire(borrower, acquire_timeout_ms)
         else:
-            if isinstance(acquire_timeout_ms, bool) or not isinstance(acquire_timeout_ms, int):
-                raise InvalidInputError(
-                    f"acquire_timeout_ms must be an integer or None, got {acquire_timeout_ms!r}"
-                )
-            acquired = False
-            with trio.move_on_after(max(0, acquire_timeout_ms) / 1000):
-                await self._limiter.acquire_on_behalf_of(borrower)
-                acquired = True
-            if not acquired:
-                raise PoolSaturatedError(
-                    f"all {self.max_connections} Postgres connections stayed busy "
-                    f"for {acquire_timeout_ms} ms"
-                )
+            await self._acquire(borrower, acquire_timeout_ms)
         self._runs += 1
         call = _Call()
         ticket = _Ticket(self._limiter, borrower)
@@ -505,6 +504,25 @@ class TrioPool:
             # This frame is in a raised error's traceback: holding the outcome
             # (and so the error) would make a cycle of it and of every frame.
             del result
+
+    async def _acquire(self, borrower: object, acquire_timeout_ms: int | None) -> None:
+        """Take a limiter token for ``borrower``: ``PoolSaturatedError`` past the timeout."""
+        if acquire_timeout_ms is None:
+            await self._limiter.acquire_on_behalf_of(borrower)
+        else:
+            if isinstance(acquire_timeout_ms, bool) or not isinstance(acquire_timeout_ms, int):
+                raise InvalidInputError(
+                    f"acquire_timeout_ms must be an integer or None, got {acquire_timeout_ms!r}"
+                )
+            acquired = False
+            with trio.move_on_after(max(0, acquire_timeout_ms) / 1000):
+                await self._limiter.acquire_on_behalf_of(borrower)
+                acquired = True
+            if not acquired:
+                raise PoolSaturatedError(
+                    f"all {self.max_connections} Postgres connections stayed busy "
+                    f"for {acquire_timeout_ms} ms"
+                )
 
     async def _cancel(self, call: _Call) -> None:
         """Stop the worker of a cancelled ``run``: cancel its statement until it finishes."""
@@ -661,6 +679,14 @@ class TrioPool:
     async def _close(self) -> None:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self._pool.close)
+
+
+def _operation(fn: Callable[..., Any]) -> str:
+    """The store operation ``fn`` does, for its span: the function that made it
+    (``read_rows_batch`` for ``read_rows_batch.<locals>.run``; a partial's function)."""
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    name = getattr(inner, "__qualname__", None) or type(inner).__name__
+    return str(name).split(".<locals>", 1)[0].rsplit(".", 1)[-1]
 
 
 def _chain(error: StoreError, cause: BaseException) -> StoreError:

@@ -56,6 +56,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ... import _tracing
 from ...budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     TRANSPORT_CEILING_BYTES,
@@ -279,7 +280,10 @@ async def _answer(state: GatewayState, request: Request, info: RequestInfo | Non
     payload = None
     action_budget_ms = _ACTION_BUDGETS_MS.get(action, state.config.action_budget_ms)
     try:
-        with trio.move_on_after(action_budget_ms / 1000):
+        with (
+            _tracing.span(f"action {action}", {"sheetplane.gateway.action": action}),
+            trio.move_on_after(action_budget_ms / 1000),
+        ):
             payload = await handler(Call(state, org_id, body, token_id, undecoded))
     except SheetplaneError as exc:
         answer = _error_answer(exc, action, state)

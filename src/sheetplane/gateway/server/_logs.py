@@ -7,10 +7,12 @@ a dependency and still need this bridge for their records.
 
 Every record logged while a request is being answered carries that
 request's id (a context variable set by the operations middleware; trio
-copies it into the request's worker threads). The access line is
-``{"event": "request", "request_id", "method", "path", "action", "status",
-"duration_ms", "org_id"}``; an answer of 500 logs ``"event": "internal_error"``
-with the whole ``traceback``. Nothing here logs a token, a database URL or
+copies it into the request's worker threads) and, inside a trace (the
+caller's ``traceparent``, continued by the request's span), its ``trace_id``
+and ``span_id``. The access line is ``{"event": "request", "request_id",
+"method", "path", "action", "status", "duration_ms", "org_id", "trace_id"}``;
+an answer of 500 logs ``"event": "internal_error"`` with the whole
+``traceback``. Nothing here logs a token, a database URL or
 row data: the fields are chosen, never a request's headers or body; and
 since an exception's text may quote anything, every message and traceback
 is passed through the redactor of each secret the process's gateways
@@ -34,6 +36,7 @@ from typing import Any, Final, TextIO
 import attrs
 import trio
 
+from ... import _tracing
 from ...store._pool import _Redactor
 
 __all__ = [
@@ -98,6 +101,8 @@ class RequestInfo:
     action: str | None = None
     org_id: str | None = None
     status: int | None = None
+    trace_id: str | None = None
+    """The trace the request's span belongs to (the caller's ``traceparent``), if any."""
 
 
 _CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
@@ -146,6 +151,10 @@ class JsonFormatter(logging.Formatter):
         info = _CURRENT.get()
         if info is not None:
             entry["request_id"] = info.request_id
+        trace_id = _tracing.current_trace_id()
+        if trace_id is not None:
+            entry["trace_id"] = trace_id
+            entry["span_id"] = _tracing.current_span_id()
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value

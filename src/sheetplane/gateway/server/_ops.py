@@ -28,8 +28,17 @@ import trio
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ... import _tracing
 from ...budgets import GATEWAY_DRAIN_RETRY_AFTER_MS
-from ...protocol import HEALTHZ_PATH, METRICS_PATH, Code, error_body
+from ...protocol import (
+    HEALTHZ_PATH,
+    METRICS_PATH,
+    OPENAPI_PATH,
+    READYZ_PATH,
+    RUNTIME_PATH,
+    Code,
+    error_body,
+)
 from ._http import encode_json, send_json
 from ._logs import (
     REQUEST_ID_HEADER,
@@ -46,6 +55,10 @@ __all__ = ["Operations", "OperationsMiddleware"]
 
 #: Paths a draining gateway still answers normally: liveness and its metrics.
 _DRAIN_EXEMPT: Final = frozenset({HEALTHZ_PATH, METRICS_PATH})
+
+#: The paths a server span names (``http.route``): any other is named by its method
+#: alone, so a scan of made-up paths cannot make a span name per path.
+_ROUTES: Final = frozenset({RUNTIME_PATH, OPENAPI_PATH, HEALTHZ_PATH, READYZ_PATH, METRICS_PATH})
 
 access_log = logging.getLogger("sheetplane.gateway.access")
 
@@ -126,6 +139,28 @@ class OperationsMiddleware:
             path=str(scope["path"]),
         )
         scope["sheetplane.request"] = info
+        route = info.path if info.path in _ROUTES else None
+        with _tracing.server_span(
+            info.method if route is None else f"{info.method} {route}",
+            headers,
+            {
+                "http.request.method": info.method,
+                "url.path": info.path,
+                **({"http.route": route} if route is not None else {}),
+            },
+        ) as span:
+            info.trace_id = _tracing.current_trace_id()
+            try:
+                await self._serve(scope, receive, send, info)
+            finally:
+                if info.action is not None:
+                    span.set_attribute("sheetplane.gateway.action", info.action)
+                if info.status is not None:
+                    span.set_attribute("http.response.status_code", info.status)
+                    if info.status >= 500:
+                        span.set_status(_tracing.Status(_tracing.StatusCode.ERROR))
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, info: RequestInfo) -> None:
         token = set_current_request(info)
         start = time.perf_counter()
         ops = self.ops
@@ -164,5 +199,6 @@ class OperationsMiddleware:
             "status": info.status,
             "duration_ms": round(seconds * 1000, 3),
             "org_id": info.org_id,
+            "trace_id": info.trace_id,
         }
         access_log.info("request", extra=fields)

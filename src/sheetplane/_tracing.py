@@ -1,0 +1,260 @@
+"""OpenTelemetry spans of the data plane: the one module that speaks to OpenTelemetry.
+
+sheetplane depends on ``opentelemetry-api`` only. A process that installs and
+configures an SDK (a ``TracerProvider``) sees sheetplane's spans; one that does
+not pays for the API's no-op calls alone (``docs/benchmarks.md`` measures it).
+Every call site is one ``with span(...)``; what a span may carry is decided
+here and at the call sites, never taken from a request or a row:
+
+* names and attributes follow OpenTelemetry's semantic conventions where one
+  exists (``http.*``, ``url.*``, ``server.*``, ``db.*``, ``error.type``), and
+  use the ``sheetplane.`` prefix otherwise;
+* no span carries a token, a database URL, a password or row data: attribute
+  values are counts, sizes, action and operation names, table namespaces,
+  statuses and error *types*. An error is recorded by its type alone
+  (``error.type`` and the status), never by its message, which may quote a
+  value (``tests/test_tracing.py`` greps every exported value for secrets).
+
+Context is OpenTelemetry's, which lives in ``contextvars``: a trio task
+inherits a copy of its parent's at ``start_soon``, so a span opened in a task
+is the parent of everything that task and the tasks it starts do. A task that
+runs on behalf of many callers (a batcher's batch runner) takes its owner's
+context instead (:func:`current_context`, :func:`adopt`), so a batch is never
+parented by whichever caller happened to start the runner.
+
+``SHEETPLANE_TRACING=off`` in the environment, or :func:`set_enabled`, turns
+every span into a shared no-op without calling OpenTelemetry at all: the
+benchmark's baseline of no instrumentation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping, Sequence
+from types import TracebackType
+from typing import Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+__all__ = [
+    "INSTRUMENTATION_NAME",
+    "Span",
+    "SpanKind",
+    "Status",
+    "StatusCode",
+    "adopt",
+    "annotate",
+    "current_context",
+    "current_span_id",
+    "current_trace_id",
+    "enabled",
+    "inject",
+    "server_span",
+    "set_enabled",
+    "span",
+    "use_tracer_provider",
+]
+
+#: The instrumentation scope every sheetplane span is created under.
+INSTRUMENTATION_NAME: Final = "sheetplane"
+
+Attributes = Mapping[str, AttributeValue]
+
+#: W3C trace context only (``traceparent``, ``tracestate``): baggage is not forwarded,
+#: whatever the process's global propagator says.
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+
+
+class _State:
+    __slots__ = ("enabled", "tracer")
+
+    def __init__(self) -> None:
+        self.enabled = os.environ.get("SHEETPLANE_TRACING", "").strip().lower() != "off"
+        #: The global provider's tracer (a proxy until a provider is set).
+        self.tracer: Tracer = trace.get_tracer(INSTRUMENTATION_NAME)
+
+
+_STATE: Final = _State()
+
+
+def enabled() -> bool:
+    """Whether spans are made at all (``SHEETPLANE_TRACING`` not ``off``)."""
+    return _STATE.enabled
+
+
+def set_enabled(on: bool) -> None:
+    """Turn every span on or off for the process (off: a shared no-op, OpenTelemetry
+    is not called). For benchmarks that compare both in one run."""
+    _STATE.enabled = bool(on)
+
+
+def use_tracer_provider(provider: TracerProvider | None) -> None:
+    """Make sheetplane's spans with ``provider``'s tracer (None: the global provider's
+    again). ``sheetplane demo --trace`` and the benchmarks use it so as not to set
+    the process's global provider, which can be set only once."""
+    if provider is None:
+        _STATE.tracer = trace.get_tracer(INSTRUMENTATION_NAME)
+    else:
+        _STATE.tracer = provider.get_tracer(INSTRUMENTATION_NAME)
+
+
+class _NoSpan:
+    """What ``span`` is when tracing is off: enters to the invalid span, does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+_NO_SPAN: Final = _NoSpan()
+
+
+class _CurrentSpan:
+    """A span made current for a ``with`` block, in the task (or thread) that entered it.
+
+    An exception leaving the block is recorded by its type only: ``error.type``
+    and an error status for an ``Exception``; a cancellation (or any other
+    ``BaseException``) leaves the status unset and marks ``sheetplane.cancelled``
+    when it is ``trio.Cancelled``.
+    """
+
+    __slots__ = ("_attributes", "_context", "_kind", "_links", "_name", "_span", "_token")
+
+    def __init__(
+        self,
+        name: str,
+        attributes: Attributes | None,
+        kind: SpanKind,
+        links: Sequence[Link] | None,
+        context: otel_context.Context | None,
+    ) -> None:
+        self._name = name
+        self._attributes = attributes
+        self._kind = kind
+        self._links = links
+        self._context = context
+        self._span: Span = trace.INVALID_SPAN
+        self._token: object | None = None
+
+    def __enter__(self) -> Span:
+        parent = otel_context.get_current() if self._context is None else self._context
+        made = _STATE.tracer.start_span(
+            self._name,
+            parent,
+            kind=self._kind,
+            attributes=self._attributes,
+            links=self._links,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        self._span = made
+        if made is not trace.get_current_span(parent) or self._context is not None:
+            # The API alone hands back the current span itself: nothing to attach.
+            self._token = otel_context.attach(trace.set_span_in_context(made, parent))
+        return made
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        made = self._span
+        try:
+            if exc is not None and made.is_recording():
+                _record_error(made, exc)
+        finally:
+            if self._token is not None:
+                otel_context.detach(self._token)  # type: ignore[arg-type]
+                self._token = None
+            made.end()
+
+
+def _record_error(made: Span, exc: BaseException) -> None:
+    kind = type(exc)
+    if isinstance(exc, Exception):
+        made.set_attribute("error.type", f"{kind.__module__}.{kind.__qualname__}")
+        # The type, not the message: a message may quote a value of a row.
+        made.set_status(Status(StatusCode.ERROR, kind.__name__))
+    elif kind.__name__ == "Cancelled" and kind.__module__.startswith("trio"):
+        made.set_attribute("sheetplane.cancelled", True)
+    else:
+        made.set_attribute("error.type", f"{kind.__module__}.{kind.__qualname__}")
+
+
+def span(
+    name: str,
+    attributes: Attributes | None = None,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    links: Sequence[Link] | None = None,
+) -> _CurrentSpan | _NoSpan:
+    """``with span(name, {...}) as s:`` a span, current for the block, child of the
+    current one. ``s.set_attribute`` adds what is known only at the end."""
+    if not _STATE.enabled:
+        return _NO_SPAN
+    return _CurrentSpan(name, attributes, kind, links, None)
+
+
+def server_span(
+    name: str, headers: Mapping[str, str], attributes: Attributes | None = None
+) -> _CurrentSpan | _NoSpan:
+    """A ``SERVER`` span continuing the trace of a request's ``traceparent`` (and
+    ``tracestate``) headers, or starting one when they are absent or malformed."""
+    if not _STATE.enabled:
+        return _NO_SPAN
+    parent = _PROPAGATOR.extract(headers)
+    return _CurrentSpan(name, attributes, SpanKind.SERVER, None, parent)
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Add the current span's ``traceparent`` (and ``tracestate``) to ``headers``;
+    nothing when there is no valid current span (no SDK, tracing off)."""
+    if _STATE.enabled:
+        _PROPAGATOR.inject(headers)
+
+
+def annotate(attributes: Attributes) -> None:
+    """Add ``attributes`` to the current span (nothing when it does not record)."""
+    if not _STATE.enabled:
+        return
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes(attributes)
+
+
+def current_trace_id() -> str | None:
+    """The current trace's id as 32 hex digits, or None outside a valid trace."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+
+
+def current_span_id() -> str | None:
+    """The current span's id as 16 hex digits, or None outside a valid trace."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.span_id, "016x") if ctx.is_valid else None
+
+
+def current_context() -> otel_context.Context:
+    """The current OpenTelemetry context (to hand to :func:`adopt` in another task)."""
+    return otel_context.get_current()
+
+
+def adopt(context: otel_context.Context) -> None:
+    """Make ``context`` this task's for the rest of its life: for a task that works on
+    behalf of the block that owns it (a batch runner), not of whoever started it."""
+    if _STATE.enabled:
+        otel_context.attach(context)
