@@ -257,7 +257,7 @@ def _identity(session: DbSession) -> str:
 
 
 def _transient(exc: BaseException) -> bool:
-    from .store._pool import is_transient_connect_error
+    from .store import is_transient_connect_error
 
     cause = exc.__cause__
     return is_transient_connect_error(exc) or (
@@ -266,7 +266,7 @@ def _transient(exc: BaseException) -> bool:
 
 
 def _login_refused(exc: BaseException) -> bool:
-    from .store._pool import is_login_refused
+    from .store import is_login_refused
 
     return is_login_refused(exc)
 

@@ -68,8 +68,7 @@ from .._types import AdmittedPart, CompleteRow, FailRow, SheetRef
 from ..budgets import MAP_WRITE_MAX_IN_FLIGHT, KiB
 from ..gateway.server import running_gateway
 from ..runtime import ContractColumn, Runtime, SheetContract, open_runtime
-from ..store import SheetStore, open_store, sheet_names
-from ..store._rowdata import next_write_version
+from ..store import SheetStore, next_write_version, open_store, sheet_names
 from ..store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
 
 __all__ = ["main"]

@@ -46,8 +46,7 @@ from psycopg import sql
 
 from .._types import SheetRef
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, MiB
-from ..store import SheetStore, open_store, sheet_names
-from ..store._reads import ORDER_BY, _physical_columns, _projection
+from ..store import SheetStore, open_store, sheet_names, whole_sheet_read
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 from ._common import CONTRACT, make_rows
 
@@ -187,13 +186,9 @@ async def read_all_cursor(store: SheetStore, sheet: SheetRef) -> int:
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> int:
-        columns = _physical_columns(conn, names)
-        assert columns is not None
-        projection = _projection(columns, "output")
-        query = sql.SQL("SELECT {} FROM {} {}").format(
-            projection.select, names.ident("sheet_table"), ORDER_BY
-        )
-        keys = projection.keys
+        read = whole_sheet_read(conn, names)
+        assert read is not None
+        query, keys = read
         total = 0
         with conn.cursor(name="bench_full_read") as cursor:
             cursor.itersize = READ_PAGE_MAX_ROWS

@@ -12,18 +12,29 @@ from .._types import RowFilter as RowFilter
 from ._fencing import raise_if_superseded as raise_if_superseded
 from ._fencing import superseded_error as superseded_error
 from ._fencing import superseded_rows as superseded_rows
+from ._guards import clear_function as clear_function
 from ._names import SheetNames as SheetNames
 from ._names import sheet_names as sheet_names
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
+from ._pool import is_login_refused as is_login_refused
+from ._pool import is_transient_connect_error as is_transient_connect_error
 from ._pool import open_pool as open_pool
 from ._quotas import StoreQuotas as StoreQuotas
 from ._reads import JsonPage as JsonPage
+from ._reads import whole_sheet_read as whole_sheet_read
+from ._rowdata import check_key as check_key
+from ._rowdata import next_write_version as next_write_version
+from ._schema import POSTGRES_SYSTEM_COLUMNS as POSTGRES_SYSTEM_COLUMNS
+from ._schema import RESERVED_SQL_NAMES as RESERVED_SQL_NAMES
+from ._schema import column_ids as column_ids
 from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
 
 __all__ = [
     "EVERY_ROW",
+    "POSTGRES_SYSTEM_COLUMNS",
+    "RESERVED_SQL_NAMES",
     "JsonPage",
     "PoolSaturatedError",
     "RowCursor",
@@ -32,10 +43,17 @@ __all__ = [
     "SheetStore",
     "StoreQuotas",
     "TrioPool",
+    "check_key",
+    "clear_function",
+    "column_ids",
+    "is_login_refused",
+    "is_transient_connect_error",
+    "next_write_version",
     "open_pool",
     "open_store",
     "raise_if_superseded",
     "sheet_names",
     "superseded_error",
     "superseded_rows",
+    "whole_sheet_read",
 ]

@@ -76,6 +76,7 @@ __all__ = [
     "read_rows_batch_json",
     "read_rows_by_keys",
     "summary",
+    "whole_sheet_read",
 ]
 
 Conn = psycopg.Connection[Any]
@@ -176,6 +177,20 @@ def _projection(
 def _physical_columns(conn: Conn, names: SheetNames) -> list[tuple[str, str]] | None:
     """(sql name, column id) of the sheet table's physical columns; None if it does not exist."""
     return column_ids(conn, names)
+
+
+def whole_sheet_read(conn: Conn, names: SheetNames) -> tuple[sql.Composed, tuple[str, ...]] | None:
+    """The statement that selects every row of the sheet in read order as a read does
+    (row mode ``output``), and the keys of its rows' dicts; None if the sheet does not
+    exist. The peer the store benchmark times its reads against."""
+    columns = _physical_columns(conn, names)
+    if columns is None:
+        return None
+    projection = _projection(columns, "output")
+    query = sql.SQL("SELECT {} FROM {} {}").format(
+        projection.select, names.ident("sheet_table"), ORDER_BY
+    )
+    return query, projection.keys
 
 
 @attrs.frozen

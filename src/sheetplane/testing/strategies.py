@@ -34,6 +34,7 @@ from .. import protocol as m
 from .._types import (
     BIGINT_MAX,
     BIGINT_MIN,
+    SYSTEM_COLUMNS,
     ColumnSource,
     ContractColumn,
     PageRequest,
@@ -42,7 +43,6 @@ from .._types import (
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.faults import FAULT_KINDS, FaultSpec
 from ..protocol import encode_body
-from ..store._schema import SYSTEM_COLUMNS
 
 __all__ = [
     "ACTIONS",

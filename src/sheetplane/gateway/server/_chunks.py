@@ -32,7 +32,7 @@ from ..._json import decode_body
 from ...budgets import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_ROW_KEY_BYTES
 from ...errors import InvalidInputError
 from ...protocol import ChunkBuilder, EncodedChunk, encode_row
-from ...store._rowdata import check_key
+from ...store import check_key
 
 __all__ = ["checked_chunk", "chunk_of", "parse_chunk_body"]
 

@@ -23,7 +23,7 @@ from ...budgets import (
     GATEWAY_BODY_READ_TIMEOUT_MS,
     POSTGRES_POOL_ACQUIRE_TIMEOUT_MS,
 )
-from ...store._quotas import StoreQuotas
+from ...store import StoreQuotas
 from ._plays import PlayDefinition
 from ._roles import SessionBounds, SessionCaps
 from ._shares import TenantCaps

@@ -81,9 +81,7 @@ from ...budgets import (
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
 )
 from ...errors import InvalidInputError
-from ...store import SheetNames, SheetStore, sheet_names
-from ...store._guards import clear_function
-from ...store._schema import column_ids
+from ...store import SheetNames, SheetStore, clear_function, column_ids, sheet_names
 
 __all__ = [
     "GATEWAY_SCHEMA",
