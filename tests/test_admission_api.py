@@ -18,6 +18,7 @@ from _runtime_helpers import (
     reap_session_roles,
     runtime,
 )
+from sheetplane import Attempt
 from sheetplane.admission import Admission
 from sheetplane.runtime import CompleteRow, FailRow, Strategy
 
@@ -52,6 +53,8 @@ def test_the_answer_holds_no_rows() -> None:
         "pending_count",
         "completed_count",
         "table_namespace",
+        "play_name",
+        "run_id",
         "_open",
     ]
 
@@ -70,6 +73,8 @@ async def test_pending_and_completed_are_lazy_datasets_in_input_order(
             5,
             0,
         )
+        c = rt.context
+        assert one.attempt == Attempt(c.play_name, "leads", c.run_id, one.write_version)
         assert keys_of(await one.pending().materialize()) == [
             "r0003",
             "r0001",

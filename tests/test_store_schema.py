@@ -32,6 +32,7 @@ TABLES = (
     "staging_table",
     "admissions_table",
     "stage_chunks_table",
+    "shares_table",
 )
 
 HOSTILE = (

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import typing
 
+from ._attempts import Attempt as Attempt
+from ._attempts import AttemptStatus as AttemptStatus
 from ._leases import Lease as Lease
 from ._map import MapProgress as MapProgress
 from ._map import MapReport as MapReport
@@ -104,6 +106,8 @@ __all__ = [
     "AdmissionStagingTooLargeError",
     "AdmissionStateError",
     "AdmissionTooLargeError",
+    "Attempt",
+    "AttemptStatus",
     "AttemptSupersededError",
     "BackpressureError",
     "BatchContractError",

@@ -200,7 +200,8 @@ class InlineAdmission:
     """The sheet's namespace."""
 
 
-AdmittedPartName = Literal["pending", "completed"]
+AdmittedPartName = Literal["pending", "completed", "unsettled"]
+ADMITTED_PARTS: Final[tuple[AdmittedPartName, ...]] = get_args(AdmittedPartName)
 
 
 @attrs.frozen
@@ -212,12 +213,21 @@ class AdmittedPart:
     since); ``completed``: the already-enriched input rows it kept, which keep
     their older version. Both are stamped ``_admitted_version = write_version``
     by the admission; a later admission of the same row takes it over.
+    ``unsettled``: the ``pending`` rows not yet written terminal (still
+    ``pending`` or ``running``): what a worker of the attempt still has to map.
+
+    ``first_index`` and ``last_index`` (both or neither) narrow any part to the
+    rows whose ``_input_index`` lies between them: one share of the attempt.
     """
 
     write_version: int
     """The admission's write version."""
     part: AdmittedPartName
-    """``pending`` or ``completed``."""
+    """``pending``, ``completed`` or ``unsettled``."""
+    first_index: int | None = None
+    """The first ``_input_index`` of the rows read (None: no range)."""
+    last_index: int | None = None
+    """The last ``_input_index`` of the rows read (None: no range)."""
 
     def __attrs_post_init__(self) -> None:
         if (
@@ -228,8 +238,15 @@ class AdmittedPart:
             raise InvalidInputError(
                 f"write_version must be a positive bigint, got {self.write_version!r}"
             )
-        if self.part not in ("pending", "completed"):
-            raise InvalidInputError(f"part must be 'pending' or 'completed', got {self.part!r}")
+        if self.part not in ADMITTED_PARTS:
+            raise InvalidInputError(
+                f"part must be one of {list(ADMITTED_PARTS)}, got {self.part!r}"
+            )
+        if (self.first_index is None) != (self.last_index is None):
+            raise InvalidInputError("first_index and last_index go together (both or neither)")
+        if self.first_index is not None and self.last_index is not None:
+            check_int("first_index", self.first_index, BIGINT_MIN, BIGINT_MAX)
+            check_int("last_index", self.last_index, self.first_index, BIGINT_MAX)
 
 
 @attrs.frozen

@@ -38,6 +38,7 @@ from typing import Any
 import attrs
 import trio
 
+from ._attempts import Attempt
 from ._groups import raise_single
 from ._types import (
     AdmissionCounts,
@@ -117,15 +118,24 @@ class Admission:
     """Already-enriched input rows: what ``completed()`` holds."""
     table_namespace: str
     """The sheet's namespace."""
+    play_name: str = attrs.field(kw_only=True)
+    """The play whose sheet it is."""
+    run_id: str = attrs.field(kw_only=True)
+    """The run that admitted it."""
     _open: Callable[[AdmittedPart], Dataset | InMemoryDataset] = attrs.field(
-        repr=False, alias="open"
+        repr=False, alias="open", kw_only=True
     )
     """Opens a dataset over one part of this admission (the runtime's road, or the rows
     a whole admission's answer holds)."""
 
     @classmethod
     def from_counts(
-        cls, counts: AdmissionCounts, open: Callable[[AdmittedPart], Dataset]
+        cls,
+        counts: AdmissionCounts,
+        open: Callable[[AdmittedPart], Dataset],
+        *,
+        play_name: str,
+        run_id: str,
     ) -> Admission:
         """An admission over ``counts``, reading its rows through ``open``."""
         return cls(
@@ -135,8 +145,15 @@ class Admission:
             pending_count=counts.pending_count,
             completed_count=counts.completed_count,
             table_namespace=counts.table_namespace,
+            play_name=play_name,
+            run_id=run_id,
             open=open,
         )
+
+    @property
+    def attempt(self) -> Attempt:
+        """This admission as an attempt any process may map (``Runtime.map_attempt``)."""
+        return Attempt(self.play_name, self.table_namespace, self.run_id, self.write_version)
 
     def pending(self) -> Dataset | InMemoryDataset:
         """The rows to map, in input order, each carrying ``_key`` (read lazily)."""

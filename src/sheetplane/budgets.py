@@ -370,8 +370,8 @@ ADMISSION_ABORT_TIMEOUT_MS: Final = RETRY_DELAYS_MS[-1]
 # --- What one org may keep --------------------------------------------------------
 
 #: Tables one sheet is made of (its rows, events, summary, column summary,
-#: counter log, lock, metadata, staging, admissions and chunk tables).
-SHEET_TABLES: Final = 10
+#: counter log, lock, metadata, staging, admissions, chunk and shares tables).
+SHEET_TABLES: Final = 11
 
 #: Sheets one org may create (``ensure_sheet``, a first admission): each adds
 #: ``SHEET_TABLES`` tables to the catalog and one sheet to every reaper pass, so
@@ -662,6 +662,31 @@ WORK_RECEIPT_ONCE_WAIT_MS: Final = WORK_RECEIPT_LEASE_TTL_MS + WORK_RECEIPT_ONCE
 WORK_RECEIPT_RELEASE_TIMEOUT_MS: Final = REQUEST_TIMEOUT_MS
 
 
+# --- Shares: many workers on one attempt (``map_attempt``) ---------------------------
+
+#: A worker's lease on one share of an attempt (a block of its pending rows). A
+#: renewal is one request: sent every ``SHARE_LEASE_RENEWAL_MS``, it may take a
+#: whole ``REQUEST_TIMEOUT_MS`` and still leave ``SHARE_LEASE_GUARD_MS`` before the
+#: expiry, which is when the worker stops its share's fn calls if no renewal
+#: landed. A dead worker's shares are claimed again one TTL after its last renewal.
+SHARE_LEASE_TTL_MS: Final = 2 * REQUEST_TIMEOUT_MS
+SHARE_LEASE_RENEWAL_MS: Final = (SHARE_LEASE_TTL_MS - REQUEST_TIMEOUT_MS) // 3
+SHARE_LEASE_GUARD_MS: Final = SHARE_LEASE_TTL_MS - SHARE_LEASE_RENEWAL_MS - REQUEST_TIMEOUT_MS
+
+#: The shortest lease a claim may ask for (tests and benchmarks ask for short ones
+#: to see a takeover in seconds): a renewal, its guard and one store round trip fit.
+SHARE_LEASE_MIN_TTL_MS: Final = 300
+
+#: Rows in one share: ``SHARE_ROUNDS`` rounds of a worker's ``concurrency`` fn calls,
+#: so the calls of a share's last round are a small part of it; at most one page.
+SHARE_ROUNDS: Final = 16
+SHARE_MAX_ROWS: Final = READ_PAGE_MAX_ROWS
+
+#: A worker with nothing left to claim while other workers' shares are live asks
+#: again this often (one of them may die; its share is then this worker's to take).
+SHARE_POLL_MS: Final = RETRY_DELAYS_MS[1]
+
+
 def _check() -> None:
     """The relations between budgets; a broken one fails the import (``-O`` cannot skip it)."""
     leases = (
@@ -755,6 +780,18 @@ def _check() -> None:
         "a map batch is at most one write chunk": MAP_MAX_BATCH_ROWS <= POSTGRES_WRITE_CHUNK_ROWS,
         "once waits past a whole lease before giving up": (
             WORK_RECEIPT_ONCE_WAIT_MS > WORK_RECEIPT_LEASE_TTL_MS > WORK_RECEIPT_ONCE_POLL_MS > 0
+        ),
+        "a share renewal lands before its guard even when it takes a whole request": (
+            SHARE_LEASE_GUARD_MS > 0
+            and SHARE_LEASE_RENEWAL_MS + REQUEST_TIMEOUT_MS + SHARE_LEASE_GUARD_MS
+            <= SHARE_LEASE_TTL_MS
+            and SHARE_LEASE_TTL_MS > POSTGRES_OPERATION_BUDGET_MS
+        ),
+        "a short share lease still holds a renewal and its guard": (
+            0 < SHARE_LEASE_MIN_TTL_MS <= SHARE_LEASE_TTL_MS
+        ),
+        "a worker polls for a dead worker's share well inside a lease": (
+            0 < SHARE_POLL_MS < SHARE_LEASE_TTL_MS and 0 < SHARE_ROUNDS <= SHARE_MAX_ROWS
         ),
         "a staged chunk holds the largest row": MAX_ROW_BYTES <= ADMISSION_CHUNK_BYTES,
         "a staged chunk and its envelope fit the transport ceiling": (

@@ -158,13 +158,20 @@ def admitted_wire(part: AdmittedPart | None) -> m.AdmittedPartWire | None:
     return (
         None
         if part is None
-        else m.AdmittedPartWire(write_version=part.write_version, part=part.part)
+        else m.AdmittedPartWire(
+            write_version=part.write_version,
+            part=part.part,
+            first_index=part.first_index,
+            last_index=part.last_index,
+        )
     )
 
 
 def admitted_of(value: m.AdmittedPartWire | None) -> AdmittedPart | None:
     """``input.admission``: null, or one admission's pending or completed rows."""
-    return None if value is None else AdmittedPart(value.write_version, value.part)
+    if value is None:
+        return None
+    return AdmittedPart(value.write_version, value.part, value.first_index, value.last_index)
 
 
 def row_filter_of(spec: m.ReadInput) -> RowFilter:

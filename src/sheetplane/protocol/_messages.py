@@ -191,10 +191,13 @@ class RowCursorWire:
 
 @attrs.frozen(kw_only=True)
 class AdmittedPartWire:
-    """One admission's pending or completed rows: ``{writeVersion, part}``."""
+    """One admission's pending, completed or unsettled rows:
+    ``{writeVersion, part, firstIndex?, lastIndex?}`` (the indexes: one share's range)."""
 
     write_version: int = int_field(1, BIGINT_MAX)
-    part: Literal["pending", "completed"]
+    part: Literal["pending", "completed", "unsettled"]
+    first_index: int | None = optional_int_field(BIGINT_MIN, BIGINT_MAX)
+    last_index: int | None = optional_int_field(BIGINT_MIN, BIGINT_MAX)
 
 
 @attrs.frozen(kw_only=True)

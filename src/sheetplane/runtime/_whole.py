@@ -116,7 +116,12 @@ async def admit_whole(
 
 
 def whole_admission(
-    inline: InlineAdmission, direct: bool, admitted: Callable[[AdmittedPart], Dataset]
+    inline: InlineAdmission,
+    direct: bool,
+    admitted: Callable[[AdmittedPart], Dataset],
+    *,
+    play_name: str,
+    run_id: str,
 ) -> Admission:
     """The ``Admission`` of a whole admission.
 
@@ -142,5 +147,7 @@ def whole_admission(
         pending_count=len(inline.pending_rows),
         completed_count=len(inline.completed_rows),
         table_namespace=inline.table_namespace,
+        play_name=play_name,
+        run_id=run_id,
         open=open_part,
     )

@@ -230,7 +230,9 @@ class RowWriter:
             )
         self._write_version = counts.write_version
         self._superseded = None
-        return Admission.from_counts(counts, t.admitted)
+        return Admission.from_counts(
+            counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
+        )
 
     async def _whole(self, rows: AsyncIterator[Mapping[str, Any]]) -> InlineAdmission:
         t = self._target
@@ -239,7 +241,10 @@ class RowWriter:
     def _begun(self, inline: InlineAdmission) -> Admission:
         self._write_version = inline.write_version
         self._superseded = None
-        return whole_admission(inline, self._target.direct, self._target.admitted)
+        t = self._target
+        return whole_admission(
+            inline, t.direct, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
+        )
 
     def _version(self) -> int:
         if self._superseded is not None:

@@ -98,6 +98,8 @@ class SheetNames:
     """One row per staged admission: its state and, once committed, its counts."""
     stage_chunks_table: str
     """One row per staged chunk: what makes a retried chunk a no-op."""
+    shares_table: str = ""
+    """The attempts' shares: blocks of pending rows claimed by workers (``_shares``)."""
 
     def ident(self, table_attr: str) -> sql.Identifier:
         """The schema-qualified identifier of ``getattr(self, table_attr)``."""
@@ -157,6 +159,7 @@ TABLE_ATTRS = frozenset(
         "staging_table",
         "admissions_table",
         "stage_chunks_table",
+        "shares_table",
     }
 )
 
@@ -180,6 +183,7 @@ def sheet_tables(schema: str, sheet: str, *, receipts_table: str = "") -> SheetN
         staging_table=f"{sheet}_staging",
         admissions_table=f"{sheet}{ADMISSIONS_SUFFIX}",
         stage_chunks_table=f"{sheet}_chunks",
+        shares_table=f"{sheet}_shares",
     )
 
 

@@ -207,18 +207,30 @@ class _Filter:
             conditions.append(sql.SQL("_run_id = %(run_id)s"))
         if self.admitted is not None:
             conditions.append(sql.SQL("_admitted_version = %(admitted)s"))
-            if self.admitted.part == "pending":
-                conditions.append(sql.SQL("_write_version = %(admitted)s"))
-            else:
+            if self.admitted.part == "completed":
                 conditions.append(sql.SQL("_write_version <> %(admitted)s"))
+            else:
+                conditions.append(sql.SQL("_write_version = %(admitted)s"))
+            if self.admitted.part == "unsettled":
+                conditions.append(sql.SQL("_status IN ('pending', 'running')"))
+            if self.admitted.first_index is not None:
+                conditions.append(
+                    sql.SQL("_input_index BETWEEN %(first_index)s AND %(last_index)s")
+                )
         conditions += more
         if not conditions:
             return sql.Composed([])
         return sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions)
 
     def params(self, **more: Any) -> dict[str, Any]:
-        admitted = None if self.admitted is None else self.admitted.write_version
-        return {"run_id": self.run_id, "admitted": admitted, **more}
+        part = self.admitted
+        return {
+            "run_id": self.run_id,
+            "admitted": None if part is None else part.write_version,
+            "first_index": None if part is None else part.first_index,
+            "last_index": None if part is None else part.last_index,
+            **more,
+        }
 
 
 def _filter(which: object) -> _Filter:

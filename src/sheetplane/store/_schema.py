@@ -51,6 +51,7 @@ from ._quotas import (
     quota_trigger_ddl,
     quota_triggers_missing,
 )
+from ._shares import share_ddl, shares_missing
 
 __all__ = [
     "POSTGRES_SYSTEM_COLUMNS",
@@ -709,9 +710,16 @@ async def ensure_sheet(
             conn.execute(statement)
         for statement in quota_trigger_ddl(conn, names):
             conn.execute(statement)
+        # The attempts' shares (many workers on one attempt): their table and functions.
+        for statement in share_ddl(conn, names):
+            conn.execute(statement)
 
     def missing(conn: psycopg.Connection[Any]) -> bool:
-        return _missing_ddl(conn, names, columns) or quota_objects_missing(conn)
+        return (
+            _missing_ddl(conn, names, columns)
+            or quota_objects_missing(conn)
+            or shares_missing(conn, names)
+        )
 
     if await pool.run(missing):
         # The staging counters the sheet's quota triggers call, under their own key.

@@ -36,6 +36,7 @@ from . import (
     _reads,
     _receipts,
     _schema,
+    _shares,
     _staging,
     _writes,
 )
@@ -280,6 +281,12 @@ class SheetStore:
         return await _fencing.fail_map_rows(
             self.pool, names, contract, rows, run_id=run_id, write_version=write_version
         )
+
+    # Shares of an attempt, claimed by its workers (store/_shares.py).
+    claim_share = _on_sheet(_shares.claim_share)
+    renew_share = _on_sheet(_shares.renew_share)
+    release_share = _on_sheet(_shares.release_share)
+    attempt_status = _on_sheet(_shares.attempt_status)
 
     async def _receipt_names(self, org_id: str, play_name: str) -> SheetNames:
         names = receipt_names(org_id, play_name)
