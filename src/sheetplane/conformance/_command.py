@@ -28,7 +28,13 @@ def add_conformance_parser(commands: Any) -> None:
     parser.add_argument("--list", action="store_true", help="list the requirements and exit")
     parser.add_argument("--token", help="an executor token of the gateway")
     parser.add_argument("--token-b", help="an executor token of another org (isolation checks)")
-    parser.add_argument("--profile", choices=PROFILES, default="sheetplane")
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="sheetplane",
+        help="seed: what the seed's runtime relies on; sheetplane (default): every sheetplane"
+        " action, plus the model-based phase",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="skip the checks that take real time (budgets)"
     )

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from typing import Any, Final, TypeVar, cast
 
@@ -123,6 +123,21 @@ def startup_failure(app: Starlette) -> Exception | None:
     """
     failure = getattr(app.state, "startup_failure", None)
     return failure if isinstance(failure, Exception) else None
+
+
+@asynccontextmanager
+async def _opened_store(
+    app: Starlette, database_url: str, kwargs: dict[str, Any]
+) -> AsyncIterator[Any]:
+    """``open_store``, recording a failure to open as the app's startup failure (a
+    database it cannot reach stops the server before it listens)."""
+    async with AsyncExitStack() as stack:
+        try:
+            opened = await stack.enter_async_context(open_store(database_url, **kwargs))
+        except Exception as exc:
+            app.state.startup_failure = exc
+            raise
+        yield opened
 
 
 def gateway_state(app: Starlette) -> GatewayState:
@@ -408,7 +423,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
         if config.max_connections is not None:
             store_kwargs["max_connections"] = config.max_connections
         async with (
-            open_store(config.database_url, **store_kwargs) as opened,
+            _opened_store(app, config.database_url, store_kwargs) as opened,
             trio.open_nursery() as nursery,
         ):
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)

@@ -56,7 +56,12 @@ from ...budgets import (
     GATEWAY_MAX_CONNECTIONS,
     GATEWAY_MIN_WORKER_POOL,
 )
-from ...errors import DatabaseNotHardenedError, InvalidInputError
+from ...errors import (
+    DatabaseNotHardenedError,
+    InvalidInputError,
+    SheetplaneError,
+    StoreUnavailableError,
+)
 from ...store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
 from ._auth import parse_token_pairs
 from ._config import GatewayConfig
@@ -443,15 +448,16 @@ async def _first_line(stream: trio.abc.ReceiveStream) -> str | None:
     return buffer.split(b"\n", 1)[0].decode()
 
 
-async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int:
+async def _run_workers(
+    args: argparse.Namespace, secrets: dict[str, Any], sock: socket.socket
+) -> int:
     """``--workers N``: N worker processes serving one listening socket.
 
-    The socket is bound here (so port 0 resolves once) and inherited by every
+    The socket is bound by the caller (so port 0 resolves once) and inherited by every
     worker; the secrets reach each worker on its stdin, never in its argv or
     environment. SIGTERM/SIGINT are forwarded to every worker; a worker that
     exits on its own stops the others. The status is 0 when every worker exited 0.
     """
-    sock = bind_socket(args.host, args.port, reuse_port=args.reuse_port)
     os.set_inheritable(sock.fileno(), True)
     procs: list[trio.Process] = []
     signalled = False
@@ -510,7 +516,6 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
                         waiting.start_soon(watch, proc)
                 nursery.cancel_scope.cancel()
     finally:
-        sock.close()
         for proc in procs:
             if proc.returncode is None:
                 proc.kill()
@@ -518,29 +523,50 @@ async def _run_workers(args: argparse.Namespace, secrets: dict[str, Any]) -> int
     return 0 if signalled and all(proc.returncode == 0 for proc in procs) else 1
 
 
-def _refusal(exc: BaseException) -> DatabaseNotHardenedError | None:
-    """The refused-database error in ``exc`` (through exception groups), if any."""
-    if isinstance(exc, DatabaseNotHardenedError):
+def _startup_failure(exc: BaseException) -> SheetplaneError | None:
+    """The error in ``exc`` (through exception groups) that stops the gateway from
+    starting for a reason its operator must fix: a database it refuses (not hardened, or
+    a role that could not bound sessions) or one it cannot reach."""
+    if isinstance(exc, DatabaseNotHardenedError | StoreUnavailableError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _refusal(inner)
+            found = _startup_failure(inner)
             if found is not None:
                 return found
     return None
 
 
 def _refusing(run: Any) -> int:
-    """``run()``, except that a database the gateway refuses (not hardened, or a
-    role that could not bound sessions) is one line on stderr and status 2."""
+    """``run()``, except that a database the gateway refuses is one line on stderr and
+    status 2, and one it cannot reach one line and status 1 (no traceback, no secret:
+    the store's errors carry none)."""
     try:
         return int(run())
     except BaseException as exc:
-        refused = _refusal(exc)
-        if refused is None:
+        failure = _startup_failure(exc)
+        if failure is None:
             raise
-        print(f"sheetplane serve: the gateway cannot start: {refused}", file=sys.stderr)
+        message = " ".join(str(failure).split())
+        if isinstance(failure, StoreUnavailableError):
+            print(f"sheetplane serve: cannot reach the database: {message}", file=sys.stderr)
+            return 1
+        print(f"sheetplane serve: the gateway cannot start: {message}", file=sys.stderr)
         return 2
+
+
+def _listening_socket(args: argparse.Namespace) -> socket.socket | None:
+    """The socket ``serve`` will listen on, bound before anything starts (so a taken port
+    is said at once, not after an embedded Postgres has started); None if it cannot be
+    bound, with one line on stderr saying why."""
+    try:
+        return bind_socket(args.host, args.port, reuse_port=args.reuse_port)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        print(
+            f"sheetplane serve: cannot listen on {args.host}:{args.port}: {reason}", file=sys.stderr
+        )
+        return None
 
 
 @attrs.frozen
@@ -593,13 +619,20 @@ def run_serve(args: argparse.Namespace) -> int:
     secrets, options, plays = settings.secrets, settings.options, settings.plays
     if args.worker_fd is not None:
         config = _gateway_config(args, secrets, plays)
-        sock = socket.socket(fileno=args.worker_fd)
+        inherited = socket.socket(fileno=args.worker_fd)
         return _refusing(
-            lambda: trio.run(_serve_until_signalled, config, options, args.host, args.port, sock)
+            lambda: trio.run(
+                _serve_until_signalled, config, options, args.host, args.port, inherited
+            )
         )
     for message in settings.messages:
         print(f"sheetplane serve: {message}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
+        bound = _listening_socket(args)
+        if bound is None:
+            return 1
+        sock = bound
+        stack.callback(sock.close)
         if secrets["database_url"] is None:
             secrets["database_url"] = stack.enter_context(EmbeddedPostgres()).url
         try:
@@ -610,7 +643,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.workers == 1:
             return _refusing(
                 lambda: trio.run(
-                    _serve_until_signalled, config, options, args.host, args.port, None
+                    _serve_until_signalled, config, options, args.host, args.port, sock
                 )
             )
-        return trio.run(_run_workers, args, secrets)
+        return trio.run(_run_workers, args, secrets, sock)
