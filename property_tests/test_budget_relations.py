@@ -229,6 +229,6 @@ def test_the_reader_refuses_exactly_the_bodies_over_budget(
         assert outcome == size
     else:
         assert isinstance(outcome, ResponseTooLargeError)
-        assert outcome.limit == limit
-        assert limit < outcome.observed <= size
-        assert outcome.limit <= ACTION_MAX_RESPONSE_BYTES
+        assert outcome.limit_bytes == limit
+        assert limit < outcome.observed_bytes <= size
+        assert outcome.limit_bytes <= ACTION_MAX_RESPONSE_BYTES

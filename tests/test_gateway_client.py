@@ -482,7 +482,8 @@ async def test_declared_length_over_budget_is_refused(autojump_clock: Any) -> No
     async with script.client() as client:
         with pytest.raises(ResponseTooLargeError) as excinfo:
             await client.post_action("runtime_sheet_summary", {})
-    assert (excinfo.value.limit, excinfo.value.observed) == (ACTION_MAX_RESPONSE_BYTES, declared)
+    big = excinfo.value
+    assert (big.limit_bytes, big.observed_bytes) == (ACTION_MAX_RESPONSE_BYTES, declared)
     assert streamed == []
     assert len(script.seen) == 1
 
@@ -509,8 +510,8 @@ async def test_compression_bomb_stops_at_the_budget(autojump_clock: Any) -> None
     async with script.client() as client:
         with pytest.raises(ResponseTooLargeError) as excinfo:
             await client.post_action("runtime_sheet_summary", {})
-    assert excinfo.value.limit == ACTION_MAX_RESPONSE_BYTES
-    assert excinfo.value.observed == ACTION_MAX_RESPONSE_BYTES + 1
+    assert excinfo.value.limit_bytes == ACTION_MAX_RESPONSE_BYTES
+    assert excinfo.value.observed_bytes == ACTION_MAX_RESPONSE_BYTES + 1
     assert script.seen[0][2]["accept-encoding"] == "gzip, deflate"
 
 

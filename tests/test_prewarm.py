@@ -161,3 +161,20 @@ async def test_prewarm_false_opens_nothing_before_the_block(gateway: RunningGate
         async with runtime_on(gateway, session, prewarm=False):
             assert proxy.attempts == []
         nursery.cancel_scope.cancel()
+
+
+async def test_prewarm_leaves_no_pool_open_for_the_run(gateway: RunningGateway) -> None:
+    """A stated difference (docs/parity.md): the runtime keeps the pool it prewarmed
+    for the session's first use; sheetplane checks the session and closes the pool,
+    and the first use opens its own, so prewarming holds none of the org's
+    connection budget between the check and that use."""
+    proxy = RefusingProxy(("", 0), refusals=0)
+    async with trio.open_nursery() as nursery:
+        session = await proxied_session(gateway, nursery, proxy)
+        async with runtime_on(gateway, session) as rt:
+            checked = len(proxy.attempts)
+            assert checked >= 1
+            assert await rt.dataset(NAMESPACE).count() == 0  # on the preloaded session
+            assert rt.stats().sessions_minted == 0
+            assert len(proxy.attempts) > checked  # a new connection: none was kept
+        nursery.cancel_scope.cancel()

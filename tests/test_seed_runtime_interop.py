@@ -87,6 +87,10 @@ SEED_CASES: dict[str, str | None] = {
     "seedWritesSheetplaneReads": "the session answer has no alg (issue 28, server side)",
     "sheetplaneWritesSeedReads": "the session answer has no alg (issue 28, server side)",
     "seedReadmitsSheetplaneRows": "the session answer has no alg (issue 28, server side)",
+    # The seed's side of stated differences (docs/parity.md).
+    "startRuntimeSheetDatasetWithoutPoolCache": "the session answer has no alg (issue 28)",
+    "columnFieldPerPath": "the session answer has no alg (issue 28, server side)",
+    "upsertInputIndexWithinTheCall": "the session answer has no alg (issue 28, server side)",
 }
 
 

@@ -597,8 +597,9 @@ def check_page_batch(pages: object) -> CheckedPages:
         raise InvalidInputError("pages must be a sequence of PageRequest")
     requests = [check_page_request(request) for request in pages]
     if not 1 <= len(requests) <= READ_BATCH_MAX_PAGES:
+        # The runtime's text, word for word (the gateway's check says the same).
         raise InvalidInputError(
-            f"a batch read takes 1 to {READ_BATCH_MAX_PAGES} pages, got {len(requests)}"
+            f"Runtime dataset read batch requires 1-{READ_BATCH_MAX_PAGES} pages."
         )
     return CheckedPages(requests, _CHECKED)
 

@@ -311,7 +311,10 @@ ADMISSION_IDLE_MS: Final = 10 * 60 * 1_000
 
 #: The per-attempt timeout of a staged commit: a million-row commit is one
 #: transaction that may take longer than an ordinary request. A commit cut
-#: short is retried (it is idempotent, and waits for the first to finish).
+#: short is retried (it is idempotent, and waits for the first to finish). A
+#: one-request admission (``start_sheet_dataset``) takes it too: it may wait
+#: behind other admissions of its sheet, and the runtime keeps its caller alive
+#: past the 30 s request timeout for that.
 ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS: Final = 4 * REQUEST_TIMEOUT_MS
 
 #: The whole budget of a staged commit call: two whole attempts and the ladder.

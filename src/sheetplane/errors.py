@@ -127,7 +127,9 @@ class ValueCancelledError(BatchingError):
 class ReadBatchTooLargeError(SheetplaneError):
     """A batch read would answer more than ``READ_BATCH_MAX_RESPONSE_BYTES``.
 
-    ``observed_bytes`` is a lower bound on the decoded size that was seen.
+    ``observed_bytes`` is a lower bound on the decoded size that was seen. The
+    message is the runtime's ``RuntimeSheetDatasetReadBatchTooLargeError`` text,
+    word for word.
     """
 
     code = "runtime_sheet_read_batch_too_large"
@@ -137,8 +139,8 @@ class ReadBatchTooLargeError(SheetplaneError):
 
         self.observed_bytes = observed_bytes
         super().__init__(
-            f"read batch exceeds the {READ_BATCH_MAX_RESPONSE_BYTES} byte decoded response "
-            f"budget (observed at least {observed_bytes} bytes)"
+            f"Runtime dataset read batch exceeds the {READ_BATCH_MAX_RESPONSE_BYTES} byte "
+            f"decoded response budget (observed at least {observed_bytes} bytes)."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -146,21 +148,26 @@ class ReadBatchTooLargeError(SheetplaneError):
 
 
 class ResponseTooLargeError(SheetplaneError):
-    """A gateway response exceeded the byte budget of its action."""
+    """A gateway response exceeded the byte budget of its action.
+
+    The runtime's ``RuntimeApiResponseTooLargeError``: the same fields
+    (``action``, ``limit_bytes``, ``observed_bytes``, a lower bound on the size
+    seen) and its message, word for word.
+    """
 
     code = "response_too_large"
 
-    def __init__(self, action: str, limit: int, observed: int) -> None:
+    def __init__(self, action: str, limit_bytes: int, observed_bytes: int) -> None:
         self.action = action
-        self.limit = limit
-        self.observed = observed
+        self.limit_bytes = limit_bytes
+        self.observed_bytes = observed_bytes
         super().__init__(
-            f"{action} response exceeds its {limit} byte budget "
-            f"(observed at least {observed} bytes)"
+            f"Runtime API {action} response exceeds the {limit_bytes} byte decoded-body budget "
+            f"(observed at least {observed_bytes} bytes)."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.action, self.limit, self.observed))
+        return (type(self), (self.action, self.limit_bytes, self.observed_bytes))
 
 
 class AdmissionTooLargeError(SheetplaneError):

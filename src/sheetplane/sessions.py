@@ -232,6 +232,15 @@ def _default_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     return open_store(url, max_connections=DB_SESSION_MAX_CONNECTIONS)
 
 
+def _own_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
+    """One caller's own pool when pools are not cached: one connection, as the
+    runtime's request-local pool (``maxConnections: 1``); a ``store`` block runs
+    one store operation, which needs no more."""
+    from .store import open_store
+
+    return open_store(url, max_connections=1)
+
+
 def _check_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     """A one-connection pool that connects once: prewarm's own ladder does the retrying."""
     from .store import open_store
@@ -354,7 +363,9 @@ class SessionManager:
     at wall-clock instants); tests inject one that follows trio's virtual
     clock. ``open_pool`` opens a pool on a URL (default:
     ``sheetplane.store.open_store``); ``open_check_pool`` opens the
-    one-connection, one-attempt pool ``prewarm`` checks a session with.
+    one-connection, one-attempt pool ``prewarm`` checks a session with;
+    ``open_own_pool`` opens a caller's own pool when ``cache_pools`` is false
+    (default: one connection wide, or ``open_pool`` when one was given).
     ``decryption_key`` is the RSA key minted URLs are sealed to; by default
     the manager generates one (in a worker thread) on its first mint and
     keeps it for its lifetime.
@@ -369,6 +380,7 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         open_pool: PoolOpener = _default_pool_opener,
         open_check_pool: PoolOpener = _check_pool_opener,
+        open_own_pool: PoolOpener | None = None,
         decryption_key: crypto.DecryptionKey | None = None,
         cache_pools: bool = True,
     ) -> None:
@@ -383,6 +395,11 @@ class SessionManager:
         self._clock = clock
         self._open_pool = open_pool
         self._open_check_pool = open_check_pool
+        if open_own_pool is None:
+            # A caller that opens its own pools opens these too; by default an
+            # uncached pool is one connection wide.
+            open_own_pool = _own_pool_opener if open_pool is _default_pool_opener else open_pool
+        self._open_own_pool = open_own_pool
         self._key = decryption_key
         self._key_lock = trio.Lock()
         self._sessions: dict[str, DbSession] = {}
@@ -592,8 +609,9 @@ class SessionManager:
         A manager made with ``cache_pools=False`` (``open_runtime``'s
         ``disable_postgres_pool_cache``, the runtime's ``disablePostgresPoolCache``)
         shares sessions but no pools: each call opens its own pool on the
-        session's URL and closes it when the block is left, so no connection
-        outlives the operation that used it.
+        session's URL, one connection wide as the runtime's request-local pool,
+        and closes it when the block is left, so no connection outlives the
+        operation that used it.
         """
         if self._nursery is None:
             raise RuntimeError("use SessionManager inside 'async with'")
@@ -669,7 +687,7 @@ class SessionManager:
                 session = await self.session(shape)
                 minted = self._minted.get(key) is session
                 try:
-                    own = await stack.enter_async_context(self._open_pool(session.postgres_url))
+                    own = await stack.enter_async_context(self._open_own_pool(session.postgres_url))
                 except Exception as exc:
                     if not (minted and _login_refused(exc)):
                         raise

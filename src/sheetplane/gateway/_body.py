@@ -88,8 +88,8 @@ def _codings(response: httpx.Response) -> list[str]:
 async def read_bounded(response: httpx.Response, action: str, limit: int) -> bytes:
     """Read and decode ``response``'s body, refusing more than ``limit`` decoded bytes.
 
-    Raises ``ResponseTooLargeError(action, limit, observed)``, where
-    ``observed`` is the declared length or the count reached when reading
+    Raises ``ResponseTooLargeError(action, limit, observed)``, whose
+    ``observed_bytes`` is the declared length or the count reached when reading
     stopped; ``UnsupportedEncodingError``, ``CorruptBodyError`` or
     ``TruncatedBodyError`` for a body that cannot be decoded. Transport
     errors (a reset, a body cut short) propagate as the ``httpx`` exceptions

@@ -54,7 +54,6 @@ import trio
 from .. import _checks as checks
 from .. import _tracing
 from .. import protocol as m
-from .._redact import Redactor
 from .._types import (
     AdmissionCounts,
     AdmittedPart,
@@ -128,6 +127,7 @@ __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage", "gateway_urls"]
 _READ_ROWS: Final = m.action_of(m.ReadRowsRequest)
 _READ_ROWS_BATCH: Final = m.action_of(m.ReadRowsBatchRequest)
 
+_REDACTED: Final = "[redacted]"
 _R = TypeVar("_R", bound=m.Request)
 _S = TypeVar("_S", bound=m.SheetRequest)
 _T = TypeVar("_T")
@@ -141,6 +141,7 @@ _STAGED: Final = frozenset(
 _LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
     m.action_of(m.ResolvePlayRequest): (RESOLVE_PLAY_RETRY_DELAYS_MS, RESOLVE_PLAY_CALL_BUDGET_MS),
     m.action_of(m.CommitAdmissionRequest): (RETRY_DELAYS_MS, ADMISSION_COMMIT_CALL_BUDGET_MS),
+    m.action_of(m.StartSheetDatasetRequest): (RETRY_DELAYS_MS, ADMISSION_COMMIT_CALL_BUDGET_MS),
 }
 
 
@@ -310,8 +311,8 @@ class GatewayClient:
                 f"pass the bypass token as protection_bypass_token, not as a "
                 f"{PROTECTION_BYPASS_HEADER} header"
             )
-        #: What error texts pass through: the token, and the bypass token, redacted.
-        self._redact = Redactor([self._token])
+        #: The secrets error texts are redacted of: the token, and the bypass token.
+        self._secrets: tuple[str, ...] = (self._token,)
         if protection_bypass_token is not None:
             if (
                 not isinstance(protection_bypass_token, str)
@@ -325,7 +326,7 @@ class GatewayClient:
                 )
             bypass = protection_bypass_token.strip()
             extra[PROTECTION_BYPASS_HEADER] = bypass
-            self._redact.add([bypass])
+            self._secrets += (bypass,)
         self._extra_headers = extra
         self._http: httpx.AsyncClient | None = None
         self._served: dict[str, bool] = {}
@@ -493,7 +494,12 @@ class GatewayClient:
         answered = False
         try:
             with trio.fail_at(deadline):
-                async with http.stream("POST", url, content=content, headers=headers) as resp:
+                # httpx's own timeouts (per network operation) never cut an
+                # attempt allowed longer than REQUEST_TIMEOUT_MS short.
+                http_timeout = httpx.Timeout(max(budget.attempt_ms, REQUEST_TIMEOUT_MS) / 1000)
+                async with http.stream(
+                    "POST", url, content=content, headers=headers, timeout=http_timeout
+                ) as resp:
                     answered = True
                     raw = await read_bounded(resp, action, limit)
                     status, response_headers = resp.status_code, resp.headers
@@ -528,6 +534,12 @@ class GatewayClient:
         error = cls(0, None, text, detail)
         error.__cause__ = exc
         return error
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, _REDACTED)
+        return text
 
     # --- typed helpers ---------------------------------------------------------
 
@@ -598,7 +610,8 @@ class GatewayClient:
         Raises ``AdmissionTooLargeError`` without sending when the request would
         pass ``TRANSPORT_CEILING_BYTES``, and when the gateway refuses (413)
         an admission whose answer would: in both cases nothing was written.
-        ``RowWriter.start`` stages inputs of any size instead.
+        ``RowWriter.start`` stages inputs of any size instead. Each attempt may
+        take ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``, as a staged commit may.
         """
         request = self._sheet_request(
             m.StartSheetDatasetRequest,
@@ -612,7 +625,12 @@ class GatewayClient:
         measured = json_byte_length_up_to(payload, TRANSPORT_CEILING_BYTES)
         if measured.exceeded:
             raise AdmissionTooLargeError(measured.bytes)
-        answer = await self._call_content(request.action, _dumps(payload))
+        # One transaction over the whole input, which may wait behind other
+        # admissions of the sheet: the runtime keeps such a caller alive past
+        # the ordinary 30 s request timeout, and so does this client.
+        answer = await self._call_content(
+            request.action, _dumps(payload), attempt_ms=ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
+        )
         return m.parse_admission(answer.body, request.action)
 
     # --- staged admission ----------------------------------------------------------------

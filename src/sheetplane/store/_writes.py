@@ -13,8 +13,9 @@ None of these is an admission: they do not take a write version. New rows are
 running attempt can complete them (its fenced write would see
 ``older_write_version``) until an admission takes them up. The columns written
 are the sheet table's physical columns (``ensure_sheet`` made them); a row
-carries a column's value under the column id or its sql name, other fields are
-not stored.
+carries a column's value under the input column's ``field``, else the column
+id, else its sql name (``_rowdata.column_lookup_names``), other fields are not
+stored.
 
 * **append** inserts every row as a new row. Its key is the row's derived
   identity plus ``:append:`` and 12 hex digits of SHA-1 over the idempotency

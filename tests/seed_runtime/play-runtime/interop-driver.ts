@@ -268,6 +268,8 @@ const cases: Record<string, () => Promise<unknown>> = {
     await prewarmRuntimePostgresSessions(context({ preloadedDbSessions: [preloaded] }));
     const pools = runtimePoolRecords.slice(before);
     assert.equal(pools.length, 1);
+    assert.equal(pools[0]!.maxConnections, 4);
+    assert.equal(pools[0]!.idleTimeoutMs, 15_000);
     assert.equal(pools[0]!.connects, 1);
     assert.equal(pools[0]!.ended, false, 'the seed keeps the prewarmed pool');
     // The prewarmed pool serves the next read of that session: no new pool.
@@ -349,6 +351,68 @@ const cases: Record<string, () => Promise<unknown>> = {
       });
     }
     return { answers };
+  },
+
+  // The seed's side of stated differences (docs/parity.md).
+
+  async startRuntimeSheetDatasetWithoutPoolCache() {
+    // disablePostgresPoolCache: a request-local pool, one connection, ended after.
+    const tableNamespace = ns('no-pool-cache');
+    const before = runtimePoolRecords.length;
+    const answer = await startRuntimeSheetDataset(context({ disablePostgresPoolCache: true }), {
+      playName: config.playName, tableNamespace, sheetContract: contract, rows: [person('P', 'P')], runId: config.runId,
+    });
+    assert.equal(answer.inserted, 1);
+    const pools = runtimePoolRecords.slice(before);
+    assert.deepEqual(pools, [
+      { maxConnections: 1, idleTimeoutMs: 0, connectTimeoutMs: 10_000, connects: 1, ended: true },
+    ]);
+    return { pools };
+  },
+
+  async columnFieldPerPath() {
+    // An input column read from `name` (id fullName, sql name full_name) and an
+    // output column whose id is not its sql name: the seed's admission reads the
+    // sql name, its append the field, its completion an output's sql name.
+    const named: PlaySheetContract = {
+      columns: [
+        { id: 'fullName', sqlName: 'full_name', source: 'input', field: 'name' },
+        { id: 'score', sqlName: 'score_col', source: 'output' },
+      ],
+    };
+    const tableNamespace = ns('named');
+    const ada = { name: 'Ada' };
+    await startRuntimeSheetDataset(context(), {
+      playName: config.playName, tableNamespace, sheetContract: named, rows: [ada], runId: config.runId,
+    });
+    await appendRuntimeRows(context(), {
+      playName: config.playName, tableNamespace, rows: [{ name: 'Bo' }], runId: config.runId, idempotencyKey: 'named-1', sheetContract: named,
+    });
+    await completeRuntimeMapRows(context(), {
+      tableNamespace, sheetContract: named, runId: config.runId,
+      rows: [{ key: key(ada, tableNamespace), data: { score: 3 } }],
+    });
+    const rows = await dataset(tableNamespace).materialize();
+    assert.deepEqual(rows, [
+      { full_name: null, score_col: null },
+      { full_name: 'Bo', score_col: null },
+    ]);
+    return { tableNamespace, rows };
+  },
+
+  async upsertInputIndexWithinTheCall() {
+    // A new upserted row takes its position within the call as _input_index.
+    const tableNamespace = ns('upsert-index');
+    const [first, second, fresh] = [person('I0', 'I'), person('I1', 'I'), person('New', 'N')];
+    await appendRuntimeRows(context(), {
+      playName: config.playName, tableNamespace, rows: [first, second], runId: config.runId, idempotencyKey: 'index-1', sheetContract: contract,
+    });
+    await upsertRuntimeRows(context(), {
+      playName: config.playName, tableNamespace, rows: [fresh], runId: config.runId, sheetContract: contract,
+    });
+    const rows = await dataset(tableNamespace).materialize();
+    assert.deepEqual(rows, [first, fresh, second].map((row) => ({ ...row, ...EMPTY_OUTPUTS })));
+    return { tableNamespace, rows };
   },
 
   poolOptions: async () => ({ pools: runtimePoolRecords }),

@@ -18,9 +18,9 @@ Each runtime request goes through the same steps, in this order:
 5. the action's handler runs (400 ``Unsupported runtime data-plane action``
    for an unknown action, for the batch read on a ``legacy`` gateway, or for
    an action outside the config's ``actions``),
-   within ``action_budget_ms`` (``GATEWAY_ACTION_BUDGET_MS``; a staged commit:
-   ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``), else 504 ``gateway_action_timeout``:
-   the caller's attempt has timed out by then.
+   within ``action_budget_ms`` (``GATEWAY_ACTION_BUDGET_MS``; a staged commit
+   and ``start_sheet_dataset``: ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``), else
+   504 ``gateway_action_timeout``: the caller's attempt has timed out by then.
 
 Errors become JSON bodies ``{error, code, ...}``: a saturated pool is 503
 ``runtime_postgres_admission_backpressure`` with ``retry_after_ms``, a batch
@@ -89,7 +89,7 @@ from ._chunks import CHUNK_ACTION, parse_chunk_body
 from ._config import GatewayConfig
 from ._hardening import harden_database
 from ._http import ActionError, EncodedAnswer, bad_request, encode_json, json_bytes_response
-from ._logs import RequestInfo, internal_error_fields
+from ._logs import RequestInfo, internal_error_fields, redact_in_logs
 from ._metrics import GatewayMetrics, action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
 from ._probes import probe_routes
@@ -108,10 +108,12 @@ _LARGE_ANSWERS: Final = frozenset({action_of(StartSheetDatasetRequest)})
 
 
 #: Actions whose caller waits longer than ``GATEWAY_ACTION_BUDGET_MS`` for them: a
-#: staged commit is one transaction over the whole input, and its client's
-#: attempt timeout is ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``.
+#: staged commit and a one-request admission are each one transaction over the
+#: whole input (which may queue behind other admissions of the sheet), and their
+#: client's attempt timeout is ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``.
 _ACTION_BUDGETS_MS: Final[Mapping[str, int]] = {
     action_of(CommitAdmissionRequest): ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
+    action_of(StartSheetDatasetRequest): ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
 }
 
 
@@ -242,7 +244,7 @@ def _error_answer(exc: SheetplaneError, action: str, state: GatewayState) -> Act
             "store error answering %s: %s",
             action,
             type(exc).__name__,
-            extra=internal_error_fields(exc, state.redact),
+            extra=internal_error_fields(exc),
         )
     extra: dict[str, Any] = {}
     if rule.retry_after_ms is not None:
@@ -385,9 +387,11 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
     drives the drain through it.
     """
     tokens = TokenTable.from_mapping(config.tokens)
+    redact_in_logs(
+        database_url=config.database_url,
+        tokens=[*config.tokens, *([config.metrics_token] if config.metrics_token else [])],
+    )
     ops = ops if ops is not None else Operations()
-    ops.redactor.add_database_url(config.database_url)
-    ops.redactor.add([*config.tokens, *([config.metrics_token] if config.metrics_token else [])])
     if config.tenant_caps is not None:
         ops.tenants.caps, ops.tenants.configured = config.tenant_caps, True
     metrics = ops.metrics
@@ -409,7 +413,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             log.error(
                 "internal error: %s",
                 type(exc).__name__,
-                extra=internal_error_fields(exc, ops.redactor),
+                extra=internal_error_fields(exc),
             )
             return json_bytes_response(
                 500, encode_json(error_body("internal error", Code.INTERNAL_ERROR))
@@ -446,7 +450,6 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 faults=FaultSchedule(),
                 reaper=progress,
                 metrics=metrics,
-                redact=ops.redactor,
                 caps=config.session_caps(org_connections),
             )
             metrics.pool_stats = partial(pool_states, opened.pool)

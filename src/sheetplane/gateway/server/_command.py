@@ -48,7 +48,6 @@ import psycopg
 import trio
 from prometheus_client.multiprocess import mark_process_dead
 
-from ..._redact import Redactor
 from ...budgets import (
     GATEWAY_BODY_READ_TIMEOUT_MS,
     GATEWAY_DB_CONNECTION_BUDGET,
@@ -370,10 +369,9 @@ async def _serve_until_signalled(
     host: str,
     port: int,
     sock: socket.socket | None,
-    redactor: Redactor,
 ) -> int:
     """Serve until SIGTERM/SIGINT, drain, and return the exit status (module docstring)."""
-    ops = Operations(redactor=redactor)
+    ops = Operations()
     first = trio.Event()
     forced = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -612,7 +610,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``sheetplane serve`` with parsed ``args``; return the exit status."""
-    redactor = configure_logging()
+    configure_logging()
     try:
         settings = serve_settings(args)
     except (ConfigurationError, InvalidInputError) as exc:
@@ -624,7 +622,7 @@ def run_serve(args: argparse.Namespace) -> int:
         inherited = socket.socket(fileno=args.worker_fd)
         return _refusing(
             lambda: trio.run(
-                _serve_until_signalled, config, options, args.host, args.port, inherited, redactor
+                _serve_until_signalled, config, options, args.host, args.port, inherited
             )
         )
     for message in settings.messages:
@@ -645,7 +643,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.workers == 1:
             return _refusing(
                 lambda: trio.run(
-                    _serve_until_signalled, config, options, args.host, args.port, sock, redactor
+                    _serve_until_signalled, config, options, args.host, args.port, sock
                 )
             )
         return trio.run(_run_workers, args, secrets, sock)
