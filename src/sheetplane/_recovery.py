@@ -48,7 +48,7 @@ from typing import TypeVar
 import trio
 
 from .errors import ConnectionSlotsExhaustedError, StoreUnavailableError, TransactionConflictError
-from .gateway._retry import CallBudget
+from .gateway import CallBudget
 
 __all__ = ["RETRIED_ERRORS", "call_deadline", "retry_idempotent"]
 

@@ -49,9 +49,9 @@ EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
 
 #: The subcommands whose parser lives beside their code: (name, module, function).
 _REGISTERED: Final = (
-    ("conformance", ".conformance._command", "add_conformance_parser"),
+    ("conformance", ".conformance", "add_conformance_parser"),
     ("demo", ".demo", "add_demo_parser"),
-    ("serve", ".gateway.server._command", "add_serve_parser"),
+    ("serve", ".gateway.server", "add_serve_parser"),
 )
 
 

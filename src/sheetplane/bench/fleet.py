@@ -81,7 +81,7 @@ class Run:
 
 
 def _org_backends(url: str, org: str) -> int:
-    from ..gateway.server._roles import org_session_backends
+    from ..gateway.server import org_session_backends
 
     with psycopg.connect(url, autocommit=True) as conn:
         return org_session_backends(conn, org)

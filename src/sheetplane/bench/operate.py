@@ -31,8 +31,7 @@ from typing import TextIO
 import httpx
 import trio
 
-from ..gateway.server import RUNTIME_PATH, running_gateway
-from ..gateway.server._logs import JsonFormatter
+from ..gateway.server import RUNTIME_PATH, JsonFormatter, running_gateway
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 
 TOKEN = "tok-bench-operate"

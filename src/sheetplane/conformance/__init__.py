@@ -11,6 +11,7 @@ sockets (``_budgets``) and a Hypothesis state machine beside
 
 from __future__ import annotations
 
+from ._command import add_conformance_parser as add_conformance_parser
 from ._requirements import REQUIREMENTS as REQUIREMENTS
 from ._requirements import Requirement as Requirement
 from ._runner import Options as Options
@@ -18,4 +19,12 @@ from ._runner import Report as Report
 from ._runner import Result as Result
 from ._runner import run as run
 
-__all__ = ["REQUIREMENTS", "Options", "Report", "Requirement", "Result", "run"]
+__all__ = [
+    "REQUIREMENTS",
+    "Options",
+    "Report",
+    "Requirement",
+    "Result",
+    "add_conformance_parser",
+    "run",
+]

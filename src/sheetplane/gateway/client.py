@@ -54,6 +54,7 @@ import trio
 from .. import _checks as checks
 from .. import _tracing
 from .. import protocol as m
+from .._redact import Redactor
 from .._types import (
     AdmissionCounts,
     AdmittedPart,
@@ -127,7 +128,6 @@ __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage", "gateway_urls"]
 _READ_ROWS: Final = m.action_of(m.ReadRowsRequest)
 _READ_ROWS_BATCH: Final = m.action_of(m.ReadRowsBatchRequest)
 
-_REDACTED: Final = "[redacted]"
 _R = TypeVar("_R", bound=m.Request)
 _S = TypeVar("_S", bound=m.SheetRequest)
 _T = TypeVar("_T")
@@ -311,8 +311,8 @@ class GatewayClient:
                 f"pass the bypass token as protection_bypass_token, not as a "
                 f"{PROTECTION_BYPASS_HEADER} header"
             )
-        #: The secrets error texts are redacted of: the token, and the bypass token.
-        self._secrets: tuple[str, ...] = (self._token,)
+        #: What error texts pass through: the token, and the bypass token, redacted.
+        self._redact = Redactor([self._token])
         if protection_bypass_token is not None:
             if (
                 not isinstance(protection_bypass_token, str)
@@ -326,7 +326,7 @@ class GatewayClient:
                 )
             bypass = protection_bypass_token.strip()
             extra[PROTECTION_BYPASS_HEADER] = bypass
-            self._secrets += (bypass,)
+            self._redact.add([bypass])
         self._extra_headers = extra
         self._http: httpx.AsyncClient | None = None
         self._served: dict[str, bool] = {}
@@ -534,12 +534,6 @@ class GatewayClient:
         error = cls(0, None, text, detail)
         error.__cause__ = exc
         return error
-
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, _REDACTED)
-        return text
 
     # --- typed helpers ---------------------------------------------------------
 

@@ -39,13 +39,13 @@ import outcome
 import psycopg
 import trio
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import _tracing, budgets
 from .._json import decode_body
+from .._redact import Redactor
 from .._threads import call_frameless, frameless, unwrap
 from ..errors import (
     ConnectionSlotsExhaustedError,
@@ -192,46 +192,13 @@ def is_transient_connect_error(exc: BaseException) -> bool:
     )
 
 
-class _Redactor:
-    """Removes a URL's secrets (and any URL-looking credentials) from text, and
-    the URL's login name where the server quotes it (``for user "..."``,
-    ``role "..."``): a scoped session's role name is half its credentials."""
-
-    _URL_CREDENTIALS = re.compile(r"(?i)(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
-    _KEYWORD_PASSWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
-
-    def __init__(self, url: str) -> None:
-        secrets: set[str] = set()
-        self._login: re.Pattern[str] | None = None
-        with contextlib.suppress(Exception):
-            params = conninfo_to_dict(url)
-            for name in ("password", "sslpassword"):
-                value = params.get(name)
-                if value:
-                    secrets.add(str(value))
-            user = params.get("user")
-            if user:
-                self._login = re.compile(rf'(?i)((?:for user|role) )"{re.escape(str(user))}"')
-        # The raw URL too, in case it failed to parse (and so leaked verbatim).
-        secrets.add(url)
-        self._secrets = sorted((s for s in secrets if s), key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "[redacted]")
-        if self._login is not None:
-            text = self._login.sub(r'\1"[redacted]"', text)
-        text = self._URL_CREDENTIALS.sub(r"\1[redacted]@", text)
-        return self._KEYWORD_PASSWORD.sub(r"\1[redacted]", text)
-
-
-def _describe(exc: BaseException, redact: _Redactor) -> str:
+def _describe(exc: BaseException, redact: Redactor) -> str:
     text = redact(str(exc).strip()) or type(exc).__name__
     sqlstate = getattr(exc, "sqlstate", None)
     return f"{text} (SQLSTATE {sqlstate})" if sqlstate else text
 
 
-def _translate(exc: psycopg.Error, redact: _Redactor) -> StoreError:
+def _translate(exc: psycopg.Error, redact: Redactor) -> StoreError:
     """The StoreError for a psycopg error raised while running a statement."""
     text = _describe(exc, redact)
     if isinstance(exc, pg_errors.QueryCanceled) and "statement timeout" in str(exc):
@@ -311,7 +278,7 @@ class TrioPool:
             raise InvalidInputError(f"max_connections must be >= 1, got {max_connections!r}")
         if statement_timeout_ms < 1 or connect_timeout_ms < 1:
             raise InvalidInputError("timeouts must be positive milliseconds")
-        self._redact = _Redactor(url)
+        self._redact = Redactor(database_urls=[url])
         self._url = url
         self.max_connections = max_connections
         self.statement_timeout_ms = statement_timeout_ms

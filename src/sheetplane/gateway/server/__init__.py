@@ -14,9 +14,12 @@ from ._app import RUNTIME_PATH as RUNTIME_PATH
 from ._app import create_app as create_app
 from ._auth import TokenTable as TokenTable
 from ._auth import parse_token_pairs as parse_token_pairs
+from ._command import add_serve_parser as add_serve_parser
 from ._config import GatewayConfig as GatewayConfig
 from ._hardening import hardening_statements as hardening_statements
+from ._logs import JsonFormatter as JsonFormatter
 from ._roles import ROLE_PREFIX as ROLE_PREFIX
+from ._roles import org_session_backends as org_session_backends
 from ._serve import RunningGateway as RunningGateway
 from ._serve import running_gateway as running_gateway
 from ._serve import serve as serve
@@ -27,11 +30,14 @@ __all__ = [
     "RUNTIME_PATH",
     "GatewayConfig",
     "GatewayState",
+    "JsonFormatter",
     "RunningGateway",
     "TokenTable",
+    "add_serve_parser",
     "create_app",
     "hardening_statements",
     "mint_preloaded_session",
+    "org_session_backends",
     "parse_token_pairs",
     "reap_expired_roles",
     "running_gateway",

@@ -18,6 +18,7 @@ import psycopg
 
 from ... import crypto
 from ... import protocol as m
+from ..._redact import Redactor
 from ..._threads import run_sync
 from ..._types import (
     OPERATIONS,
@@ -71,6 +72,8 @@ class GatewayState:
     reaper: ReaperProgress
     metrics: GatewayMetrics = attrs.field(factory=GatewayMetrics)
     """The gateway's Prometheus metrics: count with ``call.state.metrics.<name>``."""
+    redact: Redactor = attrs.field(factory=Redactor)
+    """What a logged text passes through: the gateway's secrets removed (``Operations``)."""
     caps: SessionCaps = attrs.field(factory=SessionCaps)
     """The session caps in force, the org connection budget resolved at startup."""
     mint_queues: MintQueues = attrs.field(factory=MintQueues)

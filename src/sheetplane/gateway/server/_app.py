@@ -89,7 +89,7 @@ from ._chunks import CHUNK_ACTION, parse_chunk_body
 from ._config import GatewayConfig
 from ._hardening import harden_database
 from ._http import ActionError, EncodedAnswer, bad_request, encode_json, json_bytes_response
-from ._logs import RequestInfo, internal_error_fields, redact_in_logs
+from ._logs import RequestInfo, internal_error_fields
 from ._metrics import GatewayMetrics, action_label, pool_states
 from ._ops import Operations, OperationsMiddleware
 from ._probes import probe_routes
@@ -244,7 +244,7 @@ def _error_answer(exc: SheetplaneError, action: str, state: GatewayState) -> Act
             "store error answering %s: %s",
             action,
             type(exc).__name__,
-            extra=internal_error_fields(exc),
+            extra=internal_error_fields(exc, state.redact),
         )
     extra: dict[str, Any] = {}
     if rule.retry_after_ms is not None:
@@ -387,11 +387,9 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
     drives the drain through it.
     """
     tokens = TokenTable.from_mapping(config.tokens)
-    redact_in_logs(
-        database_url=config.database_url,
-        tokens=[*config.tokens, *([config.metrics_token] if config.metrics_token else [])],
-    )
     ops = ops if ops is not None else Operations()
+    ops.redactor.add_database_url(config.database_url)
+    ops.redactor.add([*config.tokens, *([config.metrics_token] if config.metrics_token else [])])
     if config.tenant_caps is not None:
         ops.tenants.caps, ops.tenants.configured = config.tenant_caps, True
     metrics = ops.metrics
@@ -413,7 +411,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             log.error(
                 "internal error: %s",
                 type(exc).__name__,
-                extra=internal_error_fields(exc),
+                extra=internal_error_fields(exc, ops.redactor),
             )
             return json_bytes_response(
                 500, encode_json(error_body("internal error", Code.INTERNAL_ERROR))
@@ -450,6 +448,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 faults=FaultSchedule(),
                 reaper=progress,
                 metrics=metrics,
+                redact=ops.redactor,
                 caps=config.session_caps(org_connections),
             )
             metrics.pool_stats = partial(pool_states, opened.pool)

@@ -48,6 +48,7 @@ import psycopg
 import trio
 from prometheus_client.multiprocess import mark_process_dead
 
+from ..._redact import Redactor
 from ...budgets import (
     GATEWAY_BODY_READ_TIMEOUT_MS,
     GATEWAY_DB_CONNECTION_BUDGET,
@@ -369,9 +370,10 @@ async def _serve_until_signalled(
     host: str,
     port: int,
     sock: socket.socket | None,
+    redactor: Redactor,
 ) -> int:
     """Serve until SIGTERM/SIGINT, drain, and return the exit status (module docstring)."""
-    ops = Operations()
+    ops = Operations(redactor=redactor)
     first = trio.Event()
     forced = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -610,7 +612,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``sheetplane serve`` with parsed ``args``; return the exit status."""
-    configure_logging()
+    redactor = configure_logging()
     try:
         settings = serve_settings(args)
     except (ConfigurationError, InvalidInputError) as exc:
@@ -622,7 +624,7 @@ def run_serve(args: argparse.Namespace) -> int:
         inherited = socket.socket(fileno=args.worker_fd)
         return _refusing(
             lambda: trio.run(
-                _serve_until_signalled, config, options, args.host, args.port, inherited
+                _serve_until_signalled, config, options, args.host, args.port, inherited, redactor
             )
         )
     for message in settings.messages:
@@ -643,7 +645,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.workers == 1:
             return _refusing(
                 lambda: trio.run(
-                    _serve_until_signalled, config, options, args.host, args.port, sock
+                    _serve_until_signalled, config, options, args.host, args.port, sock, redactor
                 )
             )
         return trio.run(_run_workers, args, secrets, sock)

@@ -15,9 +15,10 @@ an answer of 500 logs ``"event": "internal_error"`` with the whole
 ``traceback``. Nothing here logs a token, a database URL or
 row data: the fields are chosen, never a request's headers or body; and
 since an exception's text may quote anything, every message and traceback
-is passed through the redactor of each secret the process's gateways
-registered (:func:`redact_in_logs`: database URLs and their passwords,
-executor and metrics tokens) and of any URL-shaped credentials.
+is passed through the formatter's redactor (``sheetplane._redact``): the
+secrets each gateway registers on it (its database URL and password, its
+executor and metrics tokens; ``Operations.redactor``) and any URL-shaped
+credentials.
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ import re
 import sys
 import traceback
 import uuid
-from collections.abc import Iterable
 from typing import Any, Final, TextIO
 
 import attrs
 import trio
 
 from ... import _tracing
-from ...store._pool import _Redactor
+from ..._redact import Redactor
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -48,7 +48,6 @@ __all__ = [
     "current_request",
     "internal_error_fields",
     "is_closed_connection",
-    "redact_in_logs",
     "request_id_from",
 ]
 
@@ -63,32 +62,11 @@ _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
-#: Per database URL its redactor (a process that builds many gateways on one
-#: database, as the test suite does, keeps one).
-_REDACTORS: dict[str, _Redactor] = {}
-_LITERALS: set[str] = set()
-
-
-def redact_in_logs(*, database_url: str, tokens: Iterable[str]) -> None:
-    """Register a gateway's secrets: no log line formatted here carries them."""
-    if database_url not in _REDACTORS:
-        _REDACTORS[database_url] = _Redactor(database_url)
-    _LITERALS.update(token for token in tokens if token)
-
-
-def _redact(text: str) -> str:
-    for literal in sorted(_LITERALS, key=len, reverse=True):
-        text = text.replace(literal, "[redacted]")
-    for redactor in _REDACTORS.values():
-        text = redactor(text)
-    return text
-
-
-def internal_error_fields(exc: BaseException) -> dict[str, str]:
+def internal_error_fields(exc: BaseException, redact: Redactor) -> dict[str, str]:
     """The ``extra`` of a 500's log record: ``event`` and the whole ``traceback``,
     redacted here, so every handler (not only the JSON one) gets it without secrets."""
     text = "".join(traceback.format_exception(exc))
-    return {"event": "internal_error", "traceback": _redact(text)}
+    return {"event": "internal_error", "traceback": redact(text)}
 
 
 @attrs.define(eq=False)
@@ -136,9 +114,14 @@ def request_id_from(header: str | None) -> str:
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: ``ts``, ``level``, ``logger``, ``pid``, ``message``, the
     record's ``extra`` fields, the current request's id, and ``traceback``
-    when the record carries an exception."""
+    when the record carries an exception. Every text passes through ``redactor``."""
+
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        super().__init__()
+        self.redactor = redactor if redactor is not None else Redactor()
 
     def format(self, record: logging.LogRecord) -> str:
+        redact = self.redactor
         entry: dict[str, Any] = {
             "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
                 timespec="milliseconds"
@@ -146,7 +129,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "pid": record.process,
-            "message": _redact(record.getMessage()),
+            "message": redact(record.getMessage()),
         }
         info = _CURRENT.get()
         if info is not None:
@@ -159,11 +142,11 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
-            entry["traceback"] = _redact(self.formatException(record.exc_info))
+            entry["traceback"] = redact(self.formatException(record.exc_info))
         elif record.exc_text:
-            entry["traceback"] = _redact(record.exc_text)
+            entry["traceback"] = redact(record.exc_text)
         if record.stack_info:
-            entry["stack"] = _redact(self.formatStack(record.stack_info))
+            entry["stack"] = redact(self.formatStack(record.stack_info))
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
@@ -210,12 +193,15 @@ class ClosedConnectionFilter(logging.Filter):
         return True
 
 
-def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> None:
-    """Send every log record of the process to ``stream`` (stderr) as JSON lines."""
+def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> Redactor:
+    """Send every log record of the process to ``stream`` (stderr) as JSON lines; return
+    the redactor they pass through (a gateway registers its secrets on it)."""
+    formatter = JsonFormatter()
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level)
+    return formatter.redactor

@@ -29,6 +29,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ... import _tracing
+from ..._redact import Redactor
 from ...budgets import GATEWAY_DRAIN_RETRY_AFTER_MS
 from ...protocol import (
     HEALTHZ_PATH,
@@ -68,6 +69,9 @@ class Operations:
     """One gateway's operational state: its metrics, the drain, the requests in flight."""
 
     metrics: GatewayMetrics = attrs.field(factory=GatewayMetrics)
+    redactor: Redactor = attrs.field(factory=Redactor)
+    """What the gateway's log texts pass through: ``create_app`` adds its secrets (its
+    database URL, its tokens). ``sheetplane serve`` passes its log formatter's."""
     draining: bool = False
     """True from :meth:`begin_drain` on."""
     tenants: TenantShares = attrs.Factory(TenantShares)
