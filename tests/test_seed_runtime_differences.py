@@ -10,13 +10,16 @@ does, and upsert's keys, dedupe and input indexes.
 
 from __future__ import annotations
 
+import errno
 import json
 import uuid
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import trio
+from psycopg import errors as pg_errors
 
 from _runtime_helpers import CONTRACT, ORG, CountingGateway
 from _store_helpers import stored_rows
@@ -44,7 +47,7 @@ from sheetplane.identity import derive_row_identity
 from sheetplane.pages import PageRequest
 from sheetplane.runtime import open_runtime
 from sheetplane.sessions import AccessShape
-from sheetplane.store import SheetStore
+from sheetplane.store import SheetStore, is_transient_connect_error
 from sheetplane.store._rowdata import column_lookup_names
 
 BASE = "http://gateway.test"
@@ -216,3 +219,48 @@ async def test_one_rule_fills_a_column_on_every_path(store: SheetStore, sheet: S
     stored = await stored_rows(store, sheet)
     assert (stored[key]["full_name"], stored[key]["score_col"]) == ("Ada", 3)
     assert [row["full_name"] for k, row in stored.items() if k != key] == ["Bo"]
+
+
+# --- stated: transient connect errors ------------------------------------------------------
+
+#: ``isTransientRuntimePostgresConnectionError``'s codes and messages (0.1.2).
+RUNTIME_TRANSIENT = [
+    OSError(errno.ECONNRESET, "ECONNRESET"),
+    OSError(errno.ETIMEDOUT, "ETIMEDOUT"),
+    OSError(errno.ECONNREFUSED, "ECONNREFUSED"),
+    pg_errors.AdminShutdown("terminating connection due to administrator command"),
+    psycopg.OperationalError("Connection terminated unexpectedly"),
+    psycopg.OperationalError("connection timeout expired"),
+    psycopg.OperationalError("connection timed out"),
+    psycopg.OperationalError("connection closed"),
+    psycopg.OperationalError("connection reset by peer"),
+]
+#: What sheetplane also retries (stated): a crash or start-up of the server, and
+#: the connection-exception class (08xxx) libpq reports for a lost socket.
+ALSO_TRANSIENT = [
+    pg_errors.CrashShutdown("terminating connection because of crash of another server process"),
+    pg_errors.CannotConnectNow("the database system is starting up"),
+    pg_errors.ConnectionFailure("connection failure"),
+    psycopg.OperationalError("server closed the connection unexpectedly"),
+    psycopg.OperationalError("the database system is shutting down"),
+]
+
+
+@pytest.mark.parametrize("error", RUNTIME_TRANSIENT + ALSO_TRANSIENT, ids=repr)
+def test_the_runtimes_transient_connect_errors_and_the_stated_extras_are_retried(
+    error: BaseException,
+) -> None:
+    assert is_transient_connect_error(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pg_errors.InvalidPassword("password authentication failed"),
+        pg_errors.InsufficientPrivilege("permission denied"),
+        OSError(errno.ENOENT, "no such file"),
+    ],
+    ids=repr,
+)
+def test_other_connect_errors_are_not_retried(error: BaseException) -> None:
+    assert not is_transient_connect_error(error)

@@ -55,15 +55,15 @@ class SeedUnavailable(Exception):
     """What the interop test needs is not on this machine (the reason is the message)."""
 
 
-def find_seed(start: Path = REPO_ROOT) -> Path:
-    """The seed file in the ``seeds`` folder of the ``shared`` folder of the first
-    ancestor of ``start`` that has one."""
+def find_seed(start: Path = REPO_ROOT, name: str = SEED_NAME) -> Path:
+    """The seed file ``name`` in the ``seeds`` folder of the ``shared`` folder of the
+    first ancestor of ``start`` that has one."""
     for folder in start.parents:
         seeds = folder / "shared" / "seeds"
         if seeds.is_dir():
-            seed = seeds / SEED_NAME
+            seed = seeds / name
             if not seed.is_file():
-                raise SeedUnavailable(f"{seeds} has no {SEED_NAME}")
+                raise SeedUnavailable(f"{seeds} has no {name}")
             return seed
     raise SeedUnavailable(f"no parent folder of {start} has a shared seeds folder")
 
