@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import socket
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,6 +37,7 @@ from sheetplane.budgets import (
     DB_SESSION_RENEWAL_WINDOW_MS,
     DB_SESSION_TTL_MS,
     POSTGRES_CONNECT_RETRY_DELAYS_MS,
+    POSTGRES_FIRST_CONNECT_BUDGET_MS,
 )
 from sheetplane.crypto import (
     DecryptionKey,
@@ -626,3 +630,57 @@ async def test_without_pool_caching_every_use_opens_and_closes_its_own_pool(
     ]
     assert {url for _, _, url in pools.events} == {url_of(1)}  # one session, shared
     assert len(gateway.requests) == 1
+
+
+def _refused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# --- the direct road's first connect -------------------------------------------------------
+
+
+async def test_the_first_connect_to_an_unreachable_session_postgres_fails_fast(
+    autojump_clock: Any,
+    key: DecryptionKey,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before, a session URL the runner cannot reach was waited on for the whole connect
+    # budget (22.5 s) in silence; until a session's Postgres has answered, the opening
+    # connect now gives up after POSTGRES_FIRST_CONNECT_BUDGET_MS, saying what it tried.
+    port = _refused_port()
+    monkeypatch.setattr(
+        sys.modules[__name__],
+        "url_of",
+        lambda n: f"postgresql://sp_role_{n}:sekret-{n}@127.0.0.1:{port}/sheets",
+    )
+    gateway = FakeGateway()
+    client = GatewayClient(
+        "http://gw.test",
+        "exec-token-first-connect",
+        play_name="enrich-leads",
+        org_id="org-1",
+        transport=httpx.MockTransport(gateway.handle),
+    )
+    start = trio.current_time()
+    with caplog.at_level(logging.WARNING, logger="sheetplane.store"):
+        async with (
+            client,
+            SessionManager(client, clock=wall, decryption_key=key) as manager,
+        ):
+            with pytest.raises(StoreUnavailableError) as excinfo:
+                async with manager.store(AccessShape("leads", ("rows.read",))):
+                    raise AssertionError("a pool opened on a refused port")
+    elapsed = trio.current_time() - start
+    assert elapsed <= POSTGRES_FIRST_CONNECT_BUDGET_MS / 1000
+    message = str(excinfo.value)
+    assert message.startswith("the direct road's first connect failed: ")
+    assert f"127.0.0.1:{port}" in message and "attempt(s)" in message
+    assert "\n" not in message and "sekret" not in message
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sheetplane.store"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"Postgres connect to 127.0.0.1:{port} failed: ")
+    assert "retrying for up to" in warnings[0]

@@ -39,6 +39,7 @@ from .errors import GatewayError as GatewayError
 from .errors import GatewayProtocolError as GatewayProtocolError
 from .errors import GatewayRoleLacksPrivilegesError as GatewayRoleLacksPrivilegesError
 from .errors import GatewayTimeoutError as GatewayTimeoutError
+from .errors import GatewayUnreachableError as GatewayUnreachableError
 from .errors import InvalidInputError as InvalidInputError
 from .errors import LaneWedgedError as LaneWedgedError
 from .errors import LeaseError as LeaseError
@@ -127,6 +128,7 @@ __all__ = [
     "GatewayProtocolError",
     "GatewayRoleLacksPrivilegesError",
     "GatewayTimeoutError",
+    "GatewayUnreachableError",
     "InvalidInputError",
     "LaneWedgedError",
     "Lease",

@@ -54,6 +54,21 @@ CALL_BUDGET_MS: Final = REQUEST_TIMEOUT_MS * MAX_ATTEMPTS + sum(RETRY_DELAYS_MS)
 GATEWAY_RECONNECT_BASE_MS: Final = RETRY_DELAYS_MS[0]
 GATEWAY_RECONNECT_CAP_MS: Final = RETRY_DELAYS_MS[-1]
 
+#: The longest a TCP connect to a gateway that has never answered this client
+#: may take (an unreachable host drops the SYN instead of refusing it): a live
+#: gateway's connect takes milliseconds, and this holds the kernel's first SYN
+#: retransmissions (1 s, then 3 s), as Postgres' connect timeout does.
+GATEWAY_FIRST_CONNECT_TIMEOUT_MS: Final = 5_000
+
+#: A client none of whose gateway URLs has ever answered (refused, DNS,
+#: unreachable) fails a call after this, with ``GatewayUnreachableError`` naming
+#: the URLs and what was tried, instead of spending the whole ``CALL_BUDGET_MS``
+#: on what is most likely a wrong URL: one connect at its timeout plus the
+#: reconnect back-off's waits doubling up to its cap (the ladder's delays), so a
+#: gateway started a few seconds after its runner is still met. Once any URL has
+#: answered, the reconnect rules above hold for the client's life.
+GATEWAY_FIRST_CONTACT_BUDGET_MS: Final = GATEWAY_FIRST_CONNECT_TIMEOUT_MS + sum(RETRY_DELAYS_MS)
+
 #: The ladder of ``resolve_play``, the first call of a run, made while a gateway
 #: may still be starting: the call ladder's doubling carried two rungs further.
 #: (The runtime this re-creates names its own resolve-play ladder,
@@ -193,6 +208,15 @@ POSTGRES_CONNECT_RETRY_DELAYS_MS: Final = (250, 750, 1_500)
 POSTGRES_CONNECT_BUDGET_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS * (
     len(POSTGRES_CONNECT_RETRY_DELAYS_MS) + 1
 ) + sum(POSTGRES_CONNECT_RETRY_DELAYS_MS)
+
+#: The direct road's first connect, made before any of a runtime's scoped
+#: sessions has reached Postgres: one connect at its timeout plus the ladder's
+#: delays, then ``StoreUnavailableError`` naming the server (a session URL this
+#: runner cannot reach, most likely), instead of the whole connect budget. Once
+#: a session's Postgres has answered, every connect has ``POSTGRES_CONNECT_BUDGET_MS``.
+POSTGRES_FIRST_CONNECT_BUDGET_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS + sum(
+    POSTGRES_CONNECT_RETRY_DELAYS_MS
+)
 
 #: How often a caller waiting for a pooled connection looks whether the pool's
 #: connects are being refused the login (a wrong password; a scoped session's
@@ -704,6 +728,16 @@ def _check() -> None:
         ),
         "a reconnect back-off starts short and its cap is far inside a call": (
             0 < GATEWAY_RECONNECT_BASE_MS <= GATEWAY_RECONNECT_CAP_MS < CALL_BUDGET_MS // 8
+        ),
+        "a gateway never met fails fast: after one connect and a back-off up to its cap": (
+            GATEWAY_FIRST_CONNECT_TIMEOUT_MS < REQUEST_TIMEOUT_MS
+            and GATEWAY_FIRST_CONNECT_TIMEOUT_MS <= POSTGRES_CONNECT_TIMEOUT_MS
+            and sum(RETRY_DELAYS_MS) < GATEWAY_FIRST_CONTACT_BUDGET_MS < CALL_BUDGET_MS // 8
+        ),
+        "the direct road's first connect fails fast, after one connect and the ladder": (
+            POSTGRES_CONNECT_TIMEOUT_MS
+            < POSTGRES_FIRST_CONNECT_BUDGET_MS
+            < POSTGRES_CONNECT_BUDGET_MS
         ),
         "DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS": (
             DEFAULT_RETRY_AFTER_MS <= MAX_RETRY_AFTER_MS < CALL_BUDGET_MS

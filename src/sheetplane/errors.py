@@ -27,6 +27,7 @@ The tree::
     │   ├── UnsupportedActionError            a gateway that predates the action
     │   │   └── GatewayActionMissingError     known before a call that needs it began
     │   ├── TransientGatewayError             retryable, and retries ran out
+    │   │   ├── GatewayUnreachableError       no URL has ever answered (a wrong URL, most likely)
     │   │   ├── BackpressureError             503 runtime_postgres_admission_backpressure
     │   │   └── GatewayTimeoutError           an attempt outlived REQUEST_TIMEOUT_MS
     │   └── GatewayProtocolError              a malformed or inconsistent answer
@@ -316,6 +317,14 @@ class TransientGatewayError(GatewayError):
     that outlasted the retry ladder or the call's budget."""
 
     code = "transient_gateway_error"
+
+
+class GatewayUnreachableError(TransientGatewayError):
+    """No gateway URL of the client has ever answered (refused, DNS, unreachable), and
+    ``GATEWAY_FIRST_CONTACT_BUDGET_MS`` has passed: the message names the URLs and what
+    was tried. Most likely a wrong ``base_url``, or a gateway that is not running."""
+
+    code = "gateway_unreachable"
 
 
 class BackpressureError(TransientGatewayError):

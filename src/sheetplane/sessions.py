@@ -71,6 +71,7 @@ from .budgets import (
     DB_SESSION_POOL_IDLE_MS,
     DB_SESSION_TTL_MS,
     POSTGRES_CONNECT_RETRY_DELAYS_MS,
+    POSTGRES_FIRST_CONNECT_BUDGET_MS,
     POSTGRES_PREWARM_MAX_ATTEMPTS,
     POSTGRES_PREWARM_RETRY_DELAYS_MS,
 )
@@ -241,6 +242,22 @@ def _own_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     return open_store(url, max_connections=1)
 
 
+def _first_connect(max_connections: int) -> PoolOpener:
+    """A default pool of ``max_connections`` whose opening connect gives up after
+    ``POSTGRES_FIRST_CONNECT_BUDGET_MS``: used until a session's Postgres has answered."""
+
+    def opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
+        from .store import open_store
+
+        return open_store(
+            url,
+            max_connections=max_connections,
+            open_connect_budget_ms=POSTGRES_FIRST_CONNECT_BUDGET_MS,
+        )
+
+    return opener
+
+
 def _check_pool_opener(url: str) -> AbstractAsyncContextManager[SheetStore]:
     """A one-connection pool that connects once: prewarm's own ladder does the retrying."""
     from .store import open_store
@@ -400,6 +417,17 @@ class SessionManager:
             # uncached pool is one connection wide.
             open_own_pool = _own_pool_opener if open_pool is _default_pool_opener else open_pool
         self._open_own_pool = open_own_pool
+        #: Until a session's Postgres has answered this manager, pools open with a
+        #: short first-connect budget (only the default openers have one).
+        self._open_first_pool = (
+            _first_connect(DB_SESSION_MAX_CONNECTIONS)
+            if open_pool is _default_pool_opener
+            else open_pool
+        )
+        self._open_first_own_pool = (
+            _first_connect(1) if open_own_pool is _own_pool_opener else open_own_pool
+        )
+        self._reached_postgres = False
         self._key = decryption_key
         self._key_lock = trio.Lock()
         self._sessions: dict[str, DbSession] = {}
@@ -687,7 +715,9 @@ class SessionManager:
                 session = await self.session(shape)
                 minted = self._minted.get(key) is session
                 try:
-                    own = await stack.enter_async_context(self._open_own_pool(session.postgres_url))
+                    own = await stack.enter_async_context(
+                        self._opened(session.postgres_url, own=True)
+                    )
                 except Exception as exc:
                     if not (minted and _login_refused(exc)):
                         raise
@@ -695,6 +725,33 @@ class SessionManager:
                     continue
                 return session, minted, own
             raise refusals.error()
+
+    @contextlib.asynccontextmanager
+    async def _opened(self, url: str, *, own: bool = False) -> AsyncIterator[SheetStore]:
+        """A pool on a session's ``url`` (``own``: one caller's own). Before any session's
+        Postgres has answered, its opening connect fails fast, with an error that says
+        what the direct road tried (``POSTGRES_FIRST_CONNECT_BUDGET_MS``); after, the
+        whole connect budget."""
+        first = not self._reached_postgres
+        if own:
+            opener = self._open_first_own_pool if first else self._open_own_pool
+        else:
+            opener = self._open_first_pool if first else self._open_pool
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                store = await stack.enter_async_context(opener(url))
+            except StoreUnavailableError as exc:
+                if not first or _login_refused(exc):
+                    raise
+                raise type(exc)(
+                    f"the direct road's first connect failed: {exc}; is the DB session's"
+                    " Postgres reachable from this runner? (strategy='gateway_only' needs"
+                    " no direct connection)",
+                    transient=exc.transient,
+                    waited_ms=exc.waited_ms,
+                ) from exc
+            self._reached_postgres = True
+            yield store
 
     async def _gone(self, key: str, session: DbSession, refusals: _Refusals) -> None:
         """Postgres refused the login of ``session``, which this manager minted:
@@ -744,7 +801,7 @@ class SessionManager:
 
     async def _run_pool(self, key: str, pool: _Pool) -> None:
         expiry = trio.current_time() + (pool.session.expires_at_epoch - self._clock())
-        opened = self._open_pool(pool.session.postgres_url)
+        opened = self._opened(pool.session.postgres_url)
         try:
             store = await opened.__aenter__()
         except Exception as exc:

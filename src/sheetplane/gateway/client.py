@@ -37,11 +37,21 @@ When the retries or the budget run out, the last attempt's error is raised:
 ``GatewayTimeoutError`` for a timeout, ``BackpressureError`` for
 back-pressure, ``GatewayProtocolError`` for a body that was not JSON, and
 ``TransientGatewayError`` otherwise. No message ever contains the token.
+
+A client none of whose URLs has ever answered fails fast: its connects time
+out after ``GATEWAY_FIRST_CONNECT_TIMEOUT_MS``, and a call that has reached no
+gateway by ``GATEWAY_FIRST_CONTACT_BUDGET_MS`` raises ``GatewayUnreachableError``
+naming the URLs and what was tried (a wrong ``base_url``, most likely). Once a
+gateway has answered, the rules above hold. The first retry of a call logs one
+warning (logger ``sheetplane.gateway``) naming the action, the cause and how
+long the call may still go on; further attempts log nothing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
@@ -80,6 +90,8 @@ from ..budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     ADMISSION_COMMIT_CALL_BUDGET_MS,
     CALL_BUDGET_MS,
+    GATEWAY_FIRST_CONNECT_TIMEOUT_MS,
+    GATEWAY_FIRST_CONTACT_BUDGET_MS,
     READ_BATCH_MAX_RESPONSE_BYTES,
     REQUEST_TIMEOUT_MS,
     RESOLVE_PLAY_CALL_BUDGET_MS,
@@ -92,6 +104,7 @@ from ..errors import (
     GatewayAuthError,
     GatewayError,
     GatewayTimeoutError,
+    GatewayUnreachableError,
     InvalidInputError,
     ReadBatchTooLargeError,
     TransientGatewayError,
@@ -127,6 +140,8 @@ __all__ = ["RUNTIME_PATH", "GatewayClient", "KeysetPage", "gateway_urls"]
 
 _READ_ROWS: Final = m.action_of(m.ReadRowsRequest)
 _READ_ROWS_BATCH: Final = m.action_of(m.ReadRowsBatchRequest)
+
+log = logging.getLogger("sheetplane.gateway")
 
 _R = TypeVar("_R", bound=m.Request)
 _S = TypeVar("_S", bound=m.SheetRequest)
@@ -165,6 +180,12 @@ def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None)
     if not urls:
         raise InvalidInputError("the gateway client needs a base URL")
     return tuple(urls)
+
+
+def _shown(url: str) -> str:
+    """``url`` without its user info (``user:password@``), for a message."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _urls(what: str, value: object) -> list[object]:
@@ -330,6 +351,9 @@ class GatewayClient:
         self._extra_headers = extra
         self._http: httpx.AsyncClient | None = None
         self._served: dict[str, bool] = {}
+        #: Whether any URL has ever answered this client (then the reconnect rules
+        #: hold; before, a call fails after ``GATEWAY_FIRST_CONTACT_BUDGET_MS``).
+        self._contacted = False
 
     def __repr__(self) -> str:
         return f"<GatewayClient {self.url} play={self.play_name!r}>"
@@ -434,6 +458,11 @@ class GatewayClient:
         failures = 0
         unreached = 0  # attempts in a row that reached no (serving) gateway
         attempts = 0
+        #: Set while no URL has ever answered: the call fails fast past it.
+        first_contact: float | None = None
+        if not self._contacted:
+            first_contact = budget.start + GATEWAY_FIRST_CONTACT_BUDGET_MS / 1000
+        tried: dict[str, str] = {}  # URL -> the last failure there, while never contacted
         while True:
             base = self.base_urls[self._current]
             url = base + RUNTIME_PATH
@@ -450,7 +479,9 @@ class GatewayClient:
             ) as sent:
                 traced = dict(headers)
                 _tracing.inject(traced)
-                outcome, reached = await self._attempt(http, url, action, content, traced, budget)
+                outcome, reached = await self._attempt(
+                    http, url, action, content, traced, budget, first_contact
+                )
                 _trace_outcome(sent, outcome)
             attempts += 1
             call.set_attribute("sheetplane.gateway.attempts", attempts)
@@ -467,16 +498,49 @@ class GatewayClient:
                     wake: float | None = now if now < budget.deadline else None
                 else:
                     wake = budget.reconnect_at(now, rounds, jitter())
+                if first_contact is not None and not self._contacted:
+                    tried[base] = str(outcome.error)
+                    if wake is None or wake >= first_contact:
+                        raise self._unreachable(attempts, now - budget.start, tried) from (
+                            outcome.error
+                        )
             else:
                 unreached = 0
                 failures += 1
                 wake = budget.next_attempt_at(now, failures, outcome.retry_after_ms)
             if wake is None:
                 raise outcome.error
+            if attempts == 1:
+                # One line for the call, whatever follows: what failed, and for how long
+                # it may go on (a call that reaches no gateway at all ends sooner).
+                ends = first_contact if first_contact is not None and not self._contacted else None
+                log.warning(
+                    "gateway call %s: %s; retrying for up to %.1f s",
+                    action,
+                    outcome.error,
+                    ((ends if ends is not None else budget.deadline) - now),
+                    extra={"event": "gateway_retry", "action": action},
+                )
             call.add_event(
                 "retry", {"sheetplane.retry.delay_ms": max(0, round((wake - now) * 1000))}
             )
             await trio.sleep_until(wake)
+
+    def _unreachable(
+        self, attempts: int, elapsed: float, tried: Mapping[str, str]
+    ) -> GatewayUnreachableError:
+        """The error of a call that met no gateway at any URL, and none has ever answered
+        this client (URLs shown without their user info: it may hold a password)."""
+        where = "; ".join(f"{_shown(url)}: {failure}" for url, failure in tried.items())
+        return GatewayUnreachableError(
+            0,
+            None,
+            self._redact(
+                f"no gateway answered at {', '.join(map(_shown, self.base_urls))} "
+                f"({attempts} attempt(s) in {elapsed:.1f} s; {where}); "
+                "check base_url, and that the gateway is running and reachable"
+            ),
+        )
 
     async def _attempt(
         self,
@@ -486,21 +550,36 @@ class GatewayClient:
         content: bytes,
         headers: Mapping[str, str],
         budget: CallBudget,
+        first_contact: float | None = None,
     ) -> tuple[Answer | Retry, bool]:
-        """One attempt's outcome, and whether it reached a gateway (a response head came)."""
+        """One attempt's outcome, and whether it reached a gateway (a response head came).
+
+        Before any URL has answered (``first_contact`` is the call's fail-fast
+        deadline then), the connect times out after ``GATEWAY_FIRST_CONNECT_TIMEOUT_MS``.
+        """
         now = trio.current_time()
         deadline = budget.attempt_deadline(now)
         limit = response_byte_limit(action)
         answered = False
+        first_connect_s: float | None = None
+        if first_contact is not None and not self._contacted:
+            first_connect_s = min(
+                GATEWAY_FIRST_CONNECT_TIMEOUT_MS / 1000, max(first_contact - now, 0)
+            )
         try:
             with trio.fail_at(deadline):
                 # httpx's own timeouts (per network operation) never cut an
-                # attempt allowed longer than REQUEST_TIMEOUT_MS short.
+                # attempt allowed longer than REQUEST_TIMEOUT_MS short; before any
+                # gateway has answered, a connect has GATEWAY_FIRST_CONNECT_TIMEOUT_MS.
                 http_timeout = httpx.Timeout(max(budget.attempt_ms, REQUEST_TIMEOUT_MS) / 1000)
+                if first_connect_s is not None:
+                    http_timeout = httpx.Timeout(
+                        max(budget.attempt_ms, REQUEST_TIMEOUT_MS) / 1000, connect=first_connect_s
+                    )
                 async with http.stream(
                     "POST", url, content=content, headers=headers, timeout=http_timeout
                 ) as resp:
-                    answered = True
+                    answered = self._contacted = True
                     raw = await read_bounded(resp, action, limit)
                     status, response_headers = resp.status_code, resp.headers
             _tracing.annotate(
@@ -509,9 +588,11 @@ class GatewayClient:
         except trio.TooSlowError:
             ms = round((deadline - now) * 1000)
             error = GatewayTimeoutError(0, None, f"{action} attempt did not finish within {ms} ms")
+            self._contacted = True  # connected: a first connect times out well before this
             return Retry(error), True
         except httpx.TimeoutException as exc:
             timeout = Retry(self._transport_error(GatewayTimeoutError, action, exc))
+            self._contacted |= not isinstance(exc, httpx.ConnectTimeout)
             return timeout, not isinstance(exc, httpx.ConnectTimeout)
         except (UnsupportedEncodingError, CorruptBodyError) as exc:
             raise m.protocol_error(action, str(exc)) from None
@@ -522,7 +603,9 @@ class GatewayClient:
                 raise self._transport_error(GatewayError, action, exc) from exc
             # Refused, reset, DNS, a connection closed before any answer: no gateway
             # was reached (every action is safe to send again). A body cut short
-            # after its head came is the ladder's.
+            # after its head came is the ladder's. Only a failed connect (refused, DNS,
+            # unreachable) leaves a never-contacted client uncontacted.
+            self._contacted |= not isinstance(exc, httpx.ConnectError)
             return Retry(self._transport_error(TransientGatewayError, action, exc)), answered
         return receive(action, status, response_headers, raw, self._redact), True
 

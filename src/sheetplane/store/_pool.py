@@ -192,6 +192,17 @@ def is_transient_connect_error(exc: BaseException) -> bool:
     )
 
 
+def server_of(url: str) -> str:
+    """``host:port`` (or the socket directory) of a Postgres URL or conninfo, for a
+    message: never its user, password or options."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "an unparseable database URL"
+    host = str(info.get("host") or info.get("hostaddr") or "localhost")
+    return f"{host}:{info.get('port') or 5432}"
+
+
 def _describe(exc: BaseException, redact: Redactor) -> str:
     text = redact(str(exc).strip()) or type(exc).__name__
     sqlstate = getattr(exc, "sqlstate", None)
@@ -387,23 +398,37 @@ class TrioPool:
             self.connect_budget_ms,
         )
 
-    async def _probe(self) -> None:
-        """Connect once along the ladder (trio sleeps between attempts, so it is cancellable)."""
-        started = time.monotonic()
+    async def _probe(self, budget_ms: int | None = None) -> None:
+        """Connect once along the ladder (trio sleeps between attempts, so it is cancellable),
+        within ``budget_ms`` (default: the pool's connect budget). The first retry logs one
+        warning naming the server (never the URL's password), the cause and the budget."""
+        budget_ms = self.connect_budget_ms if budget_ms is None else budget_ms
+        started = trio.current_time()
         failures = 0
         while True:
             try:
                 conn = await trio.to_thread.run_sync(self._connect_once)
             except Exception as exc:
                 failures += 1
-                delay = self._next_delay_ms(exc, failures, started, time.monotonic())
+                now = trio.current_time()
+                delay = next_connect_delay_ms(
+                    exc, failures, (now - started) * 1000, self.connect_retry_delays_ms, budget_ms
+                )
+                if delay is not None and failures == 1:
+                    log.warning(
+                        "Postgres connect to %s failed: %s; retrying for up to %.1f s",
+                        server_of(self._url),
+                        " ".join(_describe(exc, self._redact).split()),
+                        budget_ms / 1000 - (now - started),
+                    )
                 if delay is None:
-                    waited = round((time.monotonic() - started) * 1000)
+                    waited = round((now - started) * 1000)
                     error = ConnectionSlotsExhaustedError if is_slot_exhaustion(exc) else None
                     transient = _worth_retrying(exc)
                     raise (error or StoreUnavailableError)(
-                        f"could not connect to Postgres ({failures} attempt(s) in {waited} ms): "
-                        f"{_describe(exc, self._redact)}",
+                        f"could not connect to Postgres at {server_of(self._url)}"
+                        f" ({failures} attempt(s) in {waited} ms): "
+                        f"{' '.join(_describe(exc, self._redact).split())}",
                         transient=transient,
                         waited_ms=waited if transient and self.connect_retry_delays_ms else None,
                     ) from exc
@@ -639,8 +664,8 @@ class TrioPool:
         stats["slot_refusals"] = self._slot_refusals
         return stats
 
-    async def _open(self) -> None:
-        await self._probe()
+    async def _open(self, connect_budget_ms: int | None = None) -> None:
+        await self._probe(connect_budget_ms)
         await trio.to_thread.run_sync(self._pool.open)
 
     async def _close(self) -> None:
@@ -669,13 +694,15 @@ async def open_pool(
     statement_timeout_ms: int = budgets.POSTGRES_STATEMENT_TIMEOUT_MS,
     connect_timeout_ms: int = budgets.POSTGRES_CONNECT_TIMEOUT_MS,
     connect_retry_delays_ms: Sequence[int] = budgets.POSTGRES_CONNECT_RETRY_DELAYS_MS,
+    open_connect_budget_ms: int | None = None,
 ) -> AsyncIterator[TrioPool]:
     """Open a ``TrioPool`` on ``url``; it is closed when the block exits.
 
-    Opening connects once (along the connect ladder) to fail early with
-    ``StoreUnavailableError`` when the server cannot be reached or refuses the
-    credentials. Closing waits for in-flight workers' connections to return
-    (shielded from cancellation).
+    Opening connects once (along the connect ladder, within
+    ``open_connect_budget_ms`` when given, else the whole connect budget) to
+    fail early with ``StoreUnavailableError`` when the server cannot be reached
+    or refuses the credentials. Closing waits for in-flight workers'
+    connections to return (shielded from cancellation).
     """
     if not isinstance(url, str) or not url:
         raise InvalidInputError("database URL must be a non-empty string")
@@ -686,7 +713,7 @@ async def open_pool(
         connect_timeout_ms=connect_timeout_ms,
         connect_retry_delays_ms=connect_retry_delays_ms,
     )
-    await pool._open()
+    await pool._open(open_connect_budget_ms)
     try:
         yield pool
     finally:

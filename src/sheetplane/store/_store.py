@@ -398,6 +398,7 @@ async def open_store(
     connect_timeout_ms: int = budgets.POSTGRES_CONNECT_TIMEOUT_MS,
     connect_retry_delays_ms: Sequence[int] = budgets.POSTGRES_CONNECT_RETRY_DELAYS_MS,
     quotas: StoreQuotas | None = None,
+    open_connect_budget_ms: int | None = None,
 ) -> AsyncIterator[SheetStore]:
     """Open a ``SheetStore`` on ``database_url`` (a secret: never logged); closed on exit.
 
@@ -410,5 +411,6 @@ async def open_store(
         statement_timeout_ms=statement_timeout_ms,
         connect_timeout_ms=connect_timeout_ms,
         connect_retry_delays_ms=connect_retry_delays_ms,
+        open_connect_budget_ms=open_connect_budget_ms,
     ) as pool:
         yield SheetStore(pool, quotas=quotas)

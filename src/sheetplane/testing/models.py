@@ -35,6 +35,7 @@ import attrs
 from ..budgets import (
     CALL_BUDGET_MS,
     DEFAULT_RETRY_AFTER_MS,
+    GATEWAY_FIRST_CONTACT_BUDGET_MS,
     GATEWAY_RECONNECT_BASE_MS,
     GATEWAY_RECONNECT_CAP_MS,
     MAX_ATTEMPTS,
@@ -365,6 +366,7 @@ def predict_call(
     *,
     batch: bool = False,
     draw: float = 0.5,
+    contacted: bool = False,
 ) -> PredictedCall:
     """One ``post_action`` call starting at ``start`` under ``schedule``.
 
@@ -376,10 +378,15 @@ def predict_call(
     batch read (413 is then ``ReadBatchTooLargeError``). ``connect``, ``reset``
     and ``lost`` reach no gateway: they do not spend the ladder and wait the
     reconnect back-off instead (one URL), with ``draw`` as the client's jitter
-    (tests fix the client's draw to it).
+    (tests fix the client's draw to it). ``contacted`` says whether a gateway has
+    answered the client before (a fresh client's has not): until one does, a
+    ``connect`` fault whose back-off would end at or past
+    ``GATEWAY_FIRST_CONTACT_BUDGET_MS`` from the start ends the call with
+    ``GatewayUnreachableError``; any other fault is a contact.
     """
     budget, timeout = CALL_BUDGET_MS / 1000, REQUEST_TIMEOUT_MS / 1000
     deadline = start + budget
+    first_contact = start + GATEWAY_FIRST_CONTACT_BUDGET_MS / 1000
     t, failures, times, unreached = start, 0, [], 0
     faults = iter(schedule)
     while True:
@@ -388,6 +395,7 @@ def predict_call(
         attempt_deadline = min(t + timeout, deadline)
         kind = fault[0]
         retry_after: int | None = None
+        contacted = contacted or kind != "connect"
         if kind == "ok":
             return PredictedCall(tuple(times), t, "ok")
         if kind == "413":
@@ -413,6 +421,8 @@ def predict_call(
                 GATEWAY_RECONNECT_CAP_MS, GATEWAY_RECONNECT_BASE_MS * 2 ** (unreached - 1)
             )
             wake = t + (ceiling / 2 + ceiling / 2 * draw) / 1000
+            if not contacted and wake >= first_contact:
+                return PredictedCall(tuple(times), t, "GatewayUnreachableError")
             if wake >= deadline:
                 return PredictedCall(tuple(times), t, "TransientGatewayError")
             t = wake
