@@ -19,7 +19,7 @@ from psycopg import sql
 from _session_helpers import aad_of, run_sql
 from sheetplane import SheetCapError, StagingQuotaError, crypto
 from sheetplane._types import INTEGER_MAX, ContractColumn, SheetContract, SheetRef
-from sheetplane.budgets import MAX_ROW_KEY_BYTES
+from sheetplane.budgets import MAX_ROW_KEY_BYTES, STAGING_CHUNK_RECORD_BYTES
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
 from sheetplane.protocol import prepare_chunk
@@ -361,8 +361,8 @@ async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_ca
     refused = await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, long_key)
     assert refused == "CheckViolation"
     # Rows the role stages for a live admission go with it when it closes; after it
-    # closed, the staging trigger refuses a row for it, and a chunk the role records
-    # alone is deleted by the sweep, which deletes what no open admission owns.
+    # closed, the staging triggers refuse a row and a chunk record for it, and the
+    # sweep deletes whatever no open admission owns.
     assert await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k") is None
     aborted = await post(
         gateway, "abort_sheet_admission", play=play, tableNamespace="leads", admissionId=live
@@ -372,8 +372,9 @@ async def test_a_stage_role_cannot_leave_orphan_staging_rows_or_keys_past_the_ca
     refused = await trio.to_thread.run_sync(hostile_stage, url, names, live, 0, "k")
     assert refused == "ObjectNotInPrerequisiteState"
     alone = functools.partial(hostile_stage, copy_row=False)
-    assert await trio.to_thread.run_sync(alone, url, names, live, 0, "k") is None
-    assert await trio.to_thread.run_sync(chunk_rows, database_url, names) == [(live, 0)]
+    refused = await trio.to_thread.run_sync(alone, url, names, live, 0, "k")
+    assert refused == "ObjectNotInPrerequisiteState"
+    assert await trio.to_thread.run_sync(chunk_rows, database_url, names) == []
     async with open_store(database_url) as store:
         await sweep_admissions(store.pool)
     assert await trio.to_thread.run_sync(chunk_rows, database_url, names) == []
@@ -920,12 +921,21 @@ async def test_an_older_sheets_staging_gains_the_quotas_and_counts_each_chunk_on
                     sql.SQL(
                         "SELECT a.admission_id, a.staged_bytes, (SELECT coalesce(sum("
                         "pg_column_size(s._keys) + pg_column_size(s._rows)), 0) FROM {} AS s "
-                        "WHERE s._admission_id = a.admission_id) FROM {} AS a"
-                    ).format(names.ident("staging_table"), names.ident("admissions_table"))
+                        "WHERE s._admission_id = a.admission_id),"
+                        " (SELECT count(*) FROM {} AS c WHERE c.admission_id = a.admission_id)"
+                        " FROM {} AS a"
+                    ).format(
+                        names.ident("staging_table"),
+                        names.ident("stage_chunks_table"),
+                        names.ident("admissions_table"),
+                    )
                 ).fetchall()
-            # Each admission's counter is its rows' bytes (less what it staged before
-            # the counters existed): nothing is counted twice.
-            return {str(a): int(held) - int(rows) for a, held, rows in found}
+            # Each admission's counter is its rows' bytes and its chunk records' (less
+            # what it staged before the counters existed): nothing is counted twice.
+            return {
+                str(a): int(held) - int(rows) - int(records) * STAGING_CHUNK_RECORD_BYTES
+                for a, held, rows, records in found
+            }
 
         kept = await trio.to_thread.run_sync(stored)
         assert kept[new] == 0
@@ -971,3 +981,66 @@ async def test_the_sweep_sets_the_counters_back_when_a_registry_is_dropped_with_
         org_bytes, org_open = await trio.to_thread.run_sync(counter, database_url, "org", org_key)
         assert (org_open, 0 < org_bytes < held[0]) == (1, True)
         assert await trio.to_thread.run_sync(counter, database_url, "token", token_id) == (0, 1)
+
+
+# --- third pass, finding 4: chunk records are bounded like staged bytes ------------------
+
+
+def insert_chunk_records(
+    url: str, names: Any, admission_id: str, first: int, count: int
+) -> str | None:
+    """As the stage role, in one statement: record chunks ``first .. first + count - 1``
+    (no staging rows); the name of the error Postgres refused it with, or None."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (admission_id, seq, first_position, row_count)"
+                    " SELECT %s, g, g, 1 FROM generate_series(%s::int, %s::int) AS g"
+                ).format(names.ident("stage_chunks_table")),
+                (admission_id, first, first + count - 1),
+            )
+    except psycopg.Error as exc:
+        return type(exc).__name__
+    return None
+
+
+def admission_staged(database_url: str, names: Any, admission_id: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT staged_bytes FROM {} WHERE admission_id = %s").format(
+                names.ident("admissions_table")
+            ),
+            (admission_id,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_stage_roles_chunk_records_count_against_the_staged_byte_bounds(
+    database_url: str,
+) -> None:
+    # A rows.stage role inserted 300,000 chunk records (44 MB) under its open
+    # admission, and every staged-byte counter stayed at 0. Each record now reserves
+    # what it costs on disk, on its admission, its org and the total, by the trigger
+    # that reserves a staging row's bytes: past a bound the statement is refused.
+    quotas = StoreQuotas(max_admission_staged_bytes=100 * STAGING_CHUNK_RECORD_BYTES)
+    async with quota_gateway(database_url, quotas) as gw:
+        play, names, url, admission_id = await stage_role_sheet(gw, CAPPED_ORG["a"])
+        kept = await trio.to_thread.run_sync(insert_chunk_records, url, names, admission_id, 0, 50)
+        assert kept is None
+        staged = await trio.to_thread.run_sync(admission_staged, database_url, names, admission_id)
+        assert staged == 50 * STAGING_CHUNK_RECORD_BYTES
+        refused = await trio.to_thread.run_sync(
+            insert_chunk_records, url, names, admission_id, 50, 300
+        )
+        assert refused == "ProgramLimitExceeded"
+        assert len(await trio.to_thread.run_sync(chunk_rows, database_url, names)) == 50
+        # Aborted, the admission gives its bytes back to its org.
+        before = await trio.to_thread.run_sync(total_staged, database_url)
+        aborted = await post(
+            gw, "abort_sheet_admission", play=play, tableNamespace="leads", admissionId=admission_id
+        )
+        assert aborted.status_code == 200, aborted.text
+        after = await trio.to_thread.run_sync(total_staged, database_url)
+        assert before - after == staged

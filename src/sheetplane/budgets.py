@@ -376,6 +376,13 @@ STAGING_MAX_TOTAL_BYTES: Final = 8 * ORG_MAX_STAGED_BYTES
 #: the other orgs' reading of the total; past it 429 ``runtime_staging_quota``.
 STAGING_MAX_TRANSACTION_BYTES: Final = 8 * TRANSPORT_CEILING_BYTES
 
+#: Staged bytes one chunk record (a row of a sheet's chunk table) reserves on its
+#: admission, its org and the total, as a staging row reserves its arrays: what
+#: one costs on disk, primary key index included (152 bytes measured on Postgres
+#: 18 over 300,000 records). A ``rows.stage`` role inserted 300,000 records
+#: (44 MB) that counted against nothing; now they count as what they take.
+STAGING_CHUNK_RECORD_BYTES: Final = 160
+
 #: Admissions one org may hold open at once (``begin_sheet_admission``): a
 #: runner holds one per ``start``; past it 429 ``runtime_staging_quota``.
 ORG_MAX_OPEN_ADMISSIONS: Final = 64
@@ -466,10 +473,23 @@ ADMISSION_SWEEP_LOCK_WAIT_MS: Final = DB_SESSION_WATCHDOG_INTERVAL_MS // 2
 #: interval's growth past it.
 DB_SESSION_MAX_BACKEND_MEMORY_BYTES: Final = 20 * READ_BATCH_MAX_RESPONSE_BYTES
 
+#: A client backend still without a role this long after it began is a login
+#: stalled in or after its authentication: the watchdog ends it (a superuser
+#: gateway). A connect's own timeout: no client of the gateway waits longer.
+DB_SESSION_LOGIN_TIMEOUT_MS: Final = POSTGRES_CONNECT_TIMEOUT_MS
+
 #: Connections one session role may hold (``CONNECTION LIMIT``): a runner's
 #: session store reads with at most ``READ_BATCH_MAX_IN_FLIGHT`` batch reads at
 #: once, and as many again leaves room for a write beside them.
 DB_SESSION_MAX_CONNECTIONS: Final = 2 * READ_BATCH_MAX_IN_FLIGHT
+
+#: Private memory all of one org's session backends may hold together before the
+#: watchdog ends the org's newest (the backend bound alone let an org hold its
+#: whole connection budget at the bound each, 10-30 GiB): one session at full
+#: width (``DB_SESSION_MAX_CONNECTIONS`` backends) at the backend bound each.
+DB_SESSION_MAX_ORG_MEMORY_BYTES: Final = (
+    DB_SESSION_MAX_CONNECTIONS * DB_SESSION_MAX_BACKEND_MEMORY_BYTES
+)
 
 #: A runner's session pool that no caller has used for this long closes its
 #: connections (the session stays cached; the next use opens a pool again):

@@ -76,6 +76,7 @@ from ..budgets import (
     MAX_SHEETS_PER_ORG,
     ORG_MAX_OPEN_ADMISSIONS,
     ORG_MAX_STAGED_BYTES,
+    STAGING_CHUNK_RECORD_BYTES,
     STAGING_MAX_TOTAL_BYTES,
     STAGING_MAX_TRANSACTION_BYTES,
     TOKEN_MAX_OPEN_ADMISSIONS,
@@ -184,6 +185,7 @@ QUOTA_TRIGGERS: Final = (
     ("sheetplane_reserve_staged_bytes", "staging_table"),
     ("sheetplane_admission_release", "admissions_table"),
     ("sheetplane_admission_release_deleted", "admissions_table"),
+    ("sheetplane_reserve_chunk_record", "stage_chunks_table"),
 )
 
 #: The staging trigger's first form, a ``BEFORE INSERT`` one: handing each chunk's
@@ -212,11 +214,20 @@ END
 
 _RESERVE_CHUNK_BODY: Final = f"""
 DECLARE
-  n bigint := pg_column_size(NEW._keys) + pg_column_size(NEW._rows);
+  n bigint;
+  admission text;
   found_state text;
   held bigint;
   bound bigint;
 BEGIN
+  IF TG_ARGV[2] = 'record' THEN
+    -- A chunk record (the chunk table's row): what one costs on disk, index included.
+    n := {STAGING_CHUNK_RECORD_BYTES};
+    admission := NEW.admission_id;
+  ELSE
+    n := pg_column_size(NEW._keys) + pg_column_size(NEW._rows);
+    admission := NEW._admission_id;
+  END IF;
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     -- Its snapshot would hide what other orgs committed since from the total below.
     RAISE EXCEPTION 'staging rows are written only in READ COMMITTED transactions'
@@ -224,18 +235,18 @@ BEGIN
   END IF;
   EXECUTE format('UPDATE %s SET staged_bytes = staged_bytes + $1 WHERE admission_id = $2 '
     'AND state = ''open'' AND staged_bytes + $1 <= max_staged_bytes RETURNING state',
-    TG_ARGV[0]::regclass) INTO found_state USING n, NEW._admission_id;
+    TG_ARGV[0]::regclass) INTO found_state USING n, admission;
   IF found_state IS NULL THEN
     EXECUTE format('SELECT state, staged_bytes, max_staged_bytes FROM %s WHERE admission_id = $1',
-      TG_ARGV[0]::regclass) INTO found_state, held, bound USING NEW._admission_id;
+      TG_ARGV[0]::regclass) INTO found_state, held, bound USING admission;
     IF found_state IS NULL THEN
-      RETURN NEW;  -- no such admission: the row's foreign key to its chunk refuses it
+      RETURN NEW;  -- no such admission: the row's foreign key refuses it
     ELSIF found_state <> 'open' THEN
-      RAISE EXCEPTION 'admission % is %', NEW._admission_id, found_state
+      RAISE EXCEPTION 'admission % is %', admission, found_state
         USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
     RAISE EXCEPTION 'admission % holds % staged bytes; a chunk of % would pass its bound of %',
-      NEW._admission_id, held, n, bound
+      admission, held, n, bound
       USING ERRCODE = 'program_limit_exceeded', CONSTRAINT = '{ADMISSION_BOUND}';
   END IF;
   IF NOT {QUOTA_SCHEMA}.take_bytes('org', TG_ARGV[1], n, {ORG_MAX_STAGED_BYTES}) THEN
@@ -381,11 +392,13 @@ def quota_trigger_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[
     registry's release (none when all are there: a trigger's DDL locks its table,
     which the sheet's DDL must not do to a live staging table or registry)."""
     staging, admissions = names.ident("staging_table"), names.ident("admissions_table")
+    chunks = names.ident("stage_chunks_table")
     present = {
         str(row[0])
         for row in conn.execute(
-            "SELECT tgname FROM pg_trigger WHERE tgrelid IN (%s::regclass, %s::regclass)",
-            (staging.as_string(conn), admissions.as_string(conn)),
+            "SELECT tgname FROM pg_trigger"
+            " WHERE tgrelid IN (%s::regclass, %s::regclass, %s::regclass)",
+            (staging.as_string(conn), admissions.as_string(conn), chunks.as_string(conn)),
         ).fetchall()
     }
     schema = sql.Literal(names.schema)
@@ -407,9 +420,24 @@ def quota_trigger_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[
             "CREATE TRIGGER {} AFTER DELETE ON {} FOR EACH ROW "
             "WHEN (OLD.state = 'open') EXECUTE FUNCTION {}({})"
         ).format(sql.Identifier(QUOTA_TRIGGERS[2][0]), admissions, _RELEASE, schema),
+        QUOTA_TRIGGERS[3][0]: sql.SQL(
+            "CREATE TRIGGER {} AFTER INSERT ON {} FOR EACH ROW"
+            " EXECUTE FUNCTION {}({}, {}, 'record')"
+        ).format(
+            sql.Identifier(QUOTA_TRIGGERS[3][0]),
+            chunks,
+            _RESERVE_CHUNK,
+            sql.Literal(admissions.as_string(conn)),
+            schema,
+        ),
     }
     # The registry's first (the lock order of the sheet's DDL, ``_schema.ensure_sheet``).
-    order = (QUOTA_TRIGGERS[1][0], QUOTA_TRIGGERS[2][0], QUOTA_TRIGGERS[0][0])
+    order = (
+        QUOTA_TRIGGERS[1][0],
+        QUOTA_TRIGGERS[2][0],
+        QUOTA_TRIGGERS[3][0],
+        QUOTA_TRIGGERS[0][0],
+    )
     statements = [made[name] for name in order if name not in present]
     statements += [
         sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), staging)
@@ -427,7 +455,7 @@ def quota_triggers_missing(conn: psycopg.Connection[Any], names: SheetNames) -> 
         " WHERE n.nspname = %s AND c.relname = ANY(%s) AND t.tgname = ANY(%s)",
         (
             names.schema,
-            [names.staging_table, names.admissions_table],
+            [names.staging_table, names.admissions_table, names.stage_chunks_table],
             [name for name, _ in QUOTA_TRIGGERS],
         ),
     ).fetchone()

@@ -342,11 +342,10 @@ class _MeteredProgress(ReaperProgress):
         super().record(dropped)
         self.metrics.session_roles_reaped.inc(dropped)
 
-    def record_watchdog(self, ended: int, over_budget: int = 0) -> None:
-        super().record_watchdog(ended, over_budget)
-        ended_by = self.metrics.session_backends_ended
-        ended_by.labels(reason="time_bound").inc(ended - over_budget)
-        ended_by.labels(reason="org_budget").inc(over_budget)
+    def record_watchdog(self, ended: dict[str, int], seconds: float = 0.0) -> None:
+        super().record_watchdog(ended, seconds)
+        for reason, count in ended.items():
+            self.metrics.session_backends_ended.labels(reason=reason).inc(count)
 
 
 class _AdmissionPool:
@@ -458,6 +457,8 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                     run_watchdog,
                     org_connections=org_connections,
                     memory_bytes=config.session_max_backend_memory_bytes,
+                    org_memory_bytes=config.session_max_org_memory_bytes,
+                    login_timeout_ms=config.session_login_timeout_ms,
                 ),
                 store,
                 config.session_bounds(),

@@ -10,10 +10,12 @@ from ... import crypto
 from ..._checks import positive_field as _positive
 from ...budgets import (
     DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    DB_SESSION_LOGIN_TIMEOUT_MS,
     DB_SESSION_MAX_BACKEND_MEMORY_BYTES,
     DB_SESSION_MAX_CONNECTIONS,
     DB_SESSION_MAX_LIVE_PER_ORG,
     DB_SESSION_MAX_LIVE_PER_TOKEN,
+    DB_SESSION_MAX_ORG_MEMORY_BYTES,
     DB_SESSION_REAPER_INTERVAL_MS,
     DB_SESSION_STATEMENT_TIMEOUT_MS,
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
@@ -151,6 +153,16 @@ class GatewayConfig:
     )
     """Private memory one session backend may hold before the watchdog ends it (read
     on the database server; None: not watched)."""
+    session_max_org_memory_bytes: int = attrs.field(
+        default=DB_SESSION_MAX_ORG_MEMORY_BYTES, validator=_positive
+    )
+    """Private memory all of one org's session backends may hold together (when
+    memory is watched); past it the watchdog ends the org's newest."""
+    session_login_timeout_ms: int = attrs.field(
+        default=DB_SESSION_LOGIN_TIMEOUT_MS, validator=_positive
+    )
+    """A client backend still without a role this long after it began is ended (a
+    superuser gateway only: Postgres lets no other end it)."""
     tenant_caps: TenantCaps | None = None
     """Each token's and org's share of this process: requests in flight and connections
     (``_shares``); past one a request is 429 ``gateway_tenant_cap`` before its body.

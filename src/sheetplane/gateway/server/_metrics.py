@@ -158,7 +158,9 @@ class GatewayMetrics:
             "sheetplane_session_backends_ended",
             "Session backends the watchdog terminated, by reason (time_bound: a statement,"
             " idle transaction or transaction past its bound; org_budget: past its org's"
-            " connection budget)",
+            " connection budget; memory, org_memory: past its own or its org's memory"
+            " bound; orphan: its role dropped; unauthenticated: no role past the login"
+            " bound; parallel: it led parallel workers; notify: LISTEN or NOTIFY)",
             ["reason"],
             registry=registry,
         )

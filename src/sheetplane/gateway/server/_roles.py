@@ -88,6 +88,7 @@ __all__ = [
     "LEDGER",
     "LEDGER_GRANTS",
     "OPERATIONS",
+    "ORG_BACKENDS",
     "ROLE_PREFIX",
     "MintedRole",
     "SessionBounds",
@@ -98,6 +99,7 @@ __all__ = [
     "drop_role",
     "ensure_session_ledger",
     "format_expires_at",
+    "retire_roles",
     "scoped_url",
 ]
 
@@ -193,7 +195,7 @@ LEDGER = sql.Identifier(GATEWAY_SCHEMA, "sessions")
 #: What a gateway needs on a ledger another role created: ``{schema}`` and ``{ledger}``.
 LEDGER_GRANTS: Final = (
     "GRANT USAGE ON SCHEMA {schema} TO {role}",
-    "GRANT SELECT, INSERT, DELETE ON TABLE {ledger} TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {ledger} TO {role}",
 )
 
 
@@ -201,25 +203,37 @@ def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
     """Create the gateway schema and its session ledger if missing (idempotent).
 
     One row per minted role: its org, its token's id (never the token), its
-    org schema and its expiry. The caps count live rows; the reaper deletes a
-    row with its role. The caller serialises concurrent creations.
+    org schema, its expiry and its oid. The caps count live rows; a dropped
+    role's row stays, expired, until its last backend is gone (the reaper
+    deletes it then), so such a backend still counts against its org. The
+    caller serialises concurrent creations.
     ``LEDGER_GRANTS`` are what a gateway role that does not own it needs.
     """
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (LEDGER.as_string(conn),))
     if exists.fetchone() == (True,):
-        minted_at = conn.execute(
-            "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attname = 'minted_at' AND NOT attisdropped)",
-            (LEDGER.as_string(conn),),
-        ).fetchone()
-        if minted_at == (False,):
-            # A ledger made before roles recorded when they were minted.
-            conn.execute(
-                sql.SQL(
-                    "ALTER TABLE {} ADD COLUMN IF NOT EXISTS"
-                    " minted_at timestamptz NOT NULL DEFAULT now()"
-                ).format(LEDGER)
-            )
+        # A ledger made before roles recorded when they were minted, or their oid.
+        for column, definition in (
+            ("minted_at", "timestamptz NOT NULL DEFAULT now()"),
+            ("role_oid", "oid"),
+        ):
+            present = conn.execute(
+                "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                " AND attname = %s AND NOT attisdropped)",
+                (LEDGER.as_string(conn), column),
+            ).fetchone()
+            if present == (False,):
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                        LEDGER, sql.Identifier(column), sql.SQL(definition)
+                    )
+                )
+                if column == "role_oid":
+                    conn.execute(
+                        sql.SQL(
+                            "UPDATE {} AS l SET role_oid = r.oid FROM pg_roles AS r"
+                            " WHERE r.rolname = l.role"
+                        ).format(LEDGER)
+                    )
         return
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(GATEWAY_SCHEMA)))
     conn.execute(
@@ -233,7 +247,8 @@ def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
                 token_id text,
                 schema_name text NOT NULL,
                 expires_at timestamptz NOT NULL,
-                minted_at timestamptz NOT NULL DEFAULT now()
+                minted_at timestamptz NOT NULL DEFAULT now(),
+                role_oid oid
             )"""
         ).format(LEDGER)
     )
@@ -372,11 +387,17 @@ def create_role_statements(
         ),
         *(
             sql.SQL("ALTER ROLE {role} SET {setting} = {value}").format(
-                role=ident, setting=sql.Identifier(setting), value=sql.Literal(f"{ms}ms")
+                role=ident, setting=sql.Identifier(setting), value=sql.Literal(value)
             )
-            for setting, ms in (
-                ("statement_timeout", bounds.statement_timeout_ms),
-                ("idle_in_transaction_session_timeout", bounds.idle_in_transaction_timeout_ms),
+            for setting, value in (
+                ("statement_timeout", f"{bounds.statement_timeout_ms}ms"),
+                (
+                    "idle_in_transaction_session_timeout",
+                    f"{bounds.idle_in_transaction_timeout_ms}ms",
+                ),
+                # No parallel workers: their shared memory escapes the memory bound,
+                # and the watchdog ends a session that raises this to get one.
+                ("max_parallel_workers_per_gather", "0"),
             )
         ),
         sql.SQL("GRANT USAGE ON SCHEMA {schema} TO {role}").format(
@@ -397,38 +418,96 @@ def create_role_statements(
     return statements
 
 
-#: The connection limits the org's live roles add up to (what they may hold at once).
-_ORG_GRANTED = sql.SQL(
-    "SELECT coalesce(sum(greatest(r.rolconnlimit, 0)), 0) FROM {} AS l"
-    " JOIN pg_roles AS r ON r.rolname = l.role WHERE l.org_id = %s AND l.expires_at > now()"
+#: Every backend of an org's roles, live or dropped: the ledger keeps a role's oid
+#: (and its org) after the role is dropped until the role's last backend is gone, so
+#: a backend that outlived its role still counts against its org. By ``usesysid``,
+#: not by name: a dropped role's backends have no name.
+ORG_BACKENDS = sql.SQL(
+    "SELECT a.pid, a.backend_start, l.org_id FROM pg_stat_activity AS a"
+    " JOIN {} AS l ON l.role_oid = a.usesysid WHERE a.pid <> pg_backend_pid()"
 ).format(LEDGER)
 
+#: The connections the org may hold now: the connection limits of its live roles
+#: (Postgres refuses each role's logins past its own, at its role check) and every
+#: backend of its other roles (expired, retired or dropped: no limit counts them).
+_ORG_GRANTED = sql.SQL(
+    "SELECT coalesce((SELECT sum(greatest(r.rolconnlimit, 0)) FROM {ledger} AS l"
+    " JOIN pg_roles AS r ON r.oid = l.role_oid"
+    " WHERE l.org_id = %(org)s AND l.expires_at > now() AND r.rolcanlogin), 0)"
+    " + (SELECT count(*) FROM pg_stat_activity AS a JOIN {ledger} AS l"
+    " ON l.role_oid = a.usesysid WHERE l.org_id = %(org)s AND a.pid <> pg_backend_pid()"
+    " AND NOT (l.expires_at > now() AND EXISTS ("
+    " SELECT FROM pg_roles AS r WHERE r.oid = l.role_oid AND r.rolcanlogin)))"
+).format(ledger=LEDGER)
+
 #: The org's live roles, minted at least ``DB_SESSION_RECLAIM_AFTER_MS`` ago by any
-#: gateway, that hold no connection now: oldest first.
+#: gateway, that may log in and hold no connection now: oldest first.
 _IDLE_ROLES = sql.SQL(
-    "SELECT l.role FROM {} AS l WHERE l.org_id = %s AND l.expires_at > now()"
+    "SELECT l.role FROM {} AS l JOIN pg_roles AS r ON r.oid = l.role_oid"
+    " WHERE l.org_id = %s AND l.expires_at > now() AND r.rolcanlogin"
     " AND l.minted_at <= now() - %s * interval '1 millisecond'"
-    " AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.usename = l.role)"
+    " AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.usesysid = l.role_oid)"
     " ORDER BY l.minted_at, l.role"
+).format(LEDGER)
+
+#: The org's roles a mint retired (NOLOGIN, committed) and did not drop yet.
+_RETIRED_ROLES = sql.SQL(
+    "SELECT l.role FROM {} AS l JOIN pg_roles AS r ON r.oid = l.role_oid"
+    " WHERE l.org_id = %s AND l.expires_at > now() AND NOT r.rolcanlogin ORDER BY l.role"
 ).format(LEDGER)
 
 
 def org_session_backends(conn: psycopg.Connection[Any], org_id: str) -> int:
-    """The connections the session roles of ``org_id`` hold now (the ledger knows each
-    role's org); for tests and benchmarks that watch an org's budget."""
+    """The connections the session roles of ``org_id`` hold now, those of its dropped
+    roles included (the ledger knows each role's org and oid); for the watchdog's
+    tests and benchmarks that watch an org's budget."""
     row = conn.execute(
-        sql.SQL(
-            "SELECT count(*) FROM pg_stat_activity AS a JOIN {} AS l ON l.role = a.usename"
-            " WHERE l.org_id = %s"
-        ).format(LEDGER),
+        sql.SQL("SELECT count(*) FROM ({}) AS b WHERE b.org_id = %s").format(ORG_BACKENDS),
         (org_id,),
     ).fetchone()
     return int(row[0]) if row is not None else 0
 
 
+def retire_roles(conn: psycopg.Connection[Any], roles: Iterable[str]) -> list[str]:
+    """``ALTER ROLE ... NOLOGIN`` each of ``roles``: commit it before ending their
+    backends and dropping them (:func:`drop_role`).
+
+    A login checks ``VALID UNTIL`` and the password when it begins, and looks its
+    role up (``rolcanlogin``, ``CONNECTION LIMIT``) only after authenticating; until
+    then its backend shows no role in ``pg_stat_activity``. A drop that ends the
+    role's backends cannot see such a login, and one that looks its role up before
+    the drop commits logs in and outlives its role. Once NOLOGIN is committed, every
+    login that had not yet looked its role up is refused (28000). Returns the roles
+    retired (one that fails, e.g. altered by another process at once, is left).
+    """
+    retired = []
+    for role in roles:
+        try:
+            with conn.transaction():  # a savepoint: a role another process alters is skipped
+                conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        except psycopg.Error as exc:
+            log.warning("could not retire session role %s: %s", role, type(exc).__name__)
+        else:
+            retired.append(role)
+    return retired
+
+
 def _granted_connections(conn: psycopg.Connection[Any], org_id: str) -> int:
-    row = conn.execute(_ORG_GRANTED, (org_id,)).fetchone()
+    row = conn.execute(_ORG_GRANTED, {"org": org_id}).fetchone()
     return int(row[0]) if row is not None else 0
+
+
+class _Retired:
+    """A mint's first pass retired idle roles (committed): run it again."""
+
+
+def _out_of_connections(caps: SessionCaps) -> SessionCapReachedError:
+    return SessionCapReachedError(
+        "org",
+        caps.connections_per_org or 0,
+        "DB connections through its sessions' connection limits",
+        connections=True,
+    )
 
 
 def _grant_lock_key(schema: str) -> int:
@@ -477,7 +556,7 @@ async def create_session_role(
     expires_at = format_expires_at(expires)
     writes = any(op != "rows.read" for op in ops)
 
-    def create(conn: psycopg.Connection[Any]) -> SessionCapReachedError | None:
+    def create(conn: psycopg.Connection[Any]) -> SessionCapReachedError | _Retired | None:
         verifier = _scram_verifier(password)
         # GRANTs rewrite the schema's and the tables' ACLs in the catalog; two
         # sessions minted at once for one org (or a mint and the reaper's DROP
@@ -499,33 +578,31 @@ async def create_session_role(
             return SessionCapReachedError("token", caps.per_token)
         if caps.connections_per_org is not None:
             budget, width = caps.connections_per_org, bounds.max_connections
+            # Roles an earlier pass retired (their NOLOGIN committed): dropped now.
+            for (retired,) in conn.execute(_RETIRED_ROLES, (sheet.org_id,)).fetchall():
+                drop_role(conn, str(retired))
             granted = _granted_connections(conn, sheet.org_id)
             if granted + width > budget:
                 idle = conn.execute(
                     _IDLE_ROLES, (sheet.org_id, DB_SESSION_RECLAIM_AFTER_MS)
                 ).fetchall()
-                for (idle_role,) in idle:
-                    drop_role(conn, str(idle_role))
-                granted = _granted_connections(conn, sheet.org_id)
-            if granted + width > budget:
-                return SessionCapReachedError(
-                    "org",
-                    budget,
-                    "DB connections through its sessions' connection limits",
-                    connections=True,
-                )
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (role, org_id, token_id, schema_name, expires_at)"
-                " VALUES (%s, %s, %s, %s, %s)"
-            ).format(LEDGER),
-            (role, sheet.org_id, token_id, names.schema, expires),
-        )
+                if idle:
+                    # Retire them and commit; the next pass drops them and mints.
+                    retire_roles(conn, [str(r) for (r,) in idle])
+                    return _Retired()
+                return _out_of_connections(caps)
         columns = [name for name, _ in column_ids(conn, names) or ()]
         for statement in create_role_statements(
             role, verifier, expires_at, names, ops, bounds, columns
         ):
             conn.execute(statement)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (role, org_id, token_id, schema_name, expires_at, role_oid)"
+                " SELECT %s, %s, %s, %s, %s, oid FROM pg_roles WHERE rolname = %s"
+            ).format(LEDGER),
+            (role, sheet.org_id, token_id, names.schema, expires, role),
+        )
         if writes:
             # The event table's id is a bigserial; an INSERT needs its sequence.
             row = conn.execute(
@@ -544,6 +621,10 @@ async def create_session_role(
         return None
 
     refused = await store.pool.run(create, acquire_timeout_ms=acquire_timeout_ms)
+    if isinstance(refused, _Retired):
+        refused = await store.pool.run(create, acquire_timeout_ms=acquire_timeout_ms)
+    if isinstance(refused, _Retired):  # others went idle meanwhile: the queue tries again
+        refused = _out_of_connections(caps)
     if refused is not None:
         raise refused
     return MintedRole(role, password, expires_at, names, ops)
@@ -571,14 +652,14 @@ def scoped_url(database_url: str, role: str, password: str) -> str:
 
 
 def drop_role(conn: psycopg.Connection[Any], role: str) -> None:
-    """End ``role``'s connections, drop it and its ledger row (in the caller's transaction)."""
+    """End ``role``'s connections and drop it (in the caller's transaction); its
+    ledger row stays, expired, with its oid, until the role's last backend is gone.
+
+    Retire the role first, in a transaction committed before this one
+    (:func:`retire_roles`): a login this drop cannot see is refused then.
+    """
     ident = sql.Identifier(role)
-    # VALID UNTIL only stops new logins: end the connections it still holds.
-    conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE usename = %s AND pid <> pg_backend_pid()",
-        (role,),
-    )
+    oid = conn.execute("SELECT oid FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
     # DROP OWNED revokes the role's grants, rewriting the same catalog rows (the
     # tables' and the schema's ACLs) as a GRANT of another session on that org:
     # take the org's grant key first, as minting does, or one of the two fails
@@ -603,5 +684,20 @@ def drop_role(conn: psycopg.Connection[Any], role: str) -> None:
         conn.execute(sql.SQL("GRANT {role} TO CURRENT_USER WITH INHERIT TRUE").format(role=ident))
     conn.execute(sql.SQL("REASSIGN OWNED BY {role} TO CURRENT_USER").format(role=ident))
     conn.execute(sql.SQL("DROP OWNED BY {role}").format(role=ident))
+    if oid is not None:
+        # Every backend of the role, by oid (a backend shows its role once its login
+        # is done), as late as this transaction allows: the watchdog ends any that
+        # still outlives the role (``_watchdog``).
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE usesysid = %s AND pid <> pg_backend_pid()",
+            (oid[0],),
+        )
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {role}").format(role=ident))
-    conn.execute(sql.SQL("DELETE FROM {} WHERE role = %s").format(LEDGER), (role,))
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET expires_at = least(expires_at, now()),"
+            " role_oid = coalesce(role_oid, %s) WHERE role = %s"
+        ).format(LEDGER),
+        (oid[0] if oid is not None else None, role),
+    )

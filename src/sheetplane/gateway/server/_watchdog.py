@@ -19,9 +19,9 @@ import psycopg
 import trio
 from psycopg import sql
 
-from ...budgets import org_connection_budget
+from ...budgets import DB_SESSION_LOGIN_TIMEOUT_MS, org_connection_budget
 from ...store import SheetStore
-from ._roles import LEDGER, ROLE_PREFIX, SessionBounds, drop_role
+from ._roles import LEDGER, ORG_BACKENDS, ROLE_PREFIX, SessionBounds, drop_role, retire_roles
 
 __all__ = [
     "ReaperProgress",
@@ -39,6 +39,20 @@ __all__ = [
 log = logging.getLogger("sheetplane.gateway.server")
 
 
+#: Why the watchdog ended a backend: the metric's ``reason`` label, the progress
+#: counter, and the log line's event and words.
+REASONS: Final = {
+    "time_bound": ("session_time_bound", "past their time bounds"),
+    "orphan": ("session_orphan", "whose role no longer exists"),
+    "unauthenticated": ("session_unauthenticated", "with no role past the login bound"),
+    "parallel": ("session_parallel", "that ran a parallel query"),
+    "org_budget": ("org_connection_budget", "past their org's connection budget"),
+    "memory": ("session_memory_bound", "past their private memory bound"),
+    "org_memory": ("org_memory_bound", "past their org's memory bound, newest first"),
+    "notify": ("session_notify", "that ran LISTEN or NOTIFY"),
+}
+
+
 @attrs.define(eq=False)
 class ReaperProgress:
     """What the reaper and the watchdog have done; tests wait on it instead of sleeping."""
@@ -50,18 +64,36 @@ class ReaperProgress:
     watchdog_passes: int = 0
     """Completed watchdog passes."""
     ended: int = 0
-    """Session backends the watchdog ended so far (both kinds)."""
-    over_budget: int = 0
-    """Of those, backends ended because their org held more than its connection budget."""
-    over_memory: int = 0
-    """Of those, backends ended because their private memory passed its bound."""
-    notifying: int = 0
-    """Of those, backends ended because they ran LISTEN or NOTIFY."""
+    """Session backends the watchdog ended so far (every reason)."""
+    ended_by: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(REASONS, 0))
+    """Of those, how many for each reason of ``REASONS``."""
+    longest_pass_s: float = 0.0
+    """The longest watchdog pass so far, in seconds: what a backend's bound may be
+    late by, beyond its intervals, on this server as busy as it has been."""
+    longest_statement_s: float = 0.0
+    """How long the longest statement the watchdog ended for its time had run, in
+    seconds (the database server's clock): at most its bound, the slack and one
+    interval, and ``longest_pass_s``."""
     memory_watch: bool = False
     """Whether the watchdog reads session backends' memory (``run_watchdog``)."""
     expired_admissions: int = 0
     """Abandoned staged admissions expired so far (their staging rows deleted)."""
     _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def over_budget(self) -> int:
+        """Backends ended because their org held more than its connection budget."""
+        return self.ended_by["org_budget"]
+
+    @property
+    def over_memory(self) -> int:
+        """Backends ended because their private memory passed its bound."""
+        return self.ended_by["memory"]
+
+    @property
+    def notifying(self) -> int:
+        """Backends ended because they ran LISTEN or NOTIFY."""
+        return self.ended_by["notify"]
 
     def record(self, dropped: int) -> None:
         """Count a finished reaper pass and wake everyone waiting for one."""
@@ -69,12 +101,14 @@ class ReaperProgress:
         self.dropped += dropped
         self._wake()
 
-    def record_watchdog(self, ended: int, over_budget: int = 0) -> None:
-        """Count a finished watchdog pass: ``ended`` backends, ``over_budget`` of them
-        for their org's connection budget."""
+    def record_watchdog(self, ended: dict[str, int], seconds: float = 0.0) -> None:
+        """Count a finished watchdog pass that took ``seconds`` and ended ``ended``
+        backends (by reason)."""
         self.watchdog_passes += 1
-        self.ended += ended
-        self.over_budget += over_budget
+        for reason, count in ended.items():
+            self.ended_by[reason] += count
+            self.ended += count
+        self.longest_pass_s = max(self.longest_pass_s, seconds)
         self._wake()
 
     def _wake(self) -> None:
@@ -97,15 +131,15 @@ class ReaperProgress:
             await self._changed.wait()
 
 
-def _expired_roles(conn: psycopg.Connection[Any]) -> list[str]:
+def _expired_roles(conn: psycopg.Connection[Any], *, can_login: bool) -> list[str]:
     rows = conn.execute(
         "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)"
-        " AND rolvaliduntil IS NOT NULL AND rolvaliduntil <= now()"
+        " AND rolvaliduntil IS NOT NULL AND rolvaliduntil <= now() AND rolcanlogin = %s"
         # Only roles this gateway may drop: a non-superuser gateway holds ADMIN
         # OPTION on the roles it created, not on another gateway's (roles are
         # the cluster's, shared by every database on it).
         " AND pg_has_role(oid, 'MEMBER WITH ADMIN OPTION') ORDER BY rolname",
-        (ROLE_PREFIX,),
+        (ROLE_PREFIX, can_login),
     ).fetchall()
     return [str(row[0]) for row in rows]
 
@@ -119,17 +153,28 @@ _REAPER_LOCK_KEY: Final = int.from_bytes(
 )
 
 
+def _retire_expired(conn: psycopg.Connection[Any]) -> int:
+    """NOLOGIN on every expired role that may still log in, committed before any is
+    dropped: ``VALID UNTIL`` is checked only when a login begins, so a login begun
+    before the expiry would otherwise get a backend of a role being dropped."""
+    row = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (_REAPER_LOCK_KEY,)).fetchone()
+    if row is None or not row[0]:
+        return 0  # another pass runs
+    return len(retire_roles(conn, _expired_roles(conn, can_login=True)))
+
+
 def _reap(conn: psycopg.Connection[Any]) -> tuple[int, int] | None:
     """One pass in one transaction: (dropped, failed), or None when another pass holds the lock.
 
-    Each role is dropped under its own savepoint, so one failure leaves the
-    others dropped (the failed one is tried again next pass).
+    Each role (retired by ``_retire_expired`` in a committed transaction before)
+    is dropped under its own savepoint, so one failure leaves the others dropped
+    (the failed one is tried again next pass).
     """
     row = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (_REAPER_LOCK_KEY,)).fetchone()
     if row is None or not row[0]:
         return None
     dropped = failed = 0
-    for role in _expired_roles(conn):
+    for role in _expired_roles(conn, can_login=False):
         try:
             with conn.transaction():
                 drop_role(conn, role)
@@ -138,11 +183,13 @@ def _reap(conn: psycopg.Connection[Any]) -> tuple[int, int] | None:
             log.warning("could not drop expired session role %s: %s", role, type(exc).__name__)
         else:
             dropped += 1
-    # Rows of roles dropped some other way (by hand, or before the ledger existed).
+    # Rows of dropped roles (by the gateway, by hand, or before the ledger existed)
+    # once no backend of theirs is left: until then the backends count against the org.
     conn.execute(
         sql.SQL(
             "DELETE FROM {} AS l WHERE l.expires_at <= now()"
             " AND NOT EXISTS (SELECT FROM pg_roles WHERE rolname = l.role)"
+            " AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.usesysid = l.role_oid)"
         ).format(LEDGER)
     )
     return dropped, failed
@@ -155,6 +202,7 @@ async def reap_expired_roles(store: SheetStore) -> int:
     a pass that finds another one running returns 0 at once. If cancelled, the
     pass rolls back whole and its roles stay for the next one.
     """
+    await store.pool.run(_retire_expired)  # committed before the drops
     outcome = await store.pool.run(_reap)
     if outcome is None:
         return 0
@@ -197,7 +245,10 @@ async def run_reaper(
 
 _OVERRUNNING = sql.SQL(
     """
-    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)),
+        coalesce(max(extract(epoch FROM clock_timestamp() - query_start))
+            FILTER (WHERE state = 'active'), 0)
+    FROM pg_stat_activity
     WHERE starts_with(usename, %(prefix)s) AND pid <> pg_backend_pid() AND (
         (state = 'active' AND query_start < clock_timestamp() - %(statement)s)
         OR (state IN ('idle in transaction', 'idle in transaction (aborted)')
@@ -213,6 +264,14 @@ async def end_overrunning_backends(store: SheetStore, bounds: SessionBounds, sla
     Postgres's own timeouts end a session that kept its role defaults first;
     this catches the ones that ``SET`` them away.
     """
+    return (await _end_overrunning(store, bounds, slack_ms))[0]
+
+
+async def _end_overrunning(
+    store: SheetStore, bounds: SessionBounds, slack_ms: int
+) -> tuple[int, float]:
+    """``end_overrunning_backends``, and how long the longest statement it ended had
+    run (seconds, on the database server's clock; 0 when it ended none)."""
 
     def after(ms: int) -> dt.timedelta:
         return dt.timedelta(milliseconds=ms + slack_ms)
@@ -224,9 +283,9 @@ async def end_overrunning_backends(store: SheetStore, bounds: SessionBounds, sla
         "transaction": after(bounds.transaction_timeout_ms),
     }
 
-    def run(conn: psycopg.Connection[Any]) -> int:
+    def run(conn: psycopg.Connection[Any]) -> tuple[int, float]:
         row = conn.execute(_OVERRUNNING, params).fetchone()
-        return int(row[0]) if row else 0
+        return (int(row[0]), float(row[1])) if row else (0, 0.0)
 
     return await store.pool.run(run)
 
@@ -238,13 +297,12 @@ _PAST_ORG_BUDGET = sql.SQL(
     """
     WITH session AS (
         SELECT a.pid, row_number() OVER (
-            PARTITION BY l.org_id ORDER BY a.backend_start, a.pid) AS n
-        FROM pg_stat_activity AS a JOIN {ledger} AS l ON l.role = a.usename
-        WHERE a.pid <> pg_backend_pid())
+            PARTITION BY a.org_id ORDER BY a.backend_start, a.pid) AS n
+        FROM ({backends}) AS a)
     SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM session
     WHERE n > %(budget)s
     """
-).format(ledger=LEDGER)
+).format(backends=ORG_BACKENDS)
 
 
 async def resolve_org_connection_budget(store: SheetStore, configured: int | None) -> int:
@@ -283,19 +341,31 @@ async def end_backends_past_org_budget(store: SheetStore, budget: int) -> int:
 
 
 #: Every session backend whose private memory (``RssAnon`` of its process, read
-#: on the database server through ``pg_read_file`` of ``/proc/<pid>/status``)
-#: is past the bound, ended.
+#: on the database server through ``pg_read_file`` of ``/proc/<pid>/status``) is
+#: past the backend bound, ended; then, in each org, the backends (oldest first)
+#: whose running total of the rest passes the org bound: the newest are ended.
 _PAST_MEMORY = sql.SQL(
     r"""
-    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
-        SELECT a.pid, (regexp_match(
+    WITH m AS (
+        SELECT a.pid, a.backend_start, l.org_id, coalesce((regexp_match(
             pg_read_file('/proc/' || a.pid || '/status', true),
-            'RssAnon:\s+(\d+) kB'))[1]::bigint * 1024 AS private
-        FROM pg_stat_activity AS a
-        WHERE starts_with(a.usename, %(prefix)s) AND a.pid <> pg_backend_pid()) AS m
-    WHERE m.private > %(bound)s
+            'RssAnon:\s+(\d+) kB'))[1]::bigint * 1024, 0) AS private
+        FROM pg_stat_activity AS a LEFT JOIN {ledger} AS l ON l.role_oid = a.usesysid
+        WHERE (starts_with(a.usename, %(prefix)s) OR l.org_id IS NOT NULL)
+          AND a.pid <> pg_backend_pid()),
+    r AS (
+        SELECT pid, private, org_id, sum(
+            CASE WHEN private > %(bound)s THEN 0 ELSE private END) OVER (
+            PARTITION BY org_id ORDER BY backend_start, pid) AS running
+        FROM m)
+    SELECT
+        count(*) FILTER (WHERE CASE WHEN private > %(bound)s
+            THEN pg_terminate_backend(pid) ELSE false END),
+        count(*) FILTER (WHERE CASE WHEN private <= %(bound)s AND org_id IS NOT NULL
+            AND running > %(org_bound)s THEN pg_terminate_backend(pid) ELSE false END)
+    FROM r
     """
-)
+).format(ledger=LEDGER)
 
 
 async def backend_memory_readable(store: SheetStore) -> bool:
@@ -317,13 +387,75 @@ async def backend_memory_readable(store: SheetStore) -> bool:
     return await store.pool.run(run)
 
 
-async def end_backends_past_memory(store: SheetStore, bound_bytes: int) -> int:
+async def end_backends_past_memory(
+    store: SheetStore, bound_bytes: int, org_bound_bytes: int
+) -> tuple[int, int]:
     """Terminate every session backend holding more than ``bound_bytes`` of private
-    memory; return how many. What bounds ``SET work_mem`` (which no grant can
+    memory, then each org's newest backends past ``org_bound_bytes`` together;
+    return how many of each. What bounds ``SET work_mem`` (which no grant can
     refuse): its effect, measured."""
 
+    def run(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+        params = {"prefix": ROLE_PREFIX, "bound": bound_bytes, "org_bound": org_bound_bytes}
+        row = conn.execute(_PAST_MEMORY, params).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    return await store.pool.run(run)
+
+
+#: Client backends whose role no longer exists (a login that looked its role up in
+#: the instant before its drop committed, or a role dropped outside the gateway):
+#: nothing else bounds them, for every other rule finds a backend by its role.
+_ORPHANED = sql.SQL(
+    """
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity AS a
+    WHERE a.backend_type IN ('client backend', 'parallel worker') AND a.usesysid IS NOT NULL
+      AND a.pid <> pg_backend_pid()
+      AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.oid = a.usesysid)
+    """
+)
+
+#: Client backends still without a role past the login bound: a login stalled
+#: in or after its authentication. Only a superuser may end them (Postgres treats
+#: a backend with no role as a superuser's).
+_UNAUTHENTICATED = sql.SQL(
+    """
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE backend_type = 'client backend' AND usesysid IS NULL
+      AND pid <> pg_backend_pid() AND backend_start < clock_timestamp() - %(login)s
+    """
+)
+
+#: Session backends leading parallel workers, ended with their workers: a parallel
+#: hash join's table lives in shared memory (1 GiB per process, 4 MiB private), which
+#: the private-memory bound does not see. Session roles default to no parallel
+#: workers (``max_parallel_workers_per_gather = 0``); only a role that raised it
+#: gets one, and Postgres offers no setting a role cannot raise.
+_PARALLEL = sql.SQL(
+    """
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+        SELECT DISTINCT leader_pid AS pid FROM pg_stat_activity
+        WHERE backend_type = 'parallel worker' AND starts_with(usename, %(prefix)s)
+          AND leader_pid IS NOT NULL AND leader_pid <> pg_backend_pid()) AS p
+    """
+)
+
+
+async def gateway_is_superuser(store: SheetStore) -> bool:
+    """Whether the gateway's role is a superuser (it may end backends with no role)."""
+
+    def run(conn: psycopg.Connection[Any]) -> bool:
+        row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        return bool(row and row[0])
+
+    return await store.pool.run(run)
+
+
+async def _count(
+    store: SheetStore, statement: sql.SQL | sql.Composed, params: dict[str, Any]
+) -> int:
     def run(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(_PAST_MEMORY, {"prefix": ROLE_PREFIX, "bound": bound_bytes}).fetchone()
+        row = conn.execute(statement, params).fetchone()
         return int(row[0]) if row else 0
 
     return await store.pool.run(run)
@@ -344,12 +476,7 @@ _NOTIFYING = sql.SQL(
 async def end_notifying_backends(store: SheetStore) -> int:
     """Terminate every session backend whose last statement was a ``LISTEN`` or
     ``NOTIFY``; return how many (docs/gateway.md says what this does not catch)."""
-
-    def run(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(_NOTIFYING, {"prefix": ROLE_PREFIX}).fetchone()
-        return int(row[0]) if row else 0
-
-    return await store.pool.run(run)
+    return await _count(store, _NOTIFYING, {"prefix": ROLE_PREFIX})
 
 
 async def run_watchdog(
@@ -360,15 +487,22 @@ async def run_watchdog(
     *,
     org_connections: int | None = None,
     memory_bytes: int | None = None,
+    org_memory_bytes: int | None = None,
+    login_timeout_ms: int = DB_SESSION_LOGIN_TIMEOUT_MS,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """End overrunning session backends every ``interval_ms`` until cancelled.
+    """End session backends past their bounds every ``interval_ms`` until cancelled.
 
-    A backend is ended at most one interval (plus one interval of slack, so
-    Postgres's own timeout wins when it still applies) after its bound. With
-    ``org_connections``, each pass also ends every org's newest session
-    backends past that many, so an org is over its budget for at most one
-    interval (and one pass) at a time.
+    Passes start ``interval_ms`` apart (a pass longer than that starts the next at
+    once). A statement or transaction past its time bound is ended within two
+    intervals and one pass of it (one interval of slack, so Postgres's own timeout
+    wins when it still applies; ``progress.longest_pass_s`` is the pass). Each pass
+    also ends backends whose role no longer exists, backends with no role past
+    ``login_timeout_ms`` (a superuser gateway only), session backends leading
+    parallel workers, and, with ``org_connections``, every org's newest session
+    backends past that many; with ``memory_bytes`` (and ``org_memory_bytes``,
+    default ``memory_bytes`` times a role's connection limit), backends past their
+    private memory bound and each org's newest past the org's.
     """
     if memory_bytes is not None and not await backend_memory_readable(store):
         log.warning(
@@ -378,36 +512,38 @@ async def run_watchdog(
         )
         memory_bytes = None
     progress.memory_watch = memory_bytes is not None
+    superuser = await gateway_is_superuser(store)
+    if memory_bytes is not None and org_memory_bytes is None:
+        org_memory_bytes = memory_bytes * bounds.max_connections
+    login = {"login": dt.timedelta(milliseconds=login_timeout_ms)}
     task_status.started()
     while True:
-        ended = over_budget = over_memory = notifying = 0
+        started = trio.current_time()
+        ended = dict.fromkeys(REASONS, 0)
         try:
-            ended = await end_overrunning_backends(store, bounds, interval_ms)
+            ended["time_bound"], ran = await _end_overrunning(store, bounds, interval_ms)
+            progress.longest_statement_s = max(progress.longest_statement_s, ran)
+            ended["orphan"] = await _count(store, _ORPHANED, {})
+            if superuser:
+                ended["unauthenticated"] = await _count(store, _UNAUTHENTICATED, login)
+            ended["parallel"] = await _count(store, _PARALLEL, {"prefix": ROLE_PREFIX})
             if org_connections is not None:
-                over_budget = await end_backends_past_org_budget(store, org_connections)
-            if memory_bytes is not None:
-                over_memory = await end_backends_past_memory(store, memory_bytes)
-            notifying = await end_notifying_backends(store)
+                ended["org_budget"] = await end_backends_past_org_budget(store, org_connections)
+            if memory_bytes is not None and org_memory_bytes is not None:
+                ended["memory"], ended["org_memory"] = await end_backends_past_memory(
+                    store, memory_bytes, org_memory_bytes
+                )
+            ended["notify"] = await end_notifying_backends(store)
         except Exception as exc:
-            log.warning("session watchdog pass failed: %s", type(exc).__name__)
-        for count, what, event in (
-            (ended, "past their time bounds", "session_time_bound"),
-            (
-                over_budget,
-                f"past their org's budget of {org_connections} connections",
-                "org_connection_budget",
-            ),
-            (over_memory, f"past {memory_bytes} bytes of private memory", "session_memory_bound"),
-            (notifying, "that ran LISTEN or NOTIFY", "session_notify"),
-        ):
+            log.warning("session watchdog pass failed: %s", repr(exc))
+        for reason, count in ended.items():
             if count:
+                event, what = REASONS[reason]
                 log.warning(
                     "ended %d session backend(s) %s",
                     count,
                     what,
                     extra={"event": event, "ended": count},
                 )
-        progress.over_memory += over_memory
-        progress.notifying += notifying
-        progress.record_watchdog(ended + over_budget + over_memory + notifying, over_budget)
-        await trio.sleep(interval_ms / 1000)
+        progress.record_watchdog(ended, trio.current_time() - started)
+        await trio.sleep_until(started + interval_ms / 1000)
