@@ -92,7 +92,7 @@ async def test_the_guide_example_stops_when_a_retry_supersedes_it(
     rows = leads(300)
     # map writes its batches through the writer's mapped-batch entry (its rows were
     # checked as fn returned them); the hook sits there.
-    original = sheetplane.runtime.RowWriter._complete_mapped
+    original = sheetplane.runtime.RowWriter.complete_mapped
     retried: list[int] = []
 
     async def complete_after_a_retry(self: Any, batch: Any) -> Any:
@@ -104,7 +104,7 @@ async def test_the_guide_example_stops_when_a_retry_supersedes_it(
                 retried.append(admission.write_version)
         return await original(self, batch)
 
-    monkeypatch.setattr(sheetplane.runtime.RowWriter, "_complete_mapped", complete_after_a_retry)
+    monkeypatch.setattr(sheetplane.runtime.RowWriter, "complete_mapped", complete_after_a_retry)
     result = await example["run_enrichment"](**arguments(gateway, play, rows=rows))
     assert retried
     assert result["superseded"] is True and result["stale_rows"] > 0

@@ -271,7 +271,7 @@ async def _memory_child(url: str, rows: int) -> dict[str, float]:
         ) as rt,
     ):
         writer = rt.writer(namespace, CONTRACT, write_version=1)
-        pending = rt._admitted_dataset(namespace, AdmittedPart(1, "pending"))
+        pending = rt.admitted_dataset(namespace, AdmittedPart(1, "pending"))
         await pending.peek(1)  # mint the session, open the pool
         before = _current_rss_kib()
         peak = before

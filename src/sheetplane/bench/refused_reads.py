@@ -44,14 +44,14 @@ from ..protocol import read_contract
 from ..store import open_store
 from . import _common
 
-__all__ = ["main"]
+__all__ = ["main", "memory_kib", "serve_gateway"]
 
 ORG = "bench-refused-org"
 PLAY = "bench-refused"
 CONTRACT = {"columns": [{"id": "blob", "sqlName": "blob", "source": "input"}]}
 
 
-def _memory_kib(pid: int) -> dict[str, int]:
+def memory_kib(pid: int) -> dict[str, int]:
     """``VmRSS`` and ``VmHWM`` of a process, in KiB (Linux)."""
     fields: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -133,7 +133,7 @@ async def _ok_reads(
     return medians
 
 
-def _serve(url: str, token: str) -> tuple[subprocess.Popen[str], str]:
+def serve_gateway(url: str, token: str) -> tuple[subprocess.Popen[str], str]:
     env = {
         **os.environ,
         "SHEETPLANE_DATABASE_URL": url,
@@ -158,15 +158,15 @@ def _run(url: str, args: argparse.Namespace) -> None:
     namespace = f"refused_{uuid.uuid4().hex[:8]}"
     token = f"tok-{uuid.uuid4().hex}"
     trio.run(_seed, url, namespace, args.rows, args.row_mib)
-    process, base_url = _serve(url, token)
+    process, base_url = serve_gateway(url, token)
     try:
-        before = _memory_kib(process.pid)
+        before = memory_kib(process.pid)
         started = time.perf_counter()
         statuses = trio.run(_read_all, base_url, token, namespace, args.rows, args.concurrent)
         elapsed = time.perf_counter() - started
-        peak = _memory_kib(process.pid)
+        peak = memory_kib(process.pid)
         time.sleep(args.settle)
-        after = _memory_kib(process.pid)
+        after = memory_kib(process.pid)
         medians = trio.run(_ok_reads, base_url, token, namespace, args.ok_rows, args.ok_reads)
     finally:
         process.terminate()

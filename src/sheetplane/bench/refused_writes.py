@@ -30,7 +30,7 @@ from ..budgets import MiB
 from ..protocol import read_contract
 from ..store import open_store
 from . import _common
-from .refused_reads import _memory_kib, _serve
+from .refused_reads import memory_kib, serve_gateway
 
 __all__ = ["main"]
 
@@ -98,21 +98,21 @@ def _run(url: str, args: argparse.Namespace) -> None:
     namespace = f"refused_w_{uuid.uuid4().hex[:8]}"
     token = f"tok-{uuid.uuid4().hex}"
     version = trio.run(_seed, url, namespace)
-    process, base_url = _serve(url, token)
+    process, base_url = serve_gateway(url, token)
     statuses: Counter[int] = Counter()
     try:
-        before = _memory_kib(process.pid)
+        before = memory_kib(process.pid)
         started = time.perf_counter()
         waves = []
         for _ in range(args.waves):
             statuses += trio.run(
                 _wave, base_url, token, namespace, version, args.concurrent, args.body_mib
             )
-            waves.append(_memory_kib(process.pid)["VmRSS"])
+            waves.append(memory_kib(process.pid)["VmRSS"])
         elapsed = time.perf_counter() - started
-        peak = _memory_kib(process.pid)
+        peak = memory_kib(process.pid)
         time.sleep(args.settle)
-        after = _memory_kib(process.pid)
+        after = memory_kib(process.pid)
     finally:
         process.terminate()
         process.wait(30)

@@ -18,7 +18,7 @@ READ_BATCH_TOO_LARGE: Final = "runtime_sheet_read_batch_too_large"
 FAULT_HEADER: Final = "x-sheetplane-test-fault"
 
 
-def _json_error(exchange: Exchange, status: int, what: str) -> None:
+def json_error(exchange: Exchange, status: int, what: str) -> None:
     expect(
         exchange.status == status and isinstance(exchange.json_object.get("error"), str),
         f"{what}: {status} with a JSON body whose error is a string",
@@ -26,7 +26,7 @@ def _json_error(exchange: Exchange, status: int, what: str) -> None:
     )
 
 
-def _keys(rows: Any) -> list[Any]:
+def row_keys_of(rows: Any) -> list[Any]:
     return [row.get("_key") for row in rows] if isinstance(rows, list) else []
 
 
@@ -44,9 +44,9 @@ def _page_ok(page: Any, limit: int, offset: int) -> bool:
 @check("SP-AUTH-1")
 def no_token(ctx: Context) -> None:
     payload = {"tableNamespace": ctx.namespace("auth"), "sheetContract": CONTRACT}
-    _json_error(ctx.wire.post("ensure_sheet", payload, token=None), 401, "no token")
+    json_error(ctx.wire.post("ensure_sheet", payload, token=None), 401, "no token")
     wrong = f"{ctx.prefix}-not-a-token-{uuid.uuid4().hex}"
-    _json_error(ctx.wire.post("ensure_sheet", payload, token=wrong), 401, "an unknown token")
+    json_error(ctx.wire.post("ensure_sheet", payload, token=wrong), 401, "an unknown token")
 
 
 @check("SP-ERR-1")
@@ -61,10 +61,10 @@ def unknown_action(ctx: Context) -> None:
 
 @check("SP-ERR-2")
 def malformed(ctx: Context) -> None:
-    _json_error(ctx.wire.post_body([1, 2, 3]), 400, "a body that is not a JSON object")
-    _json_error(ctx.wire.post_body({"playName": ctx.prefix}), 400, "a body without action")
+    json_error(ctx.wire.post_body([1, 2, 3]), 400, "a body that is not a JSON object")
+    json_error(ctx.wire.post_body({"playName": ctx.prefix}), 400, "a body without action")
     no_input = ctx.wire.post("runtime_sheet_read_rows", {})
-    _json_error(no_input, 400, "runtime_sheet_read_rows without input")
+    json_error(no_input, 400, "runtime_sheet_read_rows without input")
 
 
 @check("SP-SHEET-1")
@@ -151,7 +151,7 @@ def read_order(ctx: Context) -> None:
     keys: list[Any] = []
     for offset in range(0, 12, 3):
         answer = ctx.read(sheet.namespace, 3, offset)
-        keys.extend(_keys(ok(answer).get("rows")))
+        keys.extend(row_keys_of(ok(answer).get("rows")))
     expect(
         keys == list(sheet.keys),
         f"pages of 3 to return the ten keys in input order, once each: {list(sheet.keys)}",
@@ -179,7 +179,7 @@ def batch_order(ctx: Context) -> None:
     got = [(page.get("limit"), page.get("offset")) for page in pages]
     want = [list(sheet.keys[offset : offset + limit]) for limit, offset in requested]
     expect(
-        got == requested and [_keys(page.get("rows")) for page in pages] == want,
+        got == requested and [row_keys_of(page.get("rows")) for page in pages] == want,
         f"pages in request order {requested}, page i holding the rows at its offset",
         answer,
     )
@@ -238,7 +238,7 @@ def batch_page_count(ctx: Context) -> None:
     sheet = ctx.shared_sheet()
     for pages in ([], [(1, i) for i in range(READ_BATCH_MAX_PAGES + 1)]):
         answer = ctx.read_batch(sheet.namespace, pages)
-        _json_error(answer, 400, f"a batch of {len(pages)} pages")
+        json_error(answer, 400, f"a batch of {len(pages)} pages")
 
 
 @check("SP-READ-8")
@@ -263,7 +263,7 @@ def read_by_run(ctx: Context) -> None:
     for admitted in (first, second):
         answer = ctx.read(admitted.namespace, 10, 0, runId=admitted.run_id)
         expect(
-            _keys(ok(answer).get("rows")) == list(admitted.keys),
+            row_keys_of(ok(answer).get("rows")) == list(admitted.keys),
             f"only the rows run {admitted.run_id} admitted: {list(admitted.keys)}",
             answer,
         )

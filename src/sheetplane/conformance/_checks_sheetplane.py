@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ._checks_seed import _json_error, _keys
+from ._checks_seed import json_error, row_keys_of
 from ._context import CONTRACT, Admitted, CheckSkipped, Context, check, expect, ok, rows_of
 from ._http import Exchange
 
@@ -224,7 +224,7 @@ def enriched_not_readmitted(ctx: Context) -> None:
     again = ctx.admit(sheet.namespace, rows_of([1, 2], sheet.salt), ctx.name("run"))
     body = again.answer.json_object
     expect(
-        _keys(body.get("completedRows")) == [sheet.keys[0]]
+        row_keys_of(body.get("completedRows")) == [sheet.keys[0]]
         and list(again.keys) == [sheet.keys[1]]
         and body.get("skipped") == 1
         and body.get("inserted") == 0,
@@ -541,4 +541,4 @@ def operating_routes(ctx: Context) -> None:
         "an OpenAPI 3.1 document naming every action",
         document,
     )
-    _json_error(ctx.wire.post("conformance_unknown_action", {}), 400, "an unknown action")
+    json_error(ctx.wire.post("conformance_unknown_action", {}), 400, "an unknown action")

@@ -143,7 +143,7 @@ class Runtime:
         descriptor = self._descriptor("map", road)
         return Dataset(self.reader, road, page_rows=page_rows, descriptor=descriptor)
 
-    def _admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
+    def admitted_dataset(self, table_namespace: str, admitted: AdmittedPart) -> Dataset:
         """A lazy dataset over one admission's pending or completed rows (each carrying
         ``__deeplineRowKey`` beside ``_key``)."""
         road = KeyedRoad(self.road(table_namespace, RowFilter(admitted=admitted)))
@@ -227,7 +227,7 @@ class Runtime:
             user_email=c.user_email,
             client=self.client,
             sessions=self.sessions,
-            admitted=partial(self._admitted_dataset, table_namespace),
+            admitted=partial(self.admitted_dataset, table_namespace),
             tally=self._tally,
         )
         return RowWriter(target, write_version)
@@ -291,8 +291,8 @@ class Runtime:
             admission.pending(),
             fn,
             total=admission.pending_count,
-            complete=writer._complete_mapped,
-            fail=writer._fail_mapped,
+            complete=writer.complete_mapped,
+            fail=writer.fail_mapped,
             concurrency=concurrency,
             batch_rows=batch_rows,
             flush_seconds=flush_seconds,

@@ -275,7 +275,7 @@ class RowWriter:
             checked, lambda store: store.fail_map_rows, self._target.client.fail_map_rows
         )
 
-    async def _complete_mapped(self, rows: Sequence[CompleteRow]) -> TerminalWriteResult:
+    async def complete_mapped(self, rows: Sequence[CompleteRow]) -> TerminalWriteResult:
         """``complete`` of a batch ``map`` built: each row's outputs already passed the
         store's check and the batch is within ``MAP_WRITE_BATCH_MAX_BYTES``, so the
         argument checks (a second measure of every row) are not run again."""
@@ -283,7 +283,7 @@ class RowWriter:
             rows, lambda store: store.complete_map_rows, self._target.client.complete_map_rows
         )
 
-    async def _fail_mapped(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
+    async def fail_mapped(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
         """``fail`` of a batch ``map`` built (its errors cut to ``MAX_ERROR_TEXT_BYTES``)."""
         return await self._terminal(
             rows, lambda store: store.fail_map_rows, self._target.client.fail_map_rows
