@@ -140,7 +140,8 @@ class ShareClaim:
     last_index: int | None = None
     """Its last ``_input_index``."""
     taken_over: bool = False
-    """Whether the share was claimed before (by a worker whose lease ended)."""
+    """Whether the share was claimed before (by a worker whose lease ended, or who
+    gave it back unfinished)."""
     live: int = 0
     """Shares of the attempt held under a live lease by other claims, when ``none``."""
     retry_after_ms: int | None = None

@@ -550,13 +550,15 @@ class LeaseLostError(LeaseError):
 
     code = "lease_lost"
 
-    def __init__(self, key: str, reason: str) -> None:
+    def __init__(self, key: str, reason: str, what: str = "work receipt") -> None:
         self.key = key
         self.reason = reason
-        super().__init__(f"the lease on work receipt {key!r} was lost: {reason}")
+        self.what = what
+        """What the lease was on: a ``work receipt``, or a ``share`` of an attempt."""
+        super().__init__(f"the lease on {what} {key!r} was lost: {reason}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.reason))
+        return (type(self), (self.key, self.reason, self.what))
 
 
 class ReceiptCompletedError(LeaseError):

@@ -64,6 +64,7 @@ import trio
 from .. import _checks as checks
 from .. import _tracing
 from .. import protocol as m
+from .._attempts import AttemptStatus, ShareClaim, ShareRenewal
 from .._redact import Redactor
 from .._types import (
     AdmissionCounts,
@@ -1154,6 +1155,73 @@ class GatewayClient:
         answer = m.read_as((await self._send(request)).body, m.RegisterPlayAnswer, request.action)
         if answer.play_id != play.play_id:
             raise m.protocol_error(request.action, "playId must echo the registered play")
+
+    async def claim_share(
+        self,
+        table_namespace: str,
+        write_version: int,
+        holder: str,
+        lease_token: str,
+        *,
+        ttl_ms: int,
+        max_rows: int,
+    ) -> ShareClaim:
+        """Claim a share of the attempt at ``write_version`` (``claim_sheet_share``).
+
+        A retried claim may have landed: the share it took is then held under
+        ``lease_token`` until its lease ends (the caller releases it with that token).
+        """
+        request = self._request(
+            m.ClaimShareRequest,
+            table_namespace=table_namespace,
+            write_version=write_version,
+            holder=holder,
+            lease_token=lease_token,
+            ttl_ms=ttl_ms,
+            max_rows=max_rows,
+        )
+        return m.parse_share_claim((await self._send(request)).body, request.action)
+
+    async def renew_share(
+        self, table_namespace: str, write_version: int, share: int, lease_token: str, *, ttl_ms: int
+    ) -> ShareRenewal:
+        """Push a held share's lease on (``renew_sheet_share``)."""
+        request = self._request(
+            m.RenewShareRequest,
+            table_namespace=table_namespace,
+            write_version=write_version,
+            share=share,
+            lease_token=lease_token,
+            ttl_ms=ttl_ms,
+        )
+        return m.parse_share_lease((await self._send(request)).body, request.action)
+
+    async def release_share(
+        self,
+        table_namespace: str,
+        write_version: int,
+        share: int,
+        lease_token: str,
+        *,
+        finished: bool,
+    ) -> ShareRenewal:
+        """Give a held share up (``release_sheet_share``)."""
+        request = self._request(
+            m.ReleaseShareRequest,
+            table_namespace=table_namespace,
+            write_version=write_version,
+            share=share,
+            lease_token=lease_token,
+            finished=finished,
+        )
+        return m.parse_share_lease((await self._send(request)).body, request.action)
+
+    async def attempt_status(self, table_namespace: str, write_version: int) -> AttemptStatus:
+        """Where the attempt at ``write_version`` stands (``sheet_attempt_status``)."""
+        request = self._request(
+            m.AttemptStatusRequest, table_namespace=table_namespace, write_version=write_version
+        )
+        return m.parse_attempt_status((await self._send(request)).body, request.action)
 
     async def summary(self, table_namespace: str) -> Summary:
         """The sheet's status counters."""

@@ -1,4 +1,5 @@
-"""Pages: request and result values, the adaptive splitter, the page reader, the two roads."""
+"""Pages: request and result values, the adaptive splitter, the page reader, the two
+roads, and an attempt's shares on either road."""
 
 from __future__ import annotations
 
@@ -13,19 +14,25 @@ from ._roads import DirectRoad as DirectRoad
 from ._roads import GatewayCursor as GatewayCursor
 from ._roads import GatewayRoad as GatewayRoad
 from ._roads import RoadStats as RoadStats
+from ._shares import DirectShareRoad as DirectShareRoad
+from ._shares import GatewayShareRoad as GatewayShareRoad
+from ._shares import ShareRoad as ShareRoad
 from ._splitter import ReadBatch as ReadBatch
 from ._splitter import read_pages_adaptive as read_pages_adaptive
 
 __all__ = [
     "DirectRoad",
+    "DirectShareRoad",
     "GatewayCursor",
     "GatewayRoad",
+    "GatewayShareRoad",
     "Page",
     "PageReader",
     "PageRequest",
     "ReadBatch",
     "ReadScope",
     "RoadStats",
+    "ShareRoad",
     "SheetRoad",
     "normalize_page_request",
     "read_pages_adaptive",

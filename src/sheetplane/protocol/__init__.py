@@ -48,6 +48,7 @@ from ._converter import wire_name as wire_name
 from ._domain import admission_answer as admission_answer
 from ._domain import admitted_of as admitted_of
 from ._domain import admitted_wire as admitted_wire
+from ._domain import attempt_status_answer as attempt_status_answer
 from ._domain import check_page as check_page
 from ._domain import claim_answer as claim_answer
 from ._domain import complete_rows_of as complete_rows_of
@@ -62,6 +63,7 @@ from ._domain import page_batch_of as page_batch_of
 from ._domain import page_input as page_input
 from ._domain import pages_wire as pages_wire
 from ._domain import parse_admission as parse_admission
+from ._domain import parse_attempt_status as parse_attempt_status
 from ._domain import parse_db_session as parse_db_session
 from ._domain import parse_ok as parse_ok
 from ._domain import parse_pages as parse_pages
@@ -70,6 +72,8 @@ from ._domain import parse_receipt_completion as parse_receipt_completion
 from ._domain import parse_released as parse_released
 from ._domain import parse_resolved_play as parse_resolved_play
 from ._domain import parse_row_keys as parse_row_keys
+from ._domain import parse_share_claim as parse_share_claim
+from ._domain import parse_share_lease as parse_share_lease
 from ._domain import parse_summary as parse_summary
 from ._domain import parse_terminal_write as parse_terminal_write
 from ._domain import play_wire as play_wire
@@ -85,6 +89,8 @@ from ._domain import row_cursor_wire as row_cursor_wire
 from ._domain import row_filter_of as row_filter_of
 from ._domain import session_limits_json as session_limits_json
 from ._domain import session_limits_of as session_limits_of
+from ._domain import share_claim_answer as share_claim_answer
+from ._domain import share_lease_answer as share_lease_answer
 from ._domain import summary_answer as summary_answer
 from ._domain import terminal_write_answer as terminal_write_answer
 from ._errors import ERRORS as ERRORS
@@ -108,9 +114,14 @@ from ._messages import AbortAdmissionAnswer as AbortAdmissionAnswer
 from ._messages import AbortAdmissionRequest as AbortAdmissionRequest
 from ._messages import AdmissionAnswer as AdmissionAnswer
 from ._messages import AdmittedPartWire as AdmittedPartWire
+from ._messages import AttemptRequest as AttemptRequest
+from ._messages import AttemptStatusAnswer as AttemptStatusAnswer
+from ._messages import AttemptStatusRequest as AttemptStatusRequest
 from ._messages import BeginAdmissionAnswer as BeginAdmissionAnswer
 from ._messages import BeginAdmissionRequest as BeginAdmissionRequest
 from ._messages import ClaimAnswer as ClaimAnswer
+from ._messages import ClaimShareAnswer as ClaimShareAnswer
+from ._messages import ClaimShareRequest as ClaimShareRequest
 from ._messages import ClaimWorkReceiptRequest as ClaimWorkReceiptRequest
 from ._messages import CommitAdmissionAnswer as CommitAdmissionAnswer
 from ._messages import CommitAdmissionRequest as CommitAdmissionRequest
@@ -148,7 +159,9 @@ from ._messages import ReceiptWire as ReceiptWire
 from ._messages import RegisterPlayAnswer as RegisterPlayAnswer
 from ._messages import RegisterPlayRequest as RegisterPlayRequest
 from ._messages import ReleaseAnswer as ReleaseAnswer
+from ._messages import ReleaseShareRequest as ReleaseShareRequest
 from ._messages import ReleaseWorkReceiptRequest as ReleaseWorkReceiptRequest
+from ._messages import RenewShareRequest as RenewShareRequest
 from ._messages import Request as Request
 from ._messages import ResolvePlayAnswer as ResolvePlayAnswer
 from ._messages import ResolvePlayRequest as ResolvePlayRequest
@@ -157,6 +170,7 @@ from ._messages import SessionLimitsAnswer as SessionLimitsAnswer
 from ._messages import SessionLimitsWire as SessionLimitsWire
 from ._messages import SessionTargetAnswer as SessionTargetAnswer
 from ._messages import SessionTargetWire as SessionTargetWire
+from ._messages import ShareLeaseAnswer as ShareLeaseAnswer
 from ._messages import SheetContractWire as SheetContractWire
 from ._messages import SheetRequest as SheetRequest
 from ._messages import StageAdmissionChunkAnswer as StageAdmissionChunkAnswer
@@ -252,11 +266,16 @@ __all__ = [
     "AdmissionAnswer",
     "AdmittedPartWire",
     "Answer",
+    "AttemptRequest",
+    "AttemptStatusAnswer",
+    "AttemptStatusRequest",
     "BeginAdmissionAnswer",
     "BeginAdmissionRequest",
     "Checked",
     "ChunkBuilder",
     "ClaimAnswer",
+    "ClaimShareAnswer",
+    "ClaimShareRequest",
     "ClaimWorkReceiptRequest",
     "Code",
     "CommitAdmissionAnswer",
@@ -297,7 +316,9 @@ __all__ = [
     "RegisterPlayAnswer",
     "RegisterPlayRequest",
     "ReleaseAnswer",
+    "ReleaseShareRequest",
     "ReleaseWorkReceiptRequest",
+    "RenewShareRequest",
     "Request",
     "ResolvePlayAnswer",
     "ResolvePlayRequest",
@@ -307,6 +328,7 @@ __all__ = [
     "SessionLimitsWire",
     "SessionTargetAnswer",
     "SessionTargetWire",
+    "ShareLeaseAnswer",
     "SheetContractWire",
     "SheetRequest",
     "StageAdmissionChunkAnswer",
@@ -329,6 +351,7 @@ __all__ = [
     "admission_id_field",
     "admitted_of",
     "admitted_wire",
+    "attempt_status_answer",
     "between",
     "build",
     "build_checked",
@@ -364,6 +387,7 @@ __all__ = [
     "pages_body",
     "pages_wire",
     "parse_admission",
+    "parse_attempt_status",
     "parse_db_session",
     "parse_ok",
     "parse_pages",
@@ -372,6 +396,8 @@ __all__ = [
     "parse_released",
     "parse_resolved_play",
     "parse_row_keys",
+    "parse_share_claim",
+    "parse_share_lease",
     "parse_summary",
     "parse_terminal_write",
     "play_wire",
@@ -394,6 +420,8 @@ __all__ = [
     "rule_for_exception",
     "session_limits_json",
     "session_limits_of",
+    "share_claim_answer",
+    "share_lease_answer",
     "status_descriptions",
     "structure",
     "summary_answer",

@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
+from .._attempts import AttemptStatus, ShareClaim, ShareRenewal
 from .._types import (
     OPERATIONS,
     AdmittedPart,
@@ -62,6 +63,7 @@ __all__ = [
     "admission_answer",
     "admitted_of",
     "admitted_wire",
+    "attempt_status_answer",
     "check_page",
     "claim_answer",
     "complete_rows_of",
@@ -76,6 +78,7 @@ __all__ = [
     "page_input",
     "pages_wire",
     "parse_admission",
+    "parse_attempt_status",
     "parse_db_session",
     "parse_ok",
     "parse_pages",
@@ -84,6 +87,8 @@ __all__ = [
     "parse_released",
     "parse_resolved_play",
     "parse_row_keys",
+    "parse_share_claim",
+    "parse_share_lease",
     "parse_summary",
     "parse_terminal_write",
     "play_wire",
@@ -99,6 +104,8 @@ __all__ = [
     "row_filter_of",
     "session_limits_json",
     "session_limits_of",
+    "share_claim_answer",
+    "share_lease_answer",
     "summary_answer",
     "terminal_write_answer",
 ]
@@ -523,6 +530,44 @@ def parse_resolved_play(answer: Mapping[str, Any], action: str) -> ResolvedPlay 
     """``{play: {playId, sourceCode?, artifact?, codeFormat?, contractSnapshot?} | null}``."""
     play = read_as(answer, m.ResolvePlayAnswer, action).play
     return None if play is None else copy_fields(play, ResolvedPlay)
+
+
+def share_claim_answer(claim: ShareClaim) -> dict[str, Any]:
+    """``claim_sheet_share``'s answer."""
+    return m.unstructure(copy_fields(claim, m.ClaimShareAnswer))
+
+
+def parse_share_claim(answer: Mapping[str, Any], action: str) -> ShareClaim:
+    """``{outcome, share?, firstIndex?, lastIndex?, takenOver, live, retryAfterMs?}``; a
+    claimed share names its number and a range, and nothing else does."""
+    read = read_as(answer, m.ClaimShareAnswer, action)
+    ranged = (read.share, read.first_index, read.last_index)
+    claimed = read.outcome == "claimed"
+    if claimed != all(part is not None for part in ranged) or (
+        claimed and typing.cast(int, read.first_index) > typing.cast(int, read.last_index)
+    ):
+        raise protocol_error(action, "a claimed share carries its number and range, and only it")
+    return copy_fields(read, ShareClaim)
+
+
+def share_lease_answer(renewal: ShareRenewal) -> dict[str, Any]:
+    """``renew_sheet_share``'s and ``release_sheet_share``'s answer."""
+    return m.unstructure(m.ShareLeaseAnswer(outcome=renewal.outcome))
+
+
+def parse_share_lease(answer: Mapping[str, Any], action: str) -> ShareRenewal:
+    """``{outcome}``."""
+    return ShareRenewal(read_as(answer, m.ShareLeaseAnswer, action).outcome)
+
+
+def attempt_status_answer(status: AttemptStatus) -> dict[str, Any]:
+    """``sheet_attempt_status``'s answer."""
+    return m.unstructure(copy_fields(status, m.AttemptStatusAnswer))
+
+
+def parse_attempt_status(answer: Mapping[str, Any], action: str) -> AttemptStatus:
+    """``{pending, claimed, enriched, failed, workers, superseded}``."""
+    return copy_fields(read_as(answer, m.AttemptStatusAnswer, action), AttemptStatus)
 
 
 def parse_summary(answer: Mapping[str, Any], action: str) -> Summary:

@@ -35,6 +35,9 @@ from .._types import (
 from ..budgets import (
     ADMISSION_CHUNK_ROWS,
     READ_BATCH_MAX_PAGES,
+    SHARE_LEASE_MIN_TTL_MS,
+    SHARE_LEASE_TTL_MS,
+    SHARE_MAX_ROWS,
 )
 from ._converter import (
     ABSENT,
@@ -75,9 +78,14 @@ __all__ = [
     "Absent",
     "AdmissionAnswer",
     "AdmittedPartWire",
+    "AttemptRequest",
+    "AttemptStatusAnswer",
+    "AttemptStatusRequest",
     "BeginAdmissionAnswer",
     "BeginAdmissionRequest",
     "ClaimAnswer",
+    "ClaimShareAnswer",
+    "ClaimShareRequest",
     "ClaimWorkReceiptRequest",
     "CommitAdmissionAnswer",
     "CommitAdmissionRequest",
@@ -115,7 +123,9 @@ __all__ = [
     "RegisterPlayAnswer",
     "RegisterPlayRequest",
     "ReleaseAnswer",
+    "ReleaseShareRequest",
     "ReleaseWorkReceiptRequest",
+    "RenewShareRequest",
     "Request",
     "ResolvePlayAnswer",
     "ResolvePlayRequest",
@@ -124,6 +134,7 @@ __all__ = [
     "SessionLimitsWire",
     "SessionTargetAnswer",
     "SessionTargetWire",
+    "ShareLeaseAnswer",
     "SheetContractWire",
     "SheetRequest",
     "StageAdmissionChunkAnswer",
@@ -447,6 +458,55 @@ class SummaryRequest(Request):
     table_namespace: str = text_field()
 
 
+# --- shares of an attempt: many workers on one admission ---------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AttemptRequest(Request):
+    """What a share request names: the sheet and the attempt (its admission's version)."""
+
+    table_namespace: str = text_field()
+    write_version: int = int_field(1, BIGINT_MAX)
+
+
+@attrs.frozen(kw_only=True)
+class ClaimShareRequest(AttemptRequest):
+    """Claim a share of the attempt's pending rows under a lease of ``ttlMs``."""
+
+    action: Literal["claim_sheet_share"] = "claim_sheet_share"
+    holder: str = text_field()
+    lease_token: str = lease_token_field(required=True)
+    ttl_ms: int = int_field(SHARE_LEASE_MIN_TTL_MS, SHARE_LEASE_TTL_MS)
+    max_rows: int = int_field(1, SHARE_MAX_ROWS)
+
+
+@attrs.frozen(kw_only=True)
+class RenewShareRequest(AttemptRequest):
+    """Push a held share's lease ``ttlMs`` on from now (its lease token)."""
+
+    action: Literal["renew_sheet_share"] = "renew_sheet_share"
+    share: int = int_field(1, INTEGER_MAX)
+    lease_token: str = lease_token_field(required=True)
+    ttl_ms: int = int_field(SHARE_LEASE_MIN_TTL_MS, SHARE_LEASE_TTL_MS)
+
+
+@attrs.frozen(kw_only=True)
+class ReleaseShareRequest(AttemptRequest):
+    """Give a held share up: ``finished`` (done once its rows are written) or not."""
+
+    action: Literal["release_sheet_share"] = "release_sheet_share"
+    share: int = int_field(1, INTEGER_MAX)
+    lease_token: str = lease_token_field(required=True)
+    finished: bool
+
+
+@attrs.frozen(kw_only=True)
+class AttemptStatusRequest(AttemptRequest):
+    """Where the attempt stands."""
+
+    action: Literal["sheet_attempt_status"] = "sheet_attempt_status"
+
+
 @attrs.frozen(kw_only=True)
 class StagedAdmissionRequest(SheetRequest):
     """What the requests of one staged admission share: its sheet and its id."""
@@ -684,6 +744,37 @@ class RegisterPlayAnswer:
 
 
 @attrs.frozen(kw_only=True)
+class ClaimShareAnswer:
+    """``claimed`` (the share and its index range), ``none`` (``live`` shares held by
+    others, the first expiring in ``retryAfterMs``) or ``superseded``."""
+
+    outcome: Literal["claimed", "none", "superseded"]
+    share: int | None = optional_int_field(1, INTEGER_MAX)
+    first_index: int | None = optional_int_field(BIGINT_MIN, BIGINT_MAX)
+    last_index: int | None = optional_int_field(BIGINT_MIN, BIGINT_MAX)
+    taken_over: bool = False
+    live: int = int_field(0)
+    retry_after_ms: int | None = optional_int_field(0, BIGINT_MAX)
+
+
+@attrs.frozen(kw_only=True)
+class ShareLeaseAnswer:
+    """A renewal's or release's outcome."""
+
+    outcome: Literal["renewed", "released", "lost", "superseded"]
+
+
+@attrs.frozen(kw_only=True)
+class AttemptStatusAnswer:
+    pending: int = int_field(0)
+    claimed: int = int_field(0)
+    enriched: int = int_field(0)
+    failed: int = int_field(0)
+    workers: int = int_field(0)
+    superseded: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class SummaryAnswer:
     total: int = int_field(0)
     queued: int = int_field(0)
@@ -781,6 +872,10 @@ EXCHANGES: Final[tuple[tuple[type[Request], type[Any]], ...]] = (
     (StageAdmissionChunkRequest, StageAdmissionChunkAnswer),
     (CommitAdmissionRequest, CommitAdmissionAnswer),
     (AbortAdmissionRequest, AbortAdmissionAnswer),
+    (ClaimShareRequest, ClaimShareAnswer),
+    (RenewShareRequest, ShareLeaseAnswer),
+    (ReleaseShareRequest, ShareLeaseAnswer),
+    (AttemptStatusRequest, AttemptStatusAnswer),
 )
 
 #: Each action's request class.

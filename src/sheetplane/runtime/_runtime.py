@@ -12,6 +12,7 @@ import trio
 
 from .. import _checks as checks
 from .. import protocol as m
+from .._attempts import Attempt, AttemptStatus, ShareClaim, ShareLease
 from .._groups import raise_single
 from .._map import (
     UNKNOWN_OUTPUTS,
@@ -21,7 +22,6 @@ from .._map import (
     OutputKeys,
     UnknownOutputs,
     check_map_options,
-    run_map,
 )
 from .._types import (
     BIGINT_MAX,
@@ -34,19 +34,37 @@ from .._types import (
     SheetContract,
     SheetRef,
 )
+from .._workers import AttemptTally, run_attempt
 from ..admission import AdmissionInput, KeyedRoad
 from ..budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from ..dataset import Dataset, DatasetDescriptor, DatasetKind, InMemoryDataset
 from ..errors import GatewayActionMissingError, InvalidInputError
 from ..gateway.client import GatewayClient, gateway_urls
-from ..names import normalize_table_namespace
-from ..pages import DirectRoad, GatewayRoad, PageReader, ReadScope, RoadStats, SheetRoad
+from ..names import normalize_play_name, normalize_table_namespace
+from ..pages import (
+    DirectRoad,
+    DirectShareRoad,
+    GatewayRoad,
+    GatewayShareRoad,
+    PageReader,
+    ReadScope,
+    RoadStats,
+    ShareRoad,
+    SheetRoad,
+)
 from ..sessions import PreloadedSession, SessionManager
 from ._context import RuntimeContext, Strategy
 from ._receipts import ReceiptRecorder
 from ._writer import RowWriter, WriteTally, WriteTarget
 
 __all__ = ["Runtime", "RuntimeStats", "open_runtime"]
+
+
+def _check_unknown_outputs(unknown_outputs: object) -> None:
+    if unknown_outputs not in UNKNOWN_OUTPUTS:
+        raise InvalidInputError(
+            f"unknown_outputs must be one of {list(UNKNOWN_OUTPUTS)}, got {unknown_outputs!r}"
+        )
 
 
 @attrs.frozen
@@ -89,6 +107,11 @@ class Runtime:
         self.reader: Final = reader
         self.road_stats: Final = RoadStats()
         self._tally = WriteTally()
+        self.share_lease = ShareLease()
+        """How ``map_attempt``'s workers keep their shares' leases (``budgets``'
+        ``SHARE_LEASE_*``); tests and benchmarks set a shorter one to see a takeover."""
+        self.attempt_tally = AttemptTally()
+        """What this runtime's workers did (rows, shares, takeovers, renewals)."""
 
     def __repr__(self) -> str:
         c = self.context
@@ -253,17 +276,20 @@ class Runtime:
         """Admit ``rows`` on ``namespace`` and map ``fn`` (``async (row) -> outputs``) over
         the rows to map; every outcome is written, fenced by the admission's version.
 
+        It is the admission and then ``map_attempt`` of its attempt with this one
+        worker: other processes may join with ``map_attempt(admission.attempt, ...)``.
+
         ``rows``: a sequence, iterable or async iterable of row mappings.
         At most ``concurrency`` ``fn`` calls run at once. ``fn`` returning its
         outputs (a mapping by contract column id) completes the row; raising an
         ``Exception`` fails it with the message; any other ``BaseException``
         stops the map and propagates. Terminal writes leave in batches of up
         to ``batch_rows`` rows, after at most ``flush_seconds``; rows read
-        ahead and results not yet written are capped (``MAP_*`` budgets), so
-        memory does not grow with the sheet. ``receipts=True`` runs each row's
-        ``fn`` through ``once`` (key ``map/{namespace}/{row key}``), so a rerun
-        reuses every finished call. ``progress(MapProgress)`` is called as
-        rows settle.
+        ahead and results not yet written are capped (``MAP_*`` and ``SHARE_*``
+        budgets), so memory does not grow with the sheet. ``receipts=True`` runs
+        each row's ``fn`` through ``once`` (key ``map/{namespace}/{row key}``), so
+        a rerun reuses every finished call. ``progress(MapProgress)`` is called
+        as rows settle.
 
         ``fn``'s outputs are keyed by contract column id (a column's ``sql_name``
         is accepted too). A key that names no column of ``contract`` fails its
@@ -277,31 +303,25 @@ class Runtime:
         started.
         """
         namespace = normalize_table_namespace(namespace)
-        check_map_options(fn, concurrency, batch_rows, flush_seconds, progress)
-        checks.flag("receipts", receipts)
-        if unknown_outputs not in UNKNOWN_OUTPUTS:
-            raise InvalidInputError(
-                f"unknown_outputs must be one of {list(UNKNOWN_OUTPUTS)}, got {unknown_outputs!r}"
-            )
+        self._check_map(fn, concurrency, batch_rows, flush_seconds, progress, receipts)
+        _check_unknown_outputs(unknown_outputs)
         started = trio.current_time()
         writer = self.writer(namespace, contract)
         await self._check_map_actions(receipts)
         admission = await writer.start(rows)
-        completed, failed, reused = await run_map(
-            admission.pending(),
+        rows_mapped, completed, failed, reused = await self._work(
+            admission.attempt,
+            writer,
             fn,
             total=admission.pending_count,
-            complete=writer.complete_mapped,
-            fail=writer.fail_mapped,
             concurrency=concurrency,
             batch_rows=batch_rows,
             flush_seconds=flush_seconds,
-            once=self.receipts().once_reused if receipts else None,
-            namespace=namespace,
+            receipts=receipts,
             progress=progress,
-            output_keys=OutputKeys.of(contract),
             unknown_outputs=unknown_outputs,
         )
+        del rows_mapped
         return MapReport(
             write_version=admission.write_version,
             admitted=admission.pending_count + admission.completed_count,
@@ -312,13 +332,159 @@ class Runtime:
             elapsed_seconds=trio.current_time() - started,
         )
 
+    async def map_attempt(
+        self,
+        attempt: Attempt,
+        contract: SheetContract,
+        fn: MapFn,
+        *,
+        concurrency: int = 16,
+        batch_rows: int = 500,
+        flush_seconds: float = 0.25,
+        receipts: bool = False,
+        progress: Callable[[MapProgress], object] | None = None,
+        unknown_outputs: UnknownOutputs = "fail",
+    ) -> MapReport:
+        """Map ``fn`` over ``attempt``'s pending rows together with every other worker
+        of it, in this process or any other (``sheetplane._workers``).
+
+        The runtime must be opened for the attempt's play and run. The worker
+        claims a share of the rows at a time under a lease it renews while it
+        maps them, writes every outcome fenced by the attempt's version as
+        ``map`` does, and returns when no share of the attempt is left to claim
+        and its own are written. The report counts this worker's rows
+        (``pending``: the rows handed to its ``fn`` calls). The options are
+        ``map``'s.
+
+        A worker that dies leaves its shares to the others once their leases end
+        (``SHARE_LEASE_TTL_MS``); only its rows not yet written are mapped again,
+        and with ``receipts=True`` not even those whose call had finished.
+
+        Raises ``AttemptSupersededError`` (every ``fn`` call cancelled, nothing more
+        written) once a newer admission of the sheet exists, found by a write, a
+        claim or a renewal; ``LeaseLostError`` when a share's lease could not be
+        renewed in time (its calls were cancelled before the lease could end);
+        ``InvalidInputError`` for bad options or an attempt of another play or run,
+        or of no admission.
+        """
+        if not isinstance(attempt, Attempt):
+            raise InvalidInputError(f"attempt must be a sheetplane.Attempt, got {attempt!r}")
+        c = self.context
+        if (attempt.play_name, attempt.run_id) != (normalize_play_name(c.play_name), c.run_id):
+            raise InvalidInputError(
+                f"attempt is of play {attempt.play_name!r}, run {attempt.run_id!r}; this "
+                f"runtime is opened for play {c.play_name!r}, run {c.run_id!r}"
+            )
+        self._check_map(fn, concurrency, batch_rows, flush_seconds, progress, receipts)
+        _check_unknown_outputs(unknown_outputs)
+        started = trio.current_time()
+        writer = self.writer(attempt.table_namespace, contract, write_version=attempt.write_version)
+        await self._check_map_actions(receipts)
+        status = await self.attempt_status(attempt)
+        rows, completed, failed, reused = await self._work(
+            attempt,
+            writer,
+            fn,
+            total=status.pending,
+            concurrency=concurrency,
+            batch_rows=batch_rows,
+            flush_seconds=flush_seconds,
+            receipts=receipts,
+            progress=progress,
+            unknown_outputs=unknown_outputs,
+        )
+        return MapReport(
+            write_version=attempt.write_version,
+            admitted=rows,
+            pending=rows,
+            completed=completed,
+            failed=failed,
+            reused=reused,
+            elapsed_seconds=trio.current_time() - started,
+        )
+
+    async def attempt_status(self, attempt: Attempt) -> AttemptStatus:
+        """Where ``attempt`` stands: its rows ``pending`` (and of those ``claimed``),
+        ``enriched`` and ``failed``, the ``workers`` holding a live share, and whether
+        it was ``superseded``. ``InvalidInputError`` for an attempt of no admission."""
+        if not isinstance(attempt, Attempt):
+            raise InvalidInputError(f"attempt must be a sheetplane.Attempt, got {attempt!r}")
+        return await self.share_road(attempt.table_namespace).status(attempt.write_version)
+
+    def share_road(self, table_namespace: str) -> ShareRoad:
+        """The road this runtime's strategy claims the shares of ``table_namespace``'s
+        attempts through."""
+        table_namespace = normalize_table_namespace(table_namespace)
+        if self.context.strategy == "direct":
+            return DirectShareRoad(
+                self.sessions, self._sheet(table_namespace), user_email=self.context.user_email
+            )
+        return GatewayShareRoad(self.client, table_namespace)
+
+    def _check_map(
+        self,
+        fn: object,
+        concurrency: object,
+        batch_rows: object,
+        flush_seconds: object,
+        progress: object,
+        receipts: object,
+    ) -> None:
+        check_map_options(fn, concurrency, batch_rows, flush_seconds, progress)
+        checks.flag("receipts", receipts)
+
+    async def _work(
+        self,
+        attempt: Attempt,
+        writer: RowWriter,
+        fn: MapFn,
+        *,
+        total: int,
+        concurrency: int,
+        batch_rows: int,
+        flush_seconds: float,
+        receipts: bool,
+        progress: Callable[[MapProgress], object] | None,
+        unknown_outputs: UnknownOutputs,
+    ) -> tuple[int, int, int, int]:
+        """One worker on ``attempt`` (``run_attempt``), writing through ``writer``."""
+        namespace = attempt.table_namespace
+
+        async def rows_of(claim: ShareClaim) -> list[dict[str, Any]]:
+            assert claim.first_index is not None and claim.last_index is not None
+            part = AdmittedPart(
+                attempt.write_version, "unsettled", claim.first_index, claim.last_index
+            )
+            return await self._admitted_dataset(namespace, part).materialize()
+
+        return await run_attempt(
+            attempt,
+            self.share_road(namespace),
+            rows_of,
+            fn,
+            complete=writer.complete_mapped,
+            fail=writer.fail_mapped,
+            concurrency=concurrency,
+            batch_rows=batch_rows,
+            flush_seconds=flush_seconds,
+            lease=self.share_lease,
+            total=total,
+            once=self.receipts().once_reused if receipts else None,
+            progress=progress,
+            output_keys=OutputKeys.of(writer.contract),
+            unknown_outputs=unknown_outputs,
+            tally=self.attempt_tally,
+        )
+
     async def _check_map_actions(self, receipts: bool) -> None:
         """Raise ``GatewayActionMissingError`` before ``map`` admits anything when the
-        gateway lacks an action the map would need mid-way: the terminal writes on the
-        gateway road, the receipt actions with ``receipts``. Asked once per client."""
+        gateway lacks an action the map would need mid-way: the terminal writes and the
+        share claims on the gateway road, the receipt actions with ``receipts``. Asked
+        once per client."""
         needed = []
         if self.context.strategy != "direct":
             needed.append(m.action_of(m.CompleteMapRowsRequest))
+            needed.append(m.action_of(m.ClaimShareRequest))
         if receipts:
             needed.append(m.action_of(m.ClaimWorkReceiptRequest))
         for action in needed:

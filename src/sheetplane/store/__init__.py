@@ -28,6 +28,7 @@ from ._rowdata import next_write_version as next_write_version
 from ._schema import POSTGRES_SYSTEM_COLUMNS as POSTGRES_SYSTEM_COLUMNS
 from ._schema import RESERVED_SQL_NAMES as RESERVED_SQL_NAMES
 from ._schema import column_ids as column_ids
+from ._shares import share_signatures as share_signatures
 from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
 
@@ -52,6 +53,7 @@ __all__ = [
     "open_pool",
     "open_store",
     "raise_if_superseded",
+    "share_signatures",
     "sheet_names",
     "superseded_error",
     "superseded_rows",

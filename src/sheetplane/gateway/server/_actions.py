@@ -629,6 +629,66 @@ async def abort_sheet_admission(call: Call) -> dict[str, Any]:
     return m.unstructure(m.AbortAdmissionAnswer(aborted=aborted))
 
 
+# --- shares of an attempt (store/_shares.py) ------------------------------------------
+
+
+async def claim_sheet_share(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, writeVersion, holder, leaseToken, ttlMs, maxRows}`` →
+    ``{outcome, share?, firstIndex?, lastIndex?, takenOver, live, retryAfterMs?}``: a
+    share of the attempt's pending rows under a lease of ``ttlMs`` on the database's
+    clock; ``none`` when every share is held or done, ``superseded`` once a newer
+    admission owns the rows. 400 when the sheet has no admission at ``writeVersion``."""
+    request = _read(call, m.ClaimShareRequest)
+    claim = await call.state.store.claim_share(
+        _sheet(call, request.play_name, request.table_namespace),
+        request.write_version,
+        request.holder,
+        request.lease_token,
+        ttl_ms=request.ttl_ms,
+        max_rows=request.max_rows,
+    )
+    return m.share_claim_answer(claim)
+
+
+async def renew_sheet_share(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, writeVersion, share, leaseToken, ttlMs}`` → ``{outcome}``:
+    ``renewed``, ``lost`` (not this token's share any more) or ``superseded``."""
+    request = _read(call, m.RenewShareRequest)
+    renewal = await call.state.store.renew_share(
+        _sheet(call, request.play_name, request.table_namespace),
+        request.write_version,
+        request.share,
+        request.lease_token,
+        ttl_ms=request.ttl_ms,
+    )
+    return m.share_lease_answer(renewal)
+
+
+async def release_sheet_share(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, writeVersion, share, leaseToken, finished}`` → ``{outcome}``:
+    ``released`` (done when ``finished`` and none of its rows is left unsettled,
+    otherwise free for another claim at once) or ``lost``."""
+    request = _read(call, m.ReleaseShareRequest)
+    released = await call.state.store.release_share(
+        _sheet(call, request.play_name, request.table_namespace),
+        request.write_version,
+        request.share,
+        request.lease_token,
+        finished=request.finished,
+    )
+    return m.share_lease_answer(released)
+
+
+async def sheet_attempt_status(call: Call) -> dict[str, Any]:
+    """``{tableNamespace, writeVersion}`` → ``{pending, claimed, enriched, failed,
+    workers, superseded}``."""
+    request = _read(call, m.AttemptStatusRequest)
+    status = await call.state.store.attempt_status(
+        _sheet(call, request.play_name, request.table_namespace), request.write_version
+    )
+    return m.attempt_status_answer(status)
+
+
 #: Every action this gateway answers, by name (each request class names its action).
 HANDLERS: Final[Mapping[str, Handler]] = {
     m.action_of(request): handler
@@ -651,6 +711,10 @@ HANDLERS: Final[Mapping[str, Handler]] = {
         (m.StageAdmissionChunkRequest, stage_sheet_admission_chunk),
         (m.CommitAdmissionRequest, commit_sheet_admission),
         (m.AbortAdmissionRequest, abort_sheet_admission),
+        (m.ClaimShareRequest, claim_sheet_share),
+        (m.RenewShareRequest, renew_sheet_share),
+        (m.ReleaseShareRequest, release_sheet_share),
+        (m.AttemptStatusRequest, sheet_attempt_status),
     )
 }
 assert set(HANDLERS) == set(m.ACTIONS), set(m.ACTIONS) ^ set(HANDLERS)

@@ -81,7 +81,14 @@ from ...budgets import (
     DB_SESSION_TRANSACTION_TIMEOUT_MS,
 )
 from ...errors import InvalidInputError
-from ...store import SheetNames, SheetStore, clear_function, column_ids, sheet_names
+from ...store import (
+    SheetNames,
+    SheetStore,
+    clear_function,
+    column_ids,
+    share_signatures,
+    sheet_names,
+)
 
 __all__ = [
     "GATEWAY_SCHEMA",
@@ -118,6 +125,7 @@ _SHEET_PRIVILEGES: Final[dict[str, frozenset[Privilege]]] = {
     "rows.upsert": frozenset({"SELECT", "INSERT", "UPDATE"}),
     "rows.replace": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
     "rows.stage": frozenset(),
+    "rows.claim": frozenset(),
 }
 #: Operations that write the sheet's rows (and so its events and counters).
 _ROW_WRITES: Final = frozenset({"rows.append", "rows.upsert", "rows.replace"})
@@ -313,10 +321,19 @@ def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
 
 
 def _function_grants(names: SheetNames, operations: Sequence[str]) -> list[sql.Composed]:
-    """``rows.replace``'s EXECUTE on the sheet's clear function (no DELETE on the rows)."""
-    if "rows.replace" not in operations:
-        return []
-    return [sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(clear_function(names))]
+    """``rows.replace``'s EXECUTE on the sheet's clear function (no DELETE on the rows),
+    and ``rows.claim``'s on the sheet's share functions (no privilege on the shares
+    table: a claim is for the sheet's current attempt, a renewal or release needs the
+    share's token, ``store/_shares.py``)."""
+    grants = []
+    if "rows.replace" in operations:
+        grants.append(sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(clear_function(names)))
+    if "rows.claim" in operations:
+        grants += [
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}").format(signature)
+            for signature in share_signatures(names)
+        ]
+    return grants
 
 
 def _grants(

@@ -1,0 +1,371 @@
+"""``Runtime.map_attempt``: one worker of an attempt that any number of workers map.
+
+::
+
+    report = await rt.map_attempt(attempt, contract, fn, concurrency=16, ...)
+
+:func:`run_attempt` is the worker, free of the runtime (the virtual-time tests
+drive it with a model of the store's shares). It is :func:`run_map` (the map
+loop: ``concurrency`` fn calls, batched fenced writes, supersession) over an
+iterator of rows that claims shares as the map asks for rows:
+
+* The iterator claims a share (``ShareRoad.claim``: up to
+  ``SHARE_ROUNDS * concurrency`` rows under a lease), reads the share's rows
+  that are still unsettled (a share taken over from a dead worker holds only the
+  rows it had not written) and hands them out one by one; when they run out it
+  claims the next share, while the last calls of the previous one still run,
+  so a worker's calls never wait for a share's tail.
+* A share is released *finished* as soon as every row handed out of it has
+  been written (the writes report their rows back here); the store marks it
+  done only when none of its rows is left unsettled.
+* When there is nothing left to claim but other workers still hold shares,
+  the iterator asks again every ``ShareLease.poll_ms`` (or when the first of
+  them would expire, if sooner): a worker that dies leaves its shares to the
+  workers still running. The worker ends when no share of the attempt is held
+  but its own, and its own are written.
+* One *keeper* task renews every held share ``renewal_ms`` after its last claim
+  or renewal landed, each renewal bounded by the share's stop time. The map runs
+  in a cancel scope whose deadline is the earliest stop time of the shares held
+  (``LeaseTimes``: the sent instant plus the TTL, less the guard, strictly
+  before the store's expiry); a renewal that lands moves it on. A renewal
+  refused (``lost``), or none landing in time, cancels the map at once (every
+  fn call, every write not yet sent) and the worker raises ``LeaseLostError``.
+* A claim or renewal that finds a newer admission (``superseded``) cancels the
+  map the same way and raises ``AttemptSupersededError``; a write that finds one
+  does so inside ``run_map``, which cancels every fn call before it raises.
+
+On leaving by an error or cancellation, the shares still held are released
+unfinished (shielded, bounded), so other workers take them at once instead of
+after their leases end; on supersession there is nothing left to take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import attrs
+import trio
+
+from ._attempts import Attempt, ShareClaim, ShareLease
+from ._groups import raise_single
+from ._leases import LeaseTimes
+from ._map import MapFn, MapProgress, Once, OutputKeys, UnknownOutputs, run_map
+from ._types import CompleteRow, FailRow, TerminalWriteResult, new_lease_token
+from .budgets import SHARE_MAX_ROWS, SHARE_ROUNDS, WORK_RECEIPT_RELEASE_TIMEOUT_MS
+from .errors import AttemptSupersededError, LeaseLostError, SheetplaneError
+from .pages import ShareRoad
+
+__all__ = ["AttemptTally", "run_attempt", "share_rows"]
+
+Row = dict[str, Any]
+_MS: Final = 1000
+
+
+def share_rows(concurrency: int) -> int:
+    """Rows a worker claims at a time: ``SHARE_ROUNDS`` rounds of its calls."""
+    return max(1, min(SHARE_MAX_ROWS, SHARE_ROUNDS * concurrency))
+
+
+def superseded(attempt: Attempt) -> AttemptSupersededError:
+    """The error of a claim or renewal that found a newer admission (no row written)."""
+    return AttemptSupersededError(
+        attempt.table_namespace, attempt.run_id, attempt.write_version, 0, ()
+    )
+
+
+@attrs.define(eq=False)
+class _Held:
+    """One share this worker holds."""
+
+    claim: ShareClaim
+    token: str = attrs.field(repr=False)
+    times: LeaseTimes
+    read_all: bool = False
+    """Every row of it has been handed to the map."""
+    outstanding: int = 0
+    """Rows handed to the map whose write has not landed."""
+
+    @property
+    def number(self) -> int:
+        assert self.claim.share is not None
+        return self.claim.share
+
+
+@attrs.define
+class AttemptTally:
+    """What one worker did, for its report and for tests."""
+
+    rows: int = 0
+    """Rows handed to this worker's fn calls."""
+    shares: int = 0
+    """Shares it claimed."""
+    taken_over: int = 0
+    """Of those, shares another worker had held before."""
+    renewals: int = 0
+    """Renewals that landed."""
+
+
+@attrs.define(eq=False)
+class _Worker:
+    attempt: Attempt
+    shares: ShareRoad
+    rows_of: Callable[[ShareClaim], Awaitable[Sequence[Row]]]
+    lease: ShareLease
+    max_rows: int
+    holder: str
+    held: dict[int, _Held] = attrs.Factory(dict)
+    by_key: dict[str, _Held] = attrs.Factory(dict)
+    tally: AttemptTally = attrs.Factory(AttemptTally)
+    error: BaseException | None = None
+    body: trio.CancelScope | None = None
+    changed: trio.Event = attrs.Factory(trio.Event)
+
+    # --- lease keeping ------------------------------------------------------------
+
+    def _times(self, sent: float) -> LeaseTimes:
+        lease = self.lease
+        return LeaseTimes(sent, lease.ttl_ms / _MS, lease.renewal_ms / _MS, lease.guard_ms / _MS)
+
+    def _deadline(self) -> None:
+        """The map's deadline: the earliest stop time of the shares held."""
+        if self.body is not None:
+            self.body.deadline = min(
+                (h.times.stop_at for h in self.held.values()), default=math.inf
+            )
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def key(self, held: _Held) -> str:
+        """A share's name in errors: ``namespace@version/share``."""
+        a = self.attempt
+        return f"{a.table_namespace}@{a.write_version}/{held.number}"
+
+    def halt(self, error: BaseException) -> None:
+        """Stop the map at once with ``error`` (the first one wins)."""
+        if self.error is None:
+            self.error = error
+        if self.body is not None:
+            self.body.cancel()
+
+    async def keep(self) -> None:
+        """Renew each held share on schedule; halt the map when one cannot be."""
+        a = self.attempt
+        while True:
+            if not self.held:
+                await self.changed.wait()
+                continue
+            due = min(self.held.values(), key=lambda h: h.times.renew_at)
+            with trio.move_on_at(due.times.renew_at):
+                await self.changed.wait()
+                continue  # the held shares changed: look again
+            if self.held.get(due.number) is not due:
+                continue
+            sent = trio.current_time()
+            renewal = None
+            with trio.move_on_at(due.times.stop_at):
+                try:
+                    renewal = await self.shares.renew(
+                        a.write_version, due.number, due.token, ttl_ms=self.lease.ttl_ms
+                    )
+                except SheetplaneError as exc:
+                    self.halt(LeaseLostError(self.key(due), f"a renewal failed: {exc}", "share"))
+                    return
+            if self.held.get(due.number) is not due:
+                continue  # released meanwhile
+            if renewal is None:
+                self.halt(
+                    LeaseLostError(
+                        self.key(due), "no renewal landed before the lease would expire", "share"
+                    )
+                )
+                return
+            if renewal.outcome == "superseded":
+                self.halt(superseded(a))
+                return
+            if renewal.outcome != "renewed":
+                self.halt(LeaseLostError(self.key(due), "a renewal was refused", "share"))
+                return
+            due.times.renewed(sent)
+            self.tally.renewals += 1
+            self._deadline()
+
+    # --- claims and releases ------------------------------------------------------
+
+    async def claim(self) -> ShareClaim | None:
+        """The next share to map, or None when the attempt has none left for this worker."""
+        a = self.attempt
+        while True:
+            token = new_lease_token()
+            sent = trio.current_time()
+            # A claim cut short may have landed: its share is then claimed again once
+            # its lease ends (the answer that names it never arrived).
+            claim = await self.shares.claim(
+                a.write_version,
+                self.holder,
+                token,
+                ttl_ms=self.lease.ttl_ms,
+                max_rows=self.max_rows,
+            )
+            if claim.outcome == "superseded":
+                raise superseded(a)
+            if claim.outcome == "claimed":
+                held = _Held(claim, token, self._times(sent))
+                self.held[held.number] = held
+                self.tally.shares += 1
+                self.tally.taken_over += claim.taken_over
+                self._deadline()
+                return claim
+            others = claim.live - len(self.held)
+            if others <= 0:
+                return None
+            wait = self.lease.poll_ms
+            if claim.retry_after_ms is not None:
+                wait = min(wait, claim.retry_after_ms + 1)
+            await trio.sleep(wait / _MS)
+
+    async def release(self, held: _Held, *, finished: bool) -> None:
+        if self.held.get(held.number) is not held:
+            return
+        del self.held[held.number]
+        self._deadline()
+        await self.shares.release(
+            self.attempt.write_version, held.number, held.token, finished=finished
+        )
+
+    async def release_all(self) -> None:
+        """Give every held share back unfinished (shielded, bounded)."""
+        with (
+            trio.CancelScope(shield=True, relative_deadline=WORK_RECEIPT_RELEASE_TIMEOUT_MS / _MS),
+            contextlib.suppress(SheetplaneError),
+        ):
+            for held in list(self.held.values()):
+                await self.release(held, finished=False)
+
+    # --- the rows --------------------------------------------------------------------
+
+    async def settled(self, rows: Sequence[CompleteRow] | Sequence[FailRow]) -> None:
+        """Rows whose write landed: release every share all of whose rows are written."""
+        done: list[_Held] = []
+        for row in rows:
+            held = self.by_key.pop(row.key, None)
+            if held is None:
+                continue
+            held.outstanding -= 1
+            if held.read_all and held.outstanding == 0:
+                done.append(held)
+        for held in done:
+            # A release that does not land only costs the share's lease: the next
+            # claim of it finds its rows written and marks it done.
+            with contextlib.suppress(SheetplaneError):
+                await self.release(held, finished=True)
+
+    async def rows(self) -> AsyncIterator[Row]:
+        """Every row this worker maps: share after share, until none is left."""
+        while True:
+            claim = await self.claim()
+            if claim is None:
+                return
+            held = self.held[claim.share or 0]
+            for row in await self.rows_of(claim):
+                key = row["_key"]
+                self.by_key[key] = held
+                held.outstanding += 1
+                self.tally.rows += 1
+                yield row
+            held.read_all = True
+            if held.outstanding == 0:
+                await self.release(held, finished=True)
+
+
+async def run_attempt(
+    attempt: Attempt,
+    shares: ShareRoad,
+    rows_of: Callable[[ShareClaim], Awaitable[Sequence[Row]]],
+    fn: MapFn,
+    *,
+    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
+    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+    concurrency: int,
+    batch_rows: int,
+    flush_seconds: float,
+    lease: ShareLease,
+    total: int,
+    once: Once | None = None,
+    progress: Callable[[MapProgress], object] | None = None,
+    output_keys: OutputKeys | None = None,
+    unknown_outputs: UnknownOutputs = "fail",
+    tally: AttemptTally | None = None,
+) -> tuple[int, int, int, int]:
+    """Map ``fn`` over this worker's shares of ``attempt``; ``(rows, completed, failed,
+    reused)``. See the module docstring for the rules.
+
+    Raises ``AttemptSupersededError`` once a claim, renewal or write finds a newer
+    admission, and ``LeaseLostError`` when a share's lease could not be kept; in
+    both cases every fn call still running is cancelled and nothing more is written.
+    """
+    worker = _Worker(
+        attempt,
+        shares,
+        rows_of,
+        lease,
+        share_rows(concurrency),
+        holder=f"worker-{uuid.uuid4().hex}",
+        tally=AttemptTally() if tally is None else tally,
+    )
+
+    async def completed(rows: Sequence[CompleteRow]) -> TerminalWriteResult:
+        result = await complete(rows)
+        await worker.settled(rows)
+        return result
+
+    async def failed(rows: Sequence[FailRow]) -> TerminalWriteResult:
+        result = await fail(rows)
+        await worker.settled(rows)
+        return result
+
+    result: tuple[int, int, int] | None = None
+    clean = False
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.keep)
+            try:
+                with trio.CancelScope() as body:
+                    worker.body = body
+                    worker._deadline()
+                    result = await run_map(
+                        worker.rows(),
+                        fn,
+                        total=total,
+                        complete=completed,
+                        fail=failed,
+                        concurrency=concurrency,
+                        batch_rows=batch_rows,
+                        flush_seconds=flush_seconds,
+                        once=once,
+                        namespace=attempt.table_namespace,
+                        progress=progress,
+                        output_keys=output_keys,
+                        unknown_outputs=unknown_outputs,
+                    )
+                    clean = True
+            finally:
+                worker.body = None
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise_single(group)
+    finally:
+        if not clean and not isinstance(worker.error, AttemptSupersededError):
+            await worker.release_all()
+    if worker.error is not None:
+        raise worker.error
+    if result is None:
+        raise LeaseLostError(
+            f"{attempt.table_namespace}@{attempt.write_version}",
+            "no renewal landed before a share's lease would expire",
+            "a share of attempt",
+        )
+    return (worker.tally.rows, *result)
