@@ -185,3 +185,8 @@ async def test_bad_claims_are_refused_before_anything_is_written(store: SheetSto
         await store.claim_share(sheet, version, "w", "t", ttl_ms=TTL, max_rows=0)
     status = await store.attempt_status(sheet, version)
     assert (status.pending, status.claimed, status.workers) == (3, 0, 0)
+    never = SheetRef("org-shares", "play-shares", f"never-{uuid.uuid4().hex[:10]}")
+    with pytest.raises(InvalidInputError, match="no admission at write version 1"):
+        await claim(store, never, 1, "w")
+    with pytest.raises(InvalidInputError, match="no admission"):
+        await store.attempt_status(never, 1)

@@ -310,6 +310,21 @@ def shares_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
     return bool(row and row[0])
 
 
+def _require(conn: psycopg.Connection[Any], names: SheetNames, which: str, version: int) -> None:
+    """``InvalidInputError`` when the sheet has no share functions: it was never
+    admitted (or not since shares existed), so ``version`` names no attempt of it."""
+    signature = sql.SQL("{}({})").format(
+        share_function(names, which), sql.SQL(SHARE_FUNCTIONS[which])
+    )
+    row = conn.execute(
+        "SELECT to_regprocedure(%s) IS NOT NULL", (signature.as_string(conn),)
+    ).fetchone()
+    if not (row and row[0]):
+        raise InvalidInputError(
+            f"the sheet has no admission at write version {version}: not an attempt"
+        )
+
+
 def _version(write_version: object) -> int:
     return check_int("write_version", write_version, 1, BIGINT_MAX)
 
@@ -345,6 +360,7 @@ async def claim_share(
     )
 
     def run(conn: psycopg.Connection[Any]) -> ShareClaim:
+        _require(conn, names, "claim", version)
         row = conn.execute(
             sql.SQL("SELECT * FROM {}(%s, %s, %s, %s, %s)").format(share_function(names, "claim")),
             params,
@@ -372,6 +388,7 @@ async def renew_share(
     params = (_version(write_version), _share(share), _checks.text("token", token), _ttl(ttl_ms))
 
     def run(conn: psycopg.Connection[Any]) -> ShareRenewal:
+        _require(conn, names, "renew", params[0])
         row = conn.execute(
             sql.SQL("SELECT {}(%s, %s, %s, %s)").format(share_function(names, "renew")), params
         ).fetchone()
@@ -398,6 +415,7 @@ async def release_share(
     params = (_version(write_version), _share(share), _checks.text("token", token), finished)
 
     def run(conn: psycopg.Connection[Any]) -> ShareRenewal:
+        _require(conn, names, "release", params[0])
         row = conn.execute(
             sql.SQL("SELECT {}(%s, %s, %s, %s)").format(share_function(names, "release")), params
         ).fetchone()
@@ -412,6 +430,7 @@ async def attempt_status(pool: TrioPool, names: SheetNames, write_version: int) 
     version = _version(write_version)
 
     def run(conn: psycopg.Connection[Any]) -> AttemptStatus:
+        _require(conn, names, "status", version)
         row = conn.execute(
             sql.SQL("SELECT * FROM {}(%s)").format(share_function(names, "status")), (version,)
         ).fetchone()
