@@ -455,7 +455,7 @@ class Runtime:
             part = AdmittedPart(
                 attempt.write_version, "unsettled", claim.first_index, claim.last_index
             )
-            return await self._admitted_dataset(namespace, part).materialize()
+            return await self.admitted_dataset(namespace, part).materialize()
 
         return await run_attempt(
             attempt,
