@@ -135,7 +135,7 @@ const cases: Record<string, () => Promise<unknown>> = {
       { ...bob, ...EMPTY_OUTPUTS },
       { ...person('Cy', 'C'), ...EMPTY_OUTPUTS },
     ]);
-    return { tableNamespace, first, again };
+    return { tableNamespace, rows, first, again };
   },
 
   async completeRuntimeMapRows() {
@@ -343,12 +343,30 @@ const cases: Record<string, () => Promise<unknown>> = {
   },
 
   async seedReadmitsSheetplaneRows() {
+    // sheetplane admitted four rows and completed the middle two (email); the
+    // seed admits the same input again: nothing new, the open rows to map, the
+    // completed ones merged with their stored outputs, keyed as sheetplane keyed
+    // them.
     const answers: Record<string, unknown> = {};
     for (const [road, sheet] of Object.entries(config.sheetplaneSheets)) {
-      answers[road] = await startRuntimeSheetDataset(context(), {
+      const input = sheet.inputRows;
+      const answer = await startRuntimeSheetDataset(context(), {
         playName: config.playName, tableNamespace: sheet.tableNamespace, sheetContract: contract,
-        rows: sheet.inputRows, runId: `${config.runId}-again`,
+        rows: input, runId: `${config.runId}-again`,
       });
+      assert.equal(answer.inserted, 0, road);
+      assert.equal(answer.skipped, input.length, road);
+      assert.deepEqual(answer.pendingRows, [input[0], input[3]], road);
+      assert.deepEqual(
+        answer.completedRows,
+        [input[1]!, input[2]!].map((row) => ({
+          ...row,
+          email: `${String(row.name)}@x.example`,
+          __deeplineRowKey: key(row, sheet.tableNamespace),
+        })),
+        road,
+      );
+      answers[road] = answer;
     }
     return { answers };
   },
