@@ -43,9 +43,15 @@ def test_importing_the_http_client_and_map_does_not_import_psycopg() -> None:
 
 
 def test_runtime_names_load_on_first_use() -> None:
-    probe = "import sys, sheetplane\nsheetplane.open_runtime\nprint('psycopg' in sys.modules)"
+    # The runtime loads on first use, and without the store: only the direct road's
+    # first session opens it (tests/test_runner_without_psycopg.py).
+    probe = (
+        "import sys, sheetplane\nloaded = 'sheetplane.runtime' in sys.modules\n"
+        "sheetplane.open_runtime\n"
+        "print(loaded, 'sheetplane.runtime' in sys.modules, 'psycopg' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "True"
+    assert done.stdout.strip() == "False True False"
     assert "open_runtime" in dir(sheetplane)
 
 

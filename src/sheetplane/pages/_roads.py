@@ -21,18 +21,20 @@ large), which the runtime and the demo report.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .._recovery import retry_idempotent
-from .._types import CheckedPage, Page, PageRequest, SheetRef
+from .._types import CheckedPage, Page, PageRequest, RowCursor, SheetRef
 from ..budgets import READ_PAGE_MAX_ROWS
 from ..errors import InvalidInputError, ReadBatchTooLargeError, SessionError
 from ..gateway.client import GatewayClient
 from ..sessions import AccessShape, SessionLimits, SessionManager, batch_read_shape
-from ..store import RowCursor, SheetStore, sheet_names
 from ._reader import ReadScope
+
+if TYPE_CHECKING:
+    from ..store import SheetStore
 
 __all__ = ["DirectRoad", "GatewayCursor", "GatewayRoad", "RoadStats"]
 
@@ -96,6 +98,10 @@ class DirectRoad(_ScopedRoad):
         self._sessions = sessions
         self._user_email = user_email
         self._sheet = SheetRef(scope.org_id, scope.play_name, scope.table_namespace)
+        # The direct road alone needs the store (and psycopg): a gateway_only runner
+        # never loads it.
+        from ..store import sheet_names
+
         self._names = sheet_names(self._sheet)
 
     def _shape(self, max_rows: int | None) -> AccessShape:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import attrs
 import trio
@@ -14,6 +14,7 @@ from .. import _checks as checks
 from .. import protocol as m
 from .._json import encode_body
 from .._recovery import retry_idempotent
+from .._superseded import superseded_error
 from .._types import (
     AdmittedPart,
     CompleteRow,
@@ -36,8 +37,10 @@ from ..errors import (
 )
 from ..gateway.client import GatewayClient
 from ..sessions import AccessShape, SessionLimits, SessionManager
-from ..store import SheetStore, superseded_error
 from ._whole import Tape, admit_whole, whole_admission
+
+if TYPE_CHECKING:
+    from ..store import SheetStore
 
 __all__ = ["RowWriter", "WriteTally", "WriteTarget"]
 
@@ -406,7 +409,9 @@ class RowWriter:
 
 
 #: A store write of checked rows under an idempotency key.
-_KeyedWrite = Callable[[SheetStore, SheetRef, list[Mapping[str, Any]], str], Awaitable[WriteResult]]
+_KeyedWrite = Callable[
+    ["SheetStore", SheetRef, list[Mapping[str, Any]], str], Awaitable[WriteResult]
+]
 
 
 def _append(

@@ -6,12 +6,12 @@ modules behind it are private. See docs/store.md.
 
 from __future__ import annotations
 
+from .._superseded import raise_if_superseded as raise_if_superseded
+from .._superseded import superseded_error as superseded_error
+from .._superseded import superseded_rows as superseded_rows
 from .._types import EVERY_ROW as EVERY_ROW
 from .._types import RowCursor as RowCursor
 from .._types import RowFilter as RowFilter
-from ._fencing import raise_if_superseded as raise_if_superseded
-from ._fencing import superseded_error as superseded_error
-from ._fencing import superseded_rows as superseded_rows
 from ._guards import clear_function as clear_function
 from ._names import SheetNames as SheetNames
 from ._names import sheet_names as sheet_names

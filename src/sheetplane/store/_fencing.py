@@ -58,7 +58,7 @@ cancelled, the transaction is rolled back by the pool and nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -68,7 +68,6 @@ from psycopg.types.json import Jsonb
 
 from .._rowchecks import checked_json_object
 from .._types import (
-    BENIGN_STALE_REASONS,
     CompleteRow,
     FailRow,
     RowStatus,
@@ -78,7 +77,7 @@ from .._types import (
     TerminalWriteResult,
 )
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
-from ..errors import AttemptSupersededError, InvalidInputError, WriteConflictError
+from ..errors import InvalidInputError, WriteConflictError
 from ._locking import lock_sheet
 from ._names import SheetNames
 from ._pool import TrioPool
@@ -101,9 +100,6 @@ __all__ = [
     "complete_map_rows",
     "decide_terminal_write",
     "fail_map_rows",
-    "raise_if_superseded",
-    "superseded_error",
-    "superseded_rows",
 ]
 
 TerminalStatus = Literal["enriched", "failed"]
@@ -159,68 +155,6 @@ def decide_terminal_write(stored: StoredRow | None, writer_version: int | None) 
     assert writer_version is not None and stamp != writer_version
     reason: StaleReason = "newer_write_version" if stamp > writer_version else "older_write_version"
     return Decision("stale", reason, stamp)
-
-
-def superseded_rows(
-    result: TerminalWriteResult, except_keys: Iterable[str] = ()
-) -> tuple[StaleRow, ...]:
-    """The stale rows that prove the writer no longer owns the sheet.
-
-    Every stale row except the benign ``already_terminal`` ones and the keys
-    in ``except_keys`` (which the caller verified as idempotent settlements).
-    A key reported twice counts once.
-    """
-    excluded = set(except_keys)
-    seen: set[str] = set()
-    rows = []
-    for row in result.stale_rows:
-        if row.key in excluded or row.key in seen or row.reason in BENIGN_STALE_REASONS:
-            continue
-        seen.add(row.key)
-        rows.append(row)
-    return tuple(rows)
-
-
-def superseded_error(
-    result: TerminalWriteResult,
-    *,
-    table_namespace: str,
-    run_id: str,
-    write_version: int | None,
-    submitted_rows: int | None = None,
-    except_keys: Iterable[str] = (),
-) -> AttemptSupersededError | None:
-    """The ``AttemptSupersededError`` a terminal write's result calls for, or ``None``.
-
-    ``submitted_rows`` defaults to the distinct keys the result accounts for
-    (committed and stale together: every key a write carried is one or the other).
-    """
-    rows = superseded_rows(result, except_keys)
-    if not rows:
-        return None
-    if submitted_rows is None:
-        submitted_rows = len({*result.committed_keys, *result.stale_keys})
-    return AttemptSupersededError(table_namespace, run_id, write_version, submitted_rows, rows)
-
-
-def raise_if_superseded(
-    result: TerminalWriteResult,
-    *,
-    table_namespace: str,
-    run_id: str,
-    write_version: int | None,
-    except_keys: Iterable[str] = (),
-) -> None:
-    """Raise ``superseded_error``'s error when the result has one."""
-    error = superseded_error(
-        result,
-        table_namespace=table_namespace,
-        run_id=run_id,
-        write_version=write_version,
-        except_keys=except_keys,
-    )
-    if error is not None:
-        raise error
 
 
 @attrs.frozen
