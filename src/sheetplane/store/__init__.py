@@ -15,6 +15,7 @@ from .._types import RowFilter as RowFilter
 from ._guards import clear_function as clear_function
 from ._names import SheetNames as SheetNames
 from ._names import sheet_names as sheet_names
+from ._pool import ConnectionRunner as ConnectionRunner
 from ._pool import PoolSaturatedError as PoolSaturatedError
 from ._pool import TrioPool as TrioPool
 from ._pool import is_login_refused as is_login_refused
@@ -36,6 +37,7 @@ __all__ = [
     "EVERY_ROW",
     "POSTGRES_SYSTEM_COLUMNS",
     "RESERVED_SQL_NAMES",
+    "ConnectionRunner",
     "JsonPage",
     "PoolSaturatedError",
     "RowCursor",

@@ -56,7 +56,7 @@ from ..errors import InvalidInputError
 from ..identity import row_key, strip_row_key, with_row_key
 from ._counters import compact_counters
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import (
     analyze_if_grown,
     check_text,
@@ -299,7 +299,7 @@ class _Writer:
 
 
 async def start_dataset(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     sheet: SheetRef,
     rows: Sequence[Mapping[str, Any]],

@@ -80,7 +80,7 @@ from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..errors import InvalidInputError, WriteConflictError
 from ._locking import lock_sheet
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import (
     check_key,
     check_text,
@@ -327,7 +327,7 @@ def _write_chunk(
 
 
 async def _terminal_write(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     contract: SheetContract,
     rows: Sequence[CompleteRow] | Sequence[FailRow],
@@ -402,7 +402,7 @@ async def _terminal_write(
 
 
 async def complete_map_rows(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     contract: SheetContract,
     rows: Sequence[CompleteRow],
@@ -424,7 +424,7 @@ async def complete_map_rows(
 
 
 async def fail_map_rows(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     contract: SheetContract,
     rows: Sequence[FailRow],

@@ -20,7 +20,7 @@ from .._rowchecks import check_json_value
 from .._types import ResolvedPlay
 from ..errors import InvalidInputError
 from ._names import org_schema
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import check_key
 from ._schema import ensure_ddl, relations_missing
 
@@ -56,7 +56,7 @@ def _exists(conn: psycopg.Connection[Any], schema: str) -> bool:
 
 
 async def register_play(
-    pool: TrioPool, org_id: str, play: ResolvedPlay, *, name: str | None = None
+    pool: ConnectionRunner, org_id: str, play: ResolvedPlay, *, name: str | None = None
 ) -> None:
     """Register ``play`` for ``org_id`` (replacing the play of the same id), under
     ``name`` if given. Raises ``InvalidInputError`` when ``name`` names another play."""
@@ -109,7 +109,7 @@ async def register_play(
     await pool.run(run)
 
 
-async def resolve_play(pool: TrioPool, org_id: str, play_ref: str) -> ResolvedPlay | None:
+async def resolve_play(pool: ConnectionRunner, org_id: str, play_ref: str) -> ResolvedPlay | None:
     """The play of ``org_id`` whose id is ``play_ref``, else whose name is; None if neither."""
     check_key(play_ref, "play reference")
     schema = org_schema(org_id)

@@ -33,7 +33,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import outcome
 import psycopg
@@ -58,6 +58,7 @@ from ..errors import (
 )
 
 __all__ = [
+    "ConnectionRunner",
     "PoolSaturatedError",
     "TrioPool",
     "is_login_refused",
@@ -269,6 +270,18 @@ class _Call:
 
 class _Cancelled(Exception):
     """Raised on the worker thread when its caller was cancelled (rolls the transaction back)."""
+
+
+class ConnectionRunner(Protocol):
+    """What the store calls on a pool: run one function on a connection, in one transaction.
+
+    ``TrioPool`` is one; the gateway's admission view of it (every run waits a
+    bounded time for a connection, then answers back-pressure) is another.
+    """
+
+    async def run(self, fn: Callable[[Conn], T], *, acquire_timeout_ms: int | None = None) -> T:
+        """``fn(conn)`` inside one transaction, committed when it returns (``TrioPool.run``)."""
+        ...
 
 
 class TrioPool:

@@ -60,7 +60,7 @@ from ..protocol import ANSWER_OVERHEAD, page_overhead
 from ..sizes import json_byte_length_up_to
 from ._counters import status_counts
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import check_text
 from ._schema import column_ids
 
@@ -676,7 +676,7 @@ def _read_batch(
 
 
 async def read_rows_batch(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     pages: Sequence[PageRequest],
     *,
@@ -707,7 +707,7 @@ class JsonPage:
 
 
 async def read_rows_batch_json(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     pages: Sequence[PageRequest],
     *,
@@ -722,7 +722,7 @@ async def read_rows_batch_json(
 
 
 async def _batch(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     pages: Sequence[PageRequest],
     which: RowFilter,
@@ -743,7 +743,7 @@ async def _batch(
 
 
 async def read_rows(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     request: PageRequest,
     *,
@@ -755,7 +755,7 @@ async def read_rows(
 
 
 async def read_rows_after(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     cursor: RowCursor | None,
     limit: int | CheckedPage,
@@ -787,7 +787,7 @@ async def read_rows_after(
 
 
 async def read_rows_after_json(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     cursor: RowCursor | None,
     limit: int | CheckedPage,
@@ -802,7 +802,7 @@ async def read_rows_after_json(
 
 
 async def _read_after(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     cursor: RowCursor | None,
     limit: int | CheckedPage,
@@ -835,7 +835,7 @@ async def _read_after(
 
 
 async def read_row_keys(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     request: PageRequest,
     *,
@@ -858,7 +858,7 @@ async def read_row_keys(
 
 
 async def count(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     *,
     which: RowFilter = EVERY_ROW,
@@ -880,7 +880,7 @@ async def count(
 
 
 async def read_rows_by_keys(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     keys: Sequence[str],
     *,
@@ -912,7 +912,7 @@ async def read_rows_by_keys(
     return await pool.run(run)
 
 
-async def summary(pool: TrioPool, names: SheetNames) -> Summary:
+async def summary(pool: ConnectionRunner, names: SheetNames) -> Summary:
     """The sheet's status counters (all zero for a sheet that does not exist yet):
     the summary row's base plus the counter log (``_counters``), one snapshot."""
 

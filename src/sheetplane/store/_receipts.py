@@ -52,7 +52,7 @@ from .._types import (
 from ..budgets import MAX_REQUEST_TEXT_BYTES, WORK_RECEIPT_LEASE_TTL_MS
 from ..errors import InvalidInputError, WorkReceiptFencedError
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import check_key, check_text
 
 __all__ = [
@@ -133,7 +133,7 @@ def _check_now(now: dt.datetime | None) -> dt.datetime | None:
 
 
 async def claim_work_receipt(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     key: str,
     holder: str,
@@ -192,7 +192,7 @@ async def claim_work_receipt(
 
 
 async def release_work_receipt(
-    pool: TrioPool, names: SheetNames, key: str, holder: str, lease_token: str | None
+    pool: ConnectionRunner, names: SheetNames, key: str, holder: str, lease_token: str | None
 ) -> bool:
     """Give up ``holder``'s lease on ``key`` so another holder need not wait for its expiry.
 
@@ -254,7 +254,7 @@ def check_completion(
 
 
 async def complete_work_receipt(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     key: str,
     result: Any,

@@ -41,7 +41,7 @@ from ._counters import COUNT_TRIGGERS, count_trigger_ddl
 from ._guards import guard_ddl, guards_missing
 from ._locking import lock_sheet
 from ._names import TABLE_ATTRS, SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._quotas import (
     ADMISSION_QUOTA_COLUMNS,
     QUOTA_SCHEMA,
@@ -558,7 +558,7 @@ def relations_missing(conn: psycopg.Connection[Any], schema: str, tables: list[s
 
 
 async def ensure_ddl(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     schema: str,
     missing: Callable[[psycopg.Connection[Any]], bool],
     create: Callable[[psycopg.Connection[Any]], None],
@@ -597,7 +597,7 @@ async def ensure_ddl(
 
 
 async def ensure_sheet(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     sheet: SheetRef,
     contract: SheetContract,
@@ -728,7 +728,7 @@ async def ensure_sheet(
 
 
 async def ensure_receipts(
-    pool: TrioPool, names: SheetNames, *, max_tables: int = MAX_RECEIPT_TABLES_PER_ORG
+    pool: ConnectionRunner, names: SheetNames, *, max_tables: int = MAX_RECEIPT_TABLES_PER_ORG
 ) -> None:
     """Create the org schema and the play's receipts table if missing (idempotent,
     safe under concurrency: ``ensure_ddl``); ``SheetCapError`` when the org holds

@@ -47,7 +47,7 @@ from .._types import BIGINT_MAX, check_int
 from ..budgets import SHARE_LEASE_MIN_TTL_MS, SHARE_LEASE_TTL_MS, SHARE_MAX_ROWS
 from ..errors import InvalidInputError
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 
 __all__ = [
     "SHARE_FUNCTIONS",
@@ -338,7 +338,7 @@ def _share(share: object) -> int:
 
 
 async def claim_share(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     write_version: int,
     holder: str,
@@ -381,7 +381,13 @@ async def claim_share(
 
 
 async def renew_share(
-    pool: TrioPool, names: SheetNames, write_version: int, share: int, token: str, *, ttl_ms: int
+    pool: ConnectionRunner,
+    names: SheetNames,
+    write_version: int,
+    share: int,
+    token: str,
+    *,
+    ttl_ms: int,
 ) -> ShareRenewal:
     """Push the lease of ``share`` (held with ``token``) ``ttl_ms`` on from now:
     ``renewed``, ``lost`` (not this token's, or finished) or ``superseded``."""
@@ -399,7 +405,7 @@ async def renew_share(
 
 
 async def release_share(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     write_version: int,
     share: int,
@@ -425,7 +431,9 @@ async def release_share(
     return await pool.run(run)
 
 
-async def attempt_status(pool: TrioPool, names: SheetNames, write_version: int) -> AttemptStatus:
+async def attempt_status(
+    pool: ConnectionRunner, names: SheetNames, write_version: int
+) -> AttemptStatus:
     """Where the attempt at ``write_version`` stands (``AttemptStatus``)."""
     version = _version(write_version)
 

@@ -78,7 +78,7 @@ from ..errors import STAGING_LOST_TEXT, AdmissionStateError, InvalidInputError
 from ..protocol import EncodedChunk
 from ._counters import compact_counters, compact_if_long
 from ._names import ADMISSIONS_SUFFIX, SheetNames, sheet_tables
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._quotas import (
     StoreQuotas,
     counted_orgs,
@@ -197,7 +197,7 @@ def _drop_staged(conn: Conn, names: SheetNames, admission_ids: Sequence[str]) ->
 
 
 async def begin_admission(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     admission_id: str,
     run_id: str,
@@ -317,7 +317,7 @@ def _check_chunk_args(seq: object, first_position: object) -> None:
 
 
 async def stage_chunk(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     admission_id: str,
     seq: int,
@@ -367,7 +367,7 @@ async def stage_chunk(
     return await pool.run(run)
 
 
-async def abort_admission(pool: TrioPool, names: SheetNames, admission_id: str) -> bool:
+async def abort_admission(pool: ConnectionRunner, names: SheetNames, admission_id: str) -> bool:
     """Drop an open admission's staging rows; returns False if it was not open."""
     check_admission_id(admission_id)
 
@@ -416,7 +416,9 @@ def _compact_unless_busy(conn: Conn, names: SheetNames) -> bool:
         return False  # a writer holds the sheet: the next pass compacts
 
 
-async def sweep_admissions(pool: TrioPool, lifetime_ms: int = ADMISSION_MAX_LIFETIME_MS) -> int:
+async def sweep_admissions(
+    pool: ConnectionRunner, lifetime_ms: int = ADMISSION_MAX_LIFETIME_MS
+) -> int:
     """The reaper's pass: expire every sheet's idle admissions and delete their staging
     rows, and compact every long counter log (``_counters.compact_if_long``), each
     sheet in its own transactions, then set the staging counters to what the open
@@ -708,7 +710,7 @@ def _admit_by_ranges(
 
 
 async def commit_admission(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     table_namespace: str,
     admission_id: str,

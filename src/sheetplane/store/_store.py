@@ -41,7 +41,7 @@ from . import (
     _writes,
 )
 from ._names import SheetNames, receipt_names, sheet_names
-from ._pool import TrioPool, open_pool
+from ._pool import ConnectionRunner, open_pool
 from ._quotas import StoreQuotas
 from ._rowdata import physical_columns
 
@@ -55,7 +55,7 @@ _ENSURED_CACHE_ENTRIES = 4096
 
 
 def _on_sheet(
-    work: Callable[Concatenate[TrioPool, SheetNames, P], Awaitable[R]],
+    work: Callable[Concatenate[ConnectionRunner, SheetNames, P], Awaitable[R]],
 ) -> Callable[Concatenate[SheetStore, SheetRef, P], Awaitable[R]]:
     """A ``SheetStore`` method that runs ``work(pool, names, ...)`` on the sheet's names.
 
@@ -89,7 +89,7 @@ class SheetStore:
     cancels its statement on the server and rolls its transaction back.
     """
 
-    def __init__(self, pool: TrioPool, *, quotas: StoreQuotas | None = None) -> None:
+    def __init__(self, pool: ConnectionRunner, *, quotas: StoreQuotas | None = None) -> None:
         self.pool = pool
         self.quotas = StoreQuotas() if quotas is None else quotas
         """What one org may keep (``_quotas``): new sheets and receipt tables past it

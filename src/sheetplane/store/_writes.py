@@ -61,7 +61,7 @@ from ..errors import InvalidInputError
 from ..identity import append_row_key, content_identity, row_key
 from ._guards import clear_rows
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import (
     check_key_size,
     check_text,
@@ -138,7 +138,7 @@ def _insert_appended(
 
 
 async def _write(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     kind: WriteKind,
     idempotency_key: str,
@@ -156,7 +156,7 @@ async def _write(
 
 
 async def append_rows(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -176,7 +176,7 @@ async def append_rows(
 
 
 async def replace_rows(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -211,7 +211,7 @@ def _merge_by_key(
 
 
 async def upsert_rows(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     rows: Sequence[Mapping[str, Any]],
     *,

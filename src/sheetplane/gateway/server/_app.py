@@ -45,7 +45,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 import attrs
 import psycopg
@@ -354,8 +354,8 @@ class _AdmissionPool:
     (answered 503 back-pressure) instead of queueing without bound.
 
     ``SheetStore`` methods take no acquire timeout (the direct road has no one
-    to push back to), so the gateway hands its store this view of the pool;
-    the store only ever calls ``run``.
+    to push back to), so the gateway hands its store this view of the pool: a
+    ``ConnectionRunner``, all the store calls on a pool.
     """
 
     def __init__(self, pool: TrioPool, acquire_timeout_ms: int) -> None:
@@ -426,7 +426,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             trio.open_nursery() as nursery,
         ):
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
-            store = SheetStore(cast(TrioPool, admission), quotas=config.quotas)
+            store = SheetStore(admission, quotas=config.quotas)
             try:
                 await harden_database(store)
                 for definition in config.plays:
