@@ -5,6 +5,7 @@ crash calls ``fn`` only for the rows without a receipt."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -190,6 +191,42 @@ async def test_bad_options_are_refused_before_admitting(gateway: CountingGateway
         with pytest.raises(InvalidInputError, match="fn must be"):
             await rt.map("ns", CONTRACT, inputs(2), "not callable")  # type: ignore[arg-type]
         assert gateway.requests == before
+
+
+def plain_count(row: dict[str, Any]) -> dict[str, Any]:
+    return {"words": len(row["text"].split())}
+
+
+async def async_progress(progress: MapProgress) -> None:
+    raise AssertionError("never awaited")
+
+
+async def test_a_sync_fn_or_an_async_progress_is_refused_before_admitting(
+    gateway: CountingGateway,
+) -> None:
+    # Before, a plain def or a lambda was accepted, every row then failed with
+    # "object dict can't be used in 'await' expression" and map returned normally;
+    # an async progress was never awaited.
+    play = new_play()
+    async with runtime(gateway, "direct", play=play) as rt:
+        before = gateway.requests
+        for fn in (plain_count, lambda row: {"words": 1}):
+            with pytest.raises(
+                InvalidInputError, match=r"fn must be an async function \(async def"
+            ):
+                await rt.map("ns", CONTRACT, inputs(3), fn)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="progress must be a plain function"):
+            await rt.map("ns", CONTRACT, inputs(3), count_words, progress=async_progress)
+        assert gateway.requests == before
+
+        class Provider:
+            async def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+                return await count_words(row)
+
+        # Async callables of every shape are taken.
+        for fn in (count_words, Provider(), functools.partial(count_words)):
+            report = await rt.map("ns", CONTRACT, inputs(3), fn)
+            assert report.admitted == 3
 
 
 async def test_map_writes_of_every_batch_size_share_one_session(gateway: CountingGateway) -> None:

@@ -57,7 +57,9 @@ and the write batches (a cut write is safe to replay at the same version).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import math
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -155,9 +157,22 @@ def receipt_key(namespace: str, row_key: str) -> str:
 def check_map_options(
     fn: object, concurrency: object, batch_rows: object, flush_seconds: object, progress: object
 ) -> None:
-    """Raise ``InvalidInputError`` naming the first bad ``map`` option."""
+    """Raise ``InvalidInputError`` naming the first bad ``map`` option.
+
+    ``fn`` must be async (an ``async def`` function, a method or a
+    ``functools.partial`` of one, or an object whose ``__call__`` is one): a plain
+    function or a lambda is refused here, before anything is admitted, rather than
+    failing every row with "can't be used in 'await' expression". ``progress`` is
+    called synchronously as rows settle, so an ``async def`` one (which would
+    never run) is refused too.
+    """
     if not callable(fn):
         raise InvalidInputError(f"fn must be an async callable, got {fn!r}")
+    if not is_async_callable(fn):
+        raise InvalidInputError(
+            f"fn must be an async function (async def fn(row) -> outputs), got {_named(fn)};"
+            " for blocking code, await trio.to_thread.run_sync(your_function, row) inside it"
+        )
     for name, value, top in (
         ("concurrency", concurrency, None),
         ("batch_rows", batch_rows, MAP_MAX_BATCH_ROWS),
@@ -179,6 +194,29 @@ def check_map_options(
         raise InvalidInputError(f"flush_seconds must be finite and >= 0, got {flush_seconds!r}")
     if progress is not None and not callable(progress):
         raise InvalidInputError(f"progress must be callable or None, got {progress!r}")
+    if progress is not None and is_async_callable(progress):
+        raise InvalidInputError(
+            f"progress must be a plain function (def progress(p: MapProgress) -> None): it is"
+            f" called as rows settle, and {_named(progress)} is async, so it would never run"
+        )
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` gives a coroutine by its definition: an ``async def``
+    function or method, a ``functools.partial`` of one, or an object whose class
+    defines an ``async def __call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(call)
+
+
+def _named(fn: object) -> str:
+    """How a message names a callable (its qualified name, else its type)."""
+    name = getattr(fn, "__qualname__", None)
+    return f"{name!r}" if isinstance(name, str) else f"a {type(fn).__name__}"
 
 
 #: A worker's outcome and its estimated bytes (measured once, by the worker): one value

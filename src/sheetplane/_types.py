@@ -20,6 +20,7 @@ import attrs
 
 from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from .errors import InvalidInputError
+from .identity import ROW_KEY_FIELD
 from .names import normalize_play_name, normalize_table_namespace
 
 RowStatus = Literal["pending", "running", "enriched", "failed", "stale"]
@@ -152,6 +153,18 @@ class ContractColumn:
     def is_physical(self) -> bool:
         """Whether the sheet table has a jsonb column for it."""
         return not self.sql_name.startswith("_")
+
+    @property
+    def lookup_names(self) -> tuple[str, ...]:
+        """Names a row may carry the column's value under, in order of preference.
+
+        ``field`` (the row field an input column reads), then the column ``id``,
+        then its ``sql_name``. Never ``__deeplineRowKey``: a row's own key is
+        stripped from its data, whatever the contract calls its columns.
+        """
+        names = [self.field] if self.field else []
+        names += [self.id, self.sql_name]
+        return tuple(name for name in dict.fromkeys(names) if name != ROW_KEY_FIELD)
 
 
 def _contract_columns(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -272,6 +272,7 @@ class Runtime:
         receipts: bool = False,
         progress: Callable[[MapProgress], object] | None = None,
         unknown_outputs: UnknownOutputs = "fail",
+        strict_inputs: bool = False,
     ) -> MapReport:
         """Admit ``rows`` on ``namespace`` and map ``fn`` (``async (row) -> outputs``) over
         the rows to map; every outcome is written, fenced by the admission's version.
@@ -297,6 +298,10 @@ class Runtime:
         ``unknown_outputs="raise"`` the map raises ``InvalidInputError`` at the
         first instead (the rows already written stay written).
 
+        ``strict_inputs=True`` refuses an admission whose rows carry no value for
+        an input column of ``contract`` in any row (``InvalidInputError``, nothing
+        admitted); by default that is one warning (``RowWriter.start``).
+
         When a write finds the attempt superseded, every ``fn`` call still
         running is cancelled at once, no further call starts, and this raises
         ``AttemptSupersededError``. Cancelling ``map`` cancels everything it
@@ -308,7 +313,7 @@ class Runtime:
         started = trio.current_time()
         writer = self.writer(namespace, contract)
         await self._check_map_actions(receipts)
-        admission = await writer.start(rows)
+        admission = await writer.start(rows, strict_inputs=strict_inputs)
         rows_mapped, completed, failed, reused = await self._work(
             admission.attempt,
             writer,

@@ -12,6 +12,7 @@ import trio
 
 from .. import _checks as checks
 from .. import protocol as m
+from .._inputs import watch_inputs
 from .._json import encode_body
 from .._recovery import retry_idempotent
 from .._superseded import superseded_error
@@ -166,7 +167,7 @@ class RowWriter:
         """The attempt's write version: from ``start``, or given to ``Runtime.writer``."""
         return self._write_version
 
-    async def start(self, rows: AdmissionInput) -> Admission:
+    async def start(self, rows: AdmissionInput, *, strict_inputs: bool = False) -> Admission:
         """Admit ``rows`` under a new write version (a new attempt).
 
         ``rows``: a sequence, any iterable or any async iterable of row
@@ -189,9 +190,17 @@ class RowWriter:
         async iterable: what was read cannot be read again) raises
         ``AdmissionStateError`` saying so, with nothing committed: start again
         with the input from its beginning.
+
+        An input column of the contract that no row carries a value for (rows keyed
+        ``name`` against a column ``company``, say) is logged as one warning naming
+        the column and the row count; with ``strict_inputs=True`` the admission
+        raises ``InvalidInputError`` instead, with nothing committed
+        (``sheetplane._inputs``).
         """
         check_input(rows)
+        checks.flag("strict_inputs", strict_inputs)
         t = self._target
+        rows = watch_inputs(rows, t.contract, t.sheet.table_namespace, strict=strict_inputs)
         served = t.client.serves(BEGIN_ADMISSION)
         if served is False:
             return self._begun(await self._whole(Tape(rows, lambda: True).replay()))

@@ -24,7 +24,6 @@ from ..budgets import (
     MAX_ROW_KEY_BYTES,
 )
 from ..errors import InvalidInputError
-from ..identity import ROW_KEY_FIELD
 from ._counters import STATUS_COUNTER, status_counts
 from ._locking import lock_sheet as lock_sheet_in
 from ._names import SheetNames
@@ -104,15 +103,8 @@ def physical_columns(contract: SheetContract) -> tuple[ContractColumn, ...]:
 
 
 def column_lookup_names(column: ContractColumn) -> tuple[str, ...]:
-    """Names a row may carry the column's value under, in order of preference.
-
-    ``field`` (the row field an input column reads), then the column ``id``,
-    then its ``sql_name``. Never ``__deeplineRowKey``: a row's own key is
-    stripped from its data, whatever the contract calls its columns.
-    """
-    names = [column.field] if column.field else []
-    names += [column.id, column.sql_name]
-    return tuple(name for name in dict.fromkeys(names) if name != ROW_KEY_FIELD)
+    """Names a row may carry the column's value under (``ContractColumn.lookup_names``)."""
+    return column.lookup_names
 
 
 def input_field_name(column: ContractColumn) -> str:
