@@ -22,7 +22,7 @@ import trio
 from psycopg import errors as pg_errors
 
 from _runtime_helpers import CONTRACT, ORG, CountingGateway
-from _store_helpers import stored_rows
+from _store_helpers import set_status, stored_rows
 from sheetplane import (
     InvalidInputError,
     ReadBatchTooLargeError,
@@ -146,6 +146,51 @@ async def test_an_uncached_pool_is_one_connection_wide_as_the_runtimes(
         async with rt.sessions.store(shape) as store:
             assert store.pool.max_connections == width
         assert await rt.dataset("leads").count() == 1
+
+
+# --- followed: plain writes stamp the caller's run id --------------------------------------
+
+
+async def test_append_upsert_and_replace_stamp_the_runs_id(
+    runtime_gateway: CountingGateway,
+) -> None:
+    """The runtime's writes insert ``_run_id = $4`` (the caller's run): a read
+    limited to the run finds what the run appended, upserted or replaced."""
+    play = f"run-ids-{uuid.uuid4().hex[:8]}"
+
+    def runtime(run_id: str) -> Any:
+        return open_runtime(
+            base_url=runtime_gateway.base_url,
+            token=runtime_gateway.token,
+            org_id=ORG,
+            play_name=play,
+            run_id=run_id,
+        )
+
+    async with runtime("run-a") as rt:
+        writer = rt.writer("leads", CONTRACT)
+        await writer.append([{"text": "appended"}], idempotency_key="a1")
+        await writer.upsert([{"text": "upserted"}])
+        of_run = await rt.dataset("leads", run_id="run-a").materialize()
+        assert sorted(row["text"] for row in of_run) == ["appended", "upserted"]
+        assert await rt.dataset("leads", run_id="run-b").count() == 0
+    async with runtime("run-b") as rt:
+        await rt.writer("other", CONTRACT).replace([{"text": "replaced"}], idempotency_key="r1")
+        assert [r["text"] for r in await rt.dataset("other", run_id="run-b").materialize()] == [
+            "replaced"
+        ]
+
+
+async def test_an_upsert_revives_a_stale_row_under_its_run(
+    store: SheetStore, sheet: SheetRef
+) -> None:
+    """The runtime's upsert sets a revived stale row's ``_run_id`` to the caller's."""
+    await store.start_dataset(sheet, [{"text": "a"}], "run-1", CONTRACT)
+    [key] = await stored_rows(store, sheet)
+    await set_status(store, sheet, key, "stale")
+    await store.upsert_rows(sheet, [{"text": "a"}], idempotency_key="u1", run_id="run-2")
+    row = (await stored_rows(store, sheet))[key]
+    assert (row["_status"], row["_run_id"]) == ("pending", "run-2")
 
 
 # --- stated: a 413 on a single-page read --------------------------------------------------

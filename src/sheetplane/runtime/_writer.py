@@ -384,7 +384,9 @@ class RowWriter:
         return await self._direct_write(
             "rows.upsert",
             len(checked),
-            lambda store: store.upsert_rows(sheet, checked, idempotency_key=key, key_field=field),
+            lambda store: store.upsert_rows(
+                sheet, checked, idempotency_key=key, key_field=field, run_id=target.run_id
+            ),
         )
 
     async def replace(
@@ -399,9 +401,9 @@ class RowWriter:
         """``write`` of the checked ``rows`` under the checked ``idempotency_key``."""
         checked = checks.row_mappings("rows", rows)
         key = checks.text("idempotency_key", idempotency_key)
-        sheet = self._target.sheet
+        sheet, run_id = self._target.sheet, self._target.run_id
         return await self._direct_write(
-            operation, len(checked), lambda store: write(store, sheet, checked, key)
+            operation, len(checked), lambda store: write(store, sheet, checked, key, run_id)
         )
 
     async def _direct_write(
@@ -417,22 +419,22 @@ class RowWriter:
         return await retry_idempotent(attempt)
 
 
-#: A store write of checked rows under an idempotency key.
+#: A store write of checked rows under an idempotency key, stamped with the run id.
 _KeyedWrite = Callable[
-    ["SheetStore", SheetRef, list[Mapping[str, Any]], str], Awaitable[WriteResult]
+    ["SheetStore", SheetRef, list[Mapping[str, Any]], str, str], Awaitable[WriteResult]
 ]
 
 
 def _append(
-    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str
+    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str, run_id: str
 ) -> Awaitable[WriteResult]:
-    return store.append_rows(sheet, rows, idempotency_key=key)
+    return store.append_rows(sheet, rows, idempotency_key=key, run_id=run_id)
 
 
 def _replace(
-    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str
+    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str, run_id: str
 ) -> Awaitable[WriteResult]:
-    return store.replace_rows(sheet, rows, idempotency_key=key)
+    return store.replace_rows(sheet, rows, idempotency_key=key, run_id=run_id)
 
 
 def _rereadable(rows: object) -> bool:

@@ -9,9 +9,10 @@ racing the first, applies exactly once. ``kind`` is ``append``, ``upsert`` or
 ``replace``: the same key used for two kinds names two writes.
 
 None of these is an admission: they do not take a write version. New rows are
-``pending`` and stamped ``_write_version = 0`` ("never admitted"), so no
-running attempt can complete them (its fenced write would see
-``older_write_version``) until an admission takes them up. The columns written
+``pending``, stamped with the caller's ``run_id`` (as the runtime's writes stamp
+theirs, so a read limited to the run finds them) and ``_write_version = 0``
+("never admitted"), so no running attempt can complete them (its fenced write
+would see ``older_write_version``) until an admission takes them up. The columns written
 are the sheet table's physical columns (``ensure_sheet`` made them); a row
 carries a column's value under the input column's ``field``, else the column
 id, else its sql name (``_rowdata.column_lookup_names``), other fields are not
@@ -119,6 +120,7 @@ def _insert_appended(
     rows: Sequence[Mapping[str, Any]],
     idempotency_key: str,
     first_index: int,
+    run_id: str | None,
 ) -> int:
     columns = table_columns(conn, names)
     sql_names = [c.sql_name for c in columns]
@@ -132,7 +134,7 @@ def _insert_appended(
         names,
         ((key, index, column_texts(row, lookups)) for key, index, row in prepared),
         sql_names,
-        run_id=None,
+        run_id=run_id,
         version=0,
     )
 
@@ -143,13 +145,21 @@ async def _write(
     kind: WriteKind,
     idempotency_key: str,
     body: Any,
+    run_id: str | None,
 ) -> WriteResult:
     def run(conn: psycopg.Connection[Any]) -> WriteResult:
         lock_sheet(conn, names)
         if _replayed(conn, names, kind, idempotency_key):
             return WriteResult(written=0, replayed=True)
         written = body(conn)
-        record_event(conn, names, kind=kind, row_count=written, idempotency_key=idempotency_key)
+        record_event(
+            conn,
+            names,
+            kind=kind,
+            row_count=written,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+        )
         return WriteResult(written=written, replayed=False)
 
     return await pool.run(run)
@@ -161,18 +171,22 @@ async def append_rows(
     rows: Sequence[Mapping[str, Any]],
     *,
     idempotency_key: str,
+    run_id: str | None = None,
 ) -> WriteResult:
-    """Insert ``rows`` as new pending rows, once per ``idempotency_key``.
+    """Insert ``rows`` as new pending rows stamped with ``run_id``, once per
+    ``idempotency_key``.
 
     Raises ``InvalidInputError`` before anything is written for a bad row or key.
     """
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
+    run_id = _run_id(run_id)
     checked = await run_sync(_check_rows, rows)
 
     def body(conn: psycopg.Connection[Any]) -> int:
-        return _insert_appended(conn, names, checked, idempotency_key, _next_index(conn, names))
+        first = _next_index(conn, names)
+        return _insert_appended(conn, names, checked, idempotency_key, first, run_id)
 
-    return await _write(pool, names, "append", idempotency_key, body)
+    return await _write(pool, names, "append", idempotency_key, body, run_id)
 
 
 async def replace_rows(
@@ -181,20 +195,28 @@ async def replace_rows(
     rows: Sequence[Mapping[str, Any]],
     *,
     idempotency_key: str,
+    run_id: str | None = None,
 ) -> WriteResult:
-    """Replace every row of the sheet with ``rows``, once per ``idempotency_key``.
+    """Replace every row of the sheet with ``rows`` stamped with ``run_id``, once
+    per ``idempotency_key``.
 
     Raises ``InvalidInputError`` before anything is written (or deleted).
     """
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
+    run_id = _run_id(run_id)
     checked = await run_sync(_check_rows, rows)
 
     def body(conn: psycopg.Connection[Any]) -> int:
         # Through the sheet's clear function: no session role holds DELETE (_guards).
         clear_rows(conn, names)
-        return _insert_appended(conn, names, checked, idempotency_key, 0)
+        return _insert_appended(conn, names, checked, idempotency_key, 0, run_id)
 
-    return await _write(pool, names, "replace", idempotency_key, body)
+    return await _write(pool, names, "replace", idempotency_key, body, run_id)
+
+
+def _run_id(run_id: object) -> str | None:
+    """The run id a direct write stamps (None: none), checked."""
+    return None if run_id is None else check_text(run_id, "run_id")
 
 
 def _merge_by_key(
@@ -217,9 +239,10 @@ async def upsert_rows(
     *,
     idempotency_key: str,
     key_field: str | None = None,
+    run_id: str | None = None,
 ) -> WriteResult:
     """Insert new keys and merge the carried columns into existing rows, once per
-    ``idempotency_key``.
+    ``idempotency_key``; new and revived (stale) rows are stamped with ``run_id``.
 
     Raises ``InvalidInputError`` before anything is written for a bad row, key
     field or idempotency key.
@@ -227,6 +250,7 @@ async def upsert_rows(
     check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
     if key_field is not None:
         check_text(key_field, "key_field")
+    run_id = _run_id(run_id)
     checked = await run_sync(_check_rows, rows)
     entries = await run_sync(_merge_by_key, checked, key_field)
 
@@ -253,7 +277,7 @@ async def upsert_rows(
                         for n, (key, row) in enumerate(new)
                     ),
                     sql_names,
-                    run_id=None,
+                    run_id=run_id,
                     version=0,
                 )
                 next_index += inserted
@@ -264,10 +288,10 @@ async def upsert_rows(
                 if key in existing
             ]
             if updates:
-                written += _merge_existing(conn, names, updates, sql_names)
+                written += _merge_existing(conn, names, updates, sql_names, run_id)
         return written
 
-    return await _write(pool, names, "upsert", idempotency_key, body)
+    return await _write(pool, names, "upsert", idempotency_key, body, run_id)
 
 
 def _merge_existing(
@@ -275,8 +299,10 @@ def _merge_existing(
     names: SheetNames,
     updates: Sequence[Mapping[str, Any]],
     sql_names: Sequence[str],
+    run_id: str | None,
 ) -> int:
-    """Merge carried columns into existing rows (and reopen stale ones); only rows
+    """Merge carried columns into existing rows (and reopen stale ones, stamped
+    with ``run_id`` when one is given, as the runtime's upsert does); only rows
     that change are touched. Returns the changed count."""
     sheet = names.ident("sheet_table")
 
@@ -304,11 +330,17 @@ def _merge_existing(
             "  AS i(key text, data jsonb)) "
             "UPDATE {sheet} AS t SET "
             "_status = CASE WHEN t._status = 'stale' THEN 'pending' ELSE t._status END, "
+            "_run_id = CASE WHEN t._status = 'stale' "
+            "  THEN coalesce(%(run_id)s::text, t._run_id) ELSE t._run_id END, "
             "_updated_at = clock_timestamp(){sets} "
             "FROM incoming AS i WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[]) "
             "AND ({differs})"
         ).format(sheet=sheet, sets=sets, differs=differs),
         # The key array steers the plan to the key index (statistics may be stale).
-        {"rows": Jsonb(list(updates)), "keys": [update["key"] for update in updates]},
+        {
+            "rows": Jsonb(list(updates)),
+            "keys": [update["key"] for update in updates],
+            "run_id": run_id,
+        },
     )
     return cur.rowcount
