@@ -22,7 +22,8 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ._types import BIGINT_MAX, check_int
+from ._ints import check_int
+from ._types import BIGINT_MAX
 from .budgets import (
     SHARE_LEASE_GUARD_MS,
     SHARE_LEASE_MIN_TTL_MS,
@@ -158,8 +159,7 @@ class ShareRenewal:
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
+    check_int(attribute.name, value, 1)
 
 
 @attrs.frozen

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ._ints import is_int
 from ._types import CompleteRow, FailRow
 from .budgets import TRANSPORT_CEILING_BYTES
 from .errors import InvalidInputError
@@ -22,7 +23,6 @@ __all__ = [
     "complete_rows",
     "fail_rows",
     "flag",
-    "integer",
     "json_value",
     "optional_text",
     "row_mappings",
@@ -47,19 +47,6 @@ def flag(what: str, value: object) -> bool:
     """``value`` if it is a bool (not merely truthy)."""
     if not isinstance(value, bool):
         raise InvalidInputError(f"{what} must be a bool, got {value!r}")
-    return value
-
-
-def integer(what: str, value: object, low: int, high: int | None = None) -> int:
-    """``value`` if it is an int (not a bool) from ``low`` to ``high`` (None: no top)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise InvalidInputError(f"{what} must be an integer {bound}, got {value!r}")
     return value
 
 
@@ -139,5 +126,5 @@ def _terminal_rows(
 
 def positive_field(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     """An attrs validator: the field is an ``int`` of at least 1 (a ``bool`` is not)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise InvalidInputError(f"{attribute.name} must be an integer >= 1, got {value!r}")

@@ -69,6 +69,7 @@ import attrs
 import trio
 
 from ._groups import raise_single
+from ._ints import check_int
 from ._rowchecks import checked_json_object
 from ._types import CompleteRow, FailRow, SheetContract, TerminalWriteResult
 from .batching import Batch, BoundedBatchFunction, Pending
@@ -177,14 +178,7 @@ def check_map_options(
         ("concurrency", concurrency, None),
         ("batch_rows", batch_rows, MAP_MAX_BATCH_ROWS),
     ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or value < 1
-            or (top is not None and value > top)
-        ):
-            bound = f"from 1 to {top}" if top is not None else ">= 1"
-            raise InvalidInputError(f"{name} must be an integer {bound}, got {value!r}")
+        check_int(name, value, 1, top)
     if (
         isinstance(flush_seconds, bool)
         or not isinstance(flush_seconds, int | float)

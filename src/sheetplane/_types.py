@@ -10,7 +10,6 @@ HTTP client can use them without importing the store (or psycopg).
 from __future__ import annotations
 
 import datetime
-import math
 import secrets
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +17,7 @@ from typing import Any, Final, Literal, TypeVar, get_args
 
 import attrs
 
+from ._ints import check_int, is_int
 from .budgets import DB_SESSION_RENEWAL_WINDOW_MS, READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from .errors import InvalidInputError
 from .identity import ROW_KEY_FIELD
@@ -246,11 +246,7 @@ class AdmittedPart:
     """The last ``_input_index`` of the rows read (None: no range)."""
 
     def __attrs_post_init__(self) -> None:
-        if (
-            isinstance(self.write_version, bool)
-            or not isinstance(self.write_version, int)
-            or not 1 <= self.write_version <= BIGINT_MAX
-        ):
+        if not is_int(self.write_version) or not 1 <= self.write_version <= BIGINT_MAX:
             raise InvalidInputError(
                 f"write_version must be a positive bigint, got {self.write_version!r}"
             )
@@ -461,20 +457,6 @@ class ReceiptClaim:
     secret: never in a repr, a log or an error."""
 
 
-def check_int(what: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    """``value`` when it is an ``int`` (not a bool) within bounds, else ``InvalidInputError``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInputError(f"{what} must be a finite integer, got {value!r}")
-        raise InvalidInputError(f"{what} must be an integer, got {value!r}")
-    if maximum is None:
-        if value < minimum:
-            raise InvalidInputError(f"{what} must be >= {minimum}, got {value!r}")
-    elif not minimum <= value <= maximum:
-        raise InvalidInputError(f"{what} must be between {minimum} and {maximum}, got {value!r}")
-    return value
-
-
 def _non_negative_int(name: str, minimum: int) -> Any:
     def check(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
         check_int(name, value, minimum)
@@ -656,9 +638,7 @@ _MS_PER_SECOND: Final = 1000
 
 def _optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     """A limit: None (not limited) or a positive ``bigint``, as the wire carries it."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= BIGINT_MAX
-    ):
+    if value is not None and (not is_int(value) or not 1 <= value <= BIGINT_MAX):
         raise InvalidInputError(
             f"{attribute.name} must be a positive integer (at most {BIGINT_MAX}) or None, "
             f"got {value!r}"

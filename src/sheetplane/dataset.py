@@ -30,6 +30,7 @@ from urllib.parse import quote
 import attrs
 import trio
 
+from ._ints import check_int, is_int
 from .budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from .errors import BatchContractError, InvalidInputError, ReadBatchTooLargeError
 from .pages import PageReader, SheetRoad
@@ -172,17 +173,13 @@ class _Described:
 def _peek_limit(value: object) -> int:
     """``peek``'s ``n`` as the runtime clamps it: at most ``READ_PAGE_MAX_ROWS``, and
     0 for anything below 1 (an integer is still required)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise InvalidInputError(f"n must be an integer, got {value!r}")
     return max(0, min(value, READ_PAGE_MAX_ROWS))
 
 
 def _count_arg(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
-    if value < 0:
-        raise InvalidInputError(f"{name} must be >= 0, got {value!r}")
-    return value
+    return check_int(name, value, 0)
 
 
 class PageSizer:

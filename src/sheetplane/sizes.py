@@ -33,6 +33,7 @@ from typing import Any
 
 import attrs
 
+from ._ints import check_int
 from .budgets import JSON_SIZE_SLICE_CHARS
 from .errors import InvalidInputError
 
@@ -192,10 +193,7 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
     string with a lone surrogate, a circular reference, or a ``limit`` that
     is not an integer >= 0.
     """
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise InvalidInputError(f"limit must be an integer, got {limit!r}")
-    if limit < 0:
-        raise InvalidInputError(f"limit must be >= 0, got {limit!r}")
+    check_int("limit", limit, 0)
 
     total = 0
     # One frame per open container: [container, is a dict, next index or items

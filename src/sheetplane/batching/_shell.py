@@ -41,6 +41,7 @@ import trio
 
 from .. import _tracing
 from .._groups import single_error
+from .._ints import is_int
 from ..errors import (
     BatchContractError,
     BatcherClosedError,
@@ -414,7 +415,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             else:
                 nbytes = self._estimate_bytes(value)
                 if type(nbytes) is not int:
-                    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+                    if not is_int(nbytes):
                         raise InvalidInputError(
                             f"estimate_bytes must return an int, got {type(nbytes).__name__}"
                         )

@@ -59,6 +59,7 @@ import attrs
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from .._ints import check_int
 from ..budgets import POSTGRES_BACKPRESSURE_RETRY_AFTER_MS, READ_BATCH_MAX_RESPONSE_BYTES
 from ..errors import InvalidInputError, ReadBatchTooLargeError
 from ..protocol import UNSUPPORTED_ACTION_TEXT, Code, encode_body, error_body
@@ -120,8 +121,7 @@ class FaultSpec:
             raise InvalidInputError(
                 f"fault kind must be one of {sorted(FAULT_KINDS)}, got {self.kind!r}"
             )
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise InvalidInputError(f"fault count must be an integer >= 1, got {self.count!r}")
+        check_int("fault count", self.count, 1)
 
 
 def parse_fault_header(value: str) -> tuple[FaultSpec, ...]:

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import attrs
 
+from .._ints import is_int
 from ..budgets import (
     DEFAULT_RETRY_AFTER_MS,
     MAX_RETRY_AFTER_MS,
@@ -161,7 +162,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 def _observed(body: Mapping[str, Any], floor: int) -> int:
     """A 413's ``observed_bytes``, or just past ``floor`` when it is missing or off."""
     observed = body.get("observed_bytes")
-    if isinstance(observed, bool) or not isinstance(observed, int) or observed < 0:
+    if not is_int(observed) or observed < 0:
         return floor + 1
     return observed
 

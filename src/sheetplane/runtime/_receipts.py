@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .. import _checks as checks
+from .._ints import check_int
 from .._leases import Lease, acquire_lease, hold_lease, run_once
 from .._types import ReceiptClaim, ReceiptCompletion
 from ..errors import InvalidInputError
@@ -65,7 +66,7 @@ class ReceiptRecorder:
         key = checks.text("key", key)
         checks.json_value("result", result)
         if run_attempt is not None:
-            checks.integer("run_attempt", run_attempt, 0)
+            check_int("run_attempt", run_attempt, 0)
         return await self._client.complete_work_receipt(
             key, result, self._run_id, run_attempt=run_attempt
         )

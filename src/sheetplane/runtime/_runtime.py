@@ -14,6 +14,7 @@ from .. import _checks as checks
 from .. import protocol as m
 from .._attempts import Attempt, AttemptStatus, ShareClaim, ShareLease
 from .._groups import raise_single
+from .._ints import check_int
 from .._map import (
     UNKNOWN_OUTPUTS,
     MapFn,
@@ -240,7 +241,7 @@ class Runtime:
         if not isinstance(contract, SheetContract):
             raise InvalidInputError(f"contract must be a SheetContract, got {contract!r}")
         if write_version is not None:
-            checks.integer("write_version", write_version, 0, BIGINT_MAX)
+            check_int("write_version", write_version, 0, BIGINT_MAX)
         c = self.context
         target = WriteTarget(
             sheet=self._sheet(table_namespace),

@@ -44,6 +44,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import _tracing, budgets
+from .._ints import check_int, is_int
 from .._json import decode_body
 from .._redact import Redactor
 from .._threads import call_frameless, frameless, unwrap
@@ -296,10 +297,7 @@ class TrioPool:
         connect_timeout_ms: int,
         connect_retry_delays_ms: Sequence[int],
     ) -> None:
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise InvalidInputError(f"max_connections must be an integer, got {max_connections!r}")
-        if max_connections < 1:
-            raise InvalidInputError(f"max_connections must be >= 1, got {max_connections!r}")
+        check_int("max_connections", max_connections, 1)
         if statement_timeout_ms < 1 or connect_timeout_ms < 1:
             raise InvalidInputError("timeouts must be positive milliseconds")
         self._redact = Redactor(database_urls=[url])
@@ -515,7 +513,7 @@ class TrioPool:
         if acquire_timeout_ms is None:
             await self._limiter.acquire_on_behalf_of(borrower)
         else:
-            if isinstance(acquire_timeout_ms, bool) or not isinstance(acquire_timeout_ms, int):
+            if not is_int(acquire_timeout_ms):
                 raise InvalidInputError(
                     f"acquire_timeout_ms must be an integer or None, got {acquire_timeout_ms!r}"
                 )

@@ -40,6 +40,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from .._ints import check_int
 from .._rowchecks import check_json_value
 from .._types import (
     INTEGER_MAX,
@@ -242,14 +243,8 @@ def check_completion(
     if holder is not None:
         check_text(holder, "holder")
     check_lease_token(lease_token, required=False)
-    if run_attempt is not None and (
-        isinstance(run_attempt, bool)
-        or not isinstance(run_attempt, int)
-        or not 0 <= run_attempt <= _MAX_RUN_ATTEMPT
-    ):
-        raise InvalidInputError(
-            f"run_attempt must be an integer from 0 to {_MAX_RUN_ATTEMPT}, got {run_attempt!r}"
-        )
+    if run_attempt is not None:
+        check_int("run_attempt", run_attempt, 0, _MAX_RUN_ATTEMPT)
     check_json_value(result, "receipt result")
 
 

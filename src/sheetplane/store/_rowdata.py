@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
+from .._ints import check_int
 from .._types import BIGINT_MAX, ContractColumn, RowStatus, SheetContract
 from ..budgets import (
     ADMISSION_ANALYZE_MIN_ROWS,
@@ -78,15 +79,7 @@ def check_write_version(value: object) -> int | None:
     """A writer's version: ``None`` (a legacy, unfenced writer) or an integer >= 0."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInputError(f"write_version must be a finite integer, got {value!r}")
-        raise InvalidInputError(f"write_version must be an integer or None, got {value!r}")
-    if not 0 <= value <= BIGINT_MAX:
-        raise InvalidInputError(
-            f"write_version must be between 0 and {BIGINT_MAX} (a bigint), got {value!r}"
-        )
-    return value
+    return check_int("write_version", value, 0, BIGINT_MAX)
 
 
 # --- contract projection -----------------------------------------------------------

@@ -43,7 +43,8 @@ from psycopg import sql
 
 from .. import _checks
 from .._attempts import AttemptStatus, ShareClaim, ShareRenewal
-from .._types import BIGINT_MAX, check_int
+from .._ints import check_int
+from .._types import BIGINT_MAX
 from ..budgets import SHARE_LEASE_MIN_TTL_MS, SHARE_LEASE_TTL_MS, SHARE_MAX_ROWS
 from ..errors import InvalidInputError
 from ._names import SheetNames

@@ -65,6 +65,7 @@ import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper
 
+from .._ints import check_int
 from .._types import INTEGER_MAX, AdmissionCounts, ContractColumn
 from ..budgets import (
     ADMISSION_COMMIT_RANGE_ROWS,
@@ -312,8 +313,7 @@ def _check_chunk_args(seq: object, first_position: object) -> None:
         ("seq", seq, INTEGER_MAX),
         ("first_position", first_position, 2**62 - 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
-            raise InvalidInputError(f"{what} must be an integer from 0 to {top}, got {value!r}")
+        check_int(what, value, 0, top)
 
 
 async def stage_chunk(
