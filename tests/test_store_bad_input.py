@@ -212,7 +212,8 @@ async def test_run_attempt_past_the_integer_column_is_refused(
 async def test_write_version_past_bigint_is_refused(
     store: SheetStore, sheet: SheetRef, admitted: int
 ) -> None:
-    with pytest.raises(InvalidInputError, match="bigint"):
+    # The largest bigint is the bound.
+    with pytest.raises(InvalidInputError, match=f"between 0 and {2**63 - 1}, got {2**63}"):
         await store.complete_map_rows(
             sheet, CONTRACT, [CompleteRow("a", {"score": 1})], run_id="r1", write_version=2**63
         )
