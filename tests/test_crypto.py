@@ -92,7 +92,9 @@ def test_session_aad_is_canonical_json() -> None:
 
 def test_round_trip(key: DecryptionKey) -> None:
     envelope = encrypt_postgres_url(URL, key.public_jwk(), AAD)
-    assert set(envelope) == {"protected", "encrypted_key", "iv", "ciphertext", "tag", "aad"}
+    assert set(envelope) == {"alg", "protected", "encrypted_key", "iv", "ciphertext", "tag", "aad"}
+    # The member the seed's runtime branches on, beside the JWE's own header.
+    assert envelope["alg"] == "RSA-OAEP-256+A256GCM"
     assert json.loads(_unb64(envelope["protected"])) == {"alg": "RSA-OAEP-256", "enc": "A256GCM"}
     assert _unb64(envelope["aad"]) == AAD
     assert PASSWORD not in json.dumps(envelope)
@@ -282,8 +284,11 @@ def test_unwrap_key_round_trip_and_failures() -> None:
 
 def test_an_rsa_envelope_does_not_open_as_a_harness_envelope(key: DecryptionKey) -> None:
     envelope = encrypt_postgres_url(URL, key.public_jwk(), AAD)
-    with pytest.raises(EnvelopeDecryptionError, match="must use alg A256KW"):
+    with pytest.raises(EnvelopeDecryptionError, match="alg member must be A256KW"):
         decrypt_with_unwrap_key(envelope, UNWRAP_KEY, AAD)
+    bare = {k: v for k, v in envelope.items() if k != "alg"}
+    with pytest.raises(EnvelopeDecryptionError, match="must use alg A256KW"):
+        decrypt_with_unwrap_key(bare, UNWRAP_KEY, AAD)
 
 
 def test_unwrap_key_envelopes_interoperate_with_joserfc() -> None:

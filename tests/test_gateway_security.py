@@ -237,16 +237,27 @@ def test_role_statements_grant_only_what_the_operations_need() -> None:
     )
     assert "DELETE" not in writes
     assert (
-        'GRANT SELECT, INSERT ("_key", "_run_id", "_input_index", "email") ON TABLE'
+        'GRANT SELECT, INSERT ("_key", "_status", "_run_id", "_input_index", "email") ON TABLE'
         f' "{names.schema}"."{names.sheet_table}"'
     ) in writes
     replace = " ".join(
         s.as_string(None) for s in create_role_statements("r", "v", "t", names, ["rows.replace"])
     )
-    # No DELETE and no table-level UPDATE on the rows (either would let LOCK TABLE
-    # ... ACCESS EXCLUSIVE through): the replace deletes through the clear function.
-    assert "DELETE" not in replace
-    assert 'UPDATE ("_status", "_run_id", "_error", "_updated_at", "_cell_meta")' in replace
+    # No table-level UPDATE on the rows; DELETE only for a replace (the seed's replace
+    # deletes the rows itself; docs/gateway.md states what that lets through).
+    assert (
+        'GRANT SELECT, INSERT ("_key", "_status", "_run_id", "_input_index"), UPDATE ("_status",'
+        ' "_run_id", "_error", "_updated_at", "_cell_meta", "_input_index"), DELETE ON TABLE'
+        f' "{names.schema}"."{names.sheet_table}"'
+    ) in replace
+    # A write session inherits the sheet's owner role only when the minting code found
+    # the DDL guard installed and the role owning the rows (``owner``).
+    assert "NOINHERIT" in writes and 'GRANT "sp_own' not in writes
+    owned = [
+        s.as_string(None)
+        for s in create_role_statements("r", "v", "t", names, ["rows.append"], owner="sp_own_x")
+    ]
+    assert " INHERIT " in owned[0] and owned[-1] == 'GRANT "sp_own_x" TO "r"'
     clear = names.sheet_table.removesuffix("_rows") + "_clear"
     assert f'GRANT EXECUTE ON FUNCTION "{names.schema}"."{clear}"() TO "r"' in replace
 

@@ -234,6 +234,14 @@ EVENT_COLUMNS = (
     "idempotency_key",
     "row_count",
     "created_at",
+    # The seed's per-row events (store._seedlayout).
+    "play_name",
+    "table_namespace",
+    "_key",
+    "_status",
+    "_run_id",
+    "_stage",
+    "data_patch",
 )
 SUMMARY_COLUMNS = (
     "id",
@@ -244,8 +252,11 @@ SUMMARY_COLUMNS = (
     "failed",
     "write_version",
     "updated_at",
+    "play_name",
+    "table_namespace",
+    "_updated_at",
 )
-COLSUM_COLUMNS = ("column_name", "non_null", "updated_at")
+COLSUM_COLUMNS = ("column_name", "non_null", "updated_at", "play_name", "table_namespace")
 COUNTER_COLUMNS = ("kind", "name", "value")
 RECEIPT_COLUMNS = ("key", "result", "run_id", "run_attempt", "completed_at")
 TABLE_COLUMNS = {
@@ -261,10 +272,46 @@ TABLE_COLUMNS = {
     "metaTable": ("kind", "name", "value"),
     "otherMetaTable": ("kind", "name", "value"),
 }
-WRITE_EVENT = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
-#: What a write role may insert into and update of the rows (the contract's columns too).
-ROW_INSERT_COLUMNS = ("_key", "_run_id", "_input_index", "email", "score")
-ROW_UPDATE_COLUMNS = ("_status", "_run_id", "_error", "_updated_at", "_cell_meta", "email", "score")
+WRITE_EVENT = (
+    "kind",
+    "run_id",
+    "write_version",
+    "idempotency_key",
+    "row_count",
+    # The seed's per-row events.
+    "play_name",
+    "table_namespace",
+    "_key",
+    "_status",
+    "_run_id",
+    "_stage",
+    "data_patch",
+)
+#: What a write role may insert into and update of the rows (the contract's columns too):
+#: what the store's direct writes and the seed's statements name.
+ROW_INSERT_COLUMNS = ("_key", "_status", "_run_id", "_input_index", "email", "score")
+ROW_UPDATE_COLUMNS = (
+    "_status",
+    "_run_id",
+    "_error",
+    "_updated_at",
+    "_cell_meta",
+    "_input_index",
+    "email",
+    "score",
+)
+#: The seed's summary upsert and replace reset, by column (the summary's guard drops
+#: both: the counters stay the store's).
+SUMMARY_INSERT = (
+    "play_name",
+    "table_namespace",
+    "total",
+    "queued",
+    "running",
+    "completed",
+    "failed",
+)
+SUMMARY_UPDATE = ("total", "queued", "running", "completed", "failed", "_updated_at")
 
 
 def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
@@ -302,8 +349,21 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
     # version 0 from the defaults. No table-level UPDATE and no DELETE (replace
     # deletes through the sheet's clear function), so no LOCK TABLE on the rows.
     allowed |= {("sheetTable", "INSERT", c) for c in ROW_INSERT_COLUMNS}
+    allowed |= {("summaryTable", "INSERT", c) for c in SUMMARY_INSERT}
+    allowed |= {("summaryTable", "UPDATE", c) for c in SUMMARY_UPDATE}
     if operation in ("rows.upsert", "rows.replace"):
         allowed |= {("sheetTable", "UPDATE", c) for c in ROW_UPDATE_COLUMNS}
+    if operation == "rows.replace":
+        # The seed's replace deletes the rows, its per-row events and the column
+        # summary's rows of its play itself. DELETE lets LOCK TABLE through on each:
+        # the stated cost (docs/gateway.md, the seed's direct road), bounded by the
+        # session's transaction bound; the guards keep the store's events and counters.
+        for table in ("sheetTable", "eventTable", "columnSummaryTable"):
+            allowed |= {
+                (table, "DELETE", ""),
+                (table, "LOCK", ""),
+                (table, "LOCK ACCESS EXCLUSIVE", ""),
+            }
     return allowed
 
 
@@ -531,6 +591,14 @@ async def test_a_hostile_write_role_cannot_move_its_sheets_counters_and_they_sta
     operations = ["rows.read", "rows.append", "rows.upsert", "rows.replace"]
     _, url = await mint(gateway, TOKEN_A, namespace, operations)
     names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    # A base row in the column summary (an older sheet's; new sheets keep none), so the
+    # replace role's DELETE on it (the seed's replace needs one) meets a counter row.
+    await run_sql(
+        gateway.config.database_url,
+        sql.SQL("INSERT INTO {} (column_name, non_null) VALUES ('email', 0)").format(
+            names.ident("column_summary_table")
+        ),
+    )
     assert await trio.to_thread.run_sync(hostile_counter_writes, url, names) == []
     await trio.to_thread.run_sync(hostile_row_changes, url, names)
     summary = await act(gateway, TOKEN_A, "runtime_sheet_summary", tableNamespace=namespace)
@@ -1415,10 +1483,23 @@ async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
         **fields,
     )
     names = sheet_names(SheetRef(own_orgs.config.tokens[TOKEN_A], PLAY, namespace))
-    # Only its own kind of event gets through: a replace role's "replace".
+    # Only its own kind of event gets through: a replace role's "replace". The seed's
+    # admission reorders the rows it re-admits (UPDATE of _input_index: read order, not
+    # fencing), and its replace deletes the rows itself, which lets LOCK TABLE through
+    # (the stated cost, docs/gateway.md: the seed's direct road).
     for operations, own in (
-        (["rows.read", "rows.upsert"], []),
-        (["rows.replace"], ["replace event"]),
+        (["rows.read", "rows.upsert"], ["input index"]),
+        (
+            ["rows.replace"],
+            [
+                "input index",
+                "replace event",
+                "delete",
+                "lock the rows",
+                "lock the rows, share",
+                "lock the events",
+            ],
+        ),
     ):
         _, url = await mint(own_orgs, TOKEN_A, namespace, operations)
         through = await trio.to_thread.run_sync(fence_breaking_writes, url, names, version)

@@ -208,12 +208,14 @@ async def test_rows_by_keys_and_summary(store: SheetStore, ready: SheetRef) -> N
     assert await store.read_rows_by_keys(ready, []) == []
     # Rows inserted by plain SQL are counted too: the counting triggers count rows.
     assert await store.summary(ready) == Summary(3, 3, 0, 0, 0)
-    # An older sheet's counts kept in the summary row are its base, added to the log.
+    # The summary row's counts (inserts and deletes count there; an older sheet's
+    # counts are kept there too) add to the log's.
     names = sheet_names(ready)
     await store.pool.run(
         lambda c: c.execute(
             sql.SQL(
-                "UPDATE {} SET total = 3, queued = 1, running = 1, completed = 1, failed = 0"
+                "UPDATE {} SET total = total + 3, queued = queued + 1, running = running + 1,"
+                " completed = completed + 1"
             ).format(names.ident("summary_table"))
         )
     )

@@ -97,8 +97,12 @@ UNWRAP_KEY_BYTES: Final = 32
 #: envelope (``zip``, ``crit``, ``epk``...) makes it refuse the envelope.
 _KNOWN_HEADER_PARAMS: Final = frozenset({"alg", "enc", "kid", "typ", "cty"})
 _ENVELOPE_MEMBERS: Final = frozenset(
-    {"protected", "unprotected", "header", "encrypted_key", "iv", "ciphertext", "tag", "aad"}
+    {"alg", "protected", "unprotected", "header", "encrypted_key", "iv", "ciphertext", "tag", "aad"}
 )
+#: The envelope's own ``alg`` member when the URL is sealed to a public key: what
+#: the seed's runtime branches on (``encryptedPostgresUrl.alg``) to unwrap it with
+#: the private key it kept, rather than with a harness unwrap key.
+PUBLIC_KEY_ENVELOPE_ALG: Final = "RSA-OAEP-256+A256GCM"
 
 
 # --- base64url ---------------------------------------------------------------
@@ -294,6 +298,8 @@ def _check(envelope: Mapping[str, Any], alg: str, aad: bytes) -> dict[str, Any]:
     unknown = set(envelope) - _ENVELOPE_MEMBERS
     if unknown or "recipients" in envelope:
         raise _fail("the envelope is not a flattened JWE JSON serialization")
+    if "alg" in envelope and envelope["alg"] != f"{alg}+{_ENC}":
+        raise _fail(f"the envelope's alg member must be {alg}+{_ENC}")
     members: dict[str, bytes] = {}
     for name in _SEALED_MEMBERS:
         value = envelope.get(name)
@@ -324,7 +330,8 @@ def _check(envelope: Mapping[str, Any], alg: str, aad: bytes) -> dict[str, Any]:
         raise _fail(f"the envelope must use alg {alg} with enc {_ENC}")
     if len(members["iv"]) != _IV_BYTES or len(members["tag"]) != _TAG_BYTES:
         raise _fail("the IV or tag has the wrong length")
-    return dict(envelope)
+    # The JWE itself, without the member that names it for the seed's runtime.
+    return {name: value for name, value in envelope.items() if name != "alg"}
 
 
 def _open(envelope: dict[str, Any], key: RSAKey | OctKey, alg: str) -> str:
@@ -343,11 +350,13 @@ def encrypt_postgres_url(url: str, public_jwk: Mapping[str, Any], aad: bytes) ->
     """Encrypt ``url`` to the holder of ``public_jwk``, bound to ``aad``.
 
     Returns a flattened JWE JSON serialization with members ``protected``,
-    ``encrypted_key``, ``iv``, ``ciphertext``, ``tag`` and ``aad``. A public
-    key that is not RSA of at least 2048 bits raises ``InvalidInputError``.
+    ``encrypted_key``, ``iv``, ``ciphertext``, ``tag`` and ``aad``, and beside
+    them ``alg`` = ``PUBLIC_KEY_ENVELOPE_ALG`` (as the seed's sessions carry it).
+    A public key that is not RSA of at least 2048 bits raises ``InvalidInputError``.
     """
     public_key = _public_key_from_jwk(public_jwk)
-    return _seal(url, _RSA_ALG, RSAKey.import_key(public_key), aad)
+    sealed = _seal(url, _RSA_ALG, RSAKey.import_key(public_key), aad)
+    return {"alg": PUBLIC_KEY_ENVELOPE_ALG, **sealed}
 
 
 def decrypt_postgres_url(envelope: Mapping[str, Any], key: DecryptionKey, aad: bytes) -> str:

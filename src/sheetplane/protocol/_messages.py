@@ -628,7 +628,9 @@ class PostgresTablesWire:
 
 @attrs.frozen(kw_only=True)
 class EnvelopeWire:
-    """A flattened JWE (RFC 7516 §7.2.2)."""
+    """A flattened JWE (RFC 7516 §7.2.2), with ``alg`` = ``RSA-OAEP-256+A256GCM``
+    beside it when sealed to the requester's public key (the seed's runtime
+    branches on it)."""
 
     protected: str
     encrypted_key: str = attrs.field(metadata={"wire": "encrypted_key"})
@@ -636,6 +638,7 @@ class EnvelopeWire:
     ciphertext: str
     tag: str
     aad: str
+    alg: str | Absent = ABSENT
 
 
 @attrs.frozen(kw_only=True)

@@ -25,7 +25,15 @@ trigger), cannot disable the triggers (that needs ownership) and cannot set
 ``session_replication_role`` (superuser only).
 
 The counter table is an append-only log: no key, no upsert, so a trigger
-takes no row lock and two writers never meet on a counter row. A read sums
+takes no row lock and two writers never meet on a counter row. The one
+exception is ``total``, which only inserts and deletes change: their status
+changes go to the summary row instead (one ``UPDATE`` of it per statement that
+inserted or deleted rows), so the row's ``total`` is the sheet's row count at
+every commit, which the seed's runtime reads directly (``SELECT total FROM
+<summary> WHERE play_name = $1 AND table_namespace = $2``). The store's own
+inserting writers hold the writer lock exclusively anyway, so only the seed's
+statements meet there; status changes (the terminal writes of many workers)
+still go to the log. A read sums
 the log and adds the base values an older sheet still keeps in the summary
 row and the column summary table (``status_counts``, ``column_counts``, one
 statement each, so one snapshot). The gateway compacts the log
@@ -57,6 +65,7 @@ __all__ = [
     "compact_counters",
     "compact_if_long",
     "count_trigger_ddl",
+    "fold_status_log",
     "status_counts",
 ]
 
@@ -108,9 +117,19 @@ def _signed_rows(sources: Sequence[tuple[int, str]], columns: Sequence[str]) -> 
 
 
 def _log_deltas(
-    names: SheetNames, sources: Sequence[tuple[int, str]], columns: Sequence[str]
+    names: SheetNames,
+    sources: Sequence[tuple[int, str]],
+    columns: Sequence[str],
+    *,
+    base: bool = False,
 ) -> sql.Composable:
-    """The statement that appends the nonzero signed sums over ``sources`` to the log."""
+    """The statement that appends the nonzero signed sums over ``sources`` to the log.
+
+    With ``base`` (an insert or a delete: the statements that change ``total``),
+    the status sums are added to the summary row instead, in the same statement,
+    so the row's ``total`` is the sheet's row count at every commit (the seed's
+    runtime reads it there); only the columns' sums go to the log.
+    """
     aggregates: list[sql.Composable] = [sql.SQL("sum(s)")]
     aggregates += [
         sql.SQL("sum(s) FILTER (WHERE _status IN ({}))").format(
@@ -123,52 +142,90 @@ def _log_deltas(
         for i in range(len(columns))
     ]
     labels = [("status", name) for name in STATUS_COUNTERS] + [("column", n) for n in columns]
+    indexed = list(enumerate(labels))
+    if base:
+        indexed = indexed[len(STATUS_COUNTERS) :]
     values = sql.SQL(", ").join(
         sql.SQL("({}, {}, n.{})").format(
             sql.Literal(kind), sql.Literal(name), sql.Identifier(f"c{index}")
         )
-        for index, (kind, name) in enumerate(labels)
+        for index, (kind, name) in indexed
     )
-    return sql.SQL(
-        "INSERT INTO {log} (kind, name, value) SELECT d.kind, d.name, d.value "
-        "FROM (SELECT {aggregates} FROM ({rows}) AS r) AS n "
-        "CROSS JOIN LATERAL (VALUES {values}) AS d(kind, name, value) WHERE d.value <> 0"
-    ).format(
-        log=names.ident("counter_table"),
+    sums = sql.SQL("(SELECT {aggregates} FROM ({rows}) AS r)").format(
         aggregates=sql.SQL(", ").join(
             sql.SQL("{} AS {}").format(agg, sql.Identifier(f"c{index}"))
             for index, agg in enumerate(aggregates)
         ),
         rows=_signed_rows(sources, columns),
-        values=values,
+    )
+    log = sql.SQL(
+        "INSERT INTO {log} (kind, name, value) SELECT d.kind, d.name, d.value "
+        "FROM {n} AS n "
+        "CROSS JOIN LATERAL (VALUES {values}) AS d(kind, name, value) WHERE d.value <> 0"
+    )
+    if not base:
+        return log.format(log=names.ident("counter_table"), n=sums, values=values)
+    deltas = [
+        (sql.Identifier(name), sql.SQL("coalesce(n.{}, 0)").format(sql.Identifier(f"c{index}")))
+        for index, name in enumerate(STATUS_COUNTERS)
+    ]
+    update = sql.SQL("UPDATE {summary} AS s SET {sets} FROM n WHERE s.id AND ({changed})").format(
+        summary=names.ident("summary_table"),
+        sets=sql.SQL(", ").join(
+            sql.SQL("{c} = s.{c} + {d}").format(c=column, d=delta) for column, delta in deltas
+        ),
+        changed=sql.SQL(" OR ").join(sql.SQL("{} <> 0").format(d) for _, d in deltas),
+    )
+    if not columns:
+        return sql.SQL("WITH n AS {n} {update}").format(n=sums, update=update)
+    return sql.SQL("WITH n AS {n}, base AS ({update} RETURNING 1) {log}").format(
+        n=sums,
+        update=update,
+        log=log.format(log=names.ident("counter_table"), n=sql.SQL("n"), values=values),
     )
 
 
 def _cancel_all(names: SheetNames) -> sql.Composable:
-    """After a ``TRUNCATE``: append the negation of every counter (base plus log)."""
+    """After a ``TRUNCATE``: zero the summary row's status counters and append the
+    negation of every other counter (the log's, and the column summary's base)."""
     return sql.SQL(
+        "UPDATE {summary} SET {zeros} WHERE id; "
         "INSERT INTO {log} (kind, name, value) SELECT kind, name, -sum(value) FROM ({parts}) AS p "
         "GROUP BY kind, name HAVING sum(value) <> 0"
-    ).format(log=names.ident("counter_table"), parts=_all_parts(names))
-
-
-def _all_parts(names: SheetNames) -> sql.Composable:
-    """``(kind, name, value)`` rows of every counter's base and log entries."""
-    status = sql.SQL(" UNION ALL ").join(
-        sql.SQL(
-            "SELECT 'status' AS kind, {lit} AS name, {col} AS value FROM {summary} WHERE id"
-        ).format(
-            lit=sql.Literal(name),
-            col=sql.Identifier(name),
-            summary=names.ident("summary_table"),
-        )
-        for name in STATUS_COUNTERS
-    )
-    return sql.SQL(
-        "{status} UNION ALL SELECT 'column', column_name, non_null FROM {colsum} "
-        "UNION ALL SELECT kind, name, value FROM {log}"
     ).format(
-        status=status, colsum=names.ident("column_summary_table"), log=names.ident("counter_table")
+        summary=names.ident("summary_table"),
+        zeros=sql.SQL(", ").join(
+            sql.SQL("{} = 0").format(sql.Identifier(name)) for name in STATUS_COUNTERS
+        ),
+        log=names.ident("counter_table"),
+        parts=sql.SQL(
+            "SELECT 'column' AS kind, column_name AS name, non_null AS value FROM {colsum} "
+            "UNION ALL SELECT kind, name, value FROM {log}"
+        ).format(colsum=names.ident("column_summary_table"), log=names.ident("counter_table")),
+    )
+
+
+def fold_status_log(names: SheetNames) -> sql.Composed:
+    """Move the log's status entries into the summary row (sum unchanged): a sheet
+    whose inserts and deletes counted in the log before they counted in the row.
+    Run under the exclusive writer lock."""
+    return sql.SQL(
+        "WITH moved AS (DELETE FROM {log} WHERE kind = 'status' RETURNING name, value), "
+        "sums AS (SELECT {sums} FROM moved) "
+        "UPDATE {summary} AS s SET {sets} FROM sums WHERE s.id"
+    ).format(
+        log=names.ident("counter_table"),
+        summary=names.ident("summary_table"),
+        sums=sql.SQL(", ").join(
+            sql.SQL("coalesce(sum(value) FILTER (WHERE name = {}), 0) AS {}").format(
+                sql.Literal(name), sql.Identifier(name)
+            )
+            for name in STATUS_COUNTERS
+        ),
+        sets=sql.SQL(", ").join(
+            sql.SQL("{c} = s.{c} + sums.{c}").format(c=sql.Identifier(name))
+            for name in STATUS_COUNTERS
+        ),
     )
 
 
@@ -189,9 +246,9 @@ def count_trigger_ddl(
         "  RETURN NULL;\n"
         "END"
     ).format(
-        insert=_log_deltas(names, [(1, new)], columns),
+        insert=_log_deltas(names, [(1, new)], columns, base=True),
         update=_log_deltas(names, [(1, new), (-1, old)], columns),
-        delete=_log_deltas(names, [(-1, old)], columns),
+        delete=_log_deltas(names, [(-1, old)], columns, base=True),
         truncate=_cancel_all(names),
     )
     function = sql.Identifier(names.schema, names.count_function)

@@ -1,33 +1,40 @@
-"""The fence's guards: what a role that does not own a sheet may not do to it
-even where its column grants let the statement through.
+"""The fence's guards: what a role that is not the gateway may not do to a sheet
+even where its grants let the statement through.
 
 Session roles (``gateway.server._roles``) write their own sheet by column
-grants: ``INSERT`` of the key, run id, input index and contract columns,
-``UPDATE`` of the status, run id, error, cell meta, ``_updated_at`` and
-contract columns. A grant cannot say which values, so three guards owned by
-the tables' owner decide what the fence decides:
+grants (what the store's and the seed's write statements name), and a write
+session is a member of the sheet's owner role (``store._ownership``), so the
+seed's ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` passes its ownership
+check. A grant cannot say which values, so guards owned by the gateway decide
+what the fence decides:
 
-* a row trigger on the rows table refuses every ``_status`` change except
-  the ones a runner's own writes make: ``pending``/``running`` to
-  ``enriched``/``failed`` (a fenced terminal write) and ``stale`` to
-  ``pending`` (an upsert reopening a row). A terminal row never goes back, no
-  row becomes ``stale`` or ``running``: those are the admissions' (the
-  gateway's) to decide. Its ``WHEN`` clause lets every allowed transition,
-  and every change by the owner, through without calling anything, so the
-  fenced writes and the admissions pay nothing;
+* row triggers on the rows table refuse every ``_status`` change except the
+  ones a runner's own writes make: ``pending``/``running``/``failed`` to
+  ``enriched``/``failed`` (a terminal write; the seed completes its failed rows
+  again) and ``stale`` to ``pending`` (an upsert reopening a row), and any new
+  row that does not start ``pending``. No row becomes ``stale`` or
+  ``running``: those are the admissions' (the gateway's) to decide. The
+  ``WHEN`` clauses let every allowed change, and every change by the gateway,
+  through without calling anything, so the fenced writes and the admissions
+  pay nothing;
 * a row trigger on the event table refuses an event whose kind the role's
-  grants do not write (``append`` needs ``INSERT`` on the rows, ``upsert``,
-  ``complete_map_rows`` and ``fail_map_rows`` need ``UPDATE``, ``replace``
-  needs the clear function) and any event carrying a write version above the
-  sheet's admission counter (an ``admission`` event is never a session's);
-* ``replace`` deletes the rows through the clear function, a ``SECURITY
-  DEFINER`` function of the owner, so no role holds ``DELETE`` on the rows:
-  ``DELETE`` (like table-level ``UPDATE``) would let it ``LOCK TABLE ... IN
-  ACCESS EXCLUSIVE MODE`` and hold every reader of the sheet.
+  grants do not write (``row``, the seed's per-row events, and ``append``
+  need ``INSERT`` on the rows, ``upsert``, ``complete_map_rows`` and
+  ``fail_map_rows`` need ``UPDATE``, ``replace`` needs the clear function),
+  any event carrying a write version above the sheet's admission counter (an
+  ``admission`` event is never a session's), and the deletion of any event but
+  the seed's per-row ones (a replace clears those);
+* row triggers on the summary and column summary tables keep their counters
+  the store's: a session's insert into the summary (the seed's upsert after
+  each write) and its reset to zero (the seed's replace) are dropped, any other
+  write is refused;
+* the store's own ``replace`` deletes the rows through the clear function, a
+  ``SECURITY DEFINER`` function of the gateway.
 
 A guard refuses with ``insufficient_privilege`` (42501), as a grant does. The
-owner (and a superuser, and any role holding the owner's privileges) is never
-refused: the guard asks ``pg_has_role(current_user, owner, 'USAGE')``.
+gateway (and a superuser) is never refused: the guard asks
+``pg_has_role(current_user, gateway, 'USAGE')``, the gateway being the owner of
+the sheet's event table.
 """
 
 from __future__ import annotations
@@ -47,17 +54,28 @@ __all__ = [
     "guards_missing",
 ]
 
-#: (trigger name, table attribute) of the two guard triggers.
+#: (trigger name, table attribute) of the guard triggers.
 FENCE_TRIGGERS: Final = (
     ("sheetplane_fence_status", "sheet_table"),
+    ("sheetplane_fence_insert", "sheet_table"),
     ("sheetplane_fence_event", "event_table"),
+    ("sheetplane_fence_event_delete", "event_table"),
+    ("sheetplane_fence_base", "summary_table"),
+    ("sheetplane_fence_base", "column_summary_table"),
 )
 
 #: The status changes a session's own writes make; every other one is the fence's.
+#: A failed row may be completed again: the seed's runtime admits its failed rows
+#: again without resetting them and completes them unfenced.
 _OWN_TRANSITIONS: Final = (
-    "(OLD._status IN ('pending', 'running') AND NEW._status IN ('enriched', 'failed'))"
+    "(OLD._status IN ('pending', 'running', 'failed') AND NEW._status IN ('enriched', 'failed'))"
     " OR (OLD._status = 'stale' AND NEW._status = 'pending')"
 )
+
+#: Whether the current role is the gateway (the owner of the sheet's event table,
+#: passed as the trigger's first argument): the rows table is owned by the sheet's
+#: owner role (``store._ownership``), whose members include write sessions.
+_IS_GATEWAY: Final = "pg_has_role(current_user, TG_ARGV[0]::oid, 'USAGE')"
 
 _IS_OWNER: Final = (
     "pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')"
@@ -65,10 +83,40 @@ _IS_OWNER: Final = (
 
 _STATUS_BODY: Final = f"""
 BEGIN
-  IF {_IS_OWNER} THEN
+  IF {_IS_GATEWAY} THEN
     RETURN NEW;
   END IF;
+  IF TG_OP = 'INSERT' THEN
+    RAISE EXCEPTION 'only the gateway inserts a row as %', NEW._status
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
   RAISE EXCEPTION 'only the gateway moves a row from % to %', OLD._status, NEW._status
+    USING ERRCODE = 'insufficient_privilege';
+END
+"""
+
+#: The summary row and the column summary hold the store's counters (its counting
+#: triggers keep them): a session's own writes to them change nothing. The seed's
+#: runtime upserts the summary after each write and zeroes it on replace; those
+#: statements run and are dropped row by row (an insert and a reset to zero);
+#: any other change is refused.
+_BASE_BODY: Final = f"""
+BEGIN
+  IF {_IS_GATEWAY} THEN
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+  END IF;
+  IF TG_ARGV[1] = 'summary' THEN
+    IF TG_OP = 'INSERT' THEN
+      RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+      IF NEW.total = 0 AND NEW.queued = 0 AND NEW.running = 0 AND NEW.completed = 0
+          AND NEW.failed = 0 THEN
+        RETURN NULL;
+      END IF;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'only the gateway writes the counters of a sheet'
     USING ERRCODE = 'insufficient_privilege';
 END
 """
@@ -80,9 +128,19 @@ DECLARE
   allowed boolean;
 BEGIN
   IF {_IS_OWNER} THEN
-    RETURN NEW;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    -- The seed's per-row events (they name their play) go with a replace; the
+    -- store's own events (its idempotency keys) stay.
+    IF OLD.play_name IS NULL THEN
+      RAISE EXCEPTION 'a session deletes only per-row events'
+        USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN OLD;
   END IF;
   allowed := CASE NEW.kind
+    WHEN 'row' THEN has_any_column_privilege(rows, 'INSERT')
     WHEN 'append' THEN has_any_column_privilege(rows, 'INSERT')
     WHEN 'upsert' THEN has_any_column_privilege(rows, 'UPDATE')
     WHEN 'complete_map_rows' THEN has_any_column_privilege(rows, 'UPDATE')
@@ -117,67 +175,85 @@ def clear_function(names: SheetNames) -> sql.Identifier:
 
 
 def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Composed]:
-    """The statements that (re)create the guards; run by the tables' owner under
-    the DDL lock and the exclusive writer lock."""
+    """The statements that (re)create the guards; run by the gateway under the DDL
+    lock and the exclusive writer lock."""
     rows, events = names.ident("sheet_table"), names.ident("event_table")
-    status_fn, event_fn, clear = (
+    status_fn, event_fn, base_fn, clear = (
         _function(names, "fence"),
         _function(names, "event_fence"),
+        _function(names, "base_fence"),
         clear_function(names),
     )
     pinned = sql.SQL("SET search_path = pg_catalog, pg_temp")
     clear_body = sql.SQL(
         "DECLARE n bigint; BEGIN DELETE FROM {}; GET DIAGNOSTICS n = ROW_COUNT; RETURN n; END"
     ).format(rows)
+    # The gateway: the event table's owner (the rows table's is the sheet's owner role).
     owner = conn.execute(
-        "SELECT relowner::bigint FROM pg_class WHERE oid = %s::regclass", (rows.as_string(conn),)
+        "SELECT relowner::bigint FROM pg_class WHERE oid = %s::regclass",
+        (events.as_string(conn),),
     ).fetchone()
     assert owner is not None
+    gateway = sql.Literal(int(owner[0]))
+    not_gateway = sql.SQL("NOT pg_has_role(current_user, {}::oid, 'USAGE')").format(gateway)
     arguments = [
         rows.as_string(conn),
         names.ident("summary_table").as_string(conn),
         f"{clear.as_string(conn)}()",
     ]
-    return [
+    statements = [
         sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql {} AS {}").format(
-            status_fn, pinned, sql.Literal(_STATUS_BODY)
-        ),
-        sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql {} AS {}").format(
-            event_fn, pinned, sql.Literal(_EVENT_BODY)
-        ),
+            function, pinned, sql.Literal(body)
+        )
+        for function, body in (
+            (status_fn, _STATUS_BODY),
+            (event_fn, _EVENT_BODY),
+            (base_fn, _BASE_BODY),
+        )
+    ]
+    statements += [
         sql.SQL(
             "CREATE OR REPLACE FUNCTION {}() RETURNS bigint LANGUAGE plpgsql "
             "SECURITY DEFINER {} AS {}"
         ).format(clear, pinned, sql.Literal(clear_body.as_string(conn))),
         sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(clear),
-        sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-            sql.Identifier(FENCE_TRIGGERS[0][0]), rows
-        ),
-        # The owner's own writes (admissions re-stamping rows) skip the call: its
-        # role is named in the WHEN clause (the function checks the owner again).
-        sql.SQL(
-            "CREATE TRIGGER {} BEFORE UPDATE OF _status ON {} FOR EACH ROW "
-            "WHEN (OLD._status IS DISTINCT FROM NEW._status AND NOT ({}) "
-            "AND NOT pg_has_role(current_user, {}::oid, 'USAGE')) EXECUTE FUNCTION {}()"
-        ).format(
-            sql.Identifier(FENCE_TRIGGERS[0][0]),
-            rows,
-            sql.SQL(_OWN_TRANSITIONS),
-            sql.Literal(int(owner[0])),
-            status_fn,
-        ),
-        sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-            sql.Identifier(FENCE_TRIGGERS[1][0]), events
-        ),
-        sql.SQL(
-            "CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}({})"
-        ).format(
-            sql.Identifier(FENCE_TRIGGERS[1][0]),
-            events,
-            event_fn,
-            sql.SQL(", ").join(map(sql.Literal, arguments)),
-        ),
     ]
+    for name, attr in FENCE_TRIGGERS:
+        statements.append(
+            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                sql.Identifier(name), names.ident(attr)
+            )
+        )
+    statements += [
+        # The gateway's own writes (admissions re-stamping rows) skip the call: its
+        # role is named in the WHEN clause (the function checks it again).
+        sql.SQL(
+            "CREATE TRIGGER sheetplane_fence_status BEFORE UPDATE OF _status ON {} FOR EACH ROW "
+            "WHEN (OLD._status IS DISTINCT FROM NEW._status AND NOT ({}) AND {}) "
+            "EXECUTE FUNCTION {}({})"
+        ).format(rows, sql.SQL(_OWN_TRANSITIONS), not_gateway, status_fn, gateway),
+        # A session's new row starts pending, as the seed's and the store's writes make it.
+        sql.SQL(
+            "CREATE TRIGGER sheetplane_fence_insert BEFORE INSERT ON {} FOR EACH ROW "
+            "WHEN (NEW._status IS DISTINCT FROM 'pending' AND {}) EXECUTE FUNCTION {}({})"
+        ).format(rows, not_gateway, status_fn, gateway),
+        sql.SQL(
+            "CREATE TRIGGER sheetplane_fence_event BEFORE INSERT ON {} FOR EACH ROW "
+            "EXECUTE FUNCTION {}({})"
+        ).format(events, event_fn, sql.SQL(", ").join(map(sql.Literal, arguments))),
+        sql.SQL(
+            "CREATE TRIGGER sheetplane_fence_event_delete BEFORE DELETE ON {} FOR EACH ROW "
+            "WHEN ({}) EXECUTE FUNCTION {}({})"
+        ).format(events, not_gateway, event_fn, sql.SQL(", ").join(map(sql.Literal, arguments))),
+    ]
+    for attr, kind in (("summary_table", "summary"), ("column_summary_table", "column_summary")):
+        statements.append(
+            sql.SQL(
+                "CREATE TRIGGER sheetplane_fence_base BEFORE INSERT OR UPDATE OR DELETE ON {} "
+                "FOR EACH ROW WHEN ({}) EXECUTE FUNCTION {}({}, {})"
+            ).format(names.ident(attr), not_gateway, base_fn, gateway, sql.Literal(kind))
+        )
+    return statements
 
 
 def guards_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
@@ -185,13 +261,11 @@ def guards_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
     before the guards existed: ``ensure_sheet`` adds them)."""
     row = conn.execute(
         "SELECT to_regprocedure(%(clear)s) IS NULL OR (SELECT count(*) FROM pg_trigger"
-        " WHERE tgrelid IN (to_regclass(%(rows)s), to_regclass(%(events)s))"
-        " AND tgname = ANY(%(triggers)s)) < %(n)s",
+        " WHERE tgrelid = ANY(%(tables)s::regclass[]) AND tgname = ANY(%(triggers)s)) < %(n)s",
         {
             "clear": f"{clear_function(names).as_string(conn)}()",
-            "rows": names.ident("sheet_table").as_string(conn),
-            "events": names.ident("event_table").as_string(conn),
-            "triggers": [name for name, _ in FENCE_TRIGGERS],
+            "tables": sorted({names.ident(attr).as_string(conn) for _, attr in FENCE_TRIGGERS}),
+            "triggers": sorted({name for name, _ in FENCE_TRIGGERS}),
             "n": len(FENCE_TRIGGERS),
         },
     ).fetchone()

@@ -37,7 +37,7 @@ from ..budgets import (
 )
 from ..errors import InvalidInputError
 from ..identity import IDENTITY_SCHEME
-from ._counters import COUNT_TRIGGERS, count_trigger_ddl
+from ._counters import COUNT_TRIGGERS, count_trigger_ddl, fold_status_log
 from ._guards import guard_ddl, guards_missing
 from ._locking import lock_sheet
 from ._names import TABLE_ATTRS, SheetNames
@@ -51,6 +51,7 @@ from ._quotas import (
     quota_trigger_ddl,
     quota_triggers_missing,
 )
+from ._seedlayout import seed_layout_ddl, seed_layout_missing, take_ownership
 from ._shares import share_ddl, shares_missing
 
 __all__ = [
@@ -277,7 +278,11 @@ def _missing_ddl(
     )
     if any(ids.get(name) != column_id for name, column_id in columns.items()):
         return True
-    return guards_missing(conn, names) or quota_triggers_missing(conn, names)
+    return (
+        guards_missing(conn, names)
+        or quota_triggers_missing(conn, names)
+        or seed_layout_missing(conn, names)
+    )
 
 
 def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, str]) -> sql.Composed:
@@ -684,6 +689,8 @@ async def ensure_sheet(
             # An older staging table (one row per staged row, or chunks without their
             # chain): scratch space, made again (an admission staged into it starts again).
             conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
+        # The rows table's owner role first: the ALTER TABLE below needs its ownership.
+        take_ownership(conn, names)
         conn.execute(_ddl(names, columns, logical))
         if found[5] or found[3]:
             conn.execute(_staging_storage(names))
@@ -702,6 +709,13 @@ async def ensure_sheet(
             )
         _move_legacy_comments(conn, names)
         conn.execute(_summary_row(names))
+        # The seed's columns and the summary's key; inserts and deletes count in the
+        # summary row now (its total is the row count), so the log's status entries
+        # move there; the rows table goes to the sheet's owner role.
+        for statement in seed_layout_ddl(names, sheet):
+            conn.execute(statement)
+        conn.execute(fold_status_log(names))
+        take_ownership(conn, names)
         # The counting triggers count every physical column the rows table has now.
         counted = [name for name, _ in column_ids(conn, names) or ()]
         for statement in count_trigger_ddl(conn, names, counted):

@@ -61,7 +61,8 @@ from psycopg import sql
 
 from ...errors import DatabaseNotHardenedError, GatewayRoleLacksPrivilegesError
 from ...store import SheetStore
-from ._roles import GATEWAY_SCHEMA, LEDGER_GRANTS, ensure_session_ledger
+from ._ddlguard import ddl_guard_installed, ddl_guard_statements
+from ._roles import GATEWAY_SCHEMA, LEDGER_GRANTS, ROLE_PREFIX, ensure_session_ledger
 
 __all__ = [
     "GATEWAY_FUNCTIONS",
@@ -230,6 +231,8 @@ def hardening_statements(
                 sql.Identifier(str(database[0]))
             )
         )
+    # The session DDL guard (an event trigger: a superuser's to create).
+    statements += ddl_guard_statements(conn, ROLE_PREFIX)
     if gateway_role is not None:
         role = sql.Identifier(gateway_role)
         statements.extend(
@@ -316,6 +319,13 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
             f"temporary tables), or role {me!r} lacks "
             f"{len(missing)} it needs; a superuser must run the statements of "
             "sheetplane.gateway.server.hardening_statements first (docs/gateway.md, Security)"
+        )
+    if not ddl_guard_installed(conn):
+        log.warning(
+            "the session DDL guard is not installed in this database: write sessions are "
+            "not made members of their sheet's owner role, so the seed's runtime cannot run "
+            "its ALTER TABLE (a superuser runs hardening_statements to install it)",
+            extra={"event": "ddl_guard_missing"},
         )
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_HARDENING_LOCK_KEY,))
     ensure_session_ledger(conn)

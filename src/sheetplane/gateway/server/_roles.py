@@ -11,27 +11,33 @@ operation           privileges
 ``rows.read``       sheet: SELECT; summary, column summary, counters: SELECT
 ``rows.append``     sheet: SELECT, INSERT by column
 ``rows.upsert``     sheet: SELECT, INSERT and UPDATE by column
-``rows.replace``    as ``rows.upsert``, and EXECUTE on the sheet's clear function
+``rows.replace``    as ``rows.upsert``, DELETE, and EXECUTE on the clear function
 ==================  ==========================================================
 
 The rows are granted by column (``_sheet_grants``): never ``_write_version``
-or the other columns only admissions set, and no table-level UPDATE or
-DELETE (either would let ``LOCK TABLE ... IN ACCESS EXCLUSIVE MODE``
-through); the guard triggers of ``store._guards`` refuse the status changes
-and events the fence decides.
+or the other columns only admissions set, and no table-level UPDATE; only
+``rows.replace`` holds DELETE (the seed's replace deletes the rows itself:
+docs/gateway.md states what that lets through). The guard triggers of
+``store._guards`` refuse the status changes and events the fence decides.
 
-Every write operation also gets what the store's write path touches besides
-the sheet table, column by column: SELECT and INSERT (kind, run_id,
-write_version, idempotency_key, row_count) on the event table (its idempotency
-keys) with USAGE on the event id sequence, and table-level UPDATE on the
-sheet's lock table, an empty table without columns whose table lock is the
-sheet's writer lock (``LOCK TABLE`` needs table-level UPDATE, which changes
-nothing there). Every role may only SELECT the summary, column summary and
-counter tables: no role writes a counter, the summary's ``write_version``
-(which only the gateway's admissions move) or a column summary. The counters
-move by the sheet's counting triggers (``store._counters``), functions owned
-by the gateway that count what each statement changed in the rows, whoever
-ran it. Nothing else: no other sheet, no receipts, no TRUNCATE, no DDL.
+Every write operation also gets what the store's write path and the seed's
+direct-road statements touch besides the sheet table, column by column:
+SELECT and INSERT on the event table (the store's columns and the seed's
+per-row ones) with USAGE on the event id sequence, INSERT and UPDATE of the
+seed's columns on the summary (its upsert after each write; the summary's
+guard drops them), ``rows.replace`` DELETE on the event and column summary
+tables (the seed's replace), and table-level UPDATE on the sheet's lock
+table, an empty table without columns whose table lock is the sheet's writer
+lock (``LOCK TABLE`` needs table-level UPDATE, which changes nothing there).
+No role writes a counter, the summary's ``write_version`` (which only the
+gateway's admissions move) or a column summary: the counters move by the
+sheet's counting triggers (``store._counters``), functions owned by the
+gateway that count what each statement changed in the rows, whoever ran it.
+A write session is also made a member of the sheet's owner role
+(``store._seedlayout``), when the session DDL guard (``_ddlguard``) is
+installed: the rows table's ownership is what the seed's ``ALTER TABLE ...
+ADD COLUMN IF NOT EXISTS`` needs, and the guard refuses every other DDL.
+Nothing else: no other sheet, no receipts, no TRUNCATE.
 Postgres itself enforces the boundary (``tests/test_gateway_tenancy.py``'s
 privilege matrix and its hostile counter writer).
 
@@ -89,6 +95,9 @@ from ...store import (
     share_signatures,
     sheet_names,
 )
+from ...store._seedlayout import SEED_EVENT_COLUMNS, SEED_SUMMARY_COLUMNS, owner_role
+from ...store._seedlayout import grant_lock_key as _grant_lock_key
+from ._ddlguard import ddl_guard_installed
 
 __all__ = [
     "GATEWAY_SCHEMA",
@@ -299,8 +308,25 @@ Grant = tuple[Privilege, tuple[str, ...]]
 #: stale row reopened). ``_write_version``, ``_admitted_version``, ``_key`` (on
 #: UPDATE), ``_input_index`` (on UPDATE), ``_created_at``, ``_stage`` and
 #: ``_provider`` are the gateway's only. The contract's columns are added to both.
-_ROW_INSERT_COLUMNS: Final = ("_key", "_run_id", "_input_index")
-_ROW_UPDATE_COLUMNS: Final = ("_status", "_run_id", "_error", "_updated_at", "_cell_meta")
+_ROW_INSERT_COLUMNS: Final = ("_key", "_status", "_run_id", "_input_index")
+_ROW_UPDATE_COLUMNS: Final = (
+    "_status",
+    "_run_id",
+    "_error",
+    "_updated_at",
+    "_cell_meta",
+    "_input_index",
+)
+#: The summary's counters the seed's statements update (its upsert after each
+#: write, its replace's reset): the guards drop both (``store._guards``).
+_SUMMARY_UPDATE_COLUMNS: Final = (
+    "total",
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "_updated_at",
+)
 
 
 def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
@@ -317,6 +343,9 @@ def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
         grants.append(("INSERT", (*_ROW_INSERT_COLUMNS, *columns)))
     if "UPDATE" in sheet:
         grants.append(("UPDATE", (*_ROW_UPDATE_COLUMNS, *columns)))
+    if "DELETE" in sheet:
+        # The seed's replace deletes every row itself (``DELETE FROM <rows>``).
+        grants.append(("DELETE", ()))
     return grants
 
 
@@ -361,8 +390,24 @@ def _grants(
         tables["stage_chunks_table"] = [("INSERT", _CHUNK_INSERT_COLUMNS)]
         tables["staging_table"] = [("INSERT", ())]
     if any(op in _ROW_WRITES for op in operations):
-        # Idempotency keys: the write path reads them and records its own event.
-        tables["event_table"] = [("SELECT", ()), ("INSERT", _EVENT_INSERT_COLUMNS)]
+        # Idempotency keys: the write path reads them and records its own event; the
+        # seed's statements record one event per row, by its own columns.
+        tables["event_table"] = [
+            ("SELECT", ()),
+            ("INSERT", (*_EVENT_INSERT_COLUMNS, *SEED_EVENT_COLUMNS)),
+        ]
+        # The seed's summary upsert (and replace's reset): inserted and updated by
+        # column, dropped by the summary's guard (the counting triggers keep it).
+        tables["summary_table"] = [
+            ("SELECT", ()),
+            ("INSERT", SEED_SUMMARY_COLUMNS),
+            ("UPDATE", _SUMMARY_UPDATE_COLUMNS),
+        ]
+        if "rows.replace" in operations:
+            # The seed's replace clears its per-row events and the column summary's
+            # rows of its play (the guards let only those go).
+            tables["event_table"].append(("DELETE", ()))
+            tables["column_summary_table"] = [("SELECT", ()), ("DELETE", ())]
         # The writer lock is LOCK TABLE on the lock table (table-level UPDATE, on a
         # table with no rows, no columns and no INSERT grant). Counters: SELECT only;
         # the gateway-owned counting triggers move them.
@@ -387,17 +432,21 @@ def create_role_statements(
     operations: Sequence[str],
     bounds: SessionBounds = SessionBounds(),
     columns: Sequence[str] = (),
+    owner: str | None = None,
 ) -> list[sql.Composed]:
     """The statements that create, bound and grant one session role (pinned by tests);
-    ``columns`` are the sheet's contract columns, granted by name."""
+    ``columns`` are the sheet's contract columns, granted by name. With ``owner``
+    (the sheet's owner role, for a write session where the session DDL guard is
+    installed) the role inherits that role's one right, the rows table's ownership."""
     ident = sql.Identifier(role)
     statements = [
         sql.SQL(
-            "CREATE ROLE {role} WITH LOGIN NOSUPERUSER NOINHERIT NOCREATEDB NOCREATEROLE"
+            "CREATE ROLE {role} WITH LOGIN NOSUPERUSER {inherit} NOCREATEDB NOCREATEROLE"
             " NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {limit} PASSWORD {verifier}"
             " VALID UNTIL {expires}"
         ).format(
             role=ident,
+            inherit=sql.SQL("NOINHERIT" if owner is None else "INHERIT"),
             limit=sql.Literal(bounds.max_connections),
             verifier=sql.Literal(verifier),
             expires=sql.Literal(expires_at),
@@ -432,6 +481,8 @@ def create_role_statements(
     statements += [
         sql.SQL("{} TO {}").format(grant, ident) for grant in _function_grants(names, operations)
     ]
+    if owner is not None:
+        statements.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(owner), ident))
     return statements
 
 
@@ -527,10 +578,17 @@ def _out_of_connections(caps: SessionCaps) -> SessionCapReachedError:
     )
 
 
-def _grant_lock_key(schema: str) -> int:
-    """A signed 64-bit advisory-lock key for the grants on one org's schema."""
-    digest = hashlib.sha256(f"sheetplane-grants:{schema}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+def _session_owner(conn: psycopg.Connection[Any], names: SheetNames) -> str | None:
+    """The sheet's owner role, when a write session may be its member: the rows table
+    is that role's, and the session DDL guard confines what the membership allows."""
+    if not ddl_guard_installed(conn):
+        return None
+    name = owner_role(conn, names)
+    row = conn.execute(
+        "SELECT pg_get_userbyid(relowner) = %s FROM pg_class WHERE oid = to_regclass(%s)",
+        (name, names.ident("sheet_table").as_string(conn)),
+    ).fetchone()
+    return name if row == (True,) else None
 
 
 async def create_session_role(
@@ -609,8 +667,9 @@ async def create_session_role(
                     return _Retired()
                 return _out_of_connections(caps)
         columns = [name for name, _ in column_ids(conn, names) or ()]
+        owner = _session_owner(conn, names) if any(op in _ROW_WRITES for op in ops) else None
         for statement in create_role_statements(
-            role, verifier, expires_at, names, ops, bounds, columns
+            role, verifier, expires_at, names, ops, bounds, columns, owner
         ):
             conn.execute(statement)
         conn.execute(
