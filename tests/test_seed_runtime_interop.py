@@ -102,6 +102,7 @@ SEED_CASES: dict[str, str | None] = {
     "startRuntimeSheetDatasetWithoutPoolCache": "the session answer has no alg (issue 28)",
     "columnFieldPerPath": "the session answer has no alg (issue 28, server side)",
     "upsertInputIndexWithinTheCall": "the session answer has no alg (issue 28, server side)",
+    "readmissionMergeTakesTheStoredNull": "the session answer has no alg (issue 28, server side)",
 }
 
 

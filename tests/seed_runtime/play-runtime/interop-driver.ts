@@ -433,6 +433,31 @@ const cases: Record<string, () => Promise<unknown>> = {
     return { tableNamespace, rows };
   },
 
+  async readmissionMergeTakesTheStoredNull() {
+    // A row admitted without `company`, completed, then admitted again under
+    // its own key with `company`: the seed's completed row takes the stored
+    // null over the input's value, and the stored row keeps its null.
+    const tableNamespace = ns('merge-null');
+    const first = { __deeplineRowKey: 'k-merge', name: 'Ada' };
+    await startRuntimeSheetDataset(context(), {
+      playName: config.playName, tableNamespace, sheetContract: contract, rows: [first], runId: config.runId,
+    });
+    await completeRuntimeMapRows(context(), {
+      tableNamespace, sheetContract: contract, runId: config.runId,
+      rows: [{ key: 'k-merge', data: { name: 'Ada', email: 'ada@a.example' } }],
+    });
+    const again = await startRuntimeSheetDataset(context(), {
+      playName: config.playName, tableNamespace, sheetContract: contract,
+      rows: [{ ...first, company: 'A' }], runId: config.runId,
+    });
+    assert.deepEqual(again.completedRows, [
+      { name: 'Ada', company: null, email: 'ada@a.example', __deeplineRowKey: 'k-merge' },
+    ]);
+    const rows = await dataset(tableNamespace).materialize();
+    assert.deepEqual(rows, [{ name: 'Ada', company: null, email: 'ada@a.example' }]);
+    return { tableNamespace, completedRows: again.completedRows };
+  },
+
   poolOptions: async () => ({ pools: runtimePoolRecords }),
 };
 
