@@ -216,6 +216,13 @@ LEDGER_GRANTS: Final = (
 )
 
 
+#: The oids of ledger rows an older gateway wrote without one (``{org}``: a filter).
+_BACKFILL_OIDS = sql.SQL(
+    "UPDATE {ledger} AS l SET role_oid = r.oid FROM pg_roles AS r"
+    " WHERE l.role_oid IS NULL AND r.rolname = l.role{org}"
+)
+
+
 def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
     """Create the gateway schema and its session ledger if missing (idempotent).
 
@@ -244,13 +251,7 @@ def ensure_session_ledger(conn: psycopg.Connection[Any]) -> None:
                         LEDGER, sql.Identifier(column), sql.SQL(definition)
                     )
                 )
-                if column == "role_oid":
-                    conn.execute(
-                        sql.SQL(
-                            "UPDATE {} AS l SET role_oid = r.oid FROM pg_roles AS r"
-                            " WHERE r.rolname = l.role"
-                        ).format(LEDGER)
-                    )
+        conn.execute(_BACKFILL_OIDS.format(ledger=LEDGER, org=sql.SQL("")))
         return
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(GATEWAY_SCHEMA)))
     conn.execute(
@@ -647,6 +648,11 @@ async def create_session_role(
             {"org": sheet.org_id, "token": token_id},
         ).fetchone()
         assert live is not None
+        # Rows an older gateway process (a rolling upgrade) wrote without an oid.
+        conn.execute(
+            _BACKFILL_OIDS.format(ledger=LEDGER, org=sql.SQL(" AND l.org_id = %s")),
+            (sheet.org_id,),
+        )
         if live[0] >= caps.per_org:
             return SessionCapReachedError("org", caps.per_org)
         if token_id is not None and live[1] >= caps.per_token:
