@@ -77,32 +77,34 @@ READ_BACK = (
 )
 NODE_TIMEOUT_S = 120
 
+#: Why the cases that still fail fail.
+_SYSTEM_COLUMNS = "the seed's reads still see _write_version and _admitted_version (server side)"
 #: Every case of the driver, by name: the seed's exported functions (the
 #: dataset's operations one by one) and the seed's side of the cross-reads.
 #: A reason marks a case that fails until the server side lands.
 SEED_CASES: dict[str, str | None] = {
     "resolveRuntimeReferencedPlay": None,
     "ensureRuntimeSheet": None,
-    "startRuntimeSheetDataset": "the session answer has no alg (issue 28, server side)",
-    "completeRuntimeMapRows": "the session answer has no alg (issue 28, server side)",
-    "upsertRuntimeRows": "the session answer has no alg (issue 28, server side)",
-    "appendRuntimeRows": "the session answer has no alg (issue 28, server side)",
-    "replaceRuntimeRows": "the session answer has no alg (issue 28, server side)",
-    "persistRuntimeCsvDataset": "the session answer has no alg (issue 28, server side)",
+    "startRuntimeSheetDataset": _SYSTEM_COLUMNS,
+    "completeRuntimeMapRows": _SYSTEM_COLUMNS,
+    "upsertRuntimeRows": _SYSTEM_COLUMNS,
+    "appendRuntimeRows": _SYSTEM_COLUMNS,
+    "replaceRuntimeRows": _SYSTEM_COLUMNS,
+    "persistRuntimeCsvDataset": _SYSTEM_COLUMNS,
     "prewarmRuntimePostgresSessions": None,
-    "datasetCount": "the session answer has no alg (issue 28, server side)",
-    "datasetPeek": "the session answer has no alg (issue 28, server side)",
-    "datasetMaterialize": "the session answer has no alg (issue 28, server side)",
-    "datasetIterate": "the session answer has no alg (issue 28, server side)",
+    "datasetCount": None,
+    "datasetPeek": _SYSTEM_COLUMNS,
+    "datasetMaterialize": _SYSTEM_COLUMNS,
+    "datasetIterate": _SYSTEM_COLUMNS,
     "resolveRuntimeSheetContract": None,
-    "seedWritesSheetplaneReads": "the session answer has no alg (issue 28, server side)",
-    "sheetplaneWritesSeedReads": "the session answer has no alg (issue 28, server side)",
-    "seedReadmitsSheetplaneRows": "the session answer has no alg (issue 28, server side)",
+    "seedWritesSheetplaneReads": None,
+    "sheetplaneWritesSeedReads": None,
+    "seedReadmitsSheetplaneRows": _SYSTEM_COLUMNS,
     # The seed's side of stated differences (docs/parity.md).
-    "startRuntimeSheetDatasetWithoutPoolCache": "the session answer has no alg (issue 28)",
-    "columnFieldPerPath": "the session answer has no alg (issue 28, server side)",
-    "upsertInputIndexWithinTheCall": "the session answer has no alg (issue 28, server side)",
-    "readmissionMergeTakesTheStoredNull": "the session answer has no alg (issue 28, server side)",
+    "startRuntimeSheetDatasetWithoutPoolCache": None,
+    "columnFieldPerPath": _SYSTEM_COLUMNS,
+    "upsertInputIndexWithinTheCall": _SYSTEM_COLUMNS,
+    "readmissionMergeTakesTheStoredNull": _SYSTEM_COLUMNS,
 }
 
 
@@ -267,7 +269,7 @@ def test_seed_runtime_function(interop: Any, name: str) -> None:
     _passed(interop, name)
 
 
-@pytest.mark.xfail(strict=True, reason="the session answer has no alg (issue 28, server side)")
+@pytest.mark.xfail(strict=True, reason=_SYSTEM_COLUMNS)
 @pytest.mark.parametrize("road", ROADS)
 @pytest.mark.parametrize("case", READ_BACK)
 def test_sheetplane_reads_back_what_the_seed_wrote(interop: Any, case: str, road: str) -> None:
@@ -277,7 +279,7 @@ def test_sheetplane_reads_back_what_the_seed_wrote(interop: Any, case: str, road
     assert read["count"] == len(seed["rows"])
 
 
-@pytest.mark.xfail(strict=True, reason="the session answer has no alg (issue 28, server side)")
+@pytest.mark.xfail(strict=True, reason=_SYSTEM_COLUMNS)
 @pytest.mark.parametrize("road", ROADS)
 def test_the_seed_reads_back_what_sheetplane_wrote(interop: Any, road: str) -> None:
     seed = _passed(interop, "sheetplaneWritesSeedReads")
