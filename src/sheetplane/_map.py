@@ -89,6 +89,7 @@ __all__ = [
     "UNKNOWN_OUTPUTS",
     "MapProgress",
     "MapReport",
+    "MapRun",
     "OutputKeys",
     "UnknownOutputs",
     "receipt_key",
@@ -393,50 +394,104 @@ async def run_map(
     when a write finds the attempt superseded (after cancelling every ``fn``
     call), the first other write error, or a ``BaseException`` from ``fn``.
     """
-    state = _MapState(total=total, progress=progress)
-    queued: dict[Kind, _Queued] = {"complete": _Queued(), "fail": _Queued()}
-    # Workers the batcher had no room for wait here until a write ends.
-    room = trio.lowlevel.ParkingLot()
+    run = MapRun(
+        pending,
+        fn,
+        total=total,
+        complete=complete,
+        fail=fail,
+        concurrency=concurrency,
+        batch_rows=batch_rows,
+        flush_seconds=flush_seconds,
+        once=once,
+        namespace=namespace,
+        progress=progress,
+        output_keys=output_keys,
+        unknown_outputs=unknown_outputs,
+    )
+    return await run.run()
 
-    async def execute(batch: Batch[Kind, Outcome]) -> list[None]:
-        queued[batch.key].started(len(batch.values))
+
+class MapRun:
+    """One ``run_map``: its workers call ``fn`` and hand each outcome to a batcher whose
+    batches are the terminal writes; watchers stop the run on a row that waited too long."""
+
+    def __init__(
+        self,
+        pending: AsyncIterable[Row],
+        fn: MapFn,
+        *,
+        total: int,
+        complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
+        fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+        concurrency: int,
+        batch_rows: int,
+        flush_seconds: float,
+        once: Once | None,
+        namespace: str,
+        progress: Callable[[MapProgress], object] | None,
+        output_keys: OutputKeys | None,
+        unknown_outputs: UnknownOutputs,
+    ) -> None:
+        self.fn = fn
+        self.complete = complete
+        self.fail = fail
+        self.concurrency = concurrency
+        self.once = once
+        self.namespace = namespace
+        self.output_keys = output_keys
+        self.unknown_outputs = unknown_outputs
+        self.state = _MapState(total=total, progress=progress)
+        self.queued: dict[Kind, _Queued] = {"complete": _Queued(), "fail": _Queued()}
+        #: Workers the batcher had no room for wait here until a write ends.
+        self.room = trio.lowlevel.ParkingLot()
+        self.batcher: BoundedBatchFunction[Kind, Outcome, None] = BoundedBatchFunction(
+            self.execute,
+            estimate_bytes=_estimate,
+            max_batch_items=batch_rows,
+            max_batch_bytes=MAP_WRITE_BATCH_MAX_BYTES,
+            max_retained_items=MAP_RETAINED_BATCHES * batch_rows,
+            max_retained_bytes=MAP_MAX_RETAINED_RESULT_BYTES,
+            max_in_flight_batches=MAP_WRITE_MAX_IN_FLIGHT,
+            flush_seconds=flush_seconds,
+        )
+        self.max_wait = MAX_QUEUE_WAIT_MS / _MS
+        self.iterator: AsyncIterator[Row] = aiter(pending)
+        self.reading = False
+        self.page_read = trio.lowlevel.ParkingLot()
+        self.live_workers = concurrency
+        self.reading_ahead = trio.CancelScope()
+
+    async def execute(self, batch: Batch[Kind, Outcome]) -> list[None]:
+        """The batcher's function: one terminal write of a batch of outcomes."""
+        state = self.state
+        self.queued[batch.key].started(len(batch.values))
         try:
             if batch.key == "complete":
-                await complete([row for row, _size in batch.values if type(row) is CompleteRow])
+                await self.complete(
+                    [row for row, _size in batch.values if type(row) is CompleteRow]
+                )
             else:
-                await fail([row for row, _size in batch.values if type(row) is FailRow])
+                await self.fail([row for row, _size in batch.values if type(row) is FailRow])
         except Exception as exc:
             state.halt(exc)  # in this very step: no fn call starts after a supersession
             raise
         finally:
             # The batcher frees this batch's room before anyone woken here runs.
-            room.unpark_all()
+            self.room.unpark_all()
         state.settled(batch.key, len(batch.values))
         return [None] * len(batch.values)
 
-    batcher: BoundedBatchFunction[Kind, Outcome, None] = BoundedBatchFunction(
-        execute,
-        estimate_bytes=_estimate,
-        max_batch_items=batch_rows,
-        max_batch_bytes=MAP_WRITE_BATCH_MAX_BYTES,
-        max_retained_items=MAP_RETAINED_BATCHES * batch_rows,
-        max_retained_bytes=MAP_MAX_RETAINED_RESULT_BYTES,
-        max_in_flight_batches=MAP_WRITE_MAX_IN_FLIGHT,
-        flush_seconds=flush_seconds,
-    )
-    max_wait = MAX_QUEUE_WAIT_MS / _MS
-    iterator: AsyncIterator[Row] = aiter(pending)
-
-    async def hand_over(result: Outcome) -> None:
+    async def hand_over(self, result: Outcome) -> None:
         kind: Kind = "complete" if type(result[0]) is CompleteRow else "fail"
         while True:
             try:
-                entry = batcher.submit_nowait(kind, result, max_wait=max_wait)
+                entry = self.batcher.submit_nowait(kind, result, max_wait=self.max_wait)
             except trio.WouldBlock:
                 # Room frees when a write ends (rows that can wait no more stop the map).
-                await room.park()
+                await self.room.park()
             else:
-                queued[kind].add(entry)
+                self.queued[kind].add(entry)
                 lane = entry.lane
                 if lane is not None and lane.closed:
                     # Its lane is ready to write: yield so the write starts while an
@@ -444,106 +499,103 @@ async def run_map(
                     await trio.lowlevel.checkpoint()
                 return
 
-    async def watcher(kind: Kind) -> None:
+    async def watcher(self, kind: Kind) -> None:
         """Stops the map on the first queued row of ``kind`` that waited past its
         deadline. Rows whose write started are ``execute``'s to look after."""
-        lane = queued[kind]
+        lane = self.queued[kind]
         while True:
             if lane.rows:
                 failure = await lane.watch_oldest()
                 # A closed batcher is the map already stopping on another error.
                 if failure is not None and type(failure) is not BatcherClosedError:
-                    state.halt(failure)
+                    self.state.halt(failure)
                     return
             elif lane.finished:
                 return
             else:
                 await lane.idle.park()
 
-    reading = False
-    page_read = trio.lowlevel.ParkingLot()
-
-    async def next_row() -> Row | None:
+    async def next_row(self) -> Row | None:
         # One worker at a time steps the iterator; the others wait for that step to
         # end and then look again. Not a trio.Lock: its fair hand-off gives the lock
         # to a woken worker that has not run yet, so every worker queued behind it
         # each pass and the workers took one row per scheduler pass between them.
-        nonlocal reading
-        while reading:
-            await page_read.park()
-        if state.stop:
+        while self.reading:
+            await self.page_read.park()
+        if self.state.stop:
             return None
-        reading = True
+        self.reading = True
         try:
-            return await anext(iterator, None)
+            return await anext(self.iterator, None)
         finally:
-            reading = False
-            if page_read:
-                page_read.unpark_all()
+            self.reading = False
+            if self.page_read:
+                self.page_read.unpark_all()
 
-    async def call(row: Row) -> Outcome:
+    async def call(self, row: Row) -> Outcome:
+        """``fn`` on one row, and its outcome: complete with its outputs, or fail."""
         key = row["_key"]
+        fn = self.fn
         try:
-            if once is None:
+            if self.once is None:
                 outputs = await fn(row)
             else:
-                outputs, reused = await once(receipt_key(namespace, key), lambda: fn(row))
+                outputs, reused = await self.once(receipt_key(self.namespace, key), lambda: fn(row))
                 if reused:
-                    state.reused += 1
+                    self.state.reused += 1
         except Exception as exc:
             return _fail(key, _failure_text(exc))
         if not isinstance(outputs, Mapping):
             what = type(outputs).__name__
             return _fail(key, f"fn must return a mapping of outputs, got {what}")
-        problem = None if output_keys is None else output_keys.problem(outputs)
+        problem = None if self.output_keys is None else self.output_keys.problem(outputs)
         if problem is not None:
-            if unknown_outputs == "raise":
+            if self.unknown_outputs == "raise":
                 raise InvalidInputError(f"row {key!r}: {problem}")
             return _fail(key, problem)
         return _complete(key, outputs)
 
-    live_workers = concurrency
-    reading_ahead = trio.CancelScope()
-
-    async def worker() -> None:
-        nonlocal live_workers
+    async def worker(self) -> None:
         try:
             while True:
-                row = await next_row()
+                row = await self.next_row()
                 if row is None:
                     return
-                if state.stop:  # checked right before fn: nothing starts once superseded
+                if self.state.stop:  # checked right before fn: nothing starts once superseded
                     return
-                await hand_over(await call(row))
+                await self.hand_over(await self.call(row))
         finally:
-            live_workers -= 1
-            if not live_workers:
-                reading_ahead.cancel()
+            self.live_workers -= 1
+            if not self.live_workers:
+                self.reading_ahead.cancel()
 
-    async def read_ahead(pages: ReadsAhead) -> None:
+    async def read_ahead(self, pages: ReadsAhead) -> None:
         """Reads each next page while the workers take the current one's rows."""
-        with reading_ahead:
+        with self.reading_ahead:
             while await pages.read_ahead():
                 pass
 
-    try:
-        with trio.CancelScope() as everything:
-            state.everything = everything
-            async with trio.open_nursery() as watching:
-                for kind in queued:
-                    watching.start_soon(watcher, kind)
-                # Exits in order: the workers finish, the batcher drains (a partial
-                # batch leaves at once: no row can join it now), the watcher ends.
-                async with batcher, trio.open_nursery() as workers:
-                    state.workers = workers.cancel_scope
-                    if isinstance(iterator, ReadsAhead):
-                        workers.start_soon(read_ahead, iterator)
-                    for _ in range(concurrency):
-                        workers.start_soon(worker)
-                for lane in queued.values():
-                    lane.finish()
-    except BaseExceptionGroup as group:
-        raise_single(group)
-    if state.error is not None:
-        raise state.error
-    return state.completed, state.failed, state.reused
+    async def run(self) -> tuple[int, int, int]:
+        """Run the map to its end: ``(completed, failed, reused)`` (``run_map``)."""
+        state = self.state
+        try:
+            with trio.CancelScope() as everything:
+                state.everything = everything
+                async with trio.open_nursery() as watching:
+                    for kind in self.queued:
+                        watching.start_soon(self.watcher, kind)
+                    # Exits in order: the workers finish, the batcher drains (a partial
+                    # batch leaves at once: no row can join it now), the watcher ends.
+                    async with self.batcher, trio.open_nursery() as workers:
+                        state.workers = workers.cancel_scope
+                        if isinstance(self.iterator, ReadsAhead):
+                            workers.start_soon(self.read_ahead, self.iterator)
+                        for _ in range(self.concurrency):
+                            workers.start_soon(self.worker)
+                    for lane in self.queued.values():
+                        lane.finish()
+        except BaseExceptionGroup as group:
+            raise_single(group)
+        if state.error is not None:
+            raise state.error
+        return state.completed, state.failed, state.reused
