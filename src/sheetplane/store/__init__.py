@@ -29,6 +29,10 @@ from ._rowdata import next_write_version as next_write_version
 from ._schema import POSTGRES_SYSTEM_COLUMNS as POSTGRES_SYSTEM_COLUMNS
 from ._schema import RESERVED_SQL_NAMES as RESERVED_SQL_NAMES
 from ._schema import column_ids as column_ids
+from ._seedlayout import SEED_EVENT_COLUMNS as SEED_EVENT_COLUMNS
+from ._seedlayout import SEED_SUMMARY_COLUMNS as SEED_SUMMARY_COLUMNS
+from ._seedlayout import grant_lock_key as grant_lock_key
+from ._seedlayout import owner_role as owner_role
 from ._shares import share_signatures as share_signatures
 from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
@@ -37,6 +41,8 @@ __all__ = [
     "EVERY_ROW",
     "POSTGRES_SYSTEM_COLUMNS",
     "RESERVED_SQL_NAMES",
+    "SEED_EVENT_COLUMNS",
+    "SEED_SUMMARY_COLUMNS",
     "ConnectionRunner",
     "JsonPage",
     "PoolSaturatedError",
@@ -49,11 +55,13 @@ __all__ = [
     "check_key",
     "clear_function",
     "column_ids",
+    "grant_lock_key",
     "is_login_refused",
     "is_transient_connect_error",
     "next_write_version",
     "open_pool",
     "open_store",
+    "owner_role",
     "raise_if_superseded",
     "share_signatures",
     "sheet_names",

@@ -88,15 +88,17 @@ from ...budgets import (
 )
 from ...errors import InvalidInputError
 from ...store import (
+    SEED_EVENT_COLUMNS,
+    SEED_SUMMARY_COLUMNS,
     SheetNames,
     SheetStore,
     clear_function,
     column_ids,
+    owner_role,
     share_signatures,
     sheet_names,
 )
-from ...store._seedlayout import SEED_EVENT_COLUMNS, SEED_SUMMARY_COLUMNS, owner_role
-from ...store._seedlayout import grant_lock_key as _grant_lock_key
+from ...store import grant_lock_key as _grant_lock_key
 from ._ddlguard import ddl_guard_installed
 
 __all__ = [
