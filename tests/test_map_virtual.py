@@ -417,8 +417,9 @@ def test_map_keeps_no_timer_or_size_limit_of_its_own() -> None:
         kw.arg for node in ast.walk(tree) if isinstance(node, ast.Call) for kw in node.keywords
     }
     assert not used & timing
-    # The write settings appear only as the batcher's arguments.
-    (run,) = [n for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and n.name == "run_map"]
+    # The write settings appear only as the batcher's arguments (run_map hands them on
+    # to the class that runs it).
+    (run,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MapRun"]
     (construct,) = [
         n
         for n in ast.walk(run)
@@ -429,7 +430,7 @@ def test_map_keeps_no_timer_or_size_limit_of_its_own() -> None:
     settings |= {"MAP_MAX_RETAINED_RESULT_BYTES", "MAP_RETAINED_BATCHES"}
     for node in ast.walk(run):
         if isinstance(node, ast.Name) and node.id in settings:
-            assert id(node) in inside, f"run_map uses {node.id} outside the batcher"
+            assert id(node) in inside, f"MapRun uses {node.id} outside the batcher"
 
 
 async def test_the_write_settings_reach_the_batcher(
