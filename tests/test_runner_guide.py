@@ -133,3 +133,25 @@ def test_the_guides_plugin_tests_pass_as_their_own_pytest_run(
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout
+
+
+@pytest.mark.heavy(15)
+def test_the_guides_plain_script_runs_with_nothing_started_by_hand(tmp_path: Path) -> None:
+    """The guide's local.py beside its example as runner.py: ``python local.py`` starts an
+    embedded Postgres and an in-process gateway itself, and runs the example on them."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S)
+    (local,) = [block for block in blocks if "EmbeddedPostgres()" in block]
+    (tmp_path / "runner.py").write_text(blocks[0], encoding="utf-8")
+    (tmp_path / "local.py").write_text(local, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "local.py"],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "SHEETPLANE_DATABASE_URL"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "'statuses': {'enriched': 2, 'failed': 1}" in done.stdout
+    assert "'top_domain': 'example.com'" in done.stdout

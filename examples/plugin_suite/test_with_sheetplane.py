@@ -17,11 +17,16 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sheetplane import AttemptSupersededError
+from sheetplane import (
+    AttemptSupersededError,
+    CompleteRow,
+    ContractColumn,
+    SheetContract,
+    SheetRef,
+)
 from sheetplane.gateway.client import GatewayClient
 from sheetplane.gateway.faults import FaultSpec
 from sheetplane.store import open_store, raise_if_superseded
-from sheetplane._types import CompleteRow, ContractColumn, SheetContract, SheetRef
 from sheetplane.testing.models import ModelWrite, SheetModel, json_equal
 from sheetplane.testing.plugin import GatewayHandle
 from sheetplane.testing.strategies import json_values, row_keys

@@ -20,6 +20,7 @@ from ._types import ContractColumn as ContractColumn
 from ._types import FailRow as FailRow
 from ._types import ResolvedPlay as ResolvedPlay
 from ._types import SheetContract as SheetContract
+from ._types import SheetRef as SheetRef
 from .batching import BatcherStatistics as BatcherStatistics
 from .batching import BoundedBatchFunction as BoundedBatchFunction
 from .errors import AdmissionStagingTooLargeError as AdmissionStagingTooLargeError
@@ -151,6 +152,7 @@ __all__ = [
     "SessionPrewarmError",
     "SheetCapError",
     "SheetContract",
+    "SheetRef",
     "SheetplaneError",
     "SizeMeasurement",
     "StagingQuotaError",

@@ -601,6 +601,36 @@ async def ensure_ddl(
         await pool.run(locked)
 
 
+def _refuse_renamed_columns(
+    conn: psycopg.Connection[Any], names: SheetNames, columns: Mapping[str, str]
+) -> None:
+    """Refuse a contract that gives a column the sheet already stores a new ``sql_name``.
+
+    Adding the new name as a column would leave every written value under the old
+    one, and every row would read back null. Renaming the physical column instead
+    would break each runner still on the old contract (its admissions and writes name
+    the old column) and the seed's direct statements, and cannot be undone by the
+    next runner; so the sheet keeps its columns, and the contract is refused.
+    """
+    existing = column_ids(conn, names)
+    if not existing:
+        return
+    stored = {name for name, _ in existing}
+    by_id: dict[str, list[str]] = {}
+    for name, column_id in existing:
+        by_id.setdefault(column_id, []).append(name)
+    for name, column_id in columns.items():
+        if name in stored or column_id not in by_id:
+            continue
+        old = by_id[column_id][0]
+        raise InvalidInputError(
+            f"column {column_id!r} is stored in this sheet as {old!r}, and the contract now"
+            f" names it {name!r}: a sheet's columns are never renamed (its rows, and any"
+            f" runner still on the old contract, use {old!r}); keep sql_name {old!r}, or give"
+            " the new column an id of its own"
+        )
+
+
 async def ensure_sheet(
     pool: ConnectionRunner,
     names: SheetNames,
@@ -614,7 +644,9 @@ async def ensure_sheet(
     Idempotent and safe to race (``ensure_ddl``): a catalog check skips the DDL
     when nothing is missing (so a hot path takes no table lock), and the DDL
     itself runs under a transaction-scoped advisory lock per org schema, after
-    the same check again. Existing columns and data are never changed. If
+    the same check again. Existing columns and data are never changed: a contract
+    that gives a stored column a new ``sql_name`` is refused with
+    ``InvalidInputError`` (``_refuse_renamed_columns`` says why). If
     cancelled, the transaction rolls back. A new sheet of an org that holds
     ``max_sheets`` already raises ``SheetCapError`` and creates nothing.
     """
@@ -689,6 +721,7 @@ async def ensure_sheet(
             # An older staging table (one row per staged row, or chunks without their
             # chain): scratch space, made again (an admission staged into it starts again).
             conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
+        _refuse_renamed_columns(conn, names, columns)
         # The rows table's owner role first: the ALTER TABLE below needs its ownership.
         take_ownership(conn, names)
         conn.execute(_ddl(names, columns, logical))
