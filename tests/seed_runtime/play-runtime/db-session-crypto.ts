@@ -21,7 +21,13 @@ export type PostgresUrlDecryptionKey = {
   privateKey: KeyLike;
 };
 
-export async function generateDbSessionPostgresUrlDecryptionKey(): Promise<PostgresUrlDecryptionKey> {
+// One RSA key pair for the process, made on first use: the runtime asks for a
+// key before every mint, and an RSA-2048 key costs tens to hundreds of
+// milliseconds of CPU. Each envelope still has its own content key;
+// sheetplane's own session manager also keeps one key for its lifetime.
+let processKey: Promise<PostgresUrlDecryptionKey> | null = null;
+
+async function makeDecryptionKey(): Promise<PostgresUrlDecryptionKey> {
   const { publicKey, privateKey } = await generateKeyPair('RSA-OAEP-256', {
     modulusLength: 2048,
   });
@@ -33,6 +39,11 @@ export async function generateDbSessionPostgresUrlDecryptionKey(): Promise<Postg
     },
     privateKey,
   };
+}
+
+export function generateDbSessionPostgresUrlDecryptionKey(): Promise<PostgresUrlDecryptionKey> {
+  processKey ??= makeDecryptionKey();
+  return processKey;
 }
 
 export function dbSessionPostgresUrlAad(
