@@ -12,6 +12,8 @@ from .._superseded import superseded_rows as superseded_rows
 from .._types import EVERY_ROW as EVERY_ROW
 from .._types import RowCursor as RowCursor
 from .._types import RowFilter as RowFilter
+from ._grants import ROW_WRITES as ROW_WRITES
+from ._grants import session_grants as session_grants
 from ._guards import clear_function as clear_function
 from ._names import SheetNames as SheetNames
 from ._names import sheet_names as sheet_names
@@ -41,6 +43,7 @@ __all__ = [
     "EVERY_ROW",
     "POSTGRES_SYSTEM_COLUMNS",
     "RESERVED_SQL_NAMES",
+    "ROW_WRITES",
     "SEED_EVENT_COLUMNS",
     "SEED_SUMMARY_COLUMNS",
     "ConnectionRunner",
@@ -63,6 +66,7 @@ __all__ = [
     "open_store",
     "owner_role",
     "raise_if_superseded",
+    "session_grants",
     "share_signatures",
     "sheet_names",
     "superseded_error",

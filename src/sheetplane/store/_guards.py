@@ -1,7 +1,7 @@
 """The fence's guards: what a role that is not the gateway may not do to a sheet
 even where its grants let the statement through.
 
-Session roles (``gateway.server._roles``) write their own sheet by column
+Session roles (``_grants``) write their own sheet by column
 grants (what the store's and the seed's write statements name), and a write
 session is a member of the sheet's owner role (``store._ownership``), so the
 seed's ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` passes its ownership

@@ -336,7 +336,7 @@ def copy_new_rows(
     """
     # A row never admitted (a direct write's, version 0) takes the status and the
     # version from the columns' defaults ('pending', 0): a session role may insert
-    # neither column (its grants are by column, see gateway.server._roles).
+    # neither column (its grants are by column, see _grants).
     versioned = admitted or version != 0
     system = ["_key", "_run_id", "_input_index"]
     if versioned:

@@ -3,41 +3,12 @@
 ``create_db_session`` mints a role named ``sp_sess_<random>`` with a random
 password, ``VALID UNTIL`` the session's expiry, granted ``USAGE`` on the org's
 schema and only the privileges the requested operations need, on only that
-sheet's tables:
-
-==================  ==========================================================
-operation           privileges
-==================  ==========================================================
-``rows.read``       sheet: SELECT; summary, column summary, counters: SELECT
-``rows.append``     sheet: SELECT, INSERT by column
-``rows.upsert``     sheet: SELECT, INSERT and UPDATE by column
-``rows.replace``    as ``rows.upsert``, DELETE, and EXECUTE on the clear function
-==================  ==========================================================
-
-The rows are granted by column (``_sheet_grants``): never ``_write_version``
-or the other columns only admissions set, and no table-level UPDATE; only
-``rows.replace`` holds DELETE (the seed's replace deletes the rows itself:
-docs/gateway.md states what that lets through). The guard triggers of
-``store._guards`` refuse the status changes and events the fence decides.
-
-Every write operation also gets what the store's write path and the seed's
-direct-road statements touch besides the sheet table, column by column:
-SELECT and INSERT on the event table (the store's columns and the seed's
-per-row ones) with USAGE on the event id sequence, INSERT and UPDATE of the
-seed's columns on the summary (its upsert after each write; the summary's
-guard drops them), ``rows.replace`` DELETE on the event and column summary
-tables (the seed's replace), and table-level UPDATE on the sheet's lock
-table, an empty table without columns whose table lock is the sheet's writer
-lock (``LOCK TABLE`` needs table-level UPDATE, which changes nothing there).
-No role writes a counter, the summary's ``write_version`` (which only the
-gateway's admissions move) or a column summary: the counters move by the
-sheet's counting triggers (``store._counters``), functions owned by the
-gateway that count what each statement changed in the rows, whoever ran it.
-A write session is also made a member of the sheet's owner role
+sheet's tables: ``store.session_grants``, beside the schema they mirror
+(``store/_grants.py`` says what each operation is granted, and why). A write
+session is also made a member of the sheet's owner role
 (``store._seedlayout``), when the session DDL guard (``_ddlguard``) is
 installed: the rows table's ownership is what the seed's ``ALTER TABLE ...
 ADD COLUMN IF NOT EXISTS`` needs, and the guard refuses every other DDL.
-Nothing else: no other sheet, no receipts, no TRUNCATE.
 Postgres itself enforces the boundary (``tests/test_gateway_tenancy.py``'s
 privilege matrix and its hostile counter writer).
 
@@ -68,7 +39,7 @@ import logging
 import os
 import secrets
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 import attrs
@@ -88,14 +59,12 @@ from ...budgets import (
 )
 from ...errors import InvalidInputError
 from ...store import (
-    SEED_EVENT_COLUMNS,
-    SEED_SUMMARY_COLUMNS,
+    ROW_WRITES,
     SheetNames,
     SheetStore,
-    clear_function,
     column_ids,
     owner_role,
-    share_signatures,
+    session_grants,
     sheet_names,
 )
 from ...store import grant_lock_key as _grant_lock_key
@@ -127,21 +96,6 @@ log = logging.getLogger("sheetplane.gateway.server")
 #: can tell them apart from every other role.
 ROLE_PREFIX: Final = "sp_sess_"
 
-
-Privilege = Literal["SELECT", "INSERT", "UPDATE", "DELETE"]
-
-_SHEET_PRIVILEGES: Final[dict[str, frozenset[Privilege]]] = {
-    "rows.read": frozenset({"SELECT"}),
-    "rows.append": frozenset({"SELECT", "INSERT"}),
-    "rows.upsert": frozenset({"SELECT", "INSERT", "UPDATE"}),
-    "rows.replace": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
-    "rows.stage": frozenset(),
-    "rows.claim": frozenset(),
-}
-#: Operations that write the sheet's rows (and so its events and counters).
-_ROW_WRITES: Final = frozenset({"rows.append", "rows.upsert", "rows.replace"})
-#: What ``rows.stage`` inserts into the chunk table (``created_at`` is the server's).
-_CHUNK_INSERT_COLUMNS: Final = ("admission_id", "seq", "first_position", "row_count")
 
 #: PBKDF2 iterations of the SCRAM verifier (Postgres' own default).
 _SCRAM_ITERATIONS: Final = 4096
@@ -297,136 +251,6 @@ def _scram_verifier(password: str) -> str:
     return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-#: What the store's write path inserts into the event table, by column, so no
-#: scoped role can forge the events' ``id`` and ``created_at``.
-_EVENT_INSERT_COLUMNS: Final = ("kind", "run_id", "write_version", "idempotency_key", "row_count")
-
-#: A privilege on a whole table (``()``) or on the named columns only.
-Grant = tuple[Privilege, tuple[str, ...]]
-
-
-#: The rows' system columns a direct write inserts (status and version take their
-#: defaults, 'pending' and 0), and those a write's UPDATE sets: a fenced terminal
-#: write (status, run id, error, cell meta) and an upsert's merge (status, for a
-#: stale row reopened). ``_write_version``, ``_admitted_version``, ``_key`` (on
-#: UPDATE), ``_input_index`` (on UPDATE), ``_created_at``, ``_stage`` and
-#: ``_provider`` are the gateway's only. The contract's columns are added to both.
-_ROW_INSERT_COLUMNS: Final = ("_key", "_status", "_run_id", "_input_index")
-_ROW_UPDATE_COLUMNS: Final = (
-    "_status",
-    "_run_id",
-    "_error",
-    "_updated_at",
-    "_cell_meta",
-    "_input_index",
-)
-#: The summary's counters the seed's statements update (its upsert after each
-#: write, its replace's reset): the guards drop both (``store._guards``).
-_SUMMARY_UPDATE_COLUMNS: Final = (
-    "total",
-    "queued",
-    "running",
-    "completed",
-    "failed",
-    "_updated_at",
-)
-
-
-def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
-    """The rows table's grants: SELECT on the table, INSERT and UPDATE by column.
-
-    No table-level UPDATE or DELETE: either lets ``LOCK TABLE ... IN ACCESS
-    EXCLUSIVE MODE`` through (Postgres checks table-level privileges only for
-    it), which would hold every reader of the sheet. ``rows.replace`` deletes
-    through the sheet's clear function instead (``store._guards``), and the
-    guard triggers refuse the status changes and events the fence decides.
-    """
-    grants: list[Grant] = [("SELECT", ())] if "SELECT" in sheet else []
-    if "INSERT" in sheet:
-        grants.append(("INSERT", (*_ROW_INSERT_COLUMNS, *columns)))
-    if "UPDATE" in sheet:
-        grants.append(("UPDATE", (*_ROW_UPDATE_COLUMNS, *columns)))
-    if "DELETE" in sheet:
-        # The seed's replace deletes every row itself (``DELETE FROM <rows>``).
-        grants.append(("DELETE", ()))
-    return grants
-
-
-def _function_grants(names: SheetNames, operations: Sequence[str]) -> list[sql.Composed]:
-    """``rows.replace``'s EXECUTE on the sheet's clear function (no DELETE on the rows),
-    and ``rows.claim``'s on the sheet's share functions (no privilege on the shares
-    table: a claim is for the sheet's current attempt, a renewal or release needs the
-    share's token, ``store/_shares.py``)."""
-    grants = []
-    if "rows.replace" in operations:
-        grants.append(sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(clear_function(names)))
-    if "rows.claim" in operations:
-        grants += [
-            sql.SQL("GRANT EXECUTE ON FUNCTION {}").format(signature)
-            for signature in share_signatures(names)
-        ]
-    return grants
-
-
-def _grants(
-    names: SheetNames, operations: Sequence[str], columns: Sequence[str] = ()
-) -> list[tuple[str, list[Grant]]]:
-    """``[(table attribute, grants)]`` for ``operations``, in a stable order;
-    ``columns`` are the sheet's contract columns (the rows table's physical ones)."""
-    sheet: set[Privilege] = set()
-    for op in operations:
-        sheet |= _SHEET_PRIVILEGES[op]
-    tables: dict[str, list[Grant]] = {
-        "sheet_table": _sheet_grants(sheet, columns),
-        "summary_table": [("SELECT", ())],
-        "column_summary_table": [("SELECT", ())],
-        "counter_table": [("SELECT", ())],
-        # The sheet's column ids and logical names (kept out of catalog comments).
-        "meta_table": [("SELECT", ())],
-    }
-    if not tables["sheet_table"]:
-        del tables["sheet_table"]
-    if "rows.stage" in operations:
-        # Staged admission's chunks: record the chunk (ON CONFLICT DO NOTHING needs
-        # INSERT only; its foreign key is checked as the table owner), COPY the rows.
-        # Nothing to read, nothing on the sheet's rows: the commit is the gateway's.
-        tables["stage_chunks_table"] = [("INSERT", _CHUNK_INSERT_COLUMNS)]
-        tables["staging_table"] = [("INSERT", ())]
-    if any(op in _ROW_WRITES for op in operations):
-        # Idempotency keys: the write path reads them and records its own event; the
-        # seed's statements record one event per row, by its own columns.
-        tables["event_table"] = [
-            ("SELECT", ()),
-            ("INSERT", (*_EVENT_INSERT_COLUMNS, *SEED_EVENT_COLUMNS)),
-        ]
-        # The seed's summary upsert (and replace's reset): inserted and updated by
-        # column, dropped by the summary's guard (the counting triggers keep it).
-        tables["summary_table"] = [
-            ("SELECT", ()),
-            ("INSERT", SEED_SUMMARY_COLUMNS),
-            ("UPDATE", _SUMMARY_UPDATE_COLUMNS),
-        ]
-        if "rows.replace" in operations:
-            # The seed's replace clears its per-row events and the column summary's
-            # rows of its play (the guards let only those go).
-            tables["event_table"].append(("DELETE", ()))
-            tables["column_summary_table"] = [("SELECT", ()), ("DELETE", ())]
-        # The writer lock is LOCK TABLE on the lock table (table-level UPDATE, on a
-        # table with no rows, no columns and no INSERT grant). Counters: SELECT only;
-        # the gateway-owned counting triggers move them.
-        tables["lock_table"] = [("UPDATE", ())]
-    return list(tables.items())
-
-
-def _grant_sql(grant: Grant) -> sql.Composable:
-    privilege, columns = grant
-    if not columns:
-        return sql.SQL(privilege)
-    return sql.SQL("{} ({})").format(
-        sql.SQL(privilege), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-    )
-
-
 def create_role_statements(
     role: str,
     verifier: str,
@@ -473,17 +297,7 @@ def create_role_statements(
             schema=sql.Identifier(names.schema), role=ident
         ),
     ]
-    for attr, grants in _grants(names, operations, columns):
-        statements.append(
-            sql.SQL("GRANT {privileges} ON TABLE {table} TO {role}").format(
-                privileges=sql.SQL(", ").join(_grant_sql(g) for g in grants),
-                table=names.ident(attr),
-                role=ident,
-            )
-        )
-    statements += [
-        sql.SQL("{} TO {}").format(grant, ident) for grant in _function_grants(names, operations)
-    ]
+    statements += session_grants(ident, names, operations, columns)
     if owner is not None:
         statements.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(owner), ident))
     return statements
@@ -675,7 +489,7 @@ async def create_session_role(
                     return _Retired()
                 return _out_of_connections(caps)
         columns = [name for name, _ in column_ids(conn, names) or ()]
-        owner = _session_owner(conn, names) if any(op in _ROW_WRITES for op in ops) else None
+        owner = _session_owner(conn, names) if any(op in ROW_WRITES for op in ops) else None
         for statement in create_role_statements(
             role, verifier, expires_at, names, ops, bounds, columns, owner
         ):
