@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import httpx
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -134,3 +135,251 @@ async def test_the_api_alone_still_carries_a_callers_trace_into_the_logs(
     (access,) = [r for r in _lines(json_logs) if r.get("event") == "request"]
     assert access["trace_id"] == trace_id
     assert access["org_id"] == ORG
+
+
+# --- the runner's spans ---------------------------------------------------------------------
+
+
+def _named(spans: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+def _attr(span: ReadableSpan, name: str) -> object:
+    assert span.attributes is not None
+    return span.attributes.get(name)
+
+
+def _ancestors(spans: Sequence[ReadableSpan], span: ReadableSpan) -> list[str]:
+    by_id = {s.context.span_id: s for s in spans}
+    names = []
+    parent = span.parent
+    while parent is not None and parent.span_id in by_id:
+        above = by_id[parent.span_id]
+        names.append(above.name)
+        parent = above.parent
+    return names
+
+
+MAPPED = 45
+#: A value only the rows carry: no span may hold it.
+ROW_SECRET = "row-data-7f3a9c"
+
+
+async def words(row: dict[str, object]) -> dict[str, object]:
+    await trio.lowlevel.checkpoint()
+    if row["_key"] == "k007":
+        raise ValueError(f"cannot count {row['text']}")  # a message quoting the row
+    return {"words": len(str(row["text"]).split())}
+
+
+@pytest.mark.parametrize("strategy", ["direct", "gateway_only"])
+async def test_the_span_tree_of_a_small_map(
+    gateway: CountingGateway, spans: InMemorySpanExporter, strategy: str
+) -> None:
+    rows = [{"_key": f"k{i:03d}", "text": f"{ROW_SECRET} w{i}"} for i in range(MAPPED)]
+    async with runtime(gateway, strategy, play=new_play()) as rt:  # type: ignore[arg-type]
+        report = await rt.map("traced", CONTRACT, rows, words, concurrency=16, batch_rows=10)
+    await trio.testing.wait_all_tasks_blocked()
+    everything = spans.get_finished_spans()
+    (top,) = _named(everything, "sheetplane.map")
+    assert top.parent is None
+    trace = [s for s in everything if s.context.trace_id == top.context.trace_id]
+    road = "direct" if strategy == "direct" else "gateway"
+    assert _attr(top, "sheetplane.map.pending") == MAPPED == report.pending
+    assert _attr(top, "sheetplane.map.completed") == MAPPED - 1
+    assert _attr(top, "sheetplane.map.failed") == 1
+    assert _attr(top, "sheetplane.map.fn_calls") == MAPPED
+    assert isinstance(_attr(top, "sheetplane.map.fn_seconds"), float)
+    assert _attr(top, "sheetplane.map.concurrency") == 16
+    # Admission: one span under the map, its chunk under it.
+    (admission,) = _named(trace, "sheetplane.admission")
+    assert admission.parent is not None and admission.parent.span_id == top.context.span_id
+    assert _attr(admission, "sheetplane.road") == road
+    assert _attr(admission, "sheetplane.admission.inserted") == MAPPED
+    (chunk,) = _named(trace, "sheetplane.admission.chunk")
+    assert _ancestors(trace, chunk)[:2] == ["sheetplane.admission", "sheetplane.map"]
+    assert _attr(chunk, "sheetplane.admission.chunk.rows") == MAPPED
+    # Reads: the pending rows, page by page, under the map (the workers' or read-ahead's).
+    reads = _named(trace, "sheetplane.read")
+    assert sum(_attr(s, "sheetplane.read.rows") for s in reads) == MAPPED  # type: ignore[misc]
+    assert all(_ancestors(trace, s)[0] == "sheetplane.map" for s in reads)
+    # Writes: the batcher's batches, each parented by the map, never by a worker.
+    writes = _named(trace, "sheetplane.write")
+    assert all(s.parent is not None and s.parent.span_id == top.context.span_id for s in writes)
+    kinds = {(_attr(s, "sheetplane.write.kind"), _attr(s, "sheetplane.road")) for s in writes}
+    assert kinds == {("complete", road), ("fail", road)}
+    assert sum(_attr(s, "sheetplane.write.rows") for s in writes) == MAPPED  # type: ignore[misc]
+    assert all(_attr(s, "sheetplane.write.rows") <= 10 for s in writes)  # type: ignore[operator]
+    if strategy == "direct":
+        mints = _named(trace, "sheetplane.session.mint")
+        assert mints, "the direct road minted its sessions"
+        statements = [s for s in trace if s.name.startswith("db ")]
+        runner_side = [s for s in statements if "action " not in " ".join(_ancestors(trace, s))]
+        assert any(_attr(s, "sheetplane.read.bytes") for s in runner_side)
+    else:
+        posts = [s for s in trace if s.name == "POST"]
+        servers = [s for s in trace if s.kind is SpanKind.SERVER]
+        assert posts and len(servers) == len(posts)
+        for write in writes:
+            (call,) = _children(trace, write)
+            assert call.name.startswith("gateway runtime_sheet_")
+    # No row's data in any span's name, attribute or event.
+    assert ROW_SECRET not in json.dumps([_exported(s) for s in everything])
+
+
+def _exported(span: ReadableSpan) -> dict[str, object]:
+    """Everything of a span an exporter sends that code sets: name, attributes, events,
+    links' attributes, status text."""
+    return {
+        "name": span.name,
+        "attributes": dict(span.attributes or {}),
+        "events": [[e.name, dict(e.attributes or {})] for e in span.events],
+        "links": [dict(link.attributes or {}) for link in span.links],
+        "status": span.status.description,
+    }
+
+
+# --- trio context ---------------------------------------------------------------------------
+
+WORKERS = 16
+
+
+async def test_sixteen_workers_and_a_nursery_run_flush_keep_their_parents(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Each of 16 concurrent workers opens its span, submits to one batcher and then does
+    work of its own; the batches run in the batcher's nursery. Each worker's work is a
+    child of that worker's span, and every batch's flush a child of the block that owns
+    the batcher, never of the worker whose submission happened to start its runner."""
+    from sheetplane import BoundedBatchFunction
+    from sheetplane.batching import Batch
+
+    async def flush(batch: Batch[str, int]) -> list[int]:
+        with _tracing.span("flush", {"values": len(batch.values)}):
+            await trio.lowlevel.checkpoint()
+            with _tracing.span("flush write"):
+                await trio.lowlevel.checkpoint()
+        return list(batch.values)
+
+    batcher: BoundedBatchFunction[str, int, int] = BoundedBatchFunction(
+        flush,
+        max_batch_items=3,
+        max_batch_bytes=100,
+        max_retained_items=64,
+        max_retained_bytes=64,
+        max_in_flight_batches=2,
+        flush_seconds=0.001,
+    )
+
+    async def worker(i: int) -> None:
+        with _tracing.span(f"worker {i}"):
+            for value in range(3):
+                await trio.lowlevel.checkpoint()
+                assert await batcher.submit("lane", i * 10 + value) == i * 10 + value
+                with _tracing.span(f"work {i}"):
+                    await trio.lowlevel.checkpoint()
+
+    with _tracing.span("owner"):
+        async with batcher, trio.open_nursery() as nursery:
+            for i in range(WORKERS):
+                nursery.start_soon(worker, i)
+    finished = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in finished}
+    (owner,) = _named(finished, "owner")
+    for i in range(WORKERS):
+        (mine,) = _named(finished, f"worker {i}")
+        works = _named(finished, f"work {i}")
+        assert len(works) == 3
+        assert all(w.parent and w.parent.span_id == mine.context.span_id for w in works)
+    flushes = _named(finished, "flush")
+    assert sum(_attr(s, "values") for s in flushes) == WORKERS * 3  # type: ignore[misc]
+    assert len(flushes) > 2, "several batches, run by the batcher's runners"
+    for flushed in flushes:
+        assert flushed.parent is not None
+        assert by_id[flushed.parent.span_id] is owner
+    for write in _named(finished, "flush write"):
+        assert write.parent is not None and by_id[write.parent.span_id].name == "flush"
+
+
+# --- nothing secret -------------------------------------------------------------------------
+
+
+async def test_no_span_carries_a_token_a_url_a_password_or_row_data(
+    gateway: CountingGateway, spans: InMemorySpanExporter, database_url: str
+) -> None:
+    """Both roads, with receipts, random reads and a refused call: every
+    exported name, attribute, event and status of every span (the runner's and the
+    gateway's) is searched for the secrets and for the rows' data."""
+    from sheetplane import GatewayAuthError, open_runtime
+
+    bypass = "bypass-5e9d0c2b"
+    rows = [{"_key": f"k{i:03d}", "text": f"{ROW_SECRET} w{i}"} for i in range(12)]
+    play = new_play()
+    for strategy in ("direct", "gateway_only"):
+        async with open_runtime(
+            base_url=gateway.base_url,
+            token=gateway.token,
+            org_id=ORG,
+            play_name=play,
+            run_id=f"run-{strategy}",
+            strategy=strategy,  # type: ignore[arg-type]
+            protection_bypass_token=bypass,
+        ) as rt:
+            await rt.map(f"secret_{strategy}", CONTRACT, rows, words, receipts=True)
+            dataset = rt.dataset(f"secret_{strategy}")
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(dataset.at, i)
+    async with open_runtime(
+        base_url=gateway.base_url,
+        token="not-the-token-0c4d",
+        org_id=ORG,
+        play_name=play,
+        run_id="run-x",
+        strategy="gateway_only",
+        prewarm=False,
+    ) as refused:
+        with pytest.raises(GatewayAuthError):
+            await refused.dataset("secret_direct").count()
+    await trio.testing.wait_all_tasks_blocked()
+    exported = json.dumps([_exported(s) for s in spans.get_finished_spans()])
+    password = httpx.URL(database_url).password
+    secrets = [gateway.token, "not-the-token-0c4d", bypass, database_url, ROW_SECRET]
+    secrets += [password] if password else []
+    for secret in secrets:
+        assert secret not in exported
+    for marker in ("postgresql://", "postgres://", "Bearer"):
+        assert marker not in exported
+    assert "sheetplane.receipt.claim" in exported
+    assert "sheetplane.read_batch" in exported
+    assert "GatewayAuthError" in exported
+
+
+async def test_a_retried_call_shows_each_attempt(
+    database_url: str, spans: InMemorySpanExporter
+) -> None:
+    """A call answered back-pressure once: its span holds two attempts, the first with the
+    status, the gateway's code and the delay asked for, the second its resend count."""
+    from sheetplane.gateway.faults import FAULT_HEADER
+
+    async with counting_gateway(database_url, allow_test_faults=True) as faulty:
+        headers = {FAULT_HEADER: "runtime_sheet_summary=backpressure"}
+        async with runtime(faulty, "gateway_only", play=new_play(), headers=headers) as rt:
+            await rt.writer("retried", CONTRACT).start([{"_key": "a", "text": "x"}])
+            assert await rt.dataset("retried").count() == 1
+        await trio.testing.wait_all_tasks_blocked()
+    finished = spans.get_finished_spans()
+    (call,) = _named(finished, "gateway runtime_sheet_summary")
+    assert _attr(call, "sheetplane.gateway.attempts") == 2
+    (retry,) = call.events
+    assert retry.name == "retry"
+    assert retry.attributes and retry.attributes["sheetplane.retry.delay_ms"] >= 0  # type: ignore[operator]
+    first, second = sorted(_children(finished, call), key=lambda s: s.start_time or 0)
+    assert _attr(first, "http.response.status_code") == 503
+    assert _attr(first, "sheetplane.gateway.code") == "runtime_postgres_admission_backpressure"
+    assert isinstance(_attr(first, "sheetplane.retry_after_ms"), int)
+    assert _attr(first, "error.type") == "sheetplane.errors.BackpressureError"
+    assert _attr(first, "http.request.resend_count") is None
+    assert _attr(second, "http.response.status_code") == 200
+    assert _attr(second, "http.request.resend_count") == 1
+    assert _attr(second, "error.type") is None

@@ -61,13 +61,16 @@ import functools
 import hashlib
 import inspect
 import math
+import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import attrs
 import trio
 
+from . import _tracing
 from ._groups import raise_single
 from ._ints import check_int
 from ._rowchecks import checked_json_object
@@ -92,8 +95,10 @@ __all__ = [
     "MapRun",
     "OutputKeys",
     "UnknownOutputs",
+    "map_span",
     "receipt_key",
     "run_map",
+    "trace_report",
 ]
 
 Row = dict[str, Any]
@@ -145,6 +150,35 @@ class MapProgress:
     """Rows so far whose outputs came from a receipt."""
     total: int
     """Rows to map in all (the admission's pending rows)."""
+
+
+def map_span(
+    name: str, namespace: str, concurrency: int, batch_rows: int
+) -> AbstractContextManager[_tracing.Span]:
+    """The span of one ``map`` (``sheetplane.map``) or ``map_attempt`` call: its sheet and
+    settings now, its counts (``trace_report``) and ``fn``'s time (``run_map``) at the end."""
+    return _tracing.span(
+        name,
+        {
+            "sheetplane.table_namespace": namespace,
+            "sheetplane.map.concurrency": concurrency,
+            "sheetplane.map.batch_rows": batch_rows,
+        },
+    )
+
+
+def trace_report(span: _tracing.Span, report: MapReport) -> None:
+    """A map's counts on its span."""
+    span.set_attributes(
+        {
+            "sheetplane.write_version": report.write_version,
+            "sheetplane.map.admitted": report.admitted,
+            "sheetplane.map.pending": report.pending,
+            "sheetplane.map.completed": report.completed,
+            "sheetplane.map.failed": report.failed,
+            "sheetplane.map.reused": report.reused,
+        }
+    )
 
 
 def receipt_key(namespace: str, row_key: str) -> str:
@@ -340,6 +374,10 @@ class _MapState:
     completed: int = 0
     failed: int = 0
     reused: int = 0
+    fn_calls: int = 0
+    """``fn`` calls timed (only while the map's span records)."""
+    fn_seconds: float = 0.0
+    """Their time, summed over the calls (task-seconds, not wall time)."""
     stop: bool = False
     error: BaseException | None = None
     workers: trio.CancelScope | None = None
@@ -461,6 +499,7 @@ class MapRun:
         self.page_read = trio.lowlevel.ParkingLot()
         self.live_workers = concurrency
         self.reading_ahead = trio.CancelScope()
+        self.timing = False
 
     async def execute(self, batch: Batch[Kind, Outcome]) -> list[None]:
         """The batcher's function: one terminal write of a batch of outcomes."""
@@ -532,10 +571,19 @@ class MapRun:
             if self.page_read:
                 self.page_read.unpark_all()
 
+    async def timed(self, row: Row) -> Mapping[str, Any]:
+        """``fn``, timed for the map's span (``fn`` itself has no span)."""
+        started = time.perf_counter()
+        try:
+            return await self.fn(row)
+        finally:
+            self.state.fn_calls += 1
+            self.state.fn_seconds += time.perf_counter() - started
+
     async def call(self, row: Row) -> Outcome:
         """``fn`` on one row, and its outcome: complete with its outputs, or fail."""
         key = row["_key"]
-        fn = self.fn
+        fn = self.timed if self.timing else self.fn
         try:
             if self.once is None:
                 outputs = await fn(row)
@@ -578,6 +626,8 @@ class MapRun:
     async def run(self) -> tuple[int, int, int]:
         """Run the map to its end: ``(completed, failed, reused)`` (``run_map``)."""
         state = self.state
+        # fn is timed only while the map's span records (an SDK is set up).
+        self.timing = _tracing.recording()
         try:
             with trio.CancelScope() as everything:
                 state.everything = everything
@@ -596,6 +646,14 @@ class MapRun:
                         lane.finish()
         except BaseExceptionGroup as group:
             raise_single(group)
+        finally:
+            if self.timing:
+                _tracing.annotate(
+                    {
+                        "sheetplane.map.fn_calls": state.fn_calls,
+                        "sheetplane.map.fn_seconds": state.fn_seconds,
+                    }
+                )
         if state.error is not None:
             raise state.error
         return state.completed, state.failed, state.reused

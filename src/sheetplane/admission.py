@@ -38,6 +38,7 @@ from typing import Any
 import attrs
 import trio
 
+from . import _tracing
 from ._attempts import Attempt
 from ._groups import raise_single
 from ._types import (
@@ -296,6 +297,18 @@ class StagedAdmission:
             begun.append(True)
 
     async def _stage(self, admission_id: str, chunk: _Chunk, begun: list[bool]) -> None:
+        encoded = chunk.rows
+        with _tracing.span(
+            "sheetplane.admission.chunk",
+            {
+                "sheetplane.admission.chunk": chunk.seq,
+                "sheetplane.admission.chunk.rows": encoded.row_count,
+                "sheetplane.admission.chunk.bytes": len(encoded.keys) + len(encoded.rows),
+            },
+        ):
+            await self._stage_chunk(admission_id, chunk, begun)
+
+    async def _stage_chunk(self, admission_id: str, chunk: _Chunk, begun: list[bool]) -> None:
         if not self.direct:
             body = self.client.admission_chunk_body(
                 self.sheet.table_namespace,

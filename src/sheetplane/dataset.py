@@ -30,6 +30,7 @@ from urllib.parse import quote
 import attrs
 import trio
 
+from . import _tracing
 from ._ints import check_int, is_int
 from .budgets import DATASET_PREVIEW_ROWS, READ_PAGE_MAX_ROWS
 from .errors import BatchContractError, InvalidInputError, ReadBatchTooLargeError
@@ -332,7 +333,9 @@ class DatasetIterator:
             limit = max(1, min(limit, self._remaining))
         done = self._reading = trio.Event()
         try:
-            rows, cursor = await self._road.read_after(self._cursor, limit)
+            with _tracing.span("sheetplane.read", {"sheetplane.read.limit": limit}) as span:
+                rows, cursor = await self._road.read_after(self._cursor, limit)
+                span.set_attribute("sheetplane.read.rows", len(rows))
         except ReadBatchTooLargeError:
             if limit == 1:
                 raise

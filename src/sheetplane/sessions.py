@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
-from . import crypto
+from . import _tracing, crypto
 from . import protocol as m
 from ._groups import single_error
 from ._recovery import call_deadline
@@ -577,6 +577,17 @@ class SessionManager:
         return attrs.evolve(parsed.identity, postgres_url=url)
 
     async def _mint(self, shape: AccessShape) -> DbSession:
+        with _tracing.span(
+            "sheetplane.session.mint",
+            {
+                "sheetplane.table_namespace": shape.table_namespace,
+                "sheetplane.session.logical_table": shape.logical_table,
+                "sheetplane.session.operations": list(shape.operations),
+            },
+        ):
+            return await self._mint_session(shape)
+
+    async def _mint_session(self, shape: AccessShape) -> DbSession:
         # One key for the manager's lifetime: concurrent first mints (of two
         # shapes) wait for one generation instead of each replacing the key
         # another's request was sealed to.

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from .. import _tracing
 from .._types import AdmittedPart, CheckedPage, Page, PageRequest, RowFilter, RowMode
 from ..batching import Batch, BatcherStatistics, BoundedBatchFunction
 from ..budgets import (
@@ -230,4 +231,9 @@ class PageReader:
     @staticmethod
     async def _execute(batch: Batch[SheetRoad, PageRequest]) -> list[Page]:
         # Every road in a lane shares one scope, so the first one reads for all.
-        return await read_pages_adaptive(batch.key.read_batch, batch.values)
+        with _tracing.span(
+            "sheetplane.read_batch", {"sheetplane.read.pages": len(batch.values)}
+        ) as span:
+            pages = await read_pages_adaptive(batch.key.read_batch, batch.values)
+            span.set_attribute("sheetplane.read.rows", sum(len(page.rows) for page in pages))
+        return pages

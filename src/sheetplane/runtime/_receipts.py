@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .. import _checks as checks
+from .. import _tracing
 from .._ints import check_int
 from .._leases import Lease, acquire_lease, hold_lease, run_once
 from .._types import ReceiptClaim, ReceiptCompletion
@@ -25,7 +26,11 @@ class _GatewayReceipts:
         self._run_id = run_id
 
     async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
-        return await self._client.claim_work_receipt(key, holder, lease_token=lease_token)
+        # The key is not an attribute: a map's receipt keys hold its rows' keys.
+        with _tracing.span("sheetplane.receipt.claim") as span:
+            claim = await self._client.claim_work_receipt(key, holder, lease_token=lease_token)
+            span.set_attribute("sheetplane.receipt.acquired", claim.acquired)
+            return claim
 
     async def complete(
         self, key: str, result: Any, holder: str, lease_token: str

@@ -23,6 +23,8 @@ from .._map import (
     OutputKeys,
     UnknownOutputs,
     check_map_options,
+    map_span,
+    trace_report,
 )
 from .._types import (
     BIGINT_MAX,
@@ -312,31 +314,34 @@ class Runtime:
         self._check_map(fn, concurrency, batch_rows, flush_seconds, progress, receipts)
         _check_unknown_outputs(unknown_outputs)
         started = trio.current_time()
-        writer = self.writer(namespace, contract)
-        await self._check_map_actions(receipts)
-        admission = await writer.start(rows, strict_inputs=strict_inputs)
-        rows_mapped, completed, failed, reused = await self._work(
-            admission.attempt,
-            writer,
-            fn,
-            total=admission.pending_count,
-            concurrency=concurrency,
-            batch_rows=batch_rows,
-            flush_seconds=flush_seconds,
-            receipts=receipts,
-            progress=progress,
-            unknown_outputs=unknown_outputs,
-        )
-        del rows_mapped
-        return MapReport(
-            write_version=admission.write_version,
-            admitted=admission.pending_count + admission.completed_count,
-            pending=admission.pending_count,
-            completed=completed,
-            failed=failed,
-            reused=reused,
-            elapsed_seconds=trio.current_time() - started,
-        )
+        with map_span("sheetplane.map", namespace, concurrency, batch_rows) as span:
+            writer = self.writer(namespace, contract)
+            await self._check_map_actions(receipts)
+            admission = await writer.start(rows, strict_inputs=strict_inputs)
+            rows_mapped, completed, failed, reused = await self._work(
+                admission.attempt,
+                writer,
+                fn,
+                total=admission.pending_count,
+                concurrency=concurrency,
+                batch_rows=batch_rows,
+                flush_seconds=flush_seconds,
+                receipts=receipts,
+                progress=progress,
+                unknown_outputs=unknown_outputs,
+            )
+            del rows_mapped
+            report = MapReport(
+                write_version=admission.write_version,
+                admitted=admission.pending_count + admission.completed_count,
+                pending=admission.pending_count,
+                completed=completed,
+                failed=failed,
+                reused=reused,
+                elapsed_seconds=trio.current_time() - started,
+            )
+            trace_report(span, report)
+        return report
 
     async def map_attempt(
         self,
@@ -384,30 +389,34 @@ class Runtime:
         self._check_map(fn, concurrency, batch_rows, flush_seconds, progress, receipts)
         _check_unknown_outputs(unknown_outputs)
         started = trio.current_time()
-        writer = self.writer(attempt.table_namespace, contract, write_version=attempt.write_version)
-        await self._check_map_actions(receipts)
-        status = await self.attempt_status(attempt)
-        rows, completed, failed, reused = await self._work(
-            attempt,
-            writer,
-            fn,
-            total=status.pending,
-            concurrency=concurrency,
-            batch_rows=batch_rows,
-            flush_seconds=flush_seconds,
-            receipts=receipts,
-            progress=progress,
-            unknown_outputs=unknown_outputs,
-        )
-        return MapReport(
-            write_version=attempt.write_version,
-            admitted=rows,
-            pending=rows,
-            completed=completed,
-            failed=failed,
-            reused=reused,
-            elapsed_seconds=trio.current_time() - started,
-        )
+        namespace = attempt.table_namespace
+        with map_span("sheetplane.map_attempt", namespace, concurrency, batch_rows) as span:
+            writer = self.writer(namespace, contract, write_version=attempt.write_version)
+            await self._check_map_actions(receipts)
+            status = await self.attempt_status(attempt)
+            rows, completed, failed, reused = await self._work(
+                attempt,
+                writer,
+                fn,
+                total=status.pending,
+                concurrency=concurrency,
+                batch_rows=batch_rows,
+                flush_seconds=flush_seconds,
+                receipts=receipts,
+                progress=progress,
+                unknown_outputs=unknown_outputs,
+            )
+            report = MapReport(
+                write_version=attempt.write_version,
+                admitted=rows,
+                pending=rows,
+                completed=completed,
+                failed=failed,
+                reused=reused,
+                elapsed_seconds=trio.current_time() - started,
+            )
+            trace_report(span, report)
+        return report
 
     async def attempt_status(self, attempt: Attempt) -> AttemptStatus:
         """Where ``attempt`` stands: its rows ``pending`` (and of those ``claimed``),

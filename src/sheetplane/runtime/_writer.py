@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from .. import _checks as checks
+from .. import _tracing
 from .. import protocol as m
 from .._inputs import watch_inputs
 from .._json import encode_body
@@ -99,6 +100,15 @@ class WriteTarget:
     """A lazy dataset over one part of an admission of this sheet."""
     tally: WriteTally
     """The runtime's counters, bumped by the fence."""
+
+
+def _write_attributes(rows: Sequence[_Row], direct: bool) -> dict[str, str | int]:
+    """A terminal write's span attributes: its kind, its rows and its road."""
+    return {
+        "sheetplane.write.kind": "complete" if type(rows[0]) is CompleteRow else "fail",
+        "sheetplane.write.rows": len(rows),
+        "sheetplane.road": "direct" if direct else "gateway",
+    }
 
 
 def _upsert_key(sheet: SheetRef, run_id: str, rows: Sequence[Mapping[str, Any]]) -> str:
@@ -199,6 +209,27 @@ class RowWriter:
         """
         check_input(rows)
         checks.flag("strict_inputs", strict_inputs)
+        t = self._target
+        with _tracing.span(
+            "sheetplane.admission",
+            {
+                "sheetplane.table_namespace": t.sheet.table_namespace,
+                "sheetplane.road": "direct" if t.direct else "gateway",
+            },
+        ) as span:
+            admission = await self._start(rows, strict_inputs)
+            span.set_attributes(
+                {
+                    "sheetplane.write_version": admission.write_version,
+                    "sheetplane.admission.inserted": admission.inserted,
+                    "sheetplane.admission.skipped": admission.skipped,
+                    "sheetplane.admission.pending": admission.pending_count,
+                    "sheetplane.admission.completed": admission.completed_count,
+                }
+            )
+        return admission
+
+    async def _start(self, rows: AdmissionInput, strict_inputs: bool) -> Admission:
         t = self._target
         rows = watch_inputs(rows, t.contract, t.sheet.table_namespace, strict=strict_inputs)
         served = t.client.serves(BEGIN_ADMISSION)
@@ -314,21 +345,29 @@ class RowWriter:
             await trio.lowlevel.checkpoint()
             return TerminalWriteResult((), (), 0)
         t = self._target
-        if t.direct:
+        with _tracing.span("sheetplane.write", _write_attributes(checked, t.direct)) as span:
+            if t.direct:
 
-            async def attempt() -> TerminalWriteResult:
-                async with _session_store(t, ("rows.read", "rows.upsert"), len(checked)) as store:
-                    return await on_store(store)(
-                        t.sheet, t.contract, checked, run_id=t.run_id, write_version=version
-                    )
+                async def attempt() -> TerminalWriteResult:
+                    async with _session_store(
+                        t, ("rows.read", "rows.upsert"), len(checked)
+                    ) as store:
+                        return await on_store(store)(
+                            t.sheet, t.contract, checked, run_id=t.run_id, write_version=version
+                        )
 
-            # A replay by write version: safe to send again after a lost connection.
-            result = await retry_idempotent(attempt)
-        else:
-            result = await on_gateway(
-                self.table_namespace, t.contract, checked, run_id=t.run_id, write_version=version
-            )
-        return self._fence(result, version, len({row.key for row in checked}))
+                # A replay by write version: safe to send again after a lost connection.
+                result = await retry_idempotent(attempt)
+            else:
+                result = await on_gateway(
+                    self.table_namespace,
+                    t.contract,
+                    checked,
+                    run_id=t.run_id,
+                    write_version=version,
+                )
+            span.set_attribute("sheetplane.write.stale_rows", len(result.stale_rows))
+            return self._fence(result, version, len({row.key for row in checked}))
 
     def _fence(
         self, result: TerminalWriteResult, version: int, submitted: int

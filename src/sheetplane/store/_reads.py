@@ -39,6 +39,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
+from .. import _tracing
 from .._json import decode_body
 from .._types import (
     EVERY_ROW,
@@ -669,6 +670,7 @@ def _read_batch(
             position, key = form.position(last)
             ended = (request.offset + request.limit, position, key)
         results.append(rows)
+    _tracing.annotate({"sheetplane.read.bytes": budget.used})  # on the statement's span
     return results
 
 
@@ -824,6 +826,7 @@ async def _read_after(
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
         budget.start_page(page)
         rows, last = _rows_after(conn, names, form, filt, after, page.limit, budget)
+        _tracing.annotate({"sheetplane.read.bytes": budget.used})  # on the statement's span
         if len(rows) < page.limit or last is None:
             return rows, None
         position, _ = form.position(last)
