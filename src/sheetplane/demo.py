@@ -54,6 +54,7 @@ from rich.table import Table
 
 from ._groups import single_error
 from ._map import MapProgress
+from ._phases import Summary, summarize, trace_in_memory
 from .budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from .errors import AttemptSupersededError, SheetplaneError
 from .gateway.server import running_gateway
@@ -521,6 +522,34 @@ def report_table(report: DemoReport) -> Table:
     return table
 
 
+def phase_table(summary: Summary) -> Table:
+    """``--trace``'s table: where the time of the demo's maps went, per phase (their
+    spans overlap: busy is wall time with at least one running, summed adds them up)."""
+    table = Table(
+        title=f"where the time went: {summary.maps} maps, {summary.map_seconds:.2f} s busy "
+        "(from OpenTelemetry spans)",
+        show_header=True,
+        header_style="bold",
+    )
+    for column in ("phase", "spans", "rows", "busy s", "share", "summed s"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for phase in summary.phases:
+        busy = share = ""
+        if phase.busy_seconds is not None:
+            busy = f"{phase.busy_seconds:.3f}"
+            if summary.map_seconds > 0:
+                share = f"{phase.busy_seconds / summary.map_seconds:.0%}"
+        table.add_row(
+            phase.name,
+            f"{phase.count:,}",
+            "" if phase.rows is None else f"{phase.rows:,}",
+            busy,
+            share,
+            f"{phase.summed_seconds:.3f}",
+        )
+    return table
+
+
 def _positive_rows(text: str) -> int:
     try:
         value = int(text)
@@ -546,6 +575,12 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help=f"rows to admit (default {DEFAULT_ROWS:,})",
     )
     parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="print where the time went, per phase, from OpenTelemetry spans "
+        "(needs the trace extra: the OpenTelemetry SDK)",
+    )
+    parser.add_argument(
         "--database-url",
         default=None,
         help="Postgres superuser URL (default: $SHEETPLANE_DATABASE_URL, else an embedded one)",
@@ -560,6 +595,8 @@ def run_demo(args: argparse.Namespace) -> int:
         # Piped or captured: wide enough that the closing table keeps one line a row.
         console = Console(width=max(console.width, _PIPED_WIDTH))
     url = args.database_url or database_url_from_env()
+    # The SDK is the trace extra (sheetplane.cli checked it before anything started).
+    spans = trace_in_memory()[0] if args.trace else None
     started = time.perf_counter()
     try:
         if url is not None:
@@ -586,6 +623,8 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     report.timings["with Postgres start"] = time.perf_counter() - started
     console.print(report_table(report))
+    if spans is not None:
+        console.print(phase_table(summarize(spans.get_finished_spans())))
     console.print("[green]demo finished: every row admitted, mapped, fenced and read back[/]")
     return 0
 
