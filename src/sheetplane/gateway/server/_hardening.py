@@ -311,6 +311,14 @@ def _harden(conn: psycopg.Connection[Any]) -> None:
         if conn.execute(check, (signature,)).fetchone() != (True,)
     ]
     missing += _lacking_reads(conn)
+    # A dropped role's ledger row is kept (UPDATE) while its backends live.
+    ledger = conn.execute("SELECT to_regclass(%s)", (f"{GATEWAY_SCHEMA}.sessions",)).fetchone()
+    if ledger is not None and ledger[0] is not None:
+        writable = conn.execute(
+            "SELECT has_table_privilege(%s::regclass, 'UPDATE')", (f"{GATEWAY_SCHEMA}.sessions",)
+        ).fetchone()
+        if writable != (True,):
+            missing.append(f"UPDATE on {GATEWAY_SCHEMA}.sessions")
     views = _public_views(conn)
     if left or views or _public_temporary(conn) or missing:
         raise DatabaseNotHardenedError(
