@@ -15,7 +15,7 @@ import re
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -416,11 +416,14 @@ def test_the_command_exits_0_on_the_reference_gateway_and_1_naming_every_failure
     assert lines[-1].startswith("conforms: ")
     out = io.StringIO()
     with redirect_stdout(out):
+        # The second org's token refused: the isolation check fails, the others pass.
         status = main(
             [
                 "conformance",
                 served.base_url,
                 "--token",
+                TOKEN_A,
+                "--token-b",
                 "not-a-token",
                 "--quick",
                 "--profile",
@@ -437,3 +440,29 @@ def test_the_command_exits_0_on_the_reference_gateway_and_1_naming_every_failure
     assert written["passed"] is False
     assert [r["id"] for r in written["results"]] == [r.id for r in selected("seed")]
     assert sum(r["status"] == "FAIL" for r in written["results"]) == len(failing)
+
+
+def test_a_refused_token_stops_the_run_after_the_first_check_with_one_line(
+    served: Served,
+) -> None:
+    # Before, a wrong token printed a FAIL line for every requirement (45 of them).
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = main(["conformance", served.base_url, "--token", "not-a-token", "--quick"])
+    assert status == 2
+    # The checks that need no token (SP-AUTH-1 sends none) pass; the first that sends
+    # it stops the run.
+    report = run(_options(served.base_url, token="not-a-token", quick=True))
+    assert report.token_refused is not None and not report.passed
+    assert all(r.status == "PASS" for r in report.results) and len(report.results) <= 2
+    order = [r.id for r in selected("sheetplane")]
+    assert order.index(report.token_refused.id) == len(report.results)
+    assert out.getvalue().splitlines() == [
+        line for line in out.getvalue().splitlines() if line.startswith("PASS ")
+    ]
+    assert len(out.getvalue().splitlines()) == len(report.results)
+    (line,) = err.getvalue().splitlines()
+    assert line == (
+        "sheetplane conformance: the gateway refused the token (HTTP 401 at"
+        f" {report.token_refused.id}); stopped before any further check"
+    )

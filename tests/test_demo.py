@@ -52,6 +52,36 @@ async def test_the_demo_runs_to_exit_0_on_an_embedded_postgres() -> None:
     for phase in ("admission", "page reads", "fn", "terminal writes", "retries", "receipt claims"):
         assert phase in phases, out
     assert "demo finished" in out
+    assert "docs/runner-guide.md, Glossary" in out
+    says_each_phase_and_prints_its_progress_in_order(out)
+
+
+def says_each_phase_and_prints_its_progress_in_order(out: str) -> None:
+    """The demo piped: rich drew every bar at the end, after all the text; now each
+    phase's one sentence comes first, then what it printed, then its progress line."""
+    lines = out.splitlines()
+
+    def at(prefix: str) -> int:
+        (index,) = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+        return index
+
+    order = [
+        at("Admission: the 500 input rows enter the sheet as one attempt"),
+        at("admission "),
+        at("Map, attempt 1: "),
+        at("attempt 1 fenced on the direct road"),
+        at("map (attempt 1) "),
+        at("Map, the retry: "),
+        at("map (rerun) "),
+        at("Receipts: a map of 200 rows is stopped half way"),
+        at("receipts "),
+        at("Read-back: "),
+        at("read-back (direct) "),
+        at("read-back (gateway) "),
+        at("demo finished"),
+    ]
+    assert order == sorted(order), "\n".join(lines)
+    assert lines[at("admission ")].split()[1] == "500/500"
 
 
 async def test_bad_row_counts_are_refused_by_the_parser() -> None:

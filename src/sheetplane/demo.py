@@ -277,12 +277,16 @@ async def demo(database_url: str, rows: int, console: Console) -> DemoReport:
             open_runtime(strategy="direct", **common) as direct,
             open_runtime(strategy="gateway_only", **common) as via_gateway,
         ):
-            progress = Progress(
-                TextColumn("{task.description:<24}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
+            progress = (
+                Progress(
+                    TextColumn("{task.description:<24}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=console,
+                )
+                if console.is_terminal
+                else PipedProgress(console)
             )
             with progress:
                 await _run_phases(direct, via_gateway, inputs, report, progress, console)
@@ -290,7 +294,71 @@ async def demo(database_url: str, rows: int, console: Console) -> DemoReport:
     return report
 
 
-def _advancer(progress: Progress, task: TaskID) -> Callable[[int], None]:
+class PipedProgress:
+    """The demo's progress when its output is not a terminal: one line per phase, printed
+    as the phase ends. rich draws its bars only when a piped ``Progress`` stops, after
+    every line printed meanwhile, so a log read the phases out of order.
+
+    The same calls as ``rich.progress.Progress`` (those the demo makes); a phase ends
+    when it is stopped, when the next one is added, or when the block exits.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._tasks: list[_PipedTask] = []
+
+    def __enter__(self) -> PipedProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end_phases()
+
+    def end_phases(self) -> None:
+        """Every phase added so far has ended: print the lines not yet printed."""
+        for index in range(len(self._tasks)):
+            self.stop_task(TaskID(index))
+
+    def add_task(self, description: str, total: int) -> TaskID:
+        self.end_phases()
+        self._tasks.append(_PipedTask(description, total, time.perf_counter()))
+        return TaskID(len(self._tasks) - 1)
+
+    def update(self, task: TaskID, *, completed: int) -> None:
+        self._tasks[task].completed = completed
+
+    def advance(self, task: TaskID, n: int) -> None:
+        self._tasks[task].completed += n
+
+    def stop_task(self, task: TaskID) -> None:
+        phase = self._tasks[task]
+        if not phase.done:
+            phase.done = True
+            seconds = time.perf_counter() - phase.started
+            self.console.print(
+                f"{phase.description:<24} {phase.completed:,}/{phase.total:,}  {seconds:.1f} s",
+                markup=False,
+                highlight=False,
+            )
+
+
+@attrs.define
+class _PipedTask:
+    description: str
+    total: int
+    started: float
+    completed: int = 0
+    done: bool = False
+
+
+def _say(progress: Progress | PipedProgress, sentence: str) -> None:
+    """A phase's one plain sentence, before it starts (its words: docs/runner-guide.md,
+    Glossary)."""
+    if isinstance(progress, PipedProgress):
+        progress.end_phases()
+    progress.console.print(f"[bold]{sentence}[/]", soft_wrap=True)
+
+
+def _advancer(progress: Progress | PipedProgress, task: TaskID) -> Callable[[int], None]:
     def advance(n: int) -> None:
         progress.advance(task, n)
 
@@ -302,13 +370,18 @@ async def _run_phases(
     via_gateway: Runtime,
     inputs: list[dict[str, Any]],
     report: DemoReport,
-    progress: Progress,
+    progress: Progress | PipedProgress,
     console: Console,
 ) -> None:
     rows = len(inputs)
     clock = time.perf_counter
 
     # 1. Admission (staged in chunks through the gateway, committed whole).
+    _say(
+        progress,
+        f"Admission: the {rows:,} input rows enter the sheet as one attempt, sent through"
+        " the gateway in chunks and committed whole.",
+    )
     task = progress.add_task("admission", total=rows)
     t0 = clock()
     attempt1 = via_gateway.writer(NAMESPACE, CONTRACT)
@@ -321,6 +394,11 @@ async def _run_phases(
     # 2. Attempt 1 maps on the direct road; a retry supersedes it mid-map.
     size = max(1, min(MAP_BATCH_ROWS, rows // 20))
     report.batch_rows = size
+    _say(
+        progress,
+        "Map, attempt 1: an enrichment runs over the rows on the direct road until a retry"
+        " of the same input, admitted part way through, supersedes it.",
+    )
     task = progress.add_task("map (attempt 1)", total=rows)
     retry: list[int] = []
     t0 = clock()
@@ -377,6 +455,11 @@ async def _run_phases(
 
     # 3. A rerun on the gateway road maps what is still pending.
     t0 = clock()
+    _say(
+        progress,
+        "Map, the retry: the rows not yet enriched are mapped through the gateway;"
+        " enriched rows are kept.",
+    )
     task = progress.add_task("map (rerun)", total=rows)
     rerun = await via_gateway.map(
         NAMESPACE,
@@ -397,6 +480,11 @@ async def _run_phases(
     calls = inputs[:RECEIPT_ROWS]
     report.receipt_rows = len(calls)
     first = Provider()
+    _say(
+        progress,
+        f"Receipts: a map of {len(calls)} rows is stopped half way, as a crashing worker"
+        " would be, and its rerun takes each finished provider call from its receipt.",
+    )
     task = progress.add_task("receipts", total=len(calls))
     with trio.CancelScope() as crash:
 
@@ -443,6 +531,11 @@ async def _run_phases(
 
     # 4. Read-back through the lazy dataset on both roads.
     digests = {}
+    _say(
+        progress,
+        "Read-back: the sheet is read through the lazy dataset on each road, and every"
+        " row is checked against its input.",
+    )
     for road, rt in (("direct", direct), ("gateway", via_gateway)):
         task = progress.add_task(f"read-back ({road})", total=rows)
         t0 = clock()
@@ -626,6 +719,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if spans is not None:
         console.print(phase_table(summarize(spans.get_finished_spans())))
     console.print("[green]demo finished: every row admitted, mapped, fenced and read back[/]")
+    console.print("The words used here (road, fenced, keyset page read, minted...) are explained")
+    console.print("in docs/runner-guide.md, Glossary.")
     return 0
 
 

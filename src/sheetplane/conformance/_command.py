@@ -79,6 +79,13 @@ def run_command(args: argparse.Namespace) -> int:
         namespace_prefix=args.namespace_prefix,
     )
     report = run(options, on_result=lambda result: print(result_line(result), flush=True))
+    if report.token_refused is not None:
+        print(
+            f"sheetplane conformance: the gateway refused the token (HTTP 401 at"
+            f" {report.token_refused.id}); stopped before any further check",
+            file=sys.stderr,
+        )
+        return 2
     print(summary_line(report))
     if args.junit is not None:
         write_junit(report, args.junit)

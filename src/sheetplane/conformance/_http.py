@@ -88,6 +88,8 @@ class Wire:
     play_name: str
     client: httpx.Client = attrs.field(repr=False)
     exchanges: list[Exchange] = attrs.field(factory=list, repr=False)
+    token_refused: bool = False
+    """Whether the gateway answered 401 to a request that carried this wire's token."""
 
     def post(
         self,
@@ -115,6 +117,8 @@ class Wire:
             sent_headers["authorization"] = f"Bearer {bearer}"
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         response = self.client.post(RUNTIME_PATH, content=content, headers=sent_headers)
+        if response.status_code == 401 and bearer is not None and bearer == self.token:
+            self.token_refused = True
         return self._keep("POST", RUNTIME_PATH, body, response)
 
     def get(self, path: str) -> Exchange:

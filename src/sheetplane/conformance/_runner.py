@@ -70,11 +70,14 @@ class Report:
     prefix: str
     seed: int
     seconds: float
+    token_refused: Requirement | None = None
+    """The check at which the gateway refused the token (401): the run stopped there,
+    and that check's result is not in ``results``."""
 
     @property
     def passed(self) -> bool:
-        """True when no requirement failed (skips do not fail a run)."""
-        return all(r.status != "FAIL" for r in self.results)
+        """True when no requirement failed (skips do not fail a run) and the token was taken."""
+        return self.token_refused is None and all(r.status != "FAIL" for r in self.results)
 
     def status_of(self, requirement_id: str) -> Status:
         """The verdict of one requirement (``KeyError`` if it was not run)."""
@@ -121,14 +124,17 @@ def _verdict(requirement: Requirement, ctx: Context, options: Options) -> tuple[
 
 
 def run(options: Options, on_result: Callable[[Result], None] | None = None) -> Report:
-    """Check every requirement of ``options.profile`` (or ``options.only``) in order."""
+    """Check every requirement of ``options.profile`` (or ``options.only``) in order.
+
+    A check whose request with the token is answered 401 ends the run there: every
+    further check would fail the same way (``Report.token_refused``)."""
     prefix = options.namespace_prefix or default_prefix()
     seed = options.seed if options.seed is not None else secrets.randbelow(2**32)
     requirements = [
         r for r in selected(options.profile) if options.only is None or r.id in options.only
     ]
     start = time.monotonic()
-    results = []
+    results: list[Result] = []
     with _client(options) as client:
         wire = Wire(options.base_url, options.token, prefix, client)
         wire_b = (
@@ -151,6 +157,15 @@ def run(options: Options, on_result: Callable[[Result], None] | None = None) -> 
         for requirement in requirements:
             began = time.monotonic()
             status, detail = _verdict(requirement, ctx, options)
+            if status == "FAIL" and wire.token_refused:
+                return Report(
+                    tuple(results),
+                    options.profile,
+                    prefix,
+                    seed,
+                    time.monotonic() - start,
+                    token_refused=requirement,
+                )
             result = Result(requirement, status, detail, time.monotonic() - began)
             results.append(result)
             if on_result is not None:
