@@ -52,7 +52,8 @@ async def test_normtest_normtest_and_padded_normtest_are_one_sheet(
         padded = rt.dataset(" NormTest ")
         assert await padded.count() == 5
         assert [row["_key"] for row in await padded.materialize()] == [f"k{i}" for i in range(5)]
-    assert (first.inserted, again.inserted, again.skipped) == (3, 2, 0)
+    # The three admitted first are open again, not inserted: skipped (the seed's count).
+    assert (first.inserted, again.inserted, again.skipped) == (3, 2, 3)
     assert again.write_version == first.write_version + 1
     # The same sheet from another runtime that spells the play otherwise.
     async with runtime(gateway, strategy, play=f"  PLAY-{tag.upper()}") as rt:

@@ -19,10 +19,18 @@ from psycopg import sql
 from _seed_sql import SeedSession
 from _session_helpers import aad_of, run_sql
 from sheetplane import crypto, derive_row_identity
-from sheetplane._types import ContractColumn, SheetContract, SheetRef, Summary
+from sheetplane._types import (
+    CompleteRow,
+    ContractColumn,
+    FailRow,
+    SheetContract,
+    SheetRef,
+    Summary,
+)
 from sheetplane.crypto import PUBLIC_KEY_ENVELOPE_ALG
 from sheetplane.errors import EnvelopeDecryptionError
 from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gateway
+from sheetplane.protocol import prepare_chunk
 from sheetplane.store import SheetStore, open_store, sheet_names
 from sheetplane.store._seedlayout import OWNER_ROLE_PREFIX, SEED_EVENT_COLUMNS
 
@@ -358,3 +366,58 @@ async def test_a_sheet_made_before_the_seed_layout_migrates_on_its_next_ensure_s
         assert (total, queued, play, namespace) == (3, 3, sheet.play_name, sheet.table_namespace)
         assert owner.startswith(OWNER_ROLE_PREFIX) and logged == 0
         assert await fresh.summary(sheet) == Summary(3, 3, 0, 0, 0)
+
+
+COUNT_CONTRACT = SheetContract(
+    (ContractColumn("email", "email", "input"), ContractColumn("score", "score", "output"))
+)
+
+
+async def admitted_counts(
+    store: SheetStore, sheet: SheetRef, rows: list[dict[str, Any]], path: str
+) -> tuple[int, int]:
+    """(inserted, skipped) of one admission of ``rows``, whole or staged."""
+    if path == "whole":
+        admission = await store.start_dataset(sheet, rows, "run-2", COUNT_CONTRACT)
+        return admission.inserted, admission.skipped
+    admission_id = uuid.uuid4().hex
+    await store.begin_admission(sheet, COUNT_CONTRACT, admission_id, "run-2")
+    assert await store.stage_chunk(sheet, admission_id, 0, 0, prepare_chunk(rows, 0))
+    counts = await store.commit_admission(
+        sheet, COUNT_CONTRACT, admission_id, "run-2", chunks=1, rows=len(rows)
+    )
+    return counts.inserted, counts.skipped
+
+
+@pytest.mark.parametrize("path", ["whole", "staged"])
+async def test_an_admission_counts_inserted_and_skipped_as_the_seed_does(
+    store: SheetStore, sheet: SheetRef, path: str
+) -> None:
+    """inserted = new rows and revived (stale) ones; skipped = input rows - inserted:
+    the duplicates, the enriched rows and the open rows admitted again as they are."""
+    first = [{"_key": k, "email": f"{k}@x"} for k in ("p", "r", "f", "e", "s")]
+    admission = await store.start_dataset(sheet, first, "run-1", COUNT_CONTRACT)
+    version = admission.write_version
+    await store.complete_map_rows(
+        sheet,
+        COUNT_CONTRACT,
+        [CompleteRow("e", {"score": 1})],
+        run_id="run-1",
+        write_version=version,
+    )
+    await store.fail_map_rows(
+        sheet, COUNT_CONTRACT, [FailRow("f", "boom")], run_id="run-1", write_version=version
+    )
+    names = sheet_names(sheet)
+    await store.pool.run(
+        lambda c: c.execute(
+            sql.SQL(
+                "UPDATE {} SET _status = CASE _key WHEN 's' THEN 'stale' ELSE 'running' END"
+                " WHERE _key IN ('s', 'r')"
+            ).format(names.ident("sheet_table"))
+        )
+    )
+    # p pending, r running, f failed, e enriched, s stale; n new, n and p repeated.
+    again = [{"_key": k, "email": f"{k}@x"} for k in ("p", "r", "f", "e", "s", "n", "n", "p")]
+    # The seed: inserted = n + s; skipped = 8 - 2 (p, r, f again; e; the repeats).
+    assert await admitted_counts(store, sheet, again, path) == (2, 6)

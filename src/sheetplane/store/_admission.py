@@ -32,10 +32,12 @@ What happens, in order:
    triggers move the counters with the rows, ``_counters``), and the sheet's
    counter log is compacted while the exclusive writer lock is held.
    Cancellation rolls everything back.
-4. Return the inserted and skipped counts (skipped = duplicates + enriched
-   rows), the rows to map (``pending_rows``) and the already-enriched rows
-   merged with their stored outputs (``completed_rows``), both in input order,
-   each carrying ``_key``.
+4. Return the inserted and skipped counts as the seed's admission counts
+   them (inserted = new rows and revived ``stale`` ones; skipped = input rows
+   - inserted: duplicates, enriched rows and re-admitted open rows), the
+   rows to map (``pending_rows``) and the already-enriched rows merged with
+   their stored outputs (``completed_rows``), both in input order, each
+   carrying ``_key``.
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ class _Writer:
     version: int
     inserted: int = 0
     readmitted: int = 0
+    revived: int = 0
+    """Of the re-admitted rows, those that were ``stale`` (the seed's admission
+    revives them and counts them inserted)."""
 
     def admit_into_empty(
         self, kept: Iterable[tuple[str, Mapping[str, Any]]]
@@ -214,6 +219,7 @@ class _Writer:
             self.insert((e.key, e.index, e.row) for e in new)
         if again:
             self.readmit(again)
+            self.revived += sum(1 for e in again if existing[e.key][0] == "stale")
         if kept:
             # Enriched rows keep their version and outputs; they follow the new
             # input order and are stamped as this admission's completed rows.
@@ -350,10 +356,13 @@ async def start_dataset(
             run_id=run_id,
             write_version=writer.version,
         )
+        # As the seed counts them: new and revived (stale) rows are inserted, every
+        # other input row is skipped (duplicates, enriched rows, and open rows
+        # re-admitted as they are).
+        inserted = writer.inserted + writer.revived
         admission = InlineAdmission(
-            inserted=writer.inserted,
-            # Duplicates and enriched rows: every input row that is not pending.
-            skipped=len(rows) - len(pending_rows),
+            inserted=inserted,
+            skipped=len(rows) - inserted,
             pending_rows=tuple(pending_rows),
             completed_rows=tuple(completed_rows),
             write_version=writer.version,

@@ -769,10 +769,13 @@ async def commit_admission(
             write_version=version,
         )
         pending = tally.inserted + readmitted
+        # The seed's counts: new and revived (stale) rows are inserted, every other
+        # input row skipped (as the whole admission, ``_admission``).
+        inserted = tally.inserted + tally.by_old_status["stale"]
         counts = AdmissionCounts(
             write_version=version,
-            inserted=tally.inserted,
-            skipped=rows - pending,
+            inserted=inserted,
+            skipped=rows - inserted,
             pending_count=pending,
             completed_count=tally.by_old_status["enriched"],
             table_namespace=table_namespace,
