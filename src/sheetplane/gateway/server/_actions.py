@@ -1,5 +1,10 @@
-"""One handler per runtime data-plane action: validate the camelCase request, call
-the store, answer the camelCase shape docs/protocol.md gives.
+"""The runtime data-plane actions, dispatched from the one exchange table.
+
+Every action is the same three steps: decode the request (its class from
+``protocol.EXCHANGES``), call the store, encode the answer (the camelCase
+shape docs/protocol.md gives). :data:`STORE_CALLS` holds the last two for
+every action that is only that; :data:`OWN_BEHAVIOUR` the few whose steps
+differ, each with a line that says why.
 
 A handler raises :class:`ActionError` (or ``InvalidInputError``) for a bad
 request; the app turns every error into a JSON body without a stack trace.
@@ -127,18 +132,9 @@ def _page_body(page: JsonPage) -> bytes:
 # --- sheet actions -------------------------------------------------------------------------
 
 
-async def ensure_sheet(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, sheetContract?, userEmail?}`` → ``{ok: true}``."""
-    request = _read(call, m.EnsureSheetRequest)
-    sheet = _sheet(call, request.play_name, request.table_namespace)
-    await call.state.store.ensure_sheet(sheet, m.contract_of(request.sheet_contract))
-    return m.unstructure(m.OkAnswer())
-
-
-async def start_sheet_dataset(call: Call) -> dict[str, Any]:
+async def start_sheet_dataset(call: Call, request: m.StartSheetDatasetRequest) -> dict[str, Any]:
     """Admission: ``{tableNamespace, sheetContract, rows, runId}`` →
     ``{inserted, skipped, pendingRows, completedRows, tableNamespace, writeVersion}``."""
-    request = _read(call, m.StartSheetDatasetRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
     contract = m.contract_of(request.sheet_contract)
     store = call.state.store
@@ -172,126 +168,10 @@ def _fits_one_answer(answer: dict[str, Any]) -> None:
         raise AdmissionTooLargeError(measured.bytes)
 
 
-async def runtime_sheet_complete_map_rows(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, sheetContract, runId, writeVersion?, rows: [{key, data,
-    cellMetaPatch?}]}`` → ``{committedKeys, staleKeys, staleRows, updated}``."""
-    request = _read(call, m.CompleteMapRowsRequest)
-    sheet = _sheet(call, request.play_name, request.table_namespace)
-    rows = m.complete_rows_of(request.rows)
-    result = await call.state.store.complete_map_rows(
-        sheet,
-        m.contract_of(request.sheet_contract),
-        rows,
-        run_id=request.run_id,
-        write_version=request.write_version,
-    )
-    return m.terminal_write_answer(result, legacy=call.state.config.legacy)
-
-
-async def runtime_sheet_fail_map_rows(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, sheetContract, runId, writeVersion?, rows: [{key, error,
-    data?}]}`` → the same shape as complete."""
-    request = _read(call, m.FailMapRowsRequest)
-    sheet = _sheet(call, request.play_name, request.table_namespace)
-    rows = m.fail_rows_of(request.rows)
-    result = await call.state.store.fail_map_rows(
-        sheet,
-        m.contract_of(request.sheet_contract),
-        rows,
-        run_id=request.run_id,
-        write_version=request.write_version,
-    )
-    return m.terminal_write_answer(result, legacy=call.state.config.legacy)
-
-
-async def runtime_sheet_summary(call: Call) -> dict[str, Any]:
-    """``{tableNamespace}`` → ``{total, queued, running, completed, failed}``."""
-    request = _read(call, m.SummaryRequest)
-    summary = await call.state.store.summary(
-        _sheet(call, request.play_name, request.table_namespace)
-    )
-    return m.summary_answer(summary)
-
-
-async def complete_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, result, runId, runAttempt?, holder?, leaseToken?}`` →
-    ``{receipt: {key, result, runId, completedAt}, completionDisposition}``.
-
-    While a live lease owns the key, only its holder with its lease token
-    completes; anyone else is refused 409 ``work_receipt_fenced`` and nothing
-    is written.
-    """
-    request = _read(call, m.CompleteWorkReceiptRequest)
-    completion = await call.state.store.complete_work_receipt(
-        call.org_id,
-        request.play_name,
-        request.key,
-        request.result,
-        request.run_id,
-        run_attempt=request.run_attempt,
-        holder=request.holder,
-        lease_token=request.lease_token,
-    )
-    return m.receipt_answer(completion)
-
-
-async def claim_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, holder, leaseToken?}`` → ``{acquired, holder, expiresAt, receipt?, leaseToken?}``.
-
-    Takes (or renews, for the same holder with its lease token) the key's lease
-    for ``WORK_RECEIPT_LEASE_TTL_MS`` on the database's clock; acquired, the
-    answer carries the lease token, to this caller only. Not acquired while
-    another live lease holds the key (``holder``/``expiresAt`` name it, never
-    its token) or once the work is completed (``receipt`` is the completed
-    receipt; ``holder`` and ``expiresAt`` are null).
-    """
-    request = _read(call, m.ClaimWorkReceiptRequest)
-    claim = await call.state.store.claim_work_receipt(
-        call.org_id,
-        request.play_name,
-        request.key,
-        request.holder,
-        lease_token=request.lease_token,
-    )
-    return m.claim_answer(claim)
-
-
-async def release_work_receipt(call: Call) -> dict[str, Any]:
-    """``{key, holder, leaseToken}`` → ``{released}``: gives up ``holder``'s lease so
-    another holder need not wait for it to expire (false when ``holder`` held none
-    with that token)."""
-    request = _read(call, m.ReleaseWorkReceiptRequest)
-    released = await call.state.store.release_work_receipt(
-        call.org_id, request.play_name, request.key, request.holder, request.lease_token
-    )
-    return m.unstructure(m.ReleaseAnswer(released=released))
-
-
-# --- plays ---------------------------------------------------------------------------
-
-
-async def resolve_play(call: Call) -> dict[str, Any]:
-    """``{playRef}`` → ``{play: {playId, sourceCode, artifact, codeFormat,
-    contractSnapshot} | null}``: the token's org's play whose id, else whose
-    name, is ``playRef``. Another org's play is never found."""
-    request = _read(call, m.ResolvePlayRequest)
-    play = await call.state.store.resolve_play(call.org_id, request.play_ref)
-    return m.resolved_play_answer(play)
-
-
-async def register_play(call: Call) -> dict[str, Any]:
-    """``{play: {playId, name?, sourceCode?, artifact?, codeFormat?, contractSnapshot?}}``
-    → ``{playId}``: registers (or replaces) a play of the token's org."""
-    request = _read(call, m.RegisterPlayRequest)
-    definition = play_of(request.play, call.org_id)
-    await call.state.store.register_play(call.org_id, definition.play, name=definition.name)
-    return m.unstructure(m.RegisterPlayAnswer(play_id=definition.play.play_id))
-
-
 # --- reads -----------------------------------------------------------------------------
 
 
-async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
+async def runtime_sheet_read_rows(call: Call, message: m.ReadRowsRequest) -> EncodedAnswer:
     """``{input: {tableNamespace, runId?, rowMode?, limit, offset, after?}}`` →
     ``{rows, limit, offset}``.
 
@@ -299,7 +179,6 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     is read by keyset instead of offset and the answer adds ``nextAfter``
     (null once the sheet has no more rows); a legacy gateway ignores ``after``.
     """
-    message = _read(call, m.ReadRowsRequest)
     spec = message.input
     sheet = _sheet(call, message.play_name, spec.table_namespace)
     pages = m.page_batch_of([spec])
@@ -318,30 +197,6 @@ async def runtime_sheet_read_rows(call: Call) -> EncodedAnswer:
     rows, next_cursor = await store.read_rows_after_json(sheet, cursor, request, which=which)
     next_after = m.row_cursor_wire(next_cursor)
     return EncodedAnswer(m.page_body(rows, request.limit, request.offset, next_after=next_after))
-
-
-async def runtime_sheet_read_rows_batch(call: Call) -> EncodedAnswer:
-    """``{input: {tableNamespace, runId?, rowMode?, pages: [{limit, offset}]}}`` →
-    ``{pages: [{rows, limit, offset}]}``, positional; 413 over the response budget."""
-    message = _read(call, m.ReadRowsBatchRequest)
-    spec = message.input
-    sheet = _sheet(call, message.play_name, spec.table_namespace)
-    pages = await call.state.store.read_rows_batch_json(
-        sheet, m.page_batch_of(spec.pages), which=m.row_filter_of(spec)
-    )
-    # The envelope the store's budget counted around the pages (protocol/_splice.py).
-    return EncodedAnswer(m.pages_body(_page_body(page) for page in pages))
-
-
-async def runtime_sheet_read_row_keys(call: Call) -> dict[str, Any]:
-    """``{input: {tableNamespace, runId?, limit, offset}}`` → ``{keys, limit, offset}``."""
-    message = _read(call, m.ReadRowKeysRequest)
-    spec = message.input
-    sheet = _sheet(call, message.play_name, spec.table_namespace)
-    (request,) = m.page_batch_of([spec])
-    keys = await call.state.store.read_row_keys(sheet, request, which=m.row_filter_of(spec))
-    answer = m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
-    return m.unstructure(answer)
 
 
 # --- scoped sessions -------------------------------------------------------------------------
@@ -432,13 +287,12 @@ async def _mint(
     return _Minted(answer, url, aad)
 
 
-async def create_db_session(call: Call) -> dict[str, Any]:
+async def create_db_session(call: Call, request: m.CreateDbSessionRequest) -> dict[str, Any]:
     """Mint a scoped Postgres role and answer its URL encrypted to the caller's key.
 
     ``{target: {tableNamespace, logicalTable}, operations, limits?, sheetContract?,
     ttlSeconds?, userEmail?, postgresUrlEncryption?: {alg, publicKeyJwk}}``.
     """
-    request = _read(call, m.CreateDbSessionRequest)
     target = request.target
     sheet = _sheet(call, request.play_name, target.table_namespace)
     logical_table = target.logical_table
@@ -532,26 +386,9 @@ async def mint_preloaded_session(
 # --- staged admission ---------------------------------------------------------------
 
 
-async def begin_sheet_admission(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, sheetContract, admissionId, runId, userEmail?}`` →
-    ``{admissionId, chunkRows, chunkBytes}``: registers a staged admission
-    (idempotent), after expiring the sheet's abandoned ones."""
-    request = _read(call, m.BeginAdmissionRequest)
-    sheet = _sheet(call, request.play_name, request.table_namespace)
-    contract = m.contract_of(request.sheet_contract)
-    await call.state.store.begin_admission(
-        sheet, contract, request.admission_id, request.run_id, token_id=call.token_id
-    )
-    return m.unstructure(
-        m.BeginAdmissionAnswer(
-            admission_id=request.admission_id,
-            chunk_rows=ADMISSION_CHUNK_ROWS,
-            chunk_bytes=ADMISSION_CHUNK_BYTES,
-        )
-    )
-
-
-async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
+async def stage_sheet_admission_chunk(
+    call: Call, request: m.StageAdmissionChunkRequest
+) -> dict[str, Any]:
     """``{tableNamespace, sheetContract, admissionId, seq, firstPosition, keys?, rows}`` →
     ``{admissionId, seq, staged}``.
 
@@ -562,7 +399,6 @@ async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
     are dropped). A chunk staged before answers ``staged: false`` and writes
     nothing.
     """
-    request = _read(call, m.StageAdmissionChunkRequest)
     sheet = _sheet(call, request.play_name, request.table_namespace)
     store = call.state.store
 
@@ -600,124 +436,227 @@ async def stage_sheet_admission_chunk(call: Call) -> dict[str, Any]:
 _REFUSED_AS_SENT: Final = (psycopg.errors.DataError, psycopg.errors.CheckViolation)
 
 
-async def commit_sheet_admission(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, sheetContract, admissionId, runId, chunks, rows}`` →
-    ``{admissionId, writeVersion, inserted, skipped, pendingCount, completedCount,
-    tableNamespace}``; a commit made before answers the same counts."""
-    request = _read(call, m.CommitAdmissionRequest)
-    sheet = _sheet(call, request.play_name, request.table_namespace)
-    counts = await call.state.store.commit_admission(
-        sheet,
-        m.contract_of(request.sheet_contract),
-        request.admission_id,
-        request.run_id,
-        chunks=request.chunks,
-        rows=request.rows,
-    )
+# --- the exchange table ---------------------------------------------------------------
+
+#: A store call: the decoded request, and what the store answers.
+StoreCall = Callable[[Call, Any], Awaitable[Any]]
+#: An answer: the request, the store's result, and the body it is encoded to.
+Encode = Callable[[Call, Any, Any], Any]
+
+
+def _at(call: Call, request: Any) -> SheetRef:
+    """The sheet a request names: the caller's org, its play and namespace."""
+    return _sheet(call, request.play_name, request.table_namespace)
+
+
+def _store(call: Call) -> SheetStore:
+    return call.state.store
+
+
+def _terminal(call: Call, _: Any, result: Any) -> dict[str, Any]:
+    return m.terminal_write_answer(result, legacy=call.state.config.legacy)
+
+
+def _counts(_: Call, request: m.CommitAdmissionRequest, counts: Any) -> dict[str, Any]:
     counts = attrs.evolve(counts, table_namespace=request.table_namespace)  # as spelled
+    answer = m.CommitAdmissionAnswer(admission_id=request.admission_id, **attrs.asdict(counts))
+    return m.unstructure(answer)
+
+
+async def _register_play(call: Call, request: m.RegisterPlayRequest) -> str:
+    definition = play_of(request.play, call.org_id)
+    await _store(call).register_play(call.org_id, definition.play, name=definition.name)
+    return definition.play.play_id
+
+
+async def _read_row_keys(call: Call, message: m.ReadRowKeysRequest) -> dict[str, Any]:
+    spec = message.input
+    (request,) = m.page_batch_of([spec])
+    sheet = _sheet(call, message.play_name, spec.table_namespace)
+    keys = await _store(call).read_row_keys(sheet, request, which=m.row_filter_of(spec))
     return m.unstructure(
-        m.CommitAdmissionAnswer(admission_id=request.admission_id, **attrs.asdict(counts))
+        m.ReadRowKeysAnswer(keys=list(keys), limit=request.limit, offset=request.offset)
     )
 
 
-async def abort_sheet_admission(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, admissionId}`` → ``{aborted}``: drops an open admission's
-    staging rows (False when it was not open)."""
-    request = _read(call, m.AbortAdmissionRequest)
-    sheet = _sheet(call, request.play_name, request.table_namespace)
-    aborted = await call.state.store.abort_admission(sheet, request.admission_id)
-    return m.unstructure(m.AbortAdmissionAnswer(aborted=aborted))
-
-
-# --- shares of an attempt (store/_shares.py) ------------------------------------------
-
-
-async def claim_sheet_share(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, writeVersion, holder, leaseToken, ttlMs, maxRows}`` →
-    ``{outcome, share?, firstIndex?, lastIndex?, takenOver, live, retryAfterMs?}``: a
-    share of the attempt's pending rows under a lease of ``ttlMs`` on the database's
-    clock; ``none`` when every share is held or done, ``superseded`` once a newer
-    admission owns the rows. 400 when the sheet has no admission at ``writeVersion``."""
-    request = _read(call, m.ClaimShareRequest)
-    claim = await call.state.store.claim_share(
-        _sheet(call, request.play_name, request.table_namespace),
-        request.write_version,
-        request.holder,
-        request.lease_token,
-        ttl_ms=request.ttl_ms,
-        max_rows=request.max_rows,
-    )
-    return m.share_claim_answer(claim)
-
-
-async def renew_sheet_share(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, writeVersion, share, leaseToken, ttlMs}`` → ``{outcome}``:
-    ``renewed``, ``lost`` (not this token's share any more) or ``superseded``."""
-    request = _read(call, m.RenewShareRequest)
-    renewal = await call.state.store.renew_share(
-        _sheet(call, request.play_name, request.table_namespace),
-        request.write_version,
-        request.share,
-        request.lease_token,
-        ttl_ms=request.ttl_ms,
-    )
-    return m.share_lease_answer(renewal)
-
-
-async def release_sheet_share(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, writeVersion, share, leaseToken, finished}`` → ``{outcome}``:
-    ``released`` (done when ``finished`` and none of its rows is left unsettled,
-    otherwise free for another claim at once) or ``lost``."""
-    request = _read(call, m.ReleaseShareRequest)
-    released = await call.state.store.release_share(
-        _sheet(call, request.play_name, request.table_namespace),
-        request.write_version,
-        request.share,
-        request.lease_token,
-        finished=request.finished,
-    )
-    return m.share_lease_answer(released)
-
-
-async def sheet_attempt_status(call: Call) -> dict[str, Any]:
-    """``{tableNamespace, writeVersion}`` → ``{pending, claimed, enriched, failed,
-    workers, superseded}``."""
-    request = _read(call, m.AttemptStatusRequest)
-    status = await call.state.store.attempt_status(
-        _sheet(call, request.play_name, request.table_namespace), request.write_version
-    )
-    return m.attempt_status_answer(status)
-
-
-#: Every action this gateway answers, by name (each request class names its action).
-HANDLERS: Final[Mapping[str, Handler]] = {
-    m.action_of(request): handler
-    for request, handler in (
-        (m.EnsureSheetRequest, ensure_sheet),
-        (m.StartSheetDatasetRequest, start_sheet_dataset),
-        (m.CreateDbSessionRequest, create_db_session),
-        (m.ReadRowsRequest, runtime_sheet_read_rows),
-        (m.ReadRowsBatchRequest, runtime_sheet_read_rows_batch),
-        (m.ReadRowKeysRequest, runtime_sheet_read_row_keys),
-        (m.CompleteMapRowsRequest, runtime_sheet_complete_map_rows),
-        (m.FailMapRowsRequest, runtime_sheet_fail_map_rows),
-        (m.CompleteWorkReceiptRequest, complete_work_receipt),
-        (m.ClaimWorkReceiptRequest, claim_work_receipt),
-        (m.ReleaseWorkReceiptRequest, release_work_receipt),
-        (m.ResolvePlayRequest, resolve_play),
-        (m.RegisterPlayRequest, register_play),
-        (m.SummaryRequest, runtime_sheet_summary),
-        (m.BeginAdmissionRequest, begin_sheet_admission),
-        (m.StageAdmissionChunkRequest, stage_sheet_admission_chunk),
-        (m.CommitAdmissionRequest, commit_sheet_admission),
-        (m.AbortAdmissionRequest, abort_sheet_admission),
-        (m.ClaimShareRequest, claim_sheet_share),
-        (m.RenewShareRequest, renew_sheet_share),
-        (m.ReleaseShareRequest, release_sheet_share),
-        (m.AttemptStatusRequest, sheet_attempt_status),
-    )
+#: Every action that is only decode, call the store, encode: its request class, the
+#: store call, and the answer (docs/protocol.md gives each shape).
+STORE_CALLS: Final[Mapping[type[m.Request], tuple[StoreCall, Encode]]] = {
+    m.EnsureSheetRequest: (
+        lambda c, r: _store(c).ensure_sheet(_at(c, r), m.contract_of(r.sheet_contract)),
+        lambda c, r, _: m.unstructure(m.OkAnswer()),
+    ),
+    m.SummaryRequest: (
+        lambda c, r: _store(c).summary(_at(c, r)),
+        lambda c, r, summary: m.summary_answer(summary),
+    ),
+    m.CompleteMapRowsRequest: (
+        lambda c, r: _store(c).complete_map_rows(
+            _at(c, r),
+            m.contract_of(r.sheet_contract),
+            m.complete_rows_of(r.rows),
+            run_id=r.run_id,
+            write_version=r.write_version,
+        ),
+        _terminal,
+    ),
+    m.FailMapRowsRequest: (
+        lambda c, r: _store(c).fail_map_rows(
+            _at(c, r),
+            m.contract_of(r.sheet_contract),
+            m.fail_rows_of(r.rows),
+            run_id=r.run_id,
+            write_version=r.write_version,
+        ),
+        _terminal,
+    ),
+    m.ReadRowsBatchRequest: (
+        lambda c, r: _store(c).read_rows_batch_json(
+            _sheet(c, r.play_name, r.input.table_namespace),
+            m.page_batch_of(r.input.pages),
+            which=m.row_filter_of(r.input),
+        ),
+        # The envelope the store's budget counted around the pages (protocol/_splice.py).
+        lambda c, r, pages: EncodedAnswer(m.pages_body(_page_body(page) for page in pages)),
+    ),
+    m.ReadRowKeysRequest: (_read_row_keys, lambda c, r, answer: answer),
+    # While a live lease owns the key, only its holder with its lease token completes;
+    # anyone else is refused 409 work_receipt_fenced and nothing is written.
+    m.CompleteWorkReceiptRequest: (
+        lambda c, r: _store(c).complete_work_receipt(
+            c.org_id,
+            r.play_name,
+            r.key,
+            r.result,
+            r.run_id,
+            run_attempt=r.run_attempt,
+            holder=r.holder,
+            lease_token=r.lease_token,
+        ),
+        lambda c, r, completion: m.receipt_answer(completion),
+    ),
+    # Takes (or renews, for its holder with its token) the key's lease on the database's
+    # clock; the token goes to this caller only, never to anyone the answer names.
+    m.ClaimWorkReceiptRequest: (
+        lambda c, r: _store(c).claim_work_receipt(
+            c.org_id, r.play_name, r.key, r.holder, lease_token=r.lease_token
+        ),
+        lambda c, r, claim: m.claim_answer(claim),
+    ),
+    m.ReleaseWorkReceiptRequest: (
+        lambda c, r: _store(c).release_work_receipt(
+            c.org_id, r.play_name, r.key, r.holder, r.lease_token
+        ),
+        lambda c, r, released: m.unstructure(m.ReleaseAnswer(released=released)),
+    ),
+    # The token's org's play whose id, else whose name, is playRef; never another org's.
+    m.ResolvePlayRequest: (
+        lambda c, r: _store(c).resolve_play(c.org_id, r.play_ref),
+        lambda c, r, play: m.resolved_play_answer(play),
+    ),
+    m.RegisterPlayRequest: (
+        _register_play,
+        lambda c, r, play_id: m.unstructure(m.RegisterPlayAnswer(play_id=play_id)),
+    ),
+    # Registers a staged admission (idempotent), after expiring the sheet's abandoned ones.
+    m.BeginAdmissionRequest: (
+        lambda c, r: _store(c).begin_admission(
+            _at(c, r),
+            m.contract_of(r.sheet_contract),
+            r.admission_id,
+            r.run_id,
+            token_id=c.token_id,
+        ),
+        lambda c, r, _: m.unstructure(
+            m.BeginAdmissionAnswer(
+                admission_id=r.admission_id,
+                chunk_rows=ADMISSION_CHUNK_ROWS,
+                chunk_bytes=ADMISSION_CHUNK_BYTES,
+            )
+        ),
+    ),
+    # A commit made before answers the same counts.
+    m.CommitAdmissionRequest: (
+        lambda c, r: _store(c).commit_admission(
+            _at(c, r),
+            m.contract_of(r.sheet_contract),
+            r.admission_id,
+            r.run_id,
+            chunks=r.chunks,
+            rows=r.rows,
+        ),
+        _counts,
+    ),
+    m.AbortAdmissionRequest: (
+        lambda c, r: _store(c).abort_admission(_at(c, r), r.admission_id),
+        lambda c, r, aborted: m.unstructure(m.AbortAdmissionAnswer(aborted=aborted)),
+    ),
+    # The shares of an attempt (store/_shares.py).
+    m.ClaimShareRequest: (
+        lambda c, r: _store(c).claim_share(
+            _at(c, r),
+            r.write_version,
+            r.holder,
+            r.lease_token,
+            ttl_ms=r.ttl_ms,
+            max_rows=r.max_rows,
+        ),
+        lambda c, r, claim: m.share_claim_answer(claim),
+    ),
+    m.RenewShareRequest: (
+        lambda c, r: _store(c).renew_share(
+            _at(c, r), r.write_version, r.share, r.lease_token, ttl_ms=r.ttl_ms
+        ),
+        lambda c, r, renewal: m.share_lease_answer(renewal),
+    ),
+    m.ReleaseShareRequest: (
+        lambda c, r: _store(c).release_share(
+            _at(c, r), r.write_version, r.share, r.lease_token, finished=r.finished
+        ),
+        lambda c, r, released: m.share_lease_answer(released),
+    ),
+    m.AttemptStatusRequest: (
+        lambda c, r: _store(c).attempt_status(_at(c, r), r.write_version),
+        lambda c, r, status: m.attempt_status_answer(status),
+    ),
 }
-assert set(HANDLERS) == set(m.ACTIONS), set(m.ACTIONS) ^ set(HANDLERS)
+
+#: The actions whose steps differ from decode, call the store, encode: each says why.
+OWN_BEHAVIOUR: Final[Mapping[type[m.Request], Callable[[Call, Any], Awaitable[Any]]]] = {
+    # Ensures the sheet first, and refuses before its commit an answer past the ceiling.
+    m.StartSheetDatasetRequest: start_sheet_dataset,
+    # A keyset page (``after``) or an offset page, by what the request and gateway allow.
+    m.ReadRowsRequest: runtime_sheet_read_rows,
+    # Mints a Postgres role and seals its URL to the caller's key: a session, not a store call.
+    m.CreateDbSessionRequest: create_db_session,
+    # Stages the chunk's bytes as they arrived, and aborts the admission on a bad row.
+    m.StageAdmissionChunkRequest: stage_sheet_admission_chunk,
+}
+
+
+def _handler(cls: type[m.Request]) -> Handler:
+    """The handler of ``cls``'s action: decode, then its row of the exchange table."""
+    own = OWN_BEHAVIOUR.get(cls)
+    if own is not None:
+
+        async def behave(call: Call) -> Any:
+            return await own(call, _read(call, cls))
+
+        return behave
+    store_call, encode = STORE_CALLS[cls]
+
+    async def exchange(call: Call) -> Any:
+        request = _read(call, cls)
+        return encode(call, request, await store_call(call, request))
+
+    return exchange
+
+
+#: Every action this gateway answers, by name, from the exchange table.
+HANDLERS: Final[Mapping[str, Handler]] = {
+    m.action_of(request): _handler(request) for request, _answer in m.EXCHANGES
+}
+assert not set(STORE_CALLS) & set(OWN_BEHAVIOUR)
 
 #: Actions a legacy gateway (``legacy=True``) does not know.
 LEGACY_UNSUPPORTED: Final = frozenset({m.action_of(m.ReadRowsBatchRequest)})
