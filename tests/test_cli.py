@@ -4,6 +4,7 @@ option, the benchmark list, and expected failures as one line on stderr, never a
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import socket
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 import sheetplane
 from sheetplane.cli import bench_names, build_parser
@@ -109,3 +112,26 @@ def test_serve_with_a_database_it_cannot_reach_says_so_in_one_line() -> None:
         assert line.startswith("sheetplane serve: cannot reach the database: "), line
         assert "sekret-pw" not in done.stdout + done.stderr
         assert "listening" not in done.stdout  # it never listened
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def test_every_benchmark_option_has_plain_help_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sheetplane bench NAME --help`` explains every option of every benchmark."""
+
+    def capture(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise _Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    for name in bench_names():
+        module = importlib.import_module(f"sheetplane.bench.{name}")
+        with pytest.raises(_Parsed) as parsed:
+            module.main([])
+        for action in parsed.value.parser._actions:
+            if action.help != argparse.SUPPRESS:
+                assert action.help, f"bench {name} {'/'.join(action.option_strings)}"
+        text = parsed.value.parser.format_help()
+        assert "``" not in text and "**" not in text, f"bench {name} --help shows markup"

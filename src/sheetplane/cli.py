@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import os
 import pkgutil
-import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from typing import Final
 
 from . import __version__
 from ._groups import single_error
+from ._plain import plain_text
 
 #: Each extra of the package (pyproject.toml), and the modules it installs that
 #: the command line imports: one of them missing means the extra is not installed.
@@ -137,14 +137,6 @@ def _run_bench(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"sheetplane.bench.{args.name}")
     status = module.main(args.args)
     return int(status or 0)
-
-
-_MARKUP: Final = re.compile(r"``(.+?)``|\*\*(.+?)\*\*|:[a-z]+:`~?(.+?)`", re.S)
-
-
-def plain_text(text: str) -> str:
-    """``text`` with its reStructuredText markup (literals, bold, roles) taken out."""
-    return _MARKUP.sub(lambda m: next(g for g in m.groups() if g is not None), text)
 
 
 def _plain_help(parser: argparse.ArgumentParser) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._plain import PlainHelpFormatter
 from ..batching import Batch, BoundedBatchFunction, Pending
 from ..budgets import (
     MAX_QUEUE_WAIT_MS,
@@ -378,11 +379,24 @@ def report(workload: Workload, result: Result) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the batching benchmark and print values/s per run, the medians and the ratio."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench batching", description=__doc__)
-    parser.add_argument("--callers", type=int, default=CALLERS)
-    parser.add_argument("--values", type=int, default=VALUES_PER_CALLER)
-    parser.add_argument("--batch", type=int, default=BATCH_ITEMS)
-    parser.add_argument("--runs", type=int, default=RUNS)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench batching", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument(
+        "--callers", type=int, default=CALLERS, help=f"concurrent callers (default {CALLERS:,})"
+    )
+    parser.add_argument(
+        "--values",
+        type=int,
+        default=VALUES_PER_CALLER,
+        help=f"values each caller submits, one after another (default {VALUES_PER_CALLER})",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=BATCH_ITEMS, help=f"values a batch (default {BATCH_ITEMS})"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=RUNS, help=f"runs of each side; medians (default {RUNS})"
+    )
     args = parser.parse_args(argv)
     for name in ("callers", "values", "batch", "runs"):
         if getattr(args, name) < 1:

@@ -23,6 +23,7 @@ import psycopg
 import trio
 from psycopg import sql
 
+from .._plain import PlainHelpFormatter
 from .._types import SheetRef
 from ..budgets import ADMISSION_CHUNK_ROWS
 from ..protocol import prepare_chunk
@@ -83,9 +84,15 @@ async def run_bench(url: str, rows: int, repeats: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the counters benchmark and print the commit times and their ratio."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench counters", description=__doc__)
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench counters", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument(
+        "--rows", type=int, default=1_000_000, help="rows staged (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="commits timed with and without the triggers each"
+    )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
     url = args.database_url or database_url_from_env()

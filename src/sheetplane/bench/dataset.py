@@ -41,6 +41,7 @@ import psycopg
 import trio
 from psycopg import sql
 
+from .._plain import PlainHelpFormatter
 from .._types import SheetRef
 from ..budgets import READ_PAGE_MAX_ROWS, KiB
 from ..gateway.server import running_gateway
@@ -249,10 +250,18 @@ def report(result: Result, small: int, large: int, repeats: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the dataset benchmark and print its table."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench dataset", description=__doc__)
-    parser.add_argument("--small", type=int, default=100_000)
-    parser.add_argument("--large", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench dataset", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument(
+        "--small", type=int, default=100_000, help="rows of the small sheet (default 100,000)"
+    )
+    parser.add_argument(
+        "--large", type=int, default=1_000_000, help="rows of the large sheet (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed reads of each sheet on each road; medians"
+    )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
     if not 0 < args.small < args.large or args.repeats < 1:

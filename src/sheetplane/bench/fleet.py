@@ -41,6 +41,7 @@ import attrs
 import psycopg
 import trio
 
+from .._plain import PlainHelpFormatter
 from ..budgets import org_connection_budget
 from ..store.embedded import EmbeddedPostgres
 from ._writer_worker import CONTRACT
@@ -199,16 +200,34 @@ async def run_bench(args: argparse.Namespace) -> list[Run]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the fleet benchmark and print one line per run."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench fleet", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench fleet", description=__doc__, formatter_class=PlainHelpFormatter
+    )
     parser.add_argument("--runners", type=int, default=25, help="runner processes per run")
     parser.add_argument("--writers", type=int, default=8, help="concurrent writers per runner")
     parser.add_argument("--rows", type=int, default=800, help="rows per runner")
     parser.add_argument("--chunk", type=int, default=25, help="rows per complete() call")
-    parser.add_argument("--slots", type=int, nargs="+", default=[60, 200])
     parser.add_argument(
-        "--roads", nargs="+", choices=("direct", "gateway"), default=["direct", "gateway"]
+        "--slots",
+        type=int,
+        nargs="+",
+        default=[60, 200],
+        help="max_connections of each Postgres run (default 60 200)",
     )
-    parser.add_argument("--sheets", nargs="+", choices=("own", "one"), default=["own", "one"])
+    parser.add_argument(
+        "--roads",
+        nargs="+",
+        choices=("direct", "gateway"),
+        default=["direct", "gateway"],
+        help="roads the runners write on (default both)",
+    )
+    parser.add_argument(
+        "--sheets",
+        nargs="+",
+        choices=("own", "one"),
+        default=["own", "one"],
+        help="own: a sheet per runner; one: one sheet for all (default both)",
+    )
     args = parser.parse_args(argv)
     print(
         f"runners={args.runners} writers={args.writers} rows/runner={args.rows} "

@@ -33,6 +33,7 @@ import attrs
 import httpx
 import trio
 
+from .._plain import PlainHelpFormatter
 from .._types import PageRequest, SheetRef
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..gateway.client import GatewayClient
@@ -211,9 +212,15 @@ def report(result: Result, repeats: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the gateway benchmark and print rows/s, requests and ratios."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench gateway", description=__doc__)
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench gateway", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument(
+        "--rows", type=int, default=200_000, help="rows of the sheet read (default 200,000)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed reads of each kind; medians (default 5)"
+    )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
     url = args.database_url or database_url_from_env()

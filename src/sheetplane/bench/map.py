@@ -64,6 +64,7 @@ import trio
 from psycopg import sql
 
 from .._map import run_map
+from .._plain import PlainHelpFormatter
 from .._types import AdmittedPart, CompleteRow, FailRow, SheetRef
 from ..budgets import MAP_WRITE_MAX_IN_FLIGHT, KiB
 from ..gateway.server import running_gateway
@@ -483,15 +484,37 @@ def _floor_lines(floor: dict[str, Any], args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the map benchmark and print its figures."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench map", description=__doc__)
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--sleep-rows", type=int, default=20_000)
-    parser.add_argument("--memory-rows", type=int, nargs="*", default=[100_000, 1_000_000])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--floor-rows", type=int, default=1_000_000)
-    parser.add_argument("--floor-repeats", type=int, default=1)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench map", description=__doc__, formatter_class=PlainHelpFormatter
+    )
     parser.add_argument(
-        "--skip", choices=("timing", "memory", "floor"), action="append", default=[]
+        "--rows", type=int, default=100_000, help="(a) throughput rows (default 100,000)"
+    )
+    parser.add_argument(
+        "--sleep-rows", type=int, default=20_000, help="(b) concurrency rows (default 20,000)"
+    )
+    parser.add_argument(
+        "--memory-rows",
+        type=int,
+        nargs="*",
+        default=[100_000, 1_000_000],
+        help="(c) memory: rows of each size (default 100,000 1,000,000)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="(a) and (b): runs of each side; medians"
+    )
+    parser.add_argument(
+        "--floor-rows", type=int, default=1_000_000, help="(d) floor rows (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--floor-repeats", type=int, default=1, help="(d): runs of map and of its floor (default 1)"
+    )
+    parser.add_argument(
+        "--skip",
+        choices=("timing", "memory", "floor"),
+        action="append",
+        default=[],
+        help="leave a part out: timing (a and b), memory (c), floor (d); repeatable",
     )
     parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")

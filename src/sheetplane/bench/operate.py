@@ -31,6 +31,7 @@ from typing import TextIO
 import httpx
 import trio
 
+from .._plain import PlainHelpFormatter
 from ..gateway.server import RUNTIME_PATH, JsonFormatter, running_gateway
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
 
@@ -93,9 +94,13 @@ async def run_bench(url: str, requests: int, repeats: int, sink: TextIO) -> dict
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print medians (ms) and the access log's cost."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench operate", description=__doc__)
-    parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench operate", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=500, help="requests a run (default 500)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="runs of each kind; medians (default 5)"
+    )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
     url = args.database_url or database_url_from_env()

@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from .._plain import PlainHelpFormatter
 from .._types import SheetRef
 from ..budgets import READ_BATCH_MAX_RESPONSE_BYTES, MiB
 from ..gateway.server import RUNTIME_PATH
@@ -185,7 +186,9 @@ def _run(url: str, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench refused_reads")
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench refused_reads", formatter_class=PlainHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=40, help="rows in the sheet")
     parser.add_argument("--row-mib", type=float, default=3.0, help="MiB of data per row")
     parser.add_argument("--concurrent", type=int, default=20, help="simultaneous reads")

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import trio
 
+from .._plain import PlainHelpFormatter
 from .._types import CompleteRow, SheetRef
 from ..budgets import MiB
 from ..protocol import read_contract
@@ -126,7 +127,9 @@ def _run(url: str, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench refused_writes")
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench refused_writes", formatter_class=PlainHelpFormatter
+    )
     parser.add_argument("--waves", type=int, default=3, help="waves of simultaneous writes")
     parser.add_argument("--concurrent", type=int, default=10, help="simultaneous writes a wave")
     parser.add_argument("--body-mib", type=float, default=7.0, help="MiB of rows per body")

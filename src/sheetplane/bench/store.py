@@ -44,6 +44,7 @@ import psycopg
 import trio
 from psycopg import sql
 
+from .._plain import PlainHelpFormatter
 from .._types import SheetRef
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS, MiB
 from ..store import SheetStore, open_store, sheet_names, whole_sheet_read
@@ -443,9 +444,13 @@ async def run_bench(url: str, rows: int, repeats: int, parts: Sequence[str]) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the store benchmark and print rows/s and ratios."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench store", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench store", description=__doc__, formatter_class=PlainHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=None, help="default 200,000; staged 1,000,000")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="runs of each part; medians (default 5)"
+    )
     parser.add_argument(
         "--rounds", type=int, default=3, help="staged: alternating rounds of every road and COPY"
     )

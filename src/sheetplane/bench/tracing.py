@@ -41,6 +41,7 @@ import trio
 from opentelemetry import trace
 
 from .. import _tracing
+from .._plain import PlainHelpFormatter
 from ..gateway.server import running_gateway
 from ..runtime import open_runtime
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
@@ -170,10 +171,16 @@ def report(out: dict[str, Any], per_span_ns: float, args: argparse.Namespace) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the tracing benchmark and print its figures."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench tracing", description=__doc__)
-    parser.add_argument("--rows", type=int, default=50_000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--roads", choices=ROADS, nargs="+", default=list(ROADS))
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench tracing", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=50_000, help="rows a map (default 50,000)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="maps of each mode and road; medians (default 5)"
+    )
+    parser.add_argument(
+        "--roads", choices=ROADS, nargs="+", default=list(ROADS), help="roads (default all)"
+    )
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):

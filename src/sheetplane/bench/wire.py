@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import protocol as m
+from .._plain import PlainHelpFormatter
 from ..budgets import READ_BATCH_MAX_PAGES, READ_PAGE_MAX_ROWS
 from ..protocol import decode_body, encode_body
 from ..sizes import json_byte_length_up_to
@@ -57,8 +58,12 @@ def _time_ms(fn: Callable[[], object]) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print its figures."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench wire", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench wire", description=__doc__, formatter_class=PlainHelpFormatter
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=9, help="runs of each codec; medians (default 9)"
+    )
     args = parser.parse_args(argv)
     answer = _answer()
     body = _stdlib_dumps(answer)

@@ -43,6 +43,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from .._plain import PlainHelpFormatter
 from .._types import SheetRef
 from ..store import SheetStore, open_store
 from ..store.embedded import EmbeddedPostgres, database_url_from_env
@@ -241,12 +242,33 @@ async def run_bench(url: str, args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the writers benchmark and print rows/s, ratios and latencies."""
-    parser = argparse.ArgumentParser(prog="sheetplane bench writers", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sheetplane bench writers", description=__doc__, formatter_class=PlainHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=5_000, help="rows per writer and run")
-    parser.add_argument("--chunks", type=int, nargs="+", default=[100, 500])
-    parser.add_argument("--writers", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--road", choices=("direct", "store"), default="direct")
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        nargs="+",
+        default=[100, 500],
+        help="rows a complete() call (default 100 500)",
+    )
+    parser.add_argument(
+        "--writers",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8],
+        help="writer processes k; must include 1 (default 1 2 4 8)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each configuration; medians (default 3)"
+    )
+    parser.add_argument(
+        "--road",
+        choices=("direct", "store"),
+        default="direct",
+        help="direct: scoped sessions through a gateway; store: the superuser URL",
+    )
     parser.add_argument(
         "--before-src",
         default=None,
