@@ -2,23 +2,25 @@
 
 The seed's ``runtime-api.ts`` (0.1.2, the whole file) is extracted from the
 seed file ``002_c27eafc2708e3093.txt`` (``prepare.find_seed``) at test time and
-run under node 20 with stand-ins for the modules it imports (``tests/seed_runtime/``, built by
-``tests/seed_runtime/prepare.py``). One node process runs every case of
-``tests/seed_runtime/play-runtime/interop-driver.ts`` against one ``sheetplane
-serve`` on the suite's Postgres, on the road the seed uses: the gateway for
+run under node 20 with stand-ins for the modules it imports
+(``tests/seed_runtime/``, built by ``tests/seed_runtime/prepare.py``). One
+node process runs every case of ``tests/seed_runtime/play-runtime/interop-driver.ts``
+against one ``sheetplane serve`` on the suite's Postgres, on the road the seed uses: the gateway for
 ``ensure_sheet`` and ``resolve_play``, scoped sessions minted by
 ``create_db_session`` with public-key encryption for everything else. Each
 case is one test here.
 
 Cross-reads, both ways: before node starts, sheetplane's runtime writes a
 sheet on each of its roads, which the seed then reads and re-admits; after
-node ends, sheetplane's runtime reads the sheet the seed wrote on each of its
-roads. The rows must agree, up to the row shape stated in docs/parity.md.
+node ends, sheetplane's runtime reads every sheet the seed wrote on each of its
+roads. The rows must agree, up to the row shape stated in docs/parity.md (the
+driver checks that each row the seed reads carries sheetplane's two version
+columns, the stated difference of ``isSystemSheetColumn``, and compares the rest).
 
-The module's work is done once per test run (one node process, about two
-seconds, plus ``npm ci`` the first time in a clone): its result is shared by
-the pytest workers through a file under ``build/tmp/seed-runtime/``. The
-tests skip, saying why, only when the seed file or node is absent.
+The module's work is done once per test run (one node process, plus ``npm
+ci`` the first time in a clone): its result is shared by the pytest workers
+through a file under ``build/tmp/seed-runtime/``. The tests skip, saying why,
+only when the seed file or node is absent.
 """
 
 from __future__ import annotations
@@ -77,41 +79,33 @@ READ_BACK = (
 )
 NODE_TIMEOUT_S = 120
 
-#: Why the cases that still fail fail.
-_SYSTEM_COLUMNS = "the seed's reads still see _write_version and _admitted_version (server side)"
 #: Every case of the driver, by name: the seed's exported functions (the
-#: dataset's operations one by one) and the seed's side of the cross-reads.
-#: A reason marks a case that fails until the server side lands.
-SEED_CASES: dict[str, str | None] = {
-    "resolveRuntimeReferencedPlay": None,
-    "ensureRuntimeSheet": None,
-    "startRuntimeSheetDataset": _SYSTEM_COLUMNS,
-    "completeRuntimeMapRows": _SYSTEM_COLUMNS,
-    "upsertRuntimeRows": _SYSTEM_COLUMNS,
-    "appendRuntimeRows": _SYSTEM_COLUMNS,
-    "replaceRuntimeRows": _SYSTEM_COLUMNS,
-    "persistRuntimeCsvDataset": _SYSTEM_COLUMNS,
-    "prewarmRuntimePostgresSessions": None,
-    "datasetCount": None,
-    "datasetPeek": _SYSTEM_COLUMNS,
-    "datasetMaterialize": _SYSTEM_COLUMNS,
-    "datasetIterate": _SYSTEM_COLUMNS,
-    "resolveRuntimeSheetContract": None,
-    "seedWritesSheetplaneReads": None,
-    "sheetplaneWritesSeedReads": None,
-    "seedReadmitsSheetplaneRows": _SYSTEM_COLUMNS,
-    # The seed's side of stated differences (docs/parity.md).
-    "startRuntimeSheetDatasetWithoutPoolCache": None,
-    "columnFieldPerPath": _SYSTEM_COLUMNS,
-    "upsertInputIndexWithinTheCall": _SYSTEM_COLUMNS,
-    "readmissionMergeTakesTheStoredNull": _SYSTEM_COLUMNS,
-}
-
-
-def _case(name: str, reason: str | None) -> Any:
-    if reason is None:
-        return name
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
+#: dataset's operations one by one), the seed's side of the cross-reads, and
+#: the seed's side of stated differences (docs/parity.md).
+SEED_CASES = (
+    "resolveRuntimeReferencedPlay",
+    "ensureRuntimeSheet",
+    "startRuntimeSheetDataset",
+    "completeRuntimeMapRows",
+    "upsertRuntimeRows",
+    "appendRuntimeRows",
+    "replaceRuntimeRows",
+    "persistRuntimeCsvDataset",
+    "prewarmRuntimePostgresSessions",
+    "datasetCount",
+    "datasetPeek",
+    "datasetMaterialize",
+    "datasetIterate",
+    "resolveRuntimeSheetContract",
+    "seedWritesSheetplaneReads",
+    "sheetplaneWritesSeedReads",
+    "seedReadmitsSheetplaneRows",
+    "startRuntimeSheetDatasetWithoutPoolCache",
+    "columnFieldPerPath",
+    "upsertInputIndexWithinTheCall",
+    "readmissionMergeTakesTheStoredNull",
+    "versionColumnsInTheRuntimesRows",
+)
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -264,12 +258,11 @@ def _passed(interop: Any, name: str) -> dict[str, Any]:
 # --- the tests ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [_case(name, reason) for name, reason in SEED_CASES.items()])
+@pytest.mark.parametrize("name", SEED_CASES)
 def test_seed_runtime_function(interop: Any, name: str) -> None:
     _passed(interop, name)
 
 
-@pytest.mark.xfail(strict=True, reason=_SYSTEM_COLUMNS)
 @pytest.mark.parametrize("road", ROADS)
 @pytest.mark.parametrize("case", READ_BACK)
 def test_sheetplane_reads_back_what_the_seed_wrote(interop: Any, case: str, road: str) -> None:
@@ -279,7 +272,6 @@ def test_sheetplane_reads_back_what_the_seed_wrote(interop: Any, case: str, road
     assert read["count"] == len(seed["rows"])
 
 
-@pytest.mark.xfail(strict=True, reason=_SYSTEM_COLUMNS)
 @pytest.mark.parametrize("road", ROADS)
 def test_the_seed_reads_back_what_sheetplane_wrote(interop: Any, road: str) -> None:
     seed = _passed(interop, "sheetplaneWritesSeedReads")
