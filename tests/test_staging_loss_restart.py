@@ -1,7 +1,7 @@
 """A runner whose admission's staging rows are lost mid-admission (a database
 restart empties the unlogged staging table) finds it at the next chunk; a
 sequence input is admitted again from its start, once, by itself, and a one-shot
-iterator gets ``AdmissionStateError`` with nothing committed (docs/gateway.md,
+iterator gets ``AdmissionStateError`` with nothing committed (docs/store.md,
 Staged admission)."""
 
 from __future__ import annotations

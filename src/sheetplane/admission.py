@@ -236,7 +236,8 @@ class StagedAdmission:
     contract: SheetContract
     run_id: str
     direct: bool
-    """Stage through a scoped session (``rows.stage``, ``COPY``) instead of the gateway."""
+    """Stage through a scoped session (``rows.stage``: one ``INSERT`` a chunk) instead of
+    the gateway."""
     user_email: str | None = None
 
     async def run(self, rows: AdmissionInput) -> AdmissionCounts:

@@ -26,16 +26,16 @@ operation                              ``direct``                  ``gateway_onl
 dataset reads                          scoped session (rows.read)  gateway
 ``start``: begin, commit                gateway                     gateway
 ``start``: the input's chunks          scoped session (rows.stage,  gateway
-                                       COPY into staging)
+                                       one INSERT a chunk)
 ``complete`` / ``fail``                scoped session              gateway
                                        (rows.read + rows.upsert)
 ``append`` / ``upsert`` / ``replace``  scoped session              scoped session
 receipts                               gateway                     gateway
 =====================================  ==========================  =====================
 
-Admission is staged (see ``sheetplane.admission``): the input goes in chunks
-into the sheet's staging area, by ``COPY`` on a scoped session on ``direct``
-and by request on ``gateway_only``, and the gateway commits it whole on both
+Admission is staged (docs/store.md, "Staged admission"): the input's chunks
+go into the sheet's staging area, on a scoped session on ``direct`` and by
+request on ``gateway_only``, and the gateway commits it whole on both
 strategies: deciding what an attempt owns is the gateway's job. The gateway
 has no action for ``append``, ``upsert`` and ``replace``, so they always write through a session the
 gateway mints for exactly that operation, as the runtime this library
