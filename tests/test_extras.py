@@ -242,3 +242,15 @@ def test_a_plain_install_requires_none_of_the_extras() -> None:
     for extra in ("server", "embedded"):
         for line in project["optional-dependencies"][extra]:
             assert _canonical(Requirement(line).name) not in plain
+
+
+def test_ci_installs_and_runs_exactly_the_readmes_test_command() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (command,) = [line for line in re.findall(r"```sh\n(.*?)```", readme, re.S) if "pytest" in line]
+    install = re.search(r"pip install (-e '[^']+')", command)
+    assert install is not None and install[1] == "-e '.[dev]'", command
+    assert command.strip().endswith("&& python -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    steps = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")]
+    assert f"python -m pip install --quiet {install[1]}" in steps
+    assert steps[-1] == "python -m pytest"
