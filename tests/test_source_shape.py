@@ -113,3 +113,43 @@ def test_no_module_reads_another_modules_private_names() -> None:
                 if node.attr not in own:
                     found.append(f"{path}:{node.lineno} reads {ast.unparse(node)}")
     assert found == []
+
+
+#: Functions over ``MAX_FUNCTION_LINES`` that are declarative tables, each with what it holds.
+DECLARATIVE = {
+    ("budgets.py", "_check"): "the relations between budgets, one line each",
+    ("gateway/server/_command.py", "add_serve_parser"): "the command's options, one each",
+    ("store/_schema.py", "_ddl"): "the sheet's DDL, statement by statement",
+    ("store/_schema.py", "_staging_ddl"): "the staging tables' DDL",
+    ("store/_shares.py", "_bodies"): "the share functions' SQL bodies",
+}
+
+#: Functions still over the bound that are not tables: the split issue 33 asks for is
+#: not done for these yet. The test fails when one is split (take it off) or one is added.
+NOT_YET_SPLIT = {
+    ("_workers.py", "run_attempt"),
+    ("bench/fleet.py", "_one_run"),
+    ("conformance/_model.py", "_build_machine"),
+    ("demo.py", "_run_phases"),
+    ("gateway/server/_app.py", "create_app"),
+    ("gateway/server/_roles.py", "create_session_role"),
+    ("runtime/_runtime.py", "open_runtime"),
+    ("sizes.py", "json_byte_length_up_to"),
+    ("store/_schema.py", "create"),
+    ("store/_schema.py", "ensure_sheet"),
+    ("store/_staging.py", "commit_admission"),
+}
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_over_80_lines_but_declarative_tables() -> None:
+    long = {
+        (path, node.name)
+        for path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    }
+    assert long - set(DECLARATIVE) == NOT_YET_SPLIT

@@ -466,24 +466,9 @@ class GatewayClient:
         tried: dict[str, str] = {}  # URL -> the last failure there, while never contacted
         while True:
             base = self.base_urls[self._current]
-            url = base + RUNTIME_PATH
-            with _tracing.span(
-                "POST",
-                {
-                    "http.request.method": "POST",
-                    **self._span_urls[base],
-                    "http.request.body.size": len(content),
-                    "sheetplane.gateway.action": action,
-                    **({"http.request.resend_count": attempts} if attempts else {}),
-                },
-                kind=_tracing.SpanKind.CLIENT,
-            ) as sent:
-                traced = dict(headers)
-                _tracing.inject(traced)
-                outcome, reached = await self._attempt(
-                    http, url, action, content, traced, budget, first_contact
-                )
-                _trace_outcome(sent, outcome)
+            outcome, reached = await self._traced_attempt(
+                http, base, action, content, headers, budget, first_contact, attempts
+            )
             attempts += 1
             call.set_attribute("sheetplane.gateway.attempts", attempts)
             if isinstance(outcome, Answer):
@@ -526,6 +511,37 @@ class GatewayClient:
                 "retry", {"sheetplane.retry.delay_ms": max(0, round((wake - now) * 1000))}
             )
             await trio.sleep_until(wake)
+
+    async def _traced_attempt(
+        self,
+        http: httpx.AsyncClient,
+        base: str,
+        action: str,
+        content: bytes,
+        headers: Mapping[str, str],
+        budget: CallBudget,
+        first_contact: float | None,
+        resends: int,
+    ) -> tuple[Answer | Retry, bool]:
+        """One attempt at ``base``, in its own ``POST`` span carrying the trace context."""
+        with _tracing.span(
+            "POST",
+            {
+                "http.request.method": "POST",
+                **self._span_urls[base],
+                "http.request.body.size": len(content),
+                "sheetplane.gateway.action": action,
+                **({"http.request.resend_count": resends} if resends else {}),
+            },
+            kind=_tracing.SpanKind.CLIENT,
+        ) as sent:
+            traced = dict(headers)
+            _tracing.inject(traced)
+            outcome, reached = await self._attempt(
+                http, base + RUNTIME_PATH, action, content, traced, budget, first_contact
+            )
+            _trace_outcome(sent, outcome)
+        return outcome, reached
 
     def _unreachable(
         self, attempts: int, elapsed: float, tried: Mapping[str, str]

@@ -233,6 +233,60 @@ def _same_values_expr(sql_names: Sequence[str], target: TerminalStatus) -> sql.C
     return sql.SQL(" AND ").join(parts)
 
 
+def _update_rows(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    to_write: Sequence[_Incoming],
+    sql_names: Sequence[str],
+    *,
+    target: TerminalStatus,
+    run_id: str,
+    version: int | None,
+) -> int:
+    """Write the rows the fence let through, in one ``UPDATE``; how many it wrote."""
+    sheet = names.ident("sheet_table")
+    column_sets = [
+        sql.SQL(
+            "{col} = CASE WHEN i.data ? {lit} THEN NULLIF(i.data -> {lit}, 'null'::jsonb) "
+            "ELSE t.{col} END"
+        ).format(col=sql.Identifier(name), lit=sql.Literal(name))
+        for name in sql_names
+    ]
+    sets = sql.SQL(", ").join(
+        [
+            sql.SQL("_status = {}").format(sql.Literal(target)),
+            sql.SQL("_run_id = %(run_id)s"),
+            sql.SQL("_error = i.error"),
+            sql.SQL("_updated_at = clock_timestamp()"),
+            sql.SQL("_cell_meta = t._cell_meta || i.meta"),
+            *column_sets,
+        ]
+    )
+    writes = Jsonb(
+        [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in to_write]
+    )
+    cur = conn.execute(
+        sql.SQL(
+            "WITH {incoming} "
+            "UPDATE {sheet} AS t SET {sets} FROM incoming AS i "
+            "WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[]) "
+            "AND t._status IN ('pending', 'running') "
+            "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint)"
+        ).format(incoming=_incoming_cte(names), sheet=sheet, sets=sets),
+        # The key array steers the plan to the key index: with stale statistics (rows
+        # an admission has just copied in) a misestimate joins every row of the sheet.
+        {
+            "rows": writes,
+            "keys": [r.key for r in to_write],
+            "run_id": run_id,
+            "version": version,
+        },
+    )
+    if cur.rowcount != len(to_write):
+        raise AssertionError("a fenced row changed under the sheet's writer lock")
+    return cur.rowcount
+
+
 def _write_chunk(
     conn: psycopg.Connection[Any],
     names: SheetNames,
@@ -284,46 +338,10 @@ def _write_chunk(
     if conflicts or not to_write:
         return committed, stale, conflicts, 0
 
-    column_sets = [
-        sql.SQL(
-            "{col} = CASE WHEN i.data ? {lit} THEN NULLIF(i.data -> {lit}, 'null'::jsonb) "
-            "ELSE t.{col} END"
-        ).format(col=sql.Identifier(name), lit=sql.Literal(name))
-        for name in sql_names
-    ]
-    sets = sql.SQL(", ").join(
-        [
-            sql.SQL("_status = {}").format(sql.Literal(target)),
-            sql.SQL("_run_id = %(run_id)s"),
-            sql.SQL("_error = i.error"),
-            sql.SQL("_updated_at = clock_timestamp()"),
-            sql.SQL("_cell_meta = t._cell_meta || i.meta"),
-            *column_sets,
-        ]
+    written = _update_rows(
+        conn, names, to_write, sql_names, target=target, run_id=run_id, version=writer_version
     )
-    writes = Jsonb(
-        [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in to_write]
-    )
-    cur = conn.execute(
-        sql.SQL(
-            "WITH {incoming} "
-            "UPDATE {sheet} AS t SET {sets} FROM incoming AS i "
-            "WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[]) "
-            "AND t._status IN ('pending', 'running') "
-            "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint)"
-        ).format(incoming=_incoming_cte(names), sheet=sheet, sets=sets),
-        # The key array steers the plan to the key index: with stale statistics (rows
-        # an admission has just copied in) a misestimate joins every row of the sheet.
-        {
-            "rows": writes,
-            "keys": [r.key for r in to_write],
-            "run_id": run_id,
-            "version": writer_version,
-        },
-    )
-    if cur.rowcount != len(to_write):
-        raise AssertionError("a fenced row changed under the sheet's writer lock")
-    return committed, stale, conflicts, cur.rowcount
+    return committed, stale, conflicts, written
 
 
 async def _terminal_write(

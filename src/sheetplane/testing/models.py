@@ -359,6 +359,27 @@ _TRANSIENT_NOW = frozenset({"status", "truncated"})
 _UNREACHED = frozenset({"connect", "reset", "lost"})
 
 
+def _failed_attempt(
+    fault: Sequence[Any], t: float, attempt_deadline: float
+) -> tuple[float, str, int | None]:
+    """A failed attempt that reached a gateway: when it ends, its error, and the
+    ``retry_after_ms`` it asks for (None: the ladder's delay)."""
+    kind = fault[0]
+    if kind in ("hang", "drip") or (kind == "slow" and t + fault[1] >= attempt_deadline):
+        return attempt_deadline, "GatewayTimeoutError", None
+    if kind == "slow":
+        return t + fault[1], "TransientGatewayError", None
+    if kind == "backpressure":
+        asked = fault[1]
+        retry_after = DEFAULT_RETRY_AFTER_MS if asked is None else min(asked, MAX_RETRY_AFTER_MS)
+        return t, "BackpressureError", retry_after
+    if kind == "malformed":
+        return t, "GatewayProtocolError", None
+    if kind in _TRANSIENT_NOW:
+        return t, "TransientGatewayError", None
+    raise ValueError(f"unknown fault kind {kind!r}")
+
+
 def predict_call(
     schedule: Iterable[Sequence[Any]],
     start: float,
@@ -394,7 +415,6 @@ def predict_call(
         times.append(t)
         attempt_deadline = min(t + timeout, deadline)
         kind = fault[0]
-        retry_after: int | None = None
         contacted = contacted or kind != "connect"
         if kind == "ok":
             return PredictedCall(tuple(times), t, "ok")
@@ -403,19 +423,7 @@ def predict_call(
             return PredictedCall(tuple(times), t, outcome)
         if kind == "unsupported":
             return PredictedCall(tuple(times), t, "UnsupportedActionError")
-        if kind in ("hang", "drip") or (kind == "slow" and t + fault[1] >= attempt_deadline):
-            end, error = attempt_deadline, "GatewayTimeoutError"
-        elif kind == "slow":
-            end, error = t + fault[1], "TransientGatewayError"
-        elif kind == "backpressure":
-            end, error = t, "BackpressureError"
-            asked = fault[1]
-            retry_after = (
-                DEFAULT_RETRY_AFTER_MS if asked is None else min(asked, MAX_RETRY_AFTER_MS)
-            )
-        elif kind == "malformed":
-            end, error = t, "GatewayProtocolError"
-        elif kind in _UNREACHED:
+        if kind in _UNREACHED:
             unreached += 1
             ceiling = min(
                 GATEWAY_RECONNECT_CAP_MS, GATEWAY_RECONNECT_BASE_MS * 2 ** (unreached - 1)
@@ -427,10 +435,7 @@ def predict_call(
                 return PredictedCall(tuple(times), t, "TransientGatewayError")
             t = wake
             continue
-        elif kind in _TRANSIENT_NOW:
-            end, error = t, "TransientGatewayError"
-        else:
-            raise ValueError(f"unknown fault kind {kind!r}")
+        end, error, retry_after = _failed_attempt(fault, t, attempt_deadline)
         unreached = 0
         failures += 1
         if failures >= MAX_ATTEMPTS:
