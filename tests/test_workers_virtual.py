@@ -41,7 +41,7 @@ class ModelShares:
 
     rows: int
     version: int = 1
-    status: dict[int, str] = attrs.Factory(dict)
+    row_status: dict[int, str] = attrs.Factory(dict)
     shares: list[_Share] = attrs.Factory(list)
     covered: int = -1
     writes: dict[int, int] = attrs.Factory(dict)
@@ -50,10 +50,10 @@ class ModelShares:
     """(when, holder, share) of every claim."""
 
     def __attrs_post_init__(self) -> None:
-        self.status = dict.fromkeys(range(self.rows), "pending")
+        self.row_status = dict.fromkeys(range(self.rows), "pending")
 
     def unsettled(self, first: int, last: int) -> list[int]:
-        return [i for i in range(first, last + 1) if self.status.get(i) == "pending"]
+        return [i for i in range(first, last + 1) if self.row_status.get(i) == "pending"]
 
     async def claim(
         self, write_version: int, holder: str, token: str, *, ttl_ms: int, max_rows: int
@@ -69,7 +69,7 @@ class ModelShares:
                 share.claims += 1
                 self.claims.append((now, holder, number))
                 return ShareClaim("claimed", number, share.first, share.last, taken_over=True)
-        todo = [i for i in range(self.covered + 1, self.rows) if self.status[i] == "pending"]
+        todo = [i for i in range(self.covered + 1, self.rows) if self.row_status[i] == "pending"]
         if todo:
             chunk = todo[:max_rows]
             self.covered = chunk[-1]
@@ -108,8 +108,8 @@ class ModelShares:
 
     async def status(self, write_version: int) -> AttemptStatus:
         await trio.lowlevel.checkpoint()
-        pending = sum(1 for s in self.status.values() if s == "pending")
-        done = sum(1 for s in self.status.values() if s == "enriched")
+        pending = sum(1 for s in self.row_status.values() if s == "pending")
+        done = sum(1 for s in self.row_status.values() if s == "enriched")
         return AttemptStatus(pending, 0, done, 0, 0, superseded=self.version > write_version)
 
     async def rows_of(self, claim: ShareClaim) -> list[dict[str, Any]]:
@@ -127,8 +127,8 @@ class ModelShares:
             if self.version > 1:
                 stale.append(row.key)
                 continue
-            if self.status[i] == "pending":
-                self.status[i] = "enriched"
+            if self.row_status[i] == "pending":
+                self.row_status[i] = "enriched"
                 self.writes[i] = self.writes.get(i, 0) + 1
         if stale:
             return TerminalWriteResult(
