@@ -210,14 +210,20 @@ async def _keep(lease: Lease) -> None:
         lease._body.deadline = times.stop_at
 
 
-async def acquire_lease(backend: ReceiptBackend, key: str, holder: str) -> Lease:
+async def acquire_lease(
+    backend: ReceiptBackend, key: str, holder: str, *, lease_token: str | None = None
+) -> Lease:
     """Claim ``key`` for ``holder``: a ``Lease`` not yet kept (enter it with ``hold_lease``).
+
+    ``lease_token`` (default: a fresh one) lets a holder that knows an earlier
+    claim's token take that lease over at once, live or not (a worker taking
+    over a dead worker's share of an attempt, ``sheetplane._workers``).
 
     Raises ``ReceiptCompletedError`` when the work is done and
     ``LeaseHeldError`` while another holder's lease is live.
     """
     sent = trio.current_time()
-    token = new_lease_token()
+    token = new_lease_token() if lease_token is None else lease_token
     try:
         claim = await backend.claim(key, holder, token)
     except BaseException:
@@ -288,7 +294,12 @@ async def _release_for(backend: ReceiptBackend, key: str, holder: str, token: st
 
 
 async def run_once(
-    backend: ReceiptBackend, key: str, holder: str, fn: Callable[[], Awaitable[Any]]
+    backend: ReceiptBackend,
+    key: str,
+    holder: str,
+    fn: Callable[[], Awaitable[Any]],
+    *,
+    lease_token: str | None = None,
 ) -> tuple[Any, bool]:
     """``once``: ``(result, reused)``. ``reused`` is True when ``fn`` was not called
     because the work was already done (by anyone, in any attempt or process).
@@ -302,7 +313,7 @@ async def run_once(
     deadline = trio.current_time() + WORK_RECEIPT_ONCE_WAIT_MS / _MS
     while True:
         try:
-            lease = await acquire_lease(backend, key, holder)
+            lease = await acquire_lease(backend, key, holder, lease_token=lease_token)
         except ReceiptCompletedError as done:
             return done.receipt.result, True
         except LeaseHeldError:

@@ -42,10 +42,11 @@ after their leases end; on supersession there is nothing left to take.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 import trio
@@ -53,16 +54,24 @@ import trio
 from ._attempts import Attempt, ShareClaim, ShareLease
 from ._groups import raise_single
 from ._leases import LeaseTimes
-from ._map import MapFn, MapProgress, Once, OutputKeys, UnknownOutputs, run_map
+from ._map import MapFn, MapProgress, Once, OutputKeys, UnknownOutputs, receipt_key, run_map
 from ._types import CompleteRow, FailRow, TerminalWriteResult, new_lease_token
 from .budgets import SHARE_MAX_ROWS, SHARE_ROUNDS, WORK_RECEIPT_RELEASE_TIMEOUT_MS
 from .errors import AttemptSupersededError, LeaseLostError, SheetplaneError
 from .pages import ShareRoad
 
-__all__ = ["AttemptTally", "run_attempt", "share_rows"]
+__all__ = ["AttemptTally", "ShareOnce", "run_attempt", "share_rows"]
 
 Row = dict[str, Any]
 _MS: Final = 1000
+
+
+class ShareOnce(Protocol):
+    """``ReceiptRecorder.once_reused`` under a given holder and lease token."""
+
+    def __call__(
+        self, key: str, fn: Callable[[], Awaitable[Any]], *, holder: str, lease_token: str
+    ) -> Awaitable[tuple[Any, bool]]: ...
 
 
 def share_rows(concurrency: int) -> int:
@@ -119,6 +128,7 @@ class _Worker:
     holder: str
     held: dict[int, _Held] = attrs.Factory(dict)
     by_key: dict[str, _Held] = attrs.Factory(dict)
+    by_receipt: dict[str, _Held] = attrs.Factory(dict)
     tally: AttemptTally = attrs.Factory(AttemptTally)
     error: BaseException | None = None
     body: trio.CancelScope | None = None
@@ -138,6 +148,27 @@ class _Worker:
             )
         self.changed.set()
         self.changed = trio.Event()
+
+    def receipt_claim(self, held: _Held) -> tuple[str, str]:
+        """The holder and lease token under which a share's rows claim their receipts:
+        the share's own, the same for whoever holds it, so a worker that takes a dead
+        worker's share over takes the leases of its receipts over at once. The token
+        is derived, not secret: the share's lease, not the receipt's, keeps two
+        workers off one row, and a receipt's completion needs no lease."""
+        a = self.attempt
+        holder = f"share:{a.table_namespace}@{a.write_version}/{held.number}"
+        material = f"sheetplane/share-receipts/{a.to_json()}/{held.number}".encode()
+        return holder, hashlib.sha256(material).hexdigest()
+
+    async def once(
+        self, key: str, call: Callable[[], Awaitable[Any]], run: ShareOnce
+    ) -> tuple[Any, bool]:
+        """``once`` of one row's call under its share's receipt claim."""
+        held = self.by_receipt.get(key)
+        if held is None:  # not a row of a share this worker holds: never handed out
+            raise LeaseLostError(key, "the row is in no share this worker holds", "share")
+        holder, token = self.receipt_claim(held)
+        return await run(key, call, holder=holder, lease_token=token)
 
     def key(self, held: _Held) -> str:
         """A share's name in errors: ``namespace@version/share``."""
@@ -255,6 +286,7 @@ class _Worker:
             if held is None:
                 continue
             held.outstanding -= 1
+            self.by_receipt.pop(receipt_key(self.attempt.table_namespace, row.key), None)
             if held.read_all and held.outstanding == 0:
                 done.append(held)
         for held in done:
@@ -273,6 +305,7 @@ class _Worker:
             for row in await self.rows_of(claim):
                 key = row["_key"]
                 self.by_key[key] = held
+                self.by_receipt[receipt_key(self.attempt.table_namespace, key)] = held
                 held.outstanding += 1
                 self.tally.rows += 1
                 yield row
@@ -294,7 +327,7 @@ async def run_attempt(
     flush_seconds: float,
     lease: ShareLease,
     total: int,
-    once: Once | None = None,
+    once: ShareOnce | None = None,
     progress: Callable[[MapProgress], object] | None = None,
     output_keys: OutputKeys | None = None,
     unknown_outputs: UnknownOutputs = "fail",
@@ -327,6 +360,13 @@ async def run_attempt(
         await worker.settled(rows)
         return result
 
+    row_once: Once | None = None
+    if once is not None:
+        receipts = once
+
+        async def row_once(key: str, call: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
+            return await worker.once(key, call, receipts)
+
     result: tuple[int, int, int] | None = None
     clean = False
     try:
@@ -345,7 +385,7 @@ async def run_attempt(
                         concurrency=concurrency,
                         batch_rows=batch_rows,
                         flush_seconds=flush_seconds,
-                        once=once,
+                        once=row_once,
                         namespace=attempt.table_namespace,
                         progress=progress,
                         output_keys=output_keys,

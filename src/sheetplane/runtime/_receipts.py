@@ -111,9 +111,26 @@ class ReceiptRecorder:
         result, _reused = await self.once_reused(key, fn)
         return result
 
-    async def once_reused(self, key: str, fn: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
-        """As ``once``, and whether the result was a recorded one (``fn`` not called)."""
+    async def once_reused(
+        self,
+        key: str,
+        fn: Callable[[], Awaitable[Any]],
+        *,
+        holder: str | None = None,
+        lease_token: str | None = None,
+    ) -> tuple[Any, bool]:
+        """As ``once``, and whether the result was a recorded one (``fn`` not called).
+
+        ``holder`` and ``lease_token`` (both or neither; default: a new holder and
+        token per call) name the claim: a share of an attempt claims each row's
+        receipt under the share's own, so the worker that takes a dead worker's
+        share over takes its receipts' leases over at once, instead of waiting
+        ``WORK_RECEIPT_LEASE_TTL_MS`` for them to expire."""
         key = checks.text("key", key)
         if not callable(fn):
             raise InvalidInputError(f"fn must be an async callable, got {fn!r}")
-        return await run_once(self._backend, key, self._holder(), fn)
+        if (holder is None) != (lease_token is None):
+            raise InvalidInputError("holder and lease_token go together (both or neither)")
+        if holder is None:
+            return await run_once(self._backend, key, self._holder(), fn)
+        return await run_once(self._backend, key, holder, fn, lease_token=lease_token)
