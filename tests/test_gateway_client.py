@@ -989,6 +989,10 @@ async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any
             ),
             client.commit_admission("ns", contract, admission, "r", chunks=1, rows=1),
             client.abort_admission("ns", admission),
+            client.claim_share("ns", 3, "h", "t" * 43, ttl_ms=1_000, max_rows=64),
+            client.renew_share("ns", 3, 1, "t" * 43, ttl_ms=1_000),
+            client.release_share("ns", 3, 1, "t" * 43, finished=True),
+            client.attempt_status("ns", 3),
         ]
         for call in calls:
             with pytest.raises(GatewayError):
@@ -1180,3 +1184,29 @@ async def test_every_url_unreachable_backs_off_after_each_round(autojump_clock: 
 def test_bad_gateway_url_lists_are_refused(urls: list[Any]) -> None:
     with pytest.raises(InvalidInputError):
         GatewayClient(urls, TOKEN, play_name="p")
+
+
+async def test_a_refusal_for_the_tenants_share_is_ridden_without_spending_the_ladder(
+    autojump_clock: Any,
+) -> None:
+    # Many workers of one token meet the token's cap: twenty refusals in a row (four
+    # times the ladder's attempts) still end in the answer, each after its named delay
+    # and at most as much again.
+    capped = {"error": "this token holds its share", "code": "gateway_tenant_cap"}
+    script = Script([status(429, {**capped, "retry_after_ms": 250}) for _ in range(20)])
+    script.replies.append(ok({"ok": True}))
+    async with script.client() as client:
+        assert await client.post_action("ensure_sheet", {}) == {"ok": True}
+    gaps = [b - a for a, b in itertools.pairwise(script.times)]
+    assert len(gaps) == 20
+    assert all(0.25 <= gap <= 0.5 for gap in gaps)
+
+
+async def test_refusals_for_the_tenants_share_end_at_the_call_budget(autojump_clock: Any) -> None:
+    capped = {"error": "this token holds its share", "code": "gateway_tenant_cap"}
+    script = Script(default=status(429, {**capped, "retry_after_ms": 250}))
+    async with script.client() as client:
+        with pytest.raises(GatewayError) as excinfo:
+            await client.post_action("ensure_sheet", {})
+    assert excinfo.value.status == 429
+    assert script.times[-1] < CALL_BUDGET_MS / 1000 <= script.times[-1] + 0.5

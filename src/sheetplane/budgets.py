@@ -632,6 +632,14 @@ GATEWAY_MAX_CONNECTIONS_PER_ORG: Final = GATEWAY_MAX_CONNECTIONS // 2
 #: Of those, what one token may hold: half its org's.
 GATEWAY_MAX_CONNECTIONS_PER_TOKEN: Final = GATEWAY_MAX_CONNECTIONS_PER_ORG // 2
 
+#: Connections one gateway client (one runner process) keeps to the gateway; its
+#: further requests wait for one of them in the client. Four runner processes of
+#: one token (``map_attempt`` workers share their play's token) together fill the
+#: token's share of requests in flight instead of storming it with connections
+#: that it refuses; more of them take turns (the client rides a 429 refusal for
+#: the tenant's share within its call budget, ``gateway/_retry.py``).
+GATEWAY_CLIENT_MAX_CONNECTIONS: Final = GATEWAY_MAX_REQUESTS_PER_TOKEN // 4
+
 #: Retry-After of a request refused for its tenant's share: the first ladder
 #: delay (its own requests in flight are finishing, or timing out, meanwhile).
 GATEWAY_TENANT_RETRY_AFTER_MS: Final = RETRY_DELAYS_MS[0]
@@ -849,6 +857,9 @@ def _check() -> None:
         ),
         "a worker polls for a dead worker's share well inside a lease": (
             0 < SHARE_POLL_MS < SHARE_LEASE_TTL_MS and 0 < SHARE_ROUNDS <= SHARE_MAX_ROWS
+        ),
+        "four runner processes of one token fit its share of requests in flight": (
+            0 < 4 * GATEWAY_CLIENT_MAX_CONNECTIONS <= GATEWAY_MAX_REQUESTS_PER_TOKEN
         ),
         "a staged chunk holds the largest row": MAX_ROW_BYTES <= ADMISSION_CHUNK_BYTES,
         "a staged chunk and its envelope fit the transport ceiling": (

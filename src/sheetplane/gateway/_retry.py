@@ -16,6 +16,13 @@ The rules:
   would end at or past the deadline is not taken: the call fails at once
   with the last attempt's error, so no request is ever sent after the budget.
 * Each attempt runs until ``min(start + REQUEST_TIMEOUT_MS, deadline)``.
+* An attempt the gateway refused for its tenant's share (429
+  ``gateway_tenant_cap``: answered before its body was read, nothing done)
+  does not spend the ladder either: the call waits the delay the answer named,
+  stretched by a random part of it again (``refused_delay_ms``), and tries
+  again, for as long as the deadline allows. Many workers of one token that
+  meet the token's cap together so take turns within their calls' budgets
+  instead of failing after five refusals.
 * An attempt that reached no gateway (refused, reset, DNS) or met one that
   is draining does not spend the ladder: the call moves to its next URL at
   once while one of them is untried since the last full round, and after a
@@ -33,6 +40,7 @@ from ..budgets import (
     CALL_BUDGET_MS,
     GATEWAY_RECONNECT_BASE_MS,
     GATEWAY_RECONNECT_CAP_MS,
+    GATEWAY_TENANT_RETRY_AFTER_MS,
     MAX_RETRY_AFTER_MS,
     REQUEST_TIMEOUT_MS,
     RETRY_DELAYS_MS,
@@ -83,6 +91,22 @@ class CallBudget:
         ``draw`` is a uniform draw in [0, 1) (the jitter)."""
         wake = now + reconnect_delay_ms(rounds, draw) / 1000
         return wake if wake < self.deadline else None
+
+    def refused_at(self, now: float, retry_after_ms: int | None, draw: float) -> float | None:
+        """When to try again after the gateway refused the attempt for its tenant's
+        share (429 ``gateway_tenant_cap``), or ``None`` at or past the deadline."""
+        wake = now + refused_delay_ms(retry_after_ms, draw) / 1000
+        return wake if wake < self.deadline else None
+
+
+def refused_delay_ms(retry_after_ms: int | None, draw: float) -> float:
+    """The wait after a refusal for the tenant's share: the delay it named (else
+    ``GATEWAY_TENANT_RETRY_AFTER_MS``), clamped to ``MAX_RETRY_AFTER_MS``, stretched
+    by up to as much again (``draw`` in [0, 1)), so the workers of one token that
+    were refused together do not come back together."""
+    named = GATEWAY_TENANT_RETRY_AFTER_MS if retry_after_ms is None else retry_after_ms
+    base = float(max(0, min(named, MAX_RETRY_AFTER_MS)))
+    return base + base * min(max(draw, 0.0), 1.0)
 
 
 def reconnect_delay_ms(rounds: int, draw: float) -> float:

@@ -91,6 +91,7 @@ from ..budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     ADMISSION_COMMIT_CALL_BUDGET_MS,
     CALL_BUDGET_MS,
+    GATEWAY_CLIENT_MAX_CONNECTIONS,
     GATEWAY_FIRST_CONNECT_TIMEOUT_MS,
     GATEWAY_FIRST_CONTACT_BUDGET_MS,
     READ_BATCH_MAX_RESPONSE_BYTES,
@@ -397,6 +398,10 @@ class GatewayClient:
         self._http = httpx.AsyncClient(
             transport=self._transport,
             timeout=httpx.Timeout(REQUEST_TIMEOUT_MS / 1000),
+            limits=httpx.Limits(
+                max_connections=GATEWAY_CLIENT_MAX_CONNECTIONS,
+                max_keepalive_connections=GATEWAY_CLIENT_MAX_CONNECTIONS,
+            ),
             follow_redirects=False,
         )
         return self
@@ -490,6 +495,10 @@ class GatewayClient:
                         raise self._unreachable(attempts, now - budget.start, tried) from (
                             outcome.error
                         )
+            elif outcome.error.gateway_code == Code.TENANT_CAP:
+                # Refused before its body was read: not the ladder's business either.
+                unreached = 0
+                wake = budget.refused_at(now, outcome.retry_after_ms, jitter())
             else:
                 unreached = 0
                 failures += 1
