@@ -89,7 +89,7 @@ async def test_three_processes_one_killed_every_row_once(
         }
         outputs = [tmp_path / f"worker{n}.json" for n in range(3)]
         processes: list[trio.Process] = []
-        with trio.fail_after(90):
+        with trio.fail_after(240):
             async with trio.open_nursery() as nursery:
                 for out in outputs:
                     with out.open("wb") as stdout:

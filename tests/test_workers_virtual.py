@@ -356,3 +356,44 @@ def test_a_refused_renewal_stops_the_worker() -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert len(caught) == 1 and "refused" in str(caught[0])
     assert model.writes == {}
+
+
+@attrs.define
+class RefusesOnce:
+    """A road to the model that refuses one renewal after ``at`` (a transient loss)."""
+
+    model: ModelShares
+    at: float
+    refused: bool = False
+
+    async def claim(self, *args: Any, **kwargs: Any) -> ShareClaim:
+        return await self.model.claim(*args, **kwargs)
+
+    async def renew(self, *args: Any, **kwargs: Any) -> ShareRenewal:
+        if not self.refused and trio.current_time() >= self.at:
+            self.refused = True
+            return ShareRenewal("lost")
+        return await self.model.renew(*args, **kwargs)
+
+    async def release(self, *args: Any, **kwargs: Any) -> ShareRenewal:
+        return await self.model.release(*args, **kwargs)
+
+    async def status(self, write_version: int) -> AttemptStatus:
+        return await self.model.status(write_version)
+
+
+def test_a_worker_that_lost_a_lease_after_writing_starts_again_and_finishes() -> None:
+    model = ModelShares(rows=200)
+    tally = AttemptTally()
+    result: list[tuple[int, int, int, int]] = []
+
+    async def main() -> None:
+        result.append(
+            await work(model, sleeper(0.05), tally=tally, shares=RefusesOnce(model, at=0.5))
+        )
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert tally.lost == 1
+    assert result[0][1] == 200 == tally.completed
+    assert model.writes == dict.fromkeys(range(200), 1)
+    assert tally.taken_over >= 1  # its own shares, given back and claimed again

@@ -29,7 +29,9 @@ iterator of rows that claims shares as the map asks for rows:
   (``LeaseTimes``: the sent instant plus the TTL, less the guard, strictly
   before the store's expiry); a renewal that lands moves it on. A renewal
   refused (``lost``), or none landing in time, cancels the map at once (every
-  fn call, every write not yet sent) and the worker raises ``LeaseLostError``.
+  fn call, every write not yet sent); the worker gives its other shares back
+  and starts again, claiming afresh, if that round wrote anything, and raises
+  ``LeaseLostError`` if it did not (it cannot keep a lease at all).
 * A claim or renewal that finds a newer admission (``superseded``) cancels the
   map the same way and raises ``AttemptSupersededError``; a write that finds one
   does so inside ``run_map``, which cancels every fn call before it raises.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -64,6 +67,7 @@ __all__ = ["AttemptTally", "ShareOnce", "run_attempt", "share_rows"]
 
 Row = dict[str, Any]
 _MS: Final = 1000
+log = logging.getLogger("sheetplane.runtime")
 
 
 class ShareOnce(Protocol):
@@ -116,6 +120,14 @@ class AttemptTally:
     """Of those, shares another worker had held before."""
     renewals: int = 0
     """Renewals that landed."""
+    completed: int = 0
+    """Rows it wrote enriched."""
+    failed: int = 0
+    """Rows it wrote failed."""
+    reused: int = 0
+    """Rows whose outputs came from a receipt."""
+    lost: int = 0
+    """Rounds that lost a share's lease and started again."""
 
 
 @attrs.define(eq=False)
@@ -336,10 +348,66 @@ async def run_attempt(
     """Map ``fn`` over this worker's shares of ``attempt``; ``(rows, completed, failed,
     reused)``. See the module docstring for the rules.
 
+    A round that loses a share's lease (its calls cancelled before the lease could
+    end) gives its other shares back and starts again, claiming afresh, as long as
+    it wrote a row: the rows written stay written, the rest are claimed again by
+    whoever comes first. A round that loses a lease without writing anything
+    raises ``LeaseLostError``: the worker cannot keep a lease at all.
+
     Raises ``AttemptSupersededError`` once a claim, renewal or write finds a newer
-    admission, and ``LeaseLostError`` when a share's lease could not be kept; in
-    both cases every fn call still running is cancelled and nothing more is written.
+    admission; every fn call still running is cancelled and nothing more is written.
     """
+    tally = AttemptTally() if tally is None else tally
+    while True:
+        written = tally.completed + tally.failed
+        try:
+            await _round(
+                attempt,
+                shares,
+                rows_of,
+                fn,
+                complete=complete,
+                fail=fail,
+                concurrency=concurrency,
+                batch_rows=batch_rows,
+                flush_seconds=flush_seconds,
+                lease=lease,
+                total=total,
+                once=once,
+                progress=progress,
+                output_keys=output_keys,
+                unknown_outputs=unknown_outputs,
+                tally=tally,
+            )
+        except LeaseLostError as exc:
+            if tally.completed + tally.failed == written:
+                raise
+            tally.lost += 1
+            log.warning("map_attempt: %s; claiming again", exc)
+            continue
+        return tally.rows, tally.completed, tally.failed, tally.reused
+
+
+async def _round(
+    attempt: Attempt,
+    shares: ShareRoad,
+    rows_of: Callable[[ShareClaim], Awaitable[Sequence[Row]]],
+    fn: MapFn,
+    *,
+    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
+    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+    concurrency: int,
+    batch_rows: int,
+    flush_seconds: float,
+    lease: ShareLease,
+    total: int,
+    once: ShareOnce | None,
+    progress: Callable[[MapProgress], object] | None,
+    output_keys: OutputKeys | None,
+    unknown_outputs: UnknownOutputs,
+    tally: AttemptTally,
+) -> None:
+    """One round of ``run_attempt``: ``run_map`` over the shares it claims."""
     worker = _Worker(
         attempt,
         shares,
@@ -347,28 +415,43 @@ async def run_attempt(
         lease,
         share_rows(concurrency),
         holder=f"worker-{uuid.uuid4().hex}",
-        tally=AttemptTally() if tally is None else tally,
+        tally=tally,
     )
 
     async def completed(rows: Sequence[CompleteRow]) -> TerminalWriteResult:
         result = await complete(rows)
+        tally.completed += len(rows)
         await worker.settled(rows)
         return result
 
     async def failed(rows: Sequence[FailRow]) -> TerminalWriteResult:
         result = await fail(rows)
+        tally.failed += len(rows)
         await worker.settled(rows)
         return result
+
+    def reported(_: MapProgress) -> None:
+        assert progress is not None
+        progress(
+            MapProgress(
+                settled=tally.completed + tally.failed,
+                completed=tally.completed,
+                failed=tally.failed,
+                reused=tally.reused,
+                total=total,
+            )
+        )
 
     row_once: Once | None = None
     if once is not None:
         receipts = once
 
         async def row_once(key: str, call: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
-            return await worker.once(key, call, receipts)
+            result, reused = await worker.once(key, call, receipts)
+            tally.reused += reused
+            return result, False  # counted here: a round's count would not outlive it
 
-    result: tuple[int, int, int] | None = None
-    clean = False
+    finished = False
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.keep)
@@ -376,7 +459,7 @@ async def run_attempt(
                 with trio.CancelScope() as body:
                     worker.body = body
                     worker._deadline()
-                    result = await run_map(
+                    await run_map(
                         worker.rows(),
                         fn,
                         total=total,
@@ -387,25 +470,24 @@ async def run_attempt(
                         flush_seconds=flush_seconds,
                         once=row_once,
                         namespace=attempt.table_namespace,
-                        progress=progress,
+                        progress=None if progress is None else reported,
                         output_keys=output_keys,
                         unknown_outputs=unknown_outputs,
                     )
-                    clean = True
+                    finished = True
             finally:
                 worker.body = None
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise_single(group)
     finally:
-        if not clean and not isinstance(worker.error, AttemptSupersededError):
+        if not finished and not isinstance(worker.error, AttemptSupersededError):
             await worker.release_all()
     if worker.error is not None:
         raise worker.error
-    if result is None:
+    if not finished:
         raise LeaseLostError(
             f"{attempt.table_namespace}@{attempt.write_version}",
             "no renewal landed before a share's lease would expire",
             "a share of attempt",
         )
-    return (worker.tally.rows, *result)

@@ -114,7 +114,8 @@ class Runtime:
         """How ``map_attempt``'s workers keep their shares' leases (``budgets``'
         ``SHARE_LEASE_*``); tests and benchmarks set a shorter one to see a takeover."""
         self.attempt_tally = AttemptTally()
-        """What this runtime's workers did (rows, shares, takeovers, renewals)."""
+        """What this runtime's last ``map`` or ``map_attempt`` did as a worker (rows,
+        shares, takeovers, renewals)."""
 
     def __repr__(self) -> str:
         c = self.context
@@ -472,6 +473,7 @@ class Runtime:
             )
             return await self.admitted_dataset(namespace, part).materialize()
 
+        self.attempt_tally = AttemptTally()
         return await run_attempt(
             attempt,
             self.share_road(namespace),
