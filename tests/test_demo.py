@@ -97,6 +97,9 @@ async def test_an_unreachable_database_fails_with_one_line_and_no_password() -> 
     done = await sheetplane("demo", "--rows", "10", "--database-url", url, env=dict(os.environ))
     out = done.stdout.decode() + done.stderr.decode()
     assert done.returncode == 1, out
-    assert "demo failed: StoreUnavailableError" in out
+    # The failure in one line on stderr, after (at most) one line said while it waited.
+    *waiting, line = done.stderr.decode().splitlines()
+    assert line.startswith("demo failed: StoreUnavailableError: could not connect")
+    assert len(waiting) <= 1 and all("retrying for up to" in w for w in waiting), waiting
     assert "sekret-pw" not in out
     assert "Traceback" not in out

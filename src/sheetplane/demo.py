@@ -712,7 +712,10 @@ def run_demo(args: argparse.Namespace) -> int:
         if url is not None:
             message = message.replace(url, "[database URL]")
         message = " ".join(message.split())  # one line, whatever the driver wrote
-        console.print(f"[red]demo failed:[/] {type(exc).__name__}: {message}", markup=True)
+        # One line on stderr, as for any command's expected failure.
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]demo failed:[/] {type(exc).__name__}: {message}", markup=True
+        )
         return 1
     report.timings["with Postgres start"] = time.perf_counter() - started
     console.print(report_table(report))
