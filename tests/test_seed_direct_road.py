@@ -421,3 +421,63 @@ async def test_an_admission_counts_inserted_and_skipped_as_the_seed_does(
     again = [{"_key": k, "email": f"{k}@x"} for k in ("p", "r", "f", "e", "s", "n", "n", "p")]
     # The seed: inserted = n + s; skipped = 8 - 2 (p, r, f again; e; the repeats).
     assert await admitted_counts(store, sheet, again, path) == (2, 6)
+
+
+async def test_unversioned_and_versioned_writers_in_both_orders(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """An unversioned write (the seed's 0.1.2 runtime; ``writeVersion`` left out) is
+    unfenced and leaves the row's version; a versioned attempt's write of a row it
+    finished first is ``already_terminal``, not a conflict; the reverse is the
+    unversioned writer's business; versioned attempts stay fenced exactly."""
+    fields = {"tableNamespace": namespace, "sheetContract": CONTRACT}
+    admitted = await act(
+        gateway, "start_sheet_dataset", rows=rows_of("a", "b", "c"), runId="run-v", **fields
+    )
+    version = admitted["writeVersion"]
+    seed = await mint(gateway, namespace, ["rows.read", "rows.upsert"])
+
+    async def complete(run: str, rows: list[dict[str, Any]], **more: Any) -> Any:
+        return await act(
+            gateway, "runtime_sheet_complete_map_rows", runId=run, rows=rows, **fields, **more
+        )
+
+    # Unversioned first: the seed completes a; the attempt's own write of a is benign.
+    assert await trio.to_thread.run_sync(seed.complete, [{"key": "a", "data": {"score": 1}}], "s")
+    answer = await complete(
+        "run-v",
+        [{"key": "a", "data": {"score": 9}}, {"key": "b", "data": {"score": 2}}],
+        writeVersion=version,
+    )
+    assert answer["committedKeys"] == ["b"]
+    assert answer["staleRows"] == [
+        {"key": "a", "reason": "already_terminal", "rowVersionStamp": version}
+    ]
+    # Versioned first (b): an unversioned write through sheetplane overwrites nothing;
+    # the seed's own statement is unfenced and overwrites it, as 0.1.2 does.
+    answer = await complete("run-u", [{"key": "b", "data": {"score": 7}}])
+    assert (answer["committedKeys"], [r["reason"] for r in answer["staleRows"]]) == (
+        [],
+        ["already_terminal"],
+    )
+    assert await trio.to_thread.run_sync(seed.complete, [{"key": "b", "data": {"score": 8}}], "s")
+    read = await gateway_rows(gateway, namespace)
+    assert {k: (r["_status"], r.get("score")) for k, r in read.items()} == {
+        "a": ("enriched", 1),
+        "b": ("enriched", 8),
+        "c": ("pending", None),
+    }
+    names = sheet_names(SheetRef(ORG, PLAY, namespace))
+    stamps = await run_sql(
+        gateway.config.database_url,
+        sql.SQL("SELECT _key, _write_version FROM {} ORDER BY _key").format(
+            names.ident("sheet_table")
+        ),
+    )
+    assert stamps == [("a", version), ("b", version), ("c", version)]
+    # Between versioned attempts nothing changed: a newer admission fences the old one.
+    newer = await act(gateway, "start_sheet_dataset", rows=rows_of("c"), runId="run-w", **fields)
+    answer = await complete("run-v", [{"key": "c", "data": {"score": 3}}], writeVersion=version)
+    assert answer["staleRows"] == [
+        {"key": "c", "reason": "newer_write_version", "rowVersionStamp": newer["writeVersion"]}
+    ]

@@ -50,6 +50,11 @@ CONTRACT = SheetContract(
         (StoredRow("enriched", 3, True), 3, Decision("replay")),
         (StoredRow("failed", 3, True), 3, Decision("replay")),
         (StoredRow("enriched", 3, False), 3, Decision("conflict")),
+        # Another run finished it at this version: an unversioned writer (the seed's
+        # 0.1.2 runtime, write_version=None) leaves the stamp; benign, not a conflict.
+        (StoredRow("enriched", 3, False, True), 3, Decision("stale", "already_terminal", 3)),
+        (StoredRow("failed", 3, False, True), 3, Decision("stale", "already_terminal", 3)),
+        (StoredRow("enriched", 3, True, True), 3, Decision("replay")),
         (StoredRow("failed", 3, False), 3, Decision("conflict")),
         (StoredRow("stale", 3, False), 3, Decision("stale", "already_terminal", 3)),
         (StoredRow("stale", 4, False), 3, Decision("stale", "newer_write_version", 4)),

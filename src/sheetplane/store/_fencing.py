@@ -17,6 +17,7 @@ pending/running, version > v        stale ``newer_write_version``
 pending/running, version < v        stale ``older_write_version``
 terminal, version > v / < v         stale ``newer_`` / ``older_write_version``
 terminal, version == v, identical   committed (idempotent replay, not updated)
+terminal, version == v, other run   stale ``already_terminal`` (benign)
 terminal, version == v, different   ``WriteConflictError``; nothing is written
 ``stale`` status, version == v      stale ``already_terminal`` (benign)
 any row, ``write_version=None``     pending/running: written regardless of the
@@ -37,10 +38,19 @@ Decisions where the runtime's contract is silent, and why:
   hide that. "Identical" means: same terminal status, every physical column the
   write carries equal to the stored value (jsonb equality), the cell-meta patch
   already contained key-for-key, and for failures the same ``_error``.
-* **``write_version=None``** is a legacy, unfenced writer: it writes any
-  pending or running row whatever its stamp (and leaves the stamp alone), and
-  a terminal row is reported ``already_terminal``, the one benign reason,
-  since nothing was overwritten.
+* **``write_version=None``** is a legacy, unfenced writer (the seed's 0.1.2
+  runtime writes so): it writes any pending or running row whatever its stamp
+  (and leaves the stamp alone), and a terminal row is reported
+  ``already_terminal``, the one benign reason, since nothing was overwritten.
+  The reverse order: a row an unversioned writer made terminal keeps the
+  attempt's stamp, so the attempt's own write of it meets a terminal row at
+  its version; with the same values it is a replay, with others it is
+  ``already_terminal`` when the row carries another run's id (an admission
+  belongs to one run, so only an unversioned writer leaves that), and
+  ``WriteConflictError`` only between writers of the one run. The seed's own
+  direct-road statement (``completeRuntimeMapRows``) is unfenced by design:
+  it overwrites whatever row holds the key, terminal or not, and leaves the
+  stamp. Fencing between versioned attempts is unchanged.
 * **Duplicate keys in one call**: the last occurrence wins.
 * **Data fields that are not physical contract columns** are ignored; a column
   the write does not carry keeps its stored value; JSON null is stored as SQL
@@ -122,6 +132,10 @@ class StoredRow:
     same_values: bool
     """Whether the row already holds exactly what this write would store
     (target status, carried columns, cell meta, error)."""
+    other_run: bool = False
+    """Whether the row's ``_run_id`` is not the writer's: a terminal row at the
+    writer's own version with another run's id was written by an unversioned
+    writer (an admission belongs to one run), not by this attempt."""
 
 
 @attrs.frozen
@@ -151,7 +165,12 @@ def decide_terminal_write(stored: StoredRow | None, writer_version: int | None) 
     elif writer_version is None or (stamp == writer_version and stored.status == "stale"):
         return Decision("stale", "already_terminal", stamp)
     elif stamp == writer_version:
-        return Decision("replay") if stored.same_values else Decision("conflict")
+        if stored.same_values:
+            return Decision("replay")
+        if stored.other_run:
+            # An unversioned writer finished the row (it leaves the stamp): benign.
+            return Decision("stale", "already_terminal", stamp)
+        return Decision("conflict")
     assert writer_version is not None and stamp != writer_version
     reason: StaleReason = "newer_write_version" if stamp > writer_version else "older_write_version"
     return Decision("stale", reason, stamp)
@@ -305,7 +324,8 @@ def _write_chunk(
     )
     cur = conn.execute(
         sql.SQL(
-            "WITH {incoming} SELECT t._key, t._status, t._write_version, {same} "
+            "WITH {incoming} SELECT t._key, t._status, t._write_version, {same}, "
+            "t._run_id IS DISTINCT FROM %(run_id)s "
             "FROM {sheet} AS t JOIN incoming AS i ON t._key = i.key "
             'ORDER BY t._key COLLATE "C" FOR UPDATE OF t'
         ).format(
@@ -313,11 +333,11 @@ def _write_chunk(
             same=_same_values_expr(sql_names, target),
             sheet=sheet,
         ),
-        {"rows": payload},
+        {"rows": payload, "run_id": run_id},
     )
     stored = {
-        key: StoredRow(status_of(status), int(version), bool(same))
-        for key, status, version, same in cur.fetchall()
+        key: StoredRow(status_of(status), int(version), bool(same), bool(other))
+        for key, status, version, same, other in cur.fetchall()
     }
     committed: list[str] = []
     stale: list[StaleRow] = []

@@ -126,10 +126,15 @@ class ModelWriteResult:
 
 
 def model_decision(
-    row: ModelRow | None, writer_version: int | None, write: ModelWrite
+    row: ModelRow | None,
+    writer_version: int | None,
+    write: ModelWrite,
+    run_id: str | None = None,
 ) -> tuple[str, str | None]:
     """``(disposition, reason)`` for one key: ``write``, ``replay``, ``conflict`` or
-    ``stale`` with its reason. The fencing table, case by case."""
+    ``stale`` with its reason. The fencing table, case by case; ``run_id`` is the
+    writer's (a terminal row at its version that another run wrote, an unversioned
+    writer's, is ``already_terminal`` rather than a conflict)."""
     if row is None:
         return "stale", "newer_write_version"
     if writer_version is None:
@@ -148,7 +153,11 @@ def model_decision(
         and all(row.cell_meta.get(name) == value for name, value in write.cell_meta.items())
         and (write.target != "failed" or row.error == write.error)
     )
-    return ("replay", None) if same else ("conflict", None)
+    if same:
+        return "replay", None
+    if run_id is not None and row.run_id != run_id:
+        return "stale", "already_terminal"
+    return "conflict", None
 
 
 @attrs.define
@@ -217,7 +226,7 @@ class SheetModel:
         committed, stale, to_write = [], [], []
         for key, write in last.items():
             row = self.rows.get(key)
-            disposition, reason = model_decision(row, writer_version, write)
+            disposition, reason = model_decision(row, writer_version, write, run_id)
             if disposition == "conflict":
                 return ModelWriteResult((), (), 0, conflict=True)
             if disposition == "stale":
