@@ -39,7 +39,7 @@ import trio
 
 from _serve_helpers import secret_file_options, serving
 from seed_runtime import prepare
-from sheetplane.runtime import CompleteRow, ContractColumn, SheetContract, open_runtime
+from sheetplane.runtime import CompleteRow, ContractColumn, FailRow, SheetContract, open_runtime
 
 pytestmark = pytest.mark.heavy(15)
 
@@ -66,6 +66,7 @@ CONTRACT_WIRE = {
 #: the seed's ``mapRuntimePostgresRow`` leaves out of ``data`` (docs/parity.md).
 SHEETPLANE_ROW_FIELDS = ("_key", "_status", "_error", "_input_index")
 ROADS = ("direct", "gateway_only")
+FAILURE = "provider down"
 #: The cases whose sheets (the seed's admission, completion, upsert, append and
 #: replace, under ``CONTRACT``) sheetplane reads back and compares.
 READ_BACK = (
@@ -104,6 +105,7 @@ SEED_CASES = (
     "columnFieldPerPath",
     "upsertInputIndexWithinTheCall",
     "readmissionMergeTakesTheStoredNull",
+    "seedReadmitsAFailedRow",
     "versionColumnsInTheRuntimesRows",
 )
 
@@ -151,6 +153,18 @@ async def _sheetplane_writes(base_url: str, org: str, prefix: str) -> dict[str, 
     return sheets
 
 
+async def _sheetplane_fails_a_row(base_url: str, org: str, prefix: str) -> dict[str, Any]:
+    """Admit three rows and fail the middle one, for the seed to admit again."""
+    namespace = f"{prefix}-sp-failed"
+    rows = _input_rows("fail")[:3]
+    async with _runtime(base_url, org, "direct") as rt:
+        writer = rt.writer(namespace, CONTRACT)
+        admission = await writer.start(rows)
+        pending = await admission.pending().materialize()
+        await writer.fail([FailRow(pending[1]["_key"], FAILURE)])
+    return {"tableNamespace": namespace, "inputRows": rows, "failedKey": pending[1]["_key"]}
+
+
 async def _sheetplane_reads(base_url: str, org: str, cases: dict[str, Any]) -> dict[str, Any]:
     """Each sheet a passing case of ``READ_BACK`` wrote, read by sheetplane on each road."""
     reads: dict[str, Any] = {}
@@ -185,6 +199,7 @@ async def _run(database_url: str, work: Path) -> dict[str, Any]:
     options = secret_file_options(work, database_url, {TOKEN: org})
     async with serving(*options, "--plays", str(plays), tmp_path=work) as served:
         sheets = await _sheetplane_writes(served.base_url, org, prefix)
+        failed = await _sheetplane_fails_a_row(served.base_url, org, prefix)
         config = work / "config.json"
         config.write_text(
             json.dumps(
@@ -199,6 +214,7 @@ async def _run(database_url: str, work: Path) -> dict[str, Any]:
                     "playRef": PLAY_REF,
                     "playId": PLAY_ID,
                     "sheetplaneSheets": sheets,
+                    "failedSheet": failed,
                 }
             )
         )
@@ -212,7 +228,14 @@ async def _run(database_url: str, work: Path) -> dict[str, Any]:
         assert node.returncode == 0, node.stderr.decode(errors="replace")[-4000:]
         cases: dict[str, Any] = json.loads(node.stdout)["cases"]
         reads = await _sheetplane_reads(served.base_url, org, cases)
-    return {"cases": cases, "sheetplane_sheets": sheets, "sheetplane_reads": reads}
+        async with _runtime(served.base_url, org, "direct") as rt:
+            after = await rt.dataset(failed["tableNamespace"], "all").materialize()
+    return {
+        "cases": cases,
+        "sheetplane_sheets": sheets,
+        "sheetplane_reads": reads,
+        "failed_sheet": {**failed, "after": after},
+    }
 
 
 @contextmanager
@@ -277,6 +300,22 @@ def test_the_seed_reads_back_what_sheetplane_wrote(interop: Any, road: str) -> N
     seed = _passed(interop, "sheetplaneWritesSeedReads")
     written = interop["sheetplane_sheets"][road]
     assert seed["read"][road] == [_seed_shape(row) for row in written["rows"]]
+
+
+def test_the_seeds_readmission_leaves_a_failed_row_as_it_was(interop: Any) -> None:
+    """A stated difference (docs/parity.md, ``startRuntimeSheetDataset``): the
+    runtime re-admits a failed row (it is to map again) but leaves its
+    ``_status``, ``_error``, ``_run_id`` and version; sheetplane's re-admission
+    resets it to ``pending`` under the new run and version, as
+    ``tests/test_store_admission.py::test_every_admission_takes_a_new_version_and_readmits_open_rows``
+    shows."""
+    _passed(interop, "seedReadmitsAFailedRow")
+    sheet = interop["failed_sheet"]
+    rows = {row["_key"]: row for row in sheet["after"]}
+    failed = rows.pop(sheet["failedKey"])
+    assert (failed["_status"], failed["_error"], failed["_run_id"]) == ("failed", FAILURE, RUN)
+    assert failed["_write_version"] == 1
+    assert [(row["_status"], row["_run_id"]) for row in rows.values()] == [("pending", RUN)] * 2
 
 
 def test_the_seed_is_extracted_verbatim() -> None:

@@ -47,6 +47,8 @@ type Config = {
   // Sheets sheetplane's runtime wrote before this run, by road, with the rows
   // sheetplane read back from them.
   sheetplaneSheets: Record<string, { tableNamespace: string; rows: Row[]; inputRows: Row[] }>;
+  // A sheet sheetplane admitted three rows into and failed the middle one of.
+  failedSheet: { tableNamespace: string; inputRows: Row[]; failedKey: string };
 };
 
 const config = JSON.parse(readFileSync(process.argv[2]!, 'utf8')) as Config;
@@ -490,6 +492,22 @@ const cases: Record<string, () => Promise<unknown>> = {
     const rows = await dataset(tableNamespace).materialize();
     assert.deepEqual(rows, [{ name: 'Ada', company: null, email: 'ada@a.example' }]);
     return { tableNamespace, completedRows: withoutVersions(again.completedRows) };
+  },
+
+  async seedReadmitsAFailedRow() {
+    // The failed row is among the rows to map again (the Python side checks
+    // what the seed left stored).
+    const sheet = config.failedSheet;
+    const answer = await startRuntimeSheetDataset(context(), {
+      playName: config.playName, tableNamespace: sheet.tableNamespace, sheetContract: contract,
+      rows: sheet.inputRows, runId: `${config.runId}-again`,
+    });
+    assert.equal(answer.inserted, 0);
+    assert.equal(answer.skipped, 3);
+    assert.deepEqual(answer.pendingRows, sheet.inputRows);
+    assert.deepEqual(answer.completedRows, []);
+    assert.equal(key(sheet.inputRows[1]!, sheet.tableNamespace), sheet.failedKey);
+    return { answer };
   },
 
   poolOptions: async () => ({ pools: runtimePoolRecords }),
