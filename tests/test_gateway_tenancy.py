@@ -46,6 +46,7 @@ from sheetplane.gateway.server._hardening import REVOKED_FUNCTION_PATTERN, harde
 from sheetplane.protocol import read_contract
 from sheetplane.store import open_store, sheet_names
 from sheetplane.store._counters import column_counts
+from sheetplane.store._guards import admit_functions
 from sheetplane.store._names import receipt_names
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES, SYSTEM_COLUMNS
 
@@ -337,6 +338,14 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
     allowed.add(("sheetTable", "SELECT", ""))
     if operation == "rows.read":
         return allowed
+    if operation == "rows.admit":
+        # The direct road's one-transaction admission: new rows stamped with a version,
+        # which the admit guard holds to the one its transaction took (the begin
+        # function takes the lock and the version; no event, no lock table, no UPDATE).
+        return allowed | {
+            ("sheetTable", "INSERT", c)
+            for c in (*ROW_INSERT_COLUMNS, "_write_version", "_admitted_version")
+        }
     allowed |= {("eventTable", "SELECT", "")}
     allowed |= {("eventTable", "INSERT", c) for c in WRITE_EVENT}
     # The writer lock is LOCK TABLE on the empty, columnless lock table (table-level
@@ -443,7 +452,8 @@ class _Rollback(Exception):
 
 
 @pytest.mark.parametrize(
-    "operation", ["rows.read", "rows.append", "rows.upsert", "rows.replace", "rows.stage"]
+    "operation",
+    ["rows.read", "rows.append", "rows.upsert", "rows.replace", "rows.admit", "rows.stage"],
 )
 async def test_privilege_matrix_of_every_operation_on_every_table_is_what_postgres_enforces(
     gateway: RunningGateway, namespace: str, operation: str
@@ -493,6 +503,65 @@ async def test_a_write_role_cannot_forge_the_admission_counter(
         )
     # The next admission still takes the next version.
     assert (await admit(gateway, TOKEN_A, namespace))["writeVersion"] == 2
+
+
+async def test_an_admit_role_stamps_only_the_version_its_own_transaction_took(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    await admit(gateway, TOKEN_A, namespace)  # version 1, three rows
+    answer, url = await mint(gateway, TOKEN_A, namespace, ["rows.admit"])
+    names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    rows = names.ident("sheet_table")
+    begin, finish = admit_functions(names)
+    insert = sql.SQL(
+        "INSERT INTO {} (_key, _write_version, _admitted_version) VALUES (%s, %s, %s)"
+    ).format(rows)
+
+    finish_call = sql.SQL("SELECT * FROM {}('r')").format(finish)
+
+    def hostile(conn: psycopg.Connection[Any]) -> list[str]:
+        through = []
+        attempts: list[tuple[str, Any]] = [
+            # No version taken in this transaction: any version is forged.
+            ("a version never taken", lambda: conn.execute(insert, ("x1", 7, 7))),
+            ("the last admission's version", lambda: conn.execute(insert, ("x2", 1, 1))),
+            ("no begin, then finish", lambda: conn.execute(finish_call)),
+        ]
+
+        def after_begin(version_delta: int) -> None:
+            taken = conn.execute(sql.SQL("SELECT taken_version FROM {}()").format(begin)).fetchone()
+            assert taken is not None
+            conn.execute(insert, ("x3", taken[0] + version_delta, taken[0] + version_delta))
+
+        attempts += [
+            ("a version past the one taken", lambda: after_begin(1)),
+            ("a version before the one taken", lambda: after_begin(-1)),
+        ]
+        for name, attempt in attempts:
+            try:
+                with conn.transaction():
+                    attempt()
+                    raise _Rollback
+            except _Rollback:
+                through.append(name)
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+        # The version its own transaction took is allowed (rolled back here too).
+        try:
+            with conn.transaction():
+                after_begin(0)
+                conn.execute(finish_call)
+                raise _Rollback
+        except _Rollback:
+            through.append("its own version")
+        return through
+
+    def run() -> list[str]:
+        with psycopg.connect(url) as conn:
+            return hostile(conn)
+
+    assert answer["operations"] == ["rows.admit"]
+    assert await trio.to_thread.run_sync(run) == ["its own version"]
 
 
 def hostile_counter_writes(url: str, names: Any) -> list[str]:

@@ -30,11 +30,19 @@ StaleReason = Literal[
 ]
 ColumnSource = Literal["input", "mapField", "output"]
 #: In the one canonical order: from the least privilege to the most on the sheet's
-#: rows, then ``rows.stage`` (staged admission's chunks: insert-only on the staging
-#: tables, nothing on the rows) and ``rows.claim`` (an attempt's shares: only the
-#: sheet's share functions, ``store/_shares.py``).
+#: rows, then ``rows.admit`` (the direct road's admission in one transaction: new rows
+#: stamped with the version its transaction took, ``store/_direct.py``), then
+#: ``rows.stage`` (staged admission's chunks: insert-only on the staging tables,
+#: nothing on the rows) and ``rows.claim`` (an attempt's shares: only the sheet's
+#: share functions, ``store/_shares.py``).
 Operation = Literal[
-    "rows.read", "rows.append", "rows.upsert", "rows.replace", "rows.stage", "rows.claim"
+    "rows.read",
+    "rows.append",
+    "rows.upsert",
+    "rows.replace",
+    "rows.admit",
+    "rows.stage",
+    "rows.claim",
 ]
 LogicalTable = Literal["sheet_rows", "dataset_rows", "play_output"]
 

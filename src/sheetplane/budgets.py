@@ -456,6 +456,27 @@ DB_SESSION_TRANSACTION_TIMEOUT_MS: Final = POSTGRES_OPERATION_BUDGET_MS
 #: backends itself (``pg_terminate_backend``), at most one interval late.
 DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS // 5
 
+#: The longest the direct road's admission in one transaction (``store/_direct.py``)
+#: holds its transaction, and with it the sheet's writer lock, before the runner rolls
+#: it back (a sequence is then staged from its start; an iterator cannot be read again
+#: and raises). The runner checks it after each chunk, so the transaction lasts at
+#: most this, one more chunk and the finish: three quarters of the session's
+#: transaction timeout leaves a quarter (11.9 s) for those, so the runner ends its
+#: own transaction before the watchdog or Postgres does. What the hold costs others:
+#: every writer of the sheet waits for it, as it waits for a staged commit (which may
+#: hold the lock up to ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``); a writer whose
+#: ``LOCK`` waits past its statement timeout fails with ``StatementTimeoutError``.
+DIRECT_ADMISSION_HOLD_MS: Final = DB_SESSION_TRANSACTION_TIMEOUT_MS * 3 // 4
+
+#: A ceiling on the runner's work per input row on the direct road's one transaction
+#: (check, key, encode, COPY): ten times the 6 µs measured on the 2-core development
+#: machine at load 4. Between two statements the transaction is idle only while the
+#: runner reads and encodes one chunk (``ADMISSION_CHUNK_ROWS`` rows), so at this
+#: ceiling a chunk's gap stays under the session's idle-in-transaction timeout
+#: (checked below). An input slower than that (an iterator that waits on something)
+#: meets the idle timeout, and Postgres ends the transaction: nothing is committed.
+DIRECT_ADMISSION_ROW_CEILING_US: Final = 60
+
 #: How long the reaper's sweep waits for a row lock while it expires one sheet's
 #: admissions before it leaves the sheet to its next pass: half a watchdog
 #: interval, several times a full chunk's own transaction (110 to 137 ms), so
@@ -860,6 +881,19 @@ def _check() -> None:
         ),
         "four runner processes of one token fit its share of requests in flight": (
             0 < 4 * GATEWAY_CLIENT_MAX_CONNECTIONS <= GATEWAY_MAX_REQUESTS_PER_TOKEN
+        ),
+        "a direct admission ends its own transaction first, and holds the writer lock no "
+        "longer than a staged commit may": (
+            DIRECT_ADMISSION_HOLD_MS + DB_SESSION_WATCHDOG_INTERVAL_MS
+            < DB_SESSION_TRANSACTION_TIMEOUT_MS
+            and DB_SESSION_TRANSACTION_TIMEOUT_MS - DIRECT_ADMISSION_HOLD_MS
+            >= POSTGRES_STATEMENT_TIMEOUT_MS // 2
+            and DIRECT_ADMISSION_HOLD_MS <= ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
+        ),
+        "a direct admission's chunk is encoded well inside the idle-in-transaction timeout": (
+            ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
+            + DB_SESSION_WATCHDOG_INTERVAL_MS
+            < DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS
         ),
         "a staged chunk holds the largest row": MAX_ROW_BYTES <= ADMISSION_CHUNK_BYTES,
         "a staged chunk and its envelope fit the transport ceiling": (

@@ -20,9 +20,11 @@ Importing it imports neither httpx, starlette, hypercorn nor psycopg (a test
 checks ``sys.modules``).
 """
 
+from ._chunks import ENCODE_OPTIONS as ENCODE_OPTIONS
 from ._chunks import ChunkBuilder as ChunkBuilder
 from ._chunks import EncodedChunk as EncodedChunk
 from ._chunks import encode_row as encode_row
+from ._chunks import keyed_document as keyed_document
 from ._chunks import prepare_chunk as prepare_chunk
 from ._converter import ABSENT as ABSENT
 from ._converter import TEXT_CAPS as TEXT_CAPS
@@ -234,6 +236,7 @@ __all__ = [
     "BIGINT_MIN",
     "CLOSED",
     "CONVERTER",
+    "ENCODE_OPTIONS",
     "ERRORS",
     "ERROR_STATUSES",
     "EXCHANGES",
@@ -376,6 +379,7 @@ __all__ = [
     "int_field",
     "is_transient_message",
     "json_of",
+    "keyed_document",
     "lease_token_field",
     "openapi_document",
     "optional_int_field",

@@ -21,9 +21,11 @@ from ..errors import InvalidInputError
 from ..identity import row_key
 
 __all__ = [
+    "ENCODE_OPTIONS",
     "ChunkBuilder",
     "EncodedChunk",
     "encode_row",
+    "keyed_document",
     "prepare_chunk",
 ]
 
@@ -75,7 +77,8 @@ class ChunkBuilder:
         return EncodedChunk(bytes(self._keys + b"]"), bytes(self._rows + b"]"), self.row_count)
 
 
-_ENCODE_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+#: orjson's options for an admitted row (datetimes and dataclasses go through the checks).
+ENCODE_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 _STDLIB_ENCODE: Final = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, allow_nan=False
 ).encode
@@ -83,7 +86,14 @@ _STDLIB_ENCODE: Final = json.JSONEncoder(
 
 def encode_row(row: object, position: int) -> tuple[bytes, bytes]:
     """One input row's key and document, each as compact JSON (UTF-8), checked where
-    they are encoded.
+    they are encoded (``keyed_document``, the key written as a JSON string)."""
+    key, doc = keyed_document(row, position)
+    return orjson.dumps(key), doc
+
+
+def keyed_document(row: object, position: int) -> tuple[str, bytes]:
+    """One input row's key, and its document as compact JSON (UTF-8), checked where
+    it is encoded.
 
     orjson writes the document once; the checks read what it wrote: its length
     against ``MAX_ROW_BYTES``, and a ``null`` or ``\\u0000`` in it (orjson writes
@@ -104,7 +114,7 @@ def encode_row(row: object, position: int) -> tuple[bytes, bytes]:
             )
         row = dict(row)
     try:
-        doc: bytes | None = orjson.dumps(row, option=_ENCODE_OPTIONS)
+        doc: bytes | None = orjson.dumps(row, option=ENCODE_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError is a TypeError
         doc = None
     if doc is None or b"null" in doc or b"\\u0000" in doc:
@@ -120,10 +130,11 @@ def encode_row(row: object, position: int) -> tuple[bytes, bytes]:
             f"({len(doc)} bytes): a row must fit in one page read"
         )
     try:
-        key = orjson.dumps(row_key(row, None))
+        key = row_key(row, None)
+        key.encode("utf-8")
     except InvalidInputError as exc:
         raise InvalidInputError(f"row {position}: {exc}") from None
-    except TypeError:  # a carried _key with a lone surrogate
+    except UnicodeEncodeError:  # a carried _key with a lone surrogate
         raise InvalidInputError(
             f"row {position}: a row's _key must be text with a UTF-8 form"
         ) from None

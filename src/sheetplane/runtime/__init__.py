@@ -24,19 +24,27 @@ Which road each operation takes:
 operation                              ``direct``                  ``gateway_only``
 =====================================  ==========================  =====================
 dataset reads                          scoped session (rows.read)  gateway
-``start``: begin, commit                gateway                     gateway
-``start``: the input's chunks          scoped session (rows.stage,  gateway
-                                       one INSERT a chunk)
+``start`` on an empty sheet            one transaction on a        gateway (staged)
+(a sequence or an iterator)            scoped session (rows.admit,
+                                       COPY into the sheet)
+``start``, any other                   staged: chunks on a scoped  staged: chunks,
+                                       session (rows.stage),       begin and commit
+                                       begin and commit by the     by the gateway
+                                       gateway
 ``complete`` / ``fail``                scoped session              gateway
                                        (rows.read + rows.upsert)
 ``append`` / ``upsert`` / ``replace``  scoped session              scoped session
 receipts                               gateway                     gateway
 =====================================  ==========================  =====================
 
-Admission is staged (docs/store.md, "Staged admission"): the input's chunks
-go into the sheet's staging area, on a scoped session on ``direct`` and by
-request on ``gateway_only``, and the gateway commits it whole on both
-strategies: deciding what an attempt owns is the gateway's job. The gateway
+Admission has one owner, ``runtime/_admit.py``, which chooses the way in. On
+``direct``, a first admission of a sequence or an iterator is written once,
+straight into the sheet, in one transaction of a ``rows.admit`` session whose
+write version the sheet's own begin function takes (``store/_direct.py``);
+everything else is staged (docs/store.md, "Staged admission"): the input's
+chunks go into the sheet's staging area, on a scoped session on
+``direct`` and by request on ``gateway_only``, and the gateway commits it
+whole: re-admitting rows is the gateway's job. The gateway
 has no action for ``append``, ``upsert`` and ``replace``, so they always write through a session the
 gateway mints for exactly that operation, as the runtime this library
 re-creates does. Receipts live outside every sheet, where no session role is

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
@@ -12,7 +12,6 @@ import trio
 
 from .. import _checks as checks
 from .. import _tracing
-from .. import protocol as m
 from .._inputs import watch_inputs
 from .._json import encode_body
 from .._recovery import retry_idempotent
@@ -21,25 +20,21 @@ from .._types import (
     AdmittedPart,
     CompleteRow,
     FailRow,
-    InlineAdmission,
     SheetContract,
     SheetRef,
     TerminalWriteResult,
     WriteResult,
 )
-from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
+from ..admission import Admission, AdmissionInput, check_input
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..dataset import Dataset
 from ..errors import (
-    STAGING_LOST_TEXT,
-    AdmissionStateError,
     AttemptSupersededError,
     InvalidInputError,
-    UnsupportedActionError,
 )
 from ..gateway.client import GatewayClient
 from ..sessions import AccessShape, SessionLimits, SessionManager
-from ._whole import Tape, admit_whole, whole_admission
+from ._admit import admit
 
 if TYPE_CHECKING:
     from ..store import SheetStore
@@ -48,8 +43,6 @@ __all__ = ["RowWriter", "WriteTally", "WriteTarget"]
 
 _Row = TypeVar("_Row", CompleteRow, FailRow)
 
-#: The staged admission's first action: a gateway that does not serve it admits whole.
-BEGIN_ADMISSION: Final = m.action_of(m.BeginAdmissionRequest)
 _Row_contra = TypeVar("_Row_contra", contravariant=True)
 _At_contra = TypeVar("_At_contra", contravariant=True)
 
@@ -184,9 +177,13 @@ class RowWriter:
         mappings, of any size. Rows are deduplicated by key (the first
         occurrence is kept) and keep their input order; ``admission.pending()``
         reads the rows to map and ``admission.completed()`` the already-enriched
-        ones, lazily. The input is staged in chunks and committed whole, as one
-        write version (see ``sheetplane.admission``): memory holds a couple of
-        chunks, whatever the input's size.
+        ones, lazily. The input goes in as one write version, committed whole,
+        the way ``runtime/_admit.py`` chooses: on the direct road in one
+        transaction straight into the sheet, otherwise staged in chunks (see
+        ``sheetplane.admission``); memory holds a couple of chunks, whatever the
+        input's size. On the direct road an iterator still being read after
+        ``DIRECT_ADMISSION_HOLD_MS`` raises ``AdmissionStateError`` with nothing
+        committed (a sequence is then staged from its start).
 
         A bad row raises ``InvalidInputError`` naming its position in the input
         (a bad first chunk is refused before any request). If it raises, or is
@@ -232,62 +229,10 @@ class RowWriter:
     async def _start(self, rows: AdmissionInput, strict_inputs: bool) -> Admission:
         t = self._target
         rows = watch_inputs(rows, t.contract, t.sheet.table_namespace, strict=strict_inputs)
-        served = t.client.serves(BEGIN_ADMISSION)
-        if served is False:
-            return self._begun(await self._whole(Tape(rows, lambda: True).replay()))
-        staged = StagedAdmission(
-            client=t.client,
-            sessions=t.sessions,
-            sheet=t.sheet,
-            contract=t.contract,
-            run_id=t.run_id,
-            direct=t.direct,
-            user_email=t.user_email,
-        )
-        # Until the gateway is known to stage, keep what the staged attempt reads, so
-        # a gateway that admits only whole inputs gets the whole input (``_whole``).
-        tape = Tape(rows, lambda: t.client.serves(BEGIN_ADMISSION) is None)
-        try:
-            try:
-                counts = await staged.run(tape.play() if served is None else rows)
-            except AdmissionStateError as exc:
-                # The staging rows were lost (a database restart empties the unlogged
-                # staging table; the next chunk or the commit finds it). A sequence
-                # can be read again: the admission starts over once, as a new one.
-                # A one-shot iterator cannot: the error is the caller's.
-                if STAGING_LOST_TEXT not in str(exc) or not _rereadable(rows):
-                    raise
-                counts = await staged.run(rows)  # a new admission id, from the start
-        except UnsupportedActionError:
-            if served is not None or t.client.serves(BEGIN_ADMISSION) is not False:
-                raise
-            return self._begun(await self._whole(tape.replay()))
-        finally:
-            # The admission's staging session is not used again: its pool gives its
-            # connections back to the org's budget now, not after the idle timeout.
-            namespace = t.sheet.table_namespace
-            t.sessions.release(
-                lambda shape: (
-                    shape.table_namespace == namespace and shape.operations == ("rows.stage",)
-                )
-            )
-        self._write_version = counts.write_version
+        admission = await admit(t, rows)
+        self._write_version = admission.write_version
         self._superseded = None
-        return Admission.from_counts(
-            counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
-        )
-
-    async def _whole(self, rows: AsyncIterator[Mapping[str, Any]]) -> InlineAdmission:
-        t = self._target
-        return await admit_whole(t.client, t.sheet.table_namespace, t.contract, rows, t.run_id)
-
-    def _begun(self, inline: InlineAdmission) -> Admission:
-        self._write_version = inline.write_version
-        self._superseded = None
-        t = self._target
-        return whole_admission(
-            inline, t.direct, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
-        )
+        return admission
 
     def _version(self) -> int:
         if self._superseded is not None:
@@ -474,8 +419,3 @@ def _replace(
     store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str, run_id: str
 ) -> Awaitable[WriteResult]:
     return store.replace_rows(sheet, rows, idempotency_key=key, run_id=run_id)
-
-
-def _rereadable(rows: object) -> bool:
-    """Whether an admission input can be read again from its start: a sequence."""
-    return isinstance(rows, Sequence) and not isinstance(rows, str | bytes)

@@ -14,6 +14,7 @@ from .._types import RowCursor as RowCursor
 from .._types import RowFilter as RowFilter
 from ._grants import ROW_WRITES as ROW_WRITES
 from ._grants import session_grants as session_grants
+from ._guards import admit_functions as admit_functions
 from ._guards import clear_function as clear_function
 from ._names import SheetNames as SheetNames
 from ._names import sheet_names as sheet_names
@@ -55,6 +56,7 @@ __all__ = [
     "SheetStore",
     "StoreQuotas",
     "TrioPool",
+    "admit_functions",
     "check_key",
     "clear_function",
     "column_ids",

@@ -11,12 +11,16 @@ operation           privileges
 ``rows.append``     sheet: SELECT, INSERT by column
 ``rows.upsert``     sheet: SELECT, INSERT and UPDATE by column
 ``rows.replace``    as ``rows.upsert``, DELETE, and EXECUTE on the clear function
+``rows.admit``      sheet: SELECT, INSERT by column with ``_write_version`` and
+                    ``_admitted_version``; EXECUTE on the sheet's admission
+                    functions (the direct road's admission in one transaction)
 ``rows.stage``      the chunk table: INSERT by column; the staging table: INSERT
 ``rows.claim``      EXECUTE on the sheet's share functions
 ==================  ==========================================================
 
 The rows are granted by column (``_sheet_grants``): never ``_write_version``
-or the other columns only admissions set, and no table-level UPDATE; only
+or the other columns only admissions set (but to ``rows.admit``, whose rows
+the admit guard holds to the version its own transaction took), and no table-level UPDATE; only
 ``rows.replace`` holds DELETE (the seed's replace deletes the rows itself:
 docs/gateway.md states what that lets through). The guard triggers of
 ``_guards`` refuse the status changes and events the fence decides.
@@ -44,7 +48,7 @@ from typing import Final, Literal
 
 from psycopg import sql
 
-from ._guards import clear_function
+from ._guards import admit_functions, clear_function
 from ._names import SheetNames
 from ._seedlayout import SEED_EVENT_COLUMNS, SEED_SUMMARY_COLUMNS
 from ._shares import share_signatures
@@ -58,6 +62,7 @@ _SHEET_PRIVILEGES: Final[dict[str, frozenset[Privilege]]] = {
     "rows.append": frozenset({"SELECT", "INSERT"}),
     "rows.upsert": frozenset({"SELECT", "INSERT", "UPDATE"}),
     "rows.replace": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
+    "rows.admit": frozenset({"SELECT", "INSERT"}),
     "rows.stage": frozenset(),
     "rows.claim": frozenset(),
 }
@@ -82,6 +87,8 @@ Grant = tuple[Privilege, tuple[str, ...]]
 #: UPDATE), ``_input_index`` (on UPDATE), ``_created_at``, ``_stage`` and
 #: ``_provider`` are the gateway's only. The contract's columns are added to both.
 _ROW_INSERT_COLUMNS: Final = ("_key", "_status", "_run_id", "_input_index")
+#: What only ``rows.admit`` inserts besides (held to its own version by the admit guard).
+_ROW_VERSION_COLUMNS: Final = ("_write_version", "_admitted_version")
 _ROW_UPDATE_COLUMNS: Final = (
     "_status",
     "_run_id",
@@ -102,7 +109,9 @@ _SUMMARY_UPDATE_COLUMNS: Final = (
 )
 
 
-def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
+def _sheet_grants(
+    sheet: set[Privilege], columns: Sequence[str], *, admits: bool = False
+) -> list[Grant]:
     """The rows table's grants: SELECT on the table, INSERT and UPDATE by column.
 
     No table-level UPDATE or DELETE: either lets ``LOCK TABLE ... IN ACCESS
@@ -113,7 +122,9 @@ def _sheet_grants(sheet: set[Privilege], columns: Sequence[str]) -> list[Grant]:
     """
     grants: list[Grant] = [("SELECT", ())] if "SELECT" in sheet else []
     if "INSERT" in sheet:
-        grants.append(("INSERT", (*_ROW_INSERT_COLUMNS, *columns)))
+        # rows.admit: the write version and the admitted version too (the admit guard).
+        stamped = _ROW_VERSION_COLUMNS if admits else ()
+        grants.append(("INSERT", (*_ROW_INSERT_COLUMNS, *stamped, *columns)))
     if "UPDATE" in sheet:
         grants.append(("UPDATE", (*_ROW_UPDATE_COLUMNS, *columns)))
     if "DELETE" in sheet:
@@ -130,6 +141,15 @@ def _function_grants(names: SheetNames, operations: Sequence[str]) -> list[sql.C
     grants = []
     if "rows.replace" in operations:
         grants.append(sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(clear_function(names)))
+    if "rows.admit" in operations:
+        # The writer lock and the version are taken, and the admission's event
+        # recorded, by the gateway's functions (``_guards.admit_ddl``).
+        begin, taken, finish = admit_functions(names)
+        grants += [
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(begin),
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}()").format(taken),
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}(text)").format(finish),
+        ]
     if "rows.claim" in operations:
         grants += [
             sql.SQL("GRANT EXECUTE ON FUNCTION {}").format(signature)
@@ -147,7 +167,7 @@ def _grants(
     for op in operations:
         sheet |= _SHEET_PRIVILEGES[op]
     tables: dict[str, list[Grant]] = {
-        "sheet_table": _sheet_grants(sheet, columns),
+        "sheet_table": _sheet_grants(sheet, columns, admits="rows.admit" in operations),
         "summary_table": [("SELECT", ())],
         "column_summary_table": [("SELECT", ())],
         "counter_table": [("SELECT", ())],

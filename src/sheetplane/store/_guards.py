@@ -29,7 +29,19 @@ what the fence decides:
   each write) and its reset to zero (the seed's replace) are dropped, any other
   write is refused;
 * the store's own ``replace`` deletes the rows through the clear function, a
-  ``SECURITY DEFINER`` function of the gateway.
+  ``SECURITY DEFINER`` function of the gateway;
+* a statement trigger on the rows table refuses an insert by a role that is
+  not the gateway of any row stamped with a write version (or an admitted
+  version) other than the one its own transaction took. A ``rows.admit``
+  session (the direct road's admission in one transaction,
+  ``store/_direct.py``) takes that version through the begin function, a
+  ``SECURITY DEFINER`` function of the gateway that takes the writer lock
+  exclusively and the sheet's next version (the summary row it updates then
+  carries the transaction's id as its ``xmin``, which no session role can
+  write), and ``COPY``s its rows stamped with it; the finish function (also
+  the gateway's) records the admission's event, compacts the counters and
+  analyzes a grown sheet. Every other role inserts rows of version 0 (the
+  columns' defaults).
 
 A guard refuses with ``insufficient_privilege`` (42501), as a grant does. The
 gateway (and a superuser) is never refused: the guard asks
@@ -44,11 +56,16 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg import sql
 
+from ..budgets import ADMISSION_ANALYZE_MIN_ROWS, ADMISSION_ANALYZE_STATISTICS_TARGET
+from ._counters import STATUS_COUNTERS
+
 if TYPE_CHECKING:
     from ._names import SheetNames
 
 __all__ = [
     "FENCE_TRIGGERS",
+    "admit_ddl",
+    "admit_functions",
     "clear_rows",
     "guard_ddl",
     "guards_missing",
@@ -62,7 +79,11 @@ FENCE_TRIGGERS: Final = (
     ("sheetplane_fence_event_delete", "event_table"),
     ("sheetplane_fence_base", "summary_table"),
     ("sheetplane_fence_base", "column_summary_table"),
+    ("sheetplane_fence_admit", "sheet_table"),
 )
+
+#: The transition table of the admit guard (the rows one insert statement added).
+_ADMITTED: Final = "sheetplane_admitted"
 
 #: The status changes a session's own writes make; every other one is the fence's.
 #: A failed row may be completed again: the seed's runtime admits its failed rows
@@ -121,6 +142,32 @@ BEGIN
 END
 """
 
+#: The version the current transaction took through the begin function: the summary
+#: row's ``xmin`` is the transaction that last updated it, and only the gateway's
+#: functions update it (``TG_ARGV[1]``: the summary table).
+_TAKEN_VERSION: Final = (
+    "format('SELECT write_version FROM %s WHERE id AND xmin = pg_current_xact_id()::xid', "
+    "TG_ARGV[1])"
+)
+
+_ADMIT_BODY: Final = f"""
+DECLARE
+  taken bigint;
+BEGIN
+  IF {_IS_GATEWAY} THEN
+    RETURN NULL;
+  END IF;
+  EXECUTE {_TAKEN_VERSION} INTO taken;
+  IF EXISTS (SELECT FROM {_ADMITTED} AS r WHERE NOT coalesce(
+      (r._write_version = 0 AND r._admitted_version IS NULL)
+      OR (r._write_version = taken AND r._admitted_version = taken), false)) THEN
+    RAISE EXCEPTION 'only the admission that took a write version stamps rows with it'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  RETURN NULL;
+END
+"""
+
 _EVENT_BODY: Final = f"""
 DECLARE
   rows regclass := TG_ARGV[0]::regclass;
@@ -174,14 +221,21 @@ def clear_function(names: SheetNames) -> sql.Identifier:
     return _function(names, "clear")
 
 
+def admit_functions(names: SheetNames) -> tuple[sql.Identifier, sql.Identifier]:
+    """The sheet's admission functions (begin, finish) of the direct road's admission in
+    one transaction (``store/_direct.py``)."""
+    return _function(names, "admit_begin"), _function(names, "admit_finish")
+
+
 def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Composed]:
     """The statements that (re)create the guards; run by the gateway under the DDL
     lock and the exclusive writer lock."""
     rows, events = names.ident("sheet_table"), names.ident("event_table")
-    status_fn, event_fn, base_fn, clear = (
+    status_fn, event_fn, base_fn, admit_fn, clear = (
         _function(names, "fence"),
         _function(names, "event_fence"),
         _function(names, "base_fence"),
+        _function(names, "admit_fence"),
         clear_function(names),
     )
     pinned = sql.SQL("SET search_path = pg_catalog, pg_temp")
@@ -209,6 +263,7 @@ def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
             (status_fn, _STATUS_BODY),
             (event_fn, _EVENT_BODY),
             (base_fn, _BASE_BODY),
+            (admit_fn, _ADMIT_BODY),
         )
     ]
     statements += [
@@ -246,6 +301,20 @@ def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
             "WHEN ({}) EXECUTE FUNCTION {}({})"
         ).format(events, not_gateway, event_fn, sql.SQL(", ").join(map(sql.Literal, arguments))),
     ]
+    # One pass over an insert's new rows, and only for a role that is not the gateway
+    # (the gateway returns at once): a plain insert's rows carry version 0.
+    statements.append(
+        sql.SQL(
+            "CREATE TRIGGER sheetplane_fence_admit AFTER INSERT ON {} REFERENCING NEW TABLE "
+            "AS {} FOR EACH STATEMENT EXECUTE FUNCTION {}({}, {})"
+        ).format(
+            rows,
+            sql.Identifier(_ADMITTED),
+            admit_fn,
+            gateway,
+            sql.Literal(names.ident("summary_table").as_string(conn)),
+        )
+    )
     for attr, kind in (("summary_table", "summary"), ("column_summary_table", "column_summary")):
         statements.append(
             sql.SQL(
@@ -256,14 +325,83 @@ def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
     return statements
 
 
+_PINNED: Final = sql.SQL("SET search_path = pg_catalog, pg_temp")
+
+
+def admit_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Composed]:
+    """The statements that (re)create the sheet's begin and finish functions of the direct
+    road's admission in one transaction (``store/_direct.py``); run by the gateway
+    under the DDL lock and the exclusive writer lock."""
+    begin, finish = admit_functions(names)
+    summary, rows = names.ident("summary_table"), names.ident("sheet_table")
+    counters = names.ident("counter_table")
+    begin_body = sql.SQL(
+        "BEGIN\n"
+        "  LOCK TABLE {lock} IN EXCLUSIVE MODE;\n"
+        "  INSERT INTO {summary} AS s (id, write_version, updated_at) VALUES (true, 1, now())\n"
+        "    ON CONFLICT (id) DO UPDATE SET write_version = s.write_version + 1,\n"
+        "    updated_at = now() RETURNING s.write_version INTO taken_version;\n"
+        "  was_empty := NOT EXISTS (SELECT FROM {rows});\n"
+        "END"
+    ).format(lock=names.ident("lock_table"), summary=summary, rows=rows)
+    total = sql.SQL(
+        "coalesce((SELECT s.total FROM {summary} AS s WHERE s.id), 0) + coalesce("
+        "(SELECT sum(c.value) FROM {counters} AS c WHERE c.kind = 'status' AND c.name = {t}), 0)"
+    ).format(summary=summary, counters=counters, t=sql.Literal(STATUS_COUNTERS[0]))
+    finish_body = sql.SQL(
+        "BEGIN\n"
+        "  SELECT s.write_version INTO taken_version FROM {summary} AS s\n"
+        "    WHERE s.id AND s.xmin = pg_current_xact_id()::xid;\n"
+        "  IF taken_version IS NULL THEN\n"
+        "    RAISE EXCEPTION 'no admission began in this transaction'\n"
+        "      USING ERRCODE = 'insufficient_privilege';\n"
+        "  END IF;\n"
+        "  WITH moved AS (DELETE FROM {counters} RETURNING kind, name, value)\n"
+        "    INSERT INTO {counters} (kind, name, value) SELECT kind, name, sum(value)\n"
+        "    FROM moved GROUP BY kind, name HAVING sum(value) <> 0;\n"
+        "  sheet_rows := {total};\n"
+        "  INSERT INTO {events} (kind, run_id, write_version, row_count)\n"
+        "    VALUES ('admission', run_id, taken_version, sheet_rows);\n"
+        "  IF sheet_rows >= {analyze_min} THEN\n"
+        "    PERFORM set_config('default_statistics_target', {target}, true);\n"
+        "    ANALYZE {rows};\n"
+        "  END IF;\n"
+        "END"
+    ).format(
+        summary=summary,
+        counters=counters,
+        total=total,
+        events=names.ident("event_table"),
+        analyze_min=sql.Literal(ADMISSION_ANALYZE_MIN_ROWS),
+        target=sql.Literal(str(ADMISSION_ANALYZE_STATISTICS_TARGET)),
+        rows=rows,
+    )
+    return [
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}(OUT taken_version bigint, OUT was_empty boolean) "
+            "LANGUAGE plpgsql SECURITY DEFINER {} AS {}"
+        ).format(begin, _PINNED, sql.Literal(begin_body.as_string(conn))),
+        sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(begin),
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}(run_id text, OUT taken_version bigint, "
+            "OUT sheet_rows bigint) LANGUAGE plpgsql SECURITY DEFINER {} AS {}"
+        ).format(finish, _PINNED, sql.Literal(finish_body.as_string(conn))),
+        sql.SQL("REVOKE ALL ON FUNCTION {}(text) FROM PUBLIC").format(finish),
+    ]
+
+
 def guards_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
-    """Whether a guard trigger or the clear function is missing (a sheet made
-    before the guards existed: ``ensure_sheet`` adds them)."""
+    """Whether a guard trigger, the clear function or an admission function is missing
+    (a sheet made before they existed: ``ensure_sheet`` adds them)."""
+    begin, finish = admit_functions(names)
     row = conn.execute(
-        "SELECT to_regprocedure(%(clear)s) IS NULL OR (SELECT count(*) FROM pg_trigger"
+        "SELECT to_regprocedure(%(clear)s) IS NULL OR to_regprocedure(%(begin)s) IS NULL"
+        " OR to_regprocedure(%(finish)s) IS NULL OR (SELECT count(*) FROM pg_trigger"
         " WHERE tgrelid = ANY(%(tables)s::regclass[]) AND tgname = ANY(%(triggers)s)) < %(n)s",
         {
             "clear": f"{clear_function(names).as_string(conn)}()",
+            "begin": f"{begin.as_string(conn)}()",
+            "finish": f"{finish.as_string(conn)}(text)",
             "tables": sorted({names.ident(attr).as_string(conn) for _, attr in FENCE_TRIGGERS}),
             "triggers": sorted({name for name, _ in FENCE_TRIGGERS}),
             "n": len(FENCE_TRIGGERS),

@@ -38,7 +38,7 @@ from ..budgets import (
 from ..errors import InvalidInputError
 from ..identity import IDENTITY_SCHEME
 from ._counters import COUNT_TRIGGERS, count_trigger_ddl, fold_status_log
-from ._guards import guard_ddl, guards_missing
+from ._guards import admit_ddl, guard_ddl, guards_missing
 from ._locking import lock_sheet
 from ._names import TABLE_ATTRS, SheetNames
 from ._pool import ConnectionRunner
@@ -754,6 +754,8 @@ async def ensure_sheet(
         for statement in count_trigger_ddl(conn, names, counted):
             conn.execute(statement)
         for statement in guard_ddl(conn, names):
+            conn.execute(statement)
+        for statement in admit_ddl(conn, names):
             conn.execute(statement)
         for statement in quota_trigger_ddl(conn, names):
             conn.execute(statement)

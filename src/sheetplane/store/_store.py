@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -30,6 +30,7 @@ from .._types import (
 from ..protocol import EncodedChunk
 from . import (
     _admission,
+    _direct,
     _fencing,
     _plays,
     _quotas,
@@ -160,6 +161,29 @@ class SheetStore:
         names = await self._ensure_cached(sheet, contract)
         return await _admission.start_dataset(
             self.pool, names, sheet, rows, run_id, contract, key_field=key_field, check=check
+        )
+
+    # --- the direct road's admission in one transaction (store/_direct.py) ---------------
+
+    async def admit_in_one_transaction(
+        self,
+        sheet: SheetRef,
+        contract: SheetContract,
+        rows: Iterable[object],
+        run_id: str,
+        *,
+        hold_ms: int,
+    ) -> _direct.DirectOutcome:
+        """Admit ``rows`` in one transaction, new rows straight into the sheet (on a
+        ``rows.admit`` session: the sheet exists, it is not ensured here)."""
+        return await _direct.admit_in_one_transaction(
+            self.pool,
+            sheet_names(sheet),
+            sheet.table_namespace,
+            physical_columns(contract),
+            rows,
+            run_id,
+            hold_ms=hold_ms,
         )
 
     # --- staged admission (see store/_staging.py) ----------------------------------------

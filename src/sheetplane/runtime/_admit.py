@@ -1,0 +1,172 @@
+"""Admission's one owner: ``admit`` chooses the way an input goes in, and takes it.
+
+``RowWriter.start`` calls ``admit`` once. The ways in, and when each is taken:
+
+* **whole** (``_whole``): the gateway admits only whole inputs (a gateway built
+  to the runtime, which answers the staged begin "Unsupported runtime
+  data-plane action"): one ``start_sheet_dataset``, on both roads;
+* **one transaction** (``store/_direct.py``): the direct road, when the input is
+  one the runner produces itself (a sequence or an iterator, not an async
+  iterable) and the sheet holds no rows yet. The rows are written once,
+  straight into the sheet by ``COPY``, in one transaction of a ``rows.admit``
+  session that holds the sheet's writer lock throughout;
+* **staged** (``sheetplane.admission``, ``store/_staging.py``): everything else.
+  The gateway road always (its chunks arrive in separate requests, possibly at
+  different gateway processes, so no transaction can span them); on the direct
+  road, an async iterable (its pace is not the runner's: a transaction held
+  open while it waits would hold the writer lock idle and meet the session's
+  idle-in-transaction timeout), a sheet that already holds rows (re-admitting
+  moves rows' status and version, which only the gateway's statements do), and
+  a sequence whose one transaction ran past ``DIRECT_ADMISSION_HOLD_MS`` (it is
+  rolled back and the sequence, which can be read again, is staged from its
+  start). An iterator that ran past the bound cannot be read again: that
+  raises ``AdmissionStateError``, with nothing committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from itertools import chain, islice
+from typing import TYPE_CHECKING, Any, Final
+
+from .. import protocol as m
+from .._types import AdmissionCounts, InlineAdmission
+from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
+from ..budgets import ADMISSION_CHUNK_ROWS, DIRECT_ADMISSION_HOLD_MS
+from ..errors import STAGING_LOST_TEXT, AdmissionStateError, UnsupportedActionError
+from ..sessions import AccessShape
+from ._whole import Tape, admit_whole, whole_admission
+
+if TYPE_CHECKING:
+    from ._writer import WriteTarget
+
+__all__ = ["BEGIN_ADMISSION", "admit"]
+
+#: The staged admission's first action: a gateway that does not serve it admits whole.
+BEGIN_ADMISSION: Final = m.action_of(m.BeginAdmissionRequest)
+
+
+async def admit(target: WriteTarget, rows: AdmissionInput) -> Admission:
+    """Admit ``rows`` to the target's sheet under a new write version, the way the
+    module docstring says; the ``Admission`` of what was committed."""
+    check_input(rows)
+    t = target
+    served = t.client.serves(BEGIN_ADMISSION)
+    if t.direct and not isinstance(rows, AsyncIterable) and served is not False:
+        # The first chunk is checked before any request, as the staged road does: an
+        # input whose first chunk is bad is refused without one (and without a sheet).
+        rows = _first_chunk_checked(rows)
+        if served is None:
+            served = await t.client.probe_action(BEGIN_ADMISSION)
+        if served:
+            counts = await _one_transaction(t, rows)
+            if counts is not None:
+                return Admission.from_counts(
+                    counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
+                )
+    if served is False:
+        return _whole_admission(t, await _whole(t, Tape(rows, lambda: True).replay()))
+    return await _staged(t, rows, served)
+
+
+def _first_chunk_checked(rows: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
+    """``rows`` with its first ``ADMISSION_CHUNK_ROWS`` rows checked (``keyed_document``):
+    the same rows, and a sequence stays the sequence (it can be read again)."""
+    if isinstance(rows, Sequence):
+        for position, row in enumerate(rows[:ADMISSION_CHUNK_ROWS]):
+            m.keyed_document(row, position)
+        return rows
+    source = iter(rows)
+    first = list(islice(source, ADMISSION_CHUNK_ROWS))
+    for position, row in enumerate(first):
+        m.keyed_document(row, position)
+    return chain(first, source)
+
+
+async def _one_transaction(t: WriteTarget, rows: AdmissionInput) -> AdmissionCounts | None:
+    """The direct road's admission in one transaction; None when it wrote nothing and the
+    input goes the staged way (the sheet holds rows; or a sequence ran past the hold
+    bound)."""
+    assert not isinstance(rows, AsyncIterable)
+    shape = AccessShape(
+        table_namespace=t.sheet.table_namespace,
+        operations=("rows.admit",),
+        contract=t.contract,
+        user_email=t.user_email,
+    )
+    try:
+        async with t.sessions.store(shape) as store:
+            outcome = await store.admit_in_one_transaction(
+                t.sheet, t.contract, rows, t.run_id, hold_ms=DIRECT_ADMISSION_HOLD_MS
+            )
+    finally:
+        # The admission's session is not used again: its pool gives its connections
+        # back to the org's budget now, not after the idle timeout.
+        _release(t, ("rows.admit",))
+    if isinstance(outcome, AdmissionCounts):
+        return outcome
+    if outcome == "hold_exceeded" and not _rereadable(rows):
+        raise AdmissionStateError(
+            f"the input was still being read after {DIRECT_ADMISSION_HOLD_MS} ms, the longest "
+            "the direct road holds an admission's transaction (and the sheet's writer lock); "
+            "nothing was committed and an iterator cannot be read again: pass a sequence or "
+            "an async iterable (both are staged instead)"
+        )
+    return None
+
+
+async def _staged(t: WriteTarget, rows: AdmissionInput, served: bool | None) -> Admission:
+    """The staged way (``sheetplane.admission``), or whole if the begin is refused."""
+    staged = StagedAdmission(
+        client=t.client,
+        sessions=t.sessions,
+        sheet=t.sheet,
+        contract=t.contract,
+        run_id=t.run_id,
+        direct=t.direct,
+        user_email=t.user_email,
+    )
+    # Until the gateway is known to stage, keep what the staged attempt reads, so
+    # a gateway that admits only whole inputs gets the whole input (``_whole``).
+    tape = Tape(rows, lambda: t.client.serves(BEGIN_ADMISSION) is None)
+    try:
+        try:
+            counts = await staged.run(tape.play() if served is None else rows)
+        except AdmissionStateError as exc:
+            # The staging rows were lost (a database restart empties the unlogged
+            # staging table; the next chunk or the commit finds it). A sequence
+            # can be read again: the admission starts over once, as a new one.
+            # A one-shot iterator cannot: the error is the caller's.
+            if STAGING_LOST_TEXT not in str(exc) or not _rereadable(rows):
+                raise
+            counts = await staged.run(rows)  # a new admission id, from the start
+    except UnsupportedActionError:
+        if served is not None or t.client.serves(BEGIN_ADMISSION) is not False:
+            raise
+        return _whole_admission(t, await _whole(t, tape.replay()))
+    finally:
+        _release(t, ("rows.stage",))
+    return Admission.from_counts(counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id)
+
+
+async def _whole(t: WriteTarget, rows: AsyncIterator[Mapping[str, Any]]) -> InlineAdmission:
+    return await admit_whole(t.client, t.sheet.table_namespace, t.contract, rows, t.run_id)
+
+
+def _whole_admission(t: WriteTarget, inline: InlineAdmission) -> Admission:
+    return whole_admission(
+        inline, t.direct, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
+    )
+
+
+def _release(t: WriteTarget, operations: tuple[str, ...]) -> None:
+    """Close the admission's sessions of ``operations`` on the target's sheet."""
+    namespace = t.sheet.table_namespace
+    t.sessions.release(
+        lambda shape: shape.table_namespace == namespace and shape.operations == operations
+    )
+
+
+def _rereadable(rows: object) -> bool:
+    """Whether an admission input can be read again from its start: a sequence."""
+    return isinstance(rows, Sequence) and not isinstance(rows, str | bytes)

@@ -1,0 +1,230 @@
+"""The direct road's admission in one transaction (``store/_direct.py``): new rows written
+once, straight into the sheet; committed once or not at all; racing admissions
+queue on the writer lock; and the inputs it does not take go the staged way."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from psycopg import sql
+
+from _runtime_helpers import (
+    CONTRACT,
+    CountingGateway,
+    counting_gateway,
+    new_play,
+    reap_session_roles,
+    runtime,
+    sheet_of,
+)
+from sheetplane import InvalidInputError
+from sheetplane._types import SheetRef
+from sheetplane.errors import AdmissionStateError
+from sheetplane.runtime import _admit
+from sheetplane.store import SheetStore, _direct, sheet_names
+
+CHUNK = 100
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_session_roles(database_url: str) -> Iterator[None]:
+    yield
+    reap_session_roles(database_url)
+
+
+@pytest.fixture
+async def gateway(database_url: str) -> AsyncIterator[CountingGateway]:
+    async with counting_gateway(database_url) as gw:
+        yield gw
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of CHUNK rows, so a few hundred rows make several COPY statements."""
+    monkeypatch.setattr(_direct, "ADMISSION_CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(_admit, "ADMISSION_CHUNK_ROWS", CHUNK)
+
+
+def generated(keys: list[int], label: str = "t") -> Iterator[dict[str, Any]]:
+    for i in keys:
+        yield {"_key": f"k{i:04d}", "text": f"{label} {i}"}
+
+
+async def rows_and_registry(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
+    """The sheet's rows (key, text, status, versions, input index, in input order), its
+    write version, its events and its staged admissions."""
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        def all_of(query: sql.Composable) -> list[tuple[Any, ...]]:
+            return conn.execute(query).fetchall()
+
+        return {
+            "rows": all_of(
+                sql.SQL(
+                    "SELECT _key, text, _status, _write_version, _admitted_version, _input_index "
+                    "FROM {} ORDER BY _input_index"
+                ).format(names.ident("sheet_table"))
+            ),
+            "version": all_of(
+                sql.SQL("SELECT write_version FROM {}").format(names.ident("summary_table"))
+            ),
+            "events": all_of(
+                sql.SQL("SELECT kind, write_version, row_count FROM {} ORDER BY id").format(
+                    names.ident("event_table")
+                )
+            ),
+            "staged": all_of(
+                sql.SQL("SELECT state FROM {} ORDER BY created_at").format(
+                    names.ident("admissions_table")
+                )
+            ),
+        }
+
+    return await store.pool.run(run)
+
+
+async def test_a_generator_is_written_once_in_input_order_first_occurrence_kept(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    play = new_play()
+    # 350 rows over four chunks; keys 10-19 come back in the third chunk, and 200 repeats
+    # within its own chunk: each repeat is dropped, its first occurrence kept.
+    keys = [*range(200), *range(10, 20), 200, 200, *range(201, 329)]
+    async with runtime(gateway, "direct", play=play) as rt:
+        admission = await rt.writer("leads", CONTRACT).start(generated(keys))
+        pending = [row["_key"] async for row in admission.pending()]
+    assert (admission.write_version, admission.inserted, admission.skipped) == (1, 329, 11)
+    assert (admission.pending_count, admission.completed_count) == (329, 0)
+    assert pending == [f"k{i:04d}" for i in range(329)]
+    state = await rows_and_registry(store, sheet_of(play, "leads"))
+    assert state["rows"] == [(f"k{i:04d}", f"t {i}", "pending", 1, 1, i) for i in range(329)]
+    assert state["version"] == [(1,)]
+    assert state["events"] == [("admission", 1, 329)]
+    assert state["staged"] == []  # written straight into the sheet, nothing staged
+
+
+async def test_a_bad_row_past_several_chunks_leaves_nothing_visible(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+
+    def rows() -> Iterator[Any]:
+        for index, row in enumerate(generated(list(range(500)))):
+            yield ["not", "a", "row"] if index == 350 else row
+
+    async with runtime(gateway, "direct", play=play) as rt:
+        with pytest.raises(InvalidInputError, match="row 350"):
+            await rt.writer("leads", CONTRACT).start(rows())
+        # Three chunks were copied into the sheet in the transaction; it rolled back,
+        # version and all, so the next admission takes version 1 on an empty sheet.
+        assert (await rows_and_registry(store, sheet))["rows"] == []
+        again = await rt.writer("leads", CONTRACT).start(generated([1, 2]))
+    assert (again.write_version, again.inserted) == (1, 2)
+    state = await rows_and_registry(store, sheet)
+    assert state["events"] == [("admission", 1, 2)]
+    assert state["staged"] == []
+
+
+async def test_a_cancelled_admission_leaves_nothing_visible(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+
+    token = trio.lowlevel.current_trio_token()
+    async with runtime(gateway, "direct", play=play) as rt:
+        with trio.CancelScope() as scope:
+
+            def rows() -> Iterator[dict[str, Any]]:
+                # Read on a worker thread, inside the open transaction.
+                for index, row in enumerate(generated(list(range(1_000)))):
+                    if index == 450:
+                        trio.from_thread.run_sync(scope.cancel, trio_token=token)
+                    yield row
+
+            await rt.writer("leads", CONTRACT).start(rows())
+        assert scope.cancelled_caught
+        state = await rows_and_registry(store, sheet)
+        assert (state["rows"], state["events"], state["staged"]) == ([], [], [])
+        assert state["version"] in ([], [(0,)])
+
+
+async def test_inputs_the_one_transaction_does_not_take_are_staged(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+
+    async def async_rows(keys: list[int], label: str) -> AsyncIterator[dict[str, Any]]:
+        for row in generated(keys, label):
+            yield row
+
+    async with runtime(gateway, "direct", play=play) as rt:
+        first = await rt.writer("leads", CONTRACT).start(async_rows(list(range(150)), "a"))
+        assert (await rows_and_registry(store, sheet))["staged"] == [("committed",)]
+        # The sheet holds rows now: re-admitting them is the gateway's, so a sequence
+        # (and an iterator alike) goes the staged way, rows re-admitted in the new order.
+        second = await rt.writer("leads", CONTRACT).start(list(generated([*range(100, 250)], "b")))
+    assert (first.write_version, second.write_version) == (1, 2)
+    # inserted: new rows (and revived stale ones); skipped: the rest of the input.
+    assert (second.inserted, second.skipped, second.pending_count) == (100, 50, 150)
+    state = await rows_and_registry(store, sheet)
+    assert state["staged"] == [("committed",), ("committed",)]
+    by_key = {row[0]: row for row in state["rows"]}
+    assert by_key["k0100"] == ("k0100", "b 100", "pending", 2, 2, 0)
+    assert by_key["k0099"][2:5] == ("pending", 1, 1)
+
+
+async def test_racing_admissions_of_one_sheet_queue_on_the_writer_lock(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+    answers: dict[str, Any] = {}
+
+    async def admit(label: str, keys: list[int]) -> None:
+        async with runtime(gateway, "direct", play=play) as rt:
+            answers[label] = await rt.writer("leads", CONTRACT).start(generated(keys, label))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(admit, "a", list(range(0, 300)))
+        nursery.start_soon(admit, "b", list(range(150, 450)))
+    assert sorted(a.write_version for a in answers.values()) == [1, 2]
+    later = max(answers, key=lambda label: answers[label].write_version)
+    state = await rows_and_registry(store, sheet)
+    assert len(state["rows"]) == 450
+    # The first took the empty sheet in one transaction; the second waited for its
+    # lock, found rows and was staged: it owns every row it admitted.
+    assert state["staged"] == [("committed",)]
+    later_keys = range(0, 300) if later == "a" else range(150, 450)
+    owned = {row[0]: row for row in state["rows"]}
+    assert all(owned[f"k{i:04d}"][1:4] == (f"{later} {i}", "pending", 2) for i in later_keys)
+    assert [(kind, version) for kind, version, _ in state["events"]] == [
+        ("admission", 1),
+        ("admission", 2),
+    ]
+
+
+async def test_past_the_hold_bound_a_sequence_is_staged_and_an_iterator_raises(
+    gateway: CountingGateway, store: SheetStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bound of 0 ms: the transaction is past it after its first chunk.
+    monkeypatch.setattr(_admit, "DIRECT_ADMISSION_HOLD_MS", 0)
+    play = new_play()
+    sheet = sheet_of(play, "leads")
+    async with runtime(gateway, "direct", play=play) as rt:
+        with pytest.raises(AdmissionStateError, match="cannot be read again"):
+            await rt.writer("leads", CONTRACT).start(generated(list(range(300))))
+        state = await rows_and_registry(store, sheet)
+        assert (state["rows"], state["events"], state["staged"]) == ([], [], [])
+        admission = await rt.writer("leads", CONTRACT).start(list(generated(list(range(300)))))
+    assert (admission.write_version, admission.inserted) == (1, 300)
+    state = await rows_and_registry(store, sheet)
+    assert state["staged"] == [("committed",)]
+    assert [row[0] for row in state["rows"]] == [f"k{i:04d}" for i in range(300)]
