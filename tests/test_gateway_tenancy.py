@@ -512,7 +512,7 @@ async def test_an_admit_role_stamps_only_the_version_its_own_transaction_took(
     answer, url = await mint(gateway, TOKEN_A, namespace, ["rows.admit"])
     names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
     rows = names.ident("sheet_table")
-    begin, finish = admit_functions(names)
+    begin, _taken, finish = admit_functions(names)
     insert = sql.SQL(
         "INSERT INTO {} (_key, _write_version, _admitted_version) VALUES (%s, %s, %s)"
     ).format(rows)
@@ -525,6 +525,15 @@ async def test_an_admit_role_stamps_only_the_version_its_own_transaction_took(
             # No version taken in this transaction: any version is forged.
             ("a version never taken", lambda: conn.execute(insert, ("x1", 7, 7))),
             ("the last admission's version", lambda: conn.execute(insert, ("x2", 1, 1))),
+            # A plain row first (its counting trigger writes the summary in this
+            # transaction), then the sheet's current version: still never taken here.
+            (
+                "the current version after a plain row",
+                lambda: (
+                    conn.execute(insert, ("x4", 0, None)),
+                    conn.execute(insert, ("x5", 1, 1)),
+                ),
+            ),
             ("no begin, then finish", lambda: conn.execute(finish_call)),
         ]
 

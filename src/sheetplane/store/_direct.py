@@ -59,7 +59,7 @@ from ..budgets import ADMISSION_CHUNK_ROWS
 from ..protocol import ENCODE_OPTIONS, keyed_document
 from ._guards import admit_functions
 from ._names import SheetNames
-from ._pool import TrioPool
+from ._pool import ConnectionRunner
 from ._rowdata import column_lookups, jsonb_text
 
 __all__ = ["DirectOutcome", "admit_in_one_transaction"]
@@ -192,7 +192,7 @@ def _admit(
     run_id: str,
     deadline: float,
 ) -> AdmissionCounts:
-    begin, finish = admit_functions(names)
+    begin, _taken, finish = admit_functions(names)
     found = conn.execute(sql.SQL("SELECT taken_version, was_empty FROM {}()").format(begin))
     version, empty = found.fetchone() or (None, None)
     assert isinstance(version, int)
@@ -238,7 +238,7 @@ def _admit(
 
 
 async def admit_in_one_transaction(
-    pool: TrioPool,
+    pool: ConnectionRunner,
     names: SheetNames,
     table_namespace: str,
     columns: Sequence[ContractColumn],

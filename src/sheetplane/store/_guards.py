@@ -36,12 +36,14 @@ what the fence decides:
   session (the direct road's admission in one transaction,
   ``store/_direct.py``) takes that version through the begin function, a
   ``SECURITY DEFINER`` function of the gateway that takes the writer lock
-  exclusively and the sheet's next version (the summary row it updates then
-  carries the transaction's id as its ``xmin``, which no session role can
-  write), and ``COPY``s its rows stamped with it; the finish function (also
-  the gateway's) records the admission's event, compacts the counters and
-  analyzes a grown sheet. Every other role inserts rows of version 0 (the
-  columns' defaults).
+  exclusively and the sheet's next version, and leaves a row in the sheet's
+  lock table (columnless, row-level security with no policy: no session sees
+  or writes a row of it) whose ``xmin`` is the transaction's id; the taken
+  function (the gateway's) answers the version only to the transaction that
+  left that row. The session ``COPY``s its rows stamped with it; the finish
+  function (the gateway's) removes the row, records the admission's event,
+  compacts the counters and analyzes a grown sheet. Every other role inserts
+  rows of version 0 (the columns' defaults).
 
 A guard refuses with ``insufficient_privilege`` (42501), as a grant does. The
 gateway (and a superuser) is never refused: the guard asks
@@ -142,14 +144,6 @@ BEGIN
 END
 """
 
-#: The version the current transaction took through the begin function: the summary
-#: row's ``xmin`` is the transaction that last updated it, and only the gateway's
-#: functions update it (``TG_ARGV[1]``: the summary table).
-_TAKEN_VERSION: Final = (
-    "format('SELECT write_version FROM %s WHERE id AND xmin = pg_current_xact_id()::xid', "
-    "TG_ARGV[1])"
-)
-
 _ADMIT_BODY: Final = f"""
 DECLARE
   taken bigint;
@@ -157,7 +151,12 @@ BEGIN
   IF {_IS_GATEWAY} THEN
     RETURN NULL;
   END IF;
-  EXECUTE {_TAKEN_VERSION} INTO taken;
+  IF NOT EXISTS (SELECT FROM {_ADMITTED} AS r
+      WHERE r._write_version <> 0 OR r._admitted_version IS NOT NULL) THEN
+    RETURN NULL;
+  END IF;
+  -- Only a role granted the taken function (rows.admit) stamps versions at all.
+  EXECUTE format('SELECT %s()', TG_ARGV[1]) INTO taken;
   IF EXISTS (SELECT FROM {_ADMITTED} AS r WHERE NOT coalesce(
       (r._write_version = 0 AND r._admitted_version IS NULL)
       OR (r._write_version = taken AND r._admitted_version = taken), false)) THEN
@@ -221,10 +220,14 @@ def clear_function(names: SheetNames) -> sql.Identifier:
     return _function(names, "clear")
 
 
-def admit_functions(names: SheetNames) -> tuple[sql.Identifier, sql.Identifier]:
-    """The sheet's admission functions (begin, finish) of the direct road's admission in
-    one transaction (``store/_direct.py``)."""
-    return _function(names, "admit_begin"), _function(names, "admit_finish")
+def admit_functions(names: SheetNames) -> tuple[sql.Identifier, sql.Identifier, sql.Identifier]:
+    """The sheet's admission functions (begin, taken, finish) of the direct road's
+    admission in one transaction (``store/_direct.py``)."""
+    return (
+        _function(names, "admit_begin"),
+        _function(names, "admit_taken"),
+        _function(names, "admit_finish"),
+    )
 
 
 def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Composed]:
@@ -312,7 +315,7 @@ def guard_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
             sql.Identifier(_ADMITTED),
             admit_fn,
             gateway,
-            sql.Literal(names.ident("summary_table").as_string(conn)),
+            sql.Literal(admit_functions(names)[1].as_string(conn)),
         )
     )
     for attr, kind in (("summary_table", "summary"), ("column_summary_table", "column_summary")):
@@ -332,18 +335,27 @@ def admit_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
     """The statements that (re)create the sheet's begin and finish functions of the direct
     road's admission in one transaction (``store/_direct.py``); run by the gateway
     under the DDL lock and the exclusive writer lock."""
-    begin, finish = admit_functions(names)
+    begin, taken, finish = admit_functions(names)
     summary, rows = names.ident("summary_table"), names.ident("sheet_table")
-    counters = names.ident("counter_table")
+    counters, lock = names.ident("counter_table"), names.ident("lock_table")
+    # The marker: a row of the lock table this transaction wrote (no session sees it).
+    marked = sql.SQL(
+        "EXISTS (SELECT FROM {} AS l WHERE l.xmin = pg_current_xact_id()::xid)"
+    ).format(lock)
     begin_body = sql.SQL(
         "BEGIN\n"
         "  LOCK TABLE {lock} IN EXCLUSIVE MODE;\n"
+        "  DELETE FROM {lock};\n"
+        "  INSERT INTO {lock} DEFAULT VALUES;\n"
         "  INSERT INTO {summary} AS s (id, write_version, updated_at) VALUES (true, 1, now())\n"
         "    ON CONFLICT (id) DO UPDATE SET write_version = s.write_version + 1,\n"
         "    updated_at = now() RETURNING s.write_version INTO taken_version;\n"
         "  was_empty := NOT EXISTS (SELECT FROM {rows});\n"
         "END"
-    ).format(lock=names.ident("lock_table"), summary=summary, rows=rows)
+    ).format(lock=lock, summary=summary, rows=rows)
+    taken_body = sql.SQL(
+        "SELECT s.write_version FROM {summary} AS s WHERE s.id AND {marked}"
+    ).format(summary=summary, marked=marked)
     total = sql.SQL(
         "coalesce((SELECT s.total FROM {summary} AS s WHERE s.id), 0) + coalesce("
         "(SELECT sum(c.value) FROM {counters} AS c WHERE c.kind = 'status' AND c.name = {t}), 0)"
@@ -351,11 +363,12 @@ def admit_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
     finish_body = sql.SQL(
         "BEGIN\n"
         "  SELECT s.write_version INTO taken_version FROM {summary} AS s\n"
-        "    WHERE s.id AND s.xmin = pg_current_xact_id()::xid;\n"
+        "    WHERE s.id AND {marked};\n"
         "  IF taken_version IS NULL THEN\n"
         "    RAISE EXCEPTION 'no admission began in this transaction'\n"
         "      USING ERRCODE = 'insufficient_privilege';\n"
         "  END IF;\n"
+        "  DELETE FROM {lock};\n"
         "  WITH moved AS (DELETE FROM {counters} RETURNING kind, name, value)\n"
         "    INSERT INTO {counters} (kind, name, value) SELECT kind, name, sum(value)\n"
         "    FROM moved GROUP BY kind, name HAVING sum(value) <> 0;\n"
@@ -369,6 +382,8 @@ def admit_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
         "END"
     ).format(
         summary=summary,
+        marked=marked,
+        lock=lock,
         counters=counters,
         total=total,
         events=names.ident("event_table"),
@@ -383,6 +398,11 @@ def admit_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
         ).format(begin, _PINNED, sql.Literal(begin_body.as_string(conn))),
         sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(begin),
         sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}() RETURNS bigint LANGUAGE sql STABLE "
+            "SECURITY DEFINER {} AS {}"
+        ).format(taken, _PINNED, sql.Literal(taken_body.as_string(conn))),
+        sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(taken),
+        sql.SQL(
             "CREATE OR REPLACE FUNCTION {}(run_id text, OUT taken_version bigint, "
             "OUT sheet_rows bigint) LANGUAGE plpgsql SECURITY DEFINER {} AS {}"
         ).format(finish, _PINNED, sql.Literal(finish_body.as_string(conn))),
@@ -393,14 +413,16 @@ def admit_ddl(conn: psycopg.Connection[Any], names: SheetNames) -> list[sql.Comp
 def guards_missing(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
     """Whether a guard trigger, the clear function or an admission function is missing
     (a sheet made before they existed: ``ensure_sheet`` adds them)."""
-    begin, finish = admit_functions(names)
+    begin, taken, finish = admit_functions(names)
     row = conn.execute(
         "SELECT to_regprocedure(%(clear)s) IS NULL OR to_regprocedure(%(begin)s) IS NULL"
-        " OR to_regprocedure(%(finish)s) IS NULL OR (SELECT count(*) FROM pg_trigger"
+        " OR to_regprocedure(%(taken)s) IS NULL OR to_regprocedure(%(finish)s) IS NULL"
+        " OR (SELECT count(*) FROM pg_trigger"
         " WHERE tgrelid = ANY(%(tables)s::regclass[]) AND tgname = ANY(%(triggers)s)) < %(n)s",
         {
             "clear": f"{clear_function(names).as_string(conn)}()",
             "begin": f"{begin.as_string(conn)}()",
+            "taken": f"{taken.as_string(conn)}()",
             "finish": f"{finish.as_string(conn)}(text)",
             "tables": sorted({names.ident(attr).as_string(conn) for _, attr in FENCE_TRIGGERS}),
             "triggers": sorted({name for name, _ in FENCE_TRIGGERS}),
