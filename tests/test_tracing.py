@@ -215,6 +215,11 @@ async def test_the_span_tree_of_a_small_map(
     if strategy == "direct":
         mints = _named(trace, "sheetplane.session.mint")
         assert mints, "the direct road minted its sessions"
+        # The gateway's side of each mint: its queue for room in the org's budget.
+        queued = _named(trace, "sheetplane.session.mint_queue")
+        assert len(queued) == len(mints)
+        assert all("action create_db_session" in _ancestors(trace, q) for q in queued)
+        assert all("sheetplane.session.mint" in _ancestors(trace, q) for q in queued)
         statements = [s for s in trace if s.name.startswith("db ")]
         runner_side = [s for s in statements if "action " not in " ".join(_ancestors(trace, s))]
         assert any(_attr(s, "sheetplane.read.bytes") for s in runner_side)

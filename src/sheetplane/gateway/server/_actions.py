@@ -21,7 +21,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import psycopg
 
-from ... import crypto
+from ... import _tracing, crypto
 from ... import protocol as m
 from ..._redact import Redactor
 from ..._threads import run_sync
@@ -257,7 +257,8 @@ async def _mint(
     try:
         # Past the org's connection budget the mint waits its turn in the org's
         # queue (reclaiming idle roles) rather than answering 429 at once.
-        minted = await state.mint_queues.mint(sheet.org_id, attempt)
+        with _tracing.span("sheetplane.session.mint_queue"):  # its tries: the db spans
+            minted = await state.mint_queues.mint(sheet.org_id, attempt)
     except SessionCapReachedError as exc:
         raise ActionError(
             429, Code.SESSION_CAP, str(exc), retry_after_ms=DB_SESSION_CAP_RETRY_AFTER_MS
