@@ -1,5 +1,5 @@
 """Pages: request and result values, the adaptive splitter, the page reader, the two
-roads, and an attempt's shares on either road."""
+roads, an attempt's shares on either road, and terminal writes on either road."""
 
 from __future__ import annotations
 
@@ -19,13 +19,19 @@ from ._shares import GatewayShareRoad as GatewayShareRoad
 from ._shares import ShareRoad as ShareRoad
 from ._splitter import ReadBatch as ReadBatch
 from ._splitter import read_pages_adaptive as read_pages_adaptive
+from ._writes import DirectWrites as DirectWrites
+from ._writes import GatewayWrites as GatewayWrites
+from ._writes import TerminalWrites as TerminalWrites
+from ._writes import session_rows as session_rows
 
 __all__ = [
     "DirectRoad",
     "DirectShareRoad",
+    "DirectWrites",
     "GatewayCursor",
     "GatewayRoad",
     "GatewayShareRoad",
+    "GatewayWrites",
     "Page",
     "PageReader",
     "PageRequest",
@@ -34,7 +40,9 @@ __all__ = [
     "RoadStats",
     "ShareRoad",
     "SheetRoad",
+    "TerminalWrites",
     "normalize_page_request",
     "read_pages_adaptive",
+    "session_rows",
     "token_digest",
 ]

@@ -47,13 +47,16 @@ from ..names import normalize_play_name, normalize_table_namespace
 from ..pages import (
     DirectRoad,
     DirectShareRoad,
+    DirectWrites,
     GatewayRoad,
     GatewayShareRoad,
+    GatewayWrites,
     PageReader,
     ReadScope,
     RoadStats,
     ShareRoad,
     SheetRoad,
+    TerminalWrites,
 )
 from ..sessions import PreloadedSession, SessionManager
 from ._context import RuntimeContext, Strategy
@@ -246,14 +249,21 @@ class Runtime:
         if write_version is not None:
             check_int("write_version", write_version, 0, BIGINT_MAX)
         c = self.context
+        sheet = self._sheet(table_namespace)
+        terminal: TerminalWrites = (
+            DirectWrites(self.sessions, sheet, contract, c.run_id, c.user_email)
+            if c.strategy == "direct"
+            else GatewayWrites(self.client, sheet.table_namespace, contract, c.run_id)
+        )
         target = WriteTarget(
-            sheet=self._sheet(table_namespace),
+            sheet=sheet,
             contract=contract,
             run_id=c.run_id,
             direct=c.strategy == "direct",
             user_email=c.user_email,
             client=self.client,
             sessions=self.sessions,
+            terminal=terminal,
             admitted=partial(self.admitted_dataset, table_namespace),
             tally=self._tally,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 import trio
@@ -26,13 +26,13 @@ from .._types import (
     WriteResult,
 )
 from ..admission import Admission, AdmissionInput, check_input
-from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..dataset import Dataset
 from ..errors import (
     AttemptSupersededError,
     InvalidInputError,
 )
 from ..gateway.client import GatewayClient
+from ..pages import TerminalWrites, session_rows
 from ..sessions import AccessShape, SessionLimits, SessionManager
 from ._admit import admit
 
@@ -42,25 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["RowWriter", "WriteTally", "WriteTarget"]
 
 _Row = TypeVar("_Row", CompleteRow, FailRow)
-
-_Row_contra = TypeVar("_Row_contra", contravariant=True)
-_At_contra = TypeVar("_At_contra", contravariant=True)
-
-
-class _TerminalWrite(Protocol[_At_contra, _Row_contra]):
-    """``complete_map_rows`` or ``fail_map_rows`` of the store (at a ``SheetRef``)
-    or of the gateway client (at a table namespace)."""
-
-    def __call__(
-        self,
-        at: _At_contra,
-        contract: SheetContract,
-        rows: Sequence[_Row_contra],
-        /,
-        *,
-        run_id: str,
-        write_version: int | None,
-    ) -> Awaitable[TerminalWriteResult]: ...
 
 
 @attrs.define
@@ -82,25 +63,27 @@ class WriteTarget:
     run_id: str
     """The run stamped on admitted rows and carried by terminal writes."""
     direct: bool
-    """Terminal writes and the input's chunks go on scoped sessions (else the gateway)."""
+    """The input's chunks go on scoped sessions (else the gateway)."""
     user_email: str | None
     """The user on whose behalf sessions are minted, if any."""
     client: GatewayClient
-    """The gateway (admission, and terminal writes when not ``direct``)."""
+    """The gateway (admission, receipts and the sheet's ensure)."""
     sessions: SessionManager
     """The scoped sessions (writes on the direct road)."""
+    terminal: TerminalWrites
+    """The terminal writes' road (the runtime picks it by its strategy)."""
     admitted: Callable[[AdmittedPart], Dataset]
     """A lazy dataset over one part of an admission of this sheet."""
     tally: WriteTally
     """The runtime's counters, bumped by the fence."""
 
 
-def _write_attributes(rows: Sequence[_Row], direct: bool) -> dict[str, str | int]:
+def _write_attributes(rows: Sequence[_Row], road: str) -> dict[str, str | int]:
     """A terminal write's span attributes: its kind, its rows and its road."""
     return {
         "sheetplane.write.kind": "complete" if type(rows[0]) is CompleteRow else "fail",
         "sheetplane.write.rows": len(rows),
-        "sheetplane.road": "direct" if direct else "gateway",
+        "sheetplane.road": road,
     }
 
 
@@ -119,23 +102,11 @@ def _session_store(
     shape = AccessShape(
         table_namespace=target.sheet.table_namespace,
         operations=operations,
-        limits=SessionLimits(max_rows=_session_rows(rows)),
+        limits=SessionLimits(max_rows=session_rows(rows)),
         contract=target.contract,
         user_email=target.user_email,
     )
     return target.sessions.store(shape)
-
-
-def _session_rows(rows: int) -> int:
-    """A write session's ``max_rows``: ``rows`` rounded up to whole write chunks.
-
-    The limit is part of the session's cache key, so the exact row count would
-    mint a session (a role, an RSA round trip) for every distinct batch size a
-    map's flushes produce; whole chunks let every write of up to one chunk
-    share one session, and the limit still bounds what one write may touch.
-    """
-    chunks = -(-max(rows, 1) // POSTGRES_WRITE_CHUNK_ROWS)
-    return chunks * POSTGRES_WRITE_CHUNK_ROWS
 
 
 class RowWriter:
@@ -249,9 +220,7 @@ class RowWriter:
         Raises ``AttemptSupersededError`` when any row is superseded.
         """
         checked = checks.complete_rows(rows)
-        return await self._terminal(
-            checked, lambda store: store.complete_map_rows, self._target.client.complete_map_rows
-        )
+        return await self._terminal(checked, self._target.terminal.complete_map_rows)
 
     async def fail(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
         """Record map failures, fenced by the attempt's write version.
@@ -259,58 +228,32 @@ class RowWriter:
         Raises ``AttemptSupersededError`` when any row is superseded.
         """
         checked = checks.fail_rows(rows)
-        return await self._terminal(
-            checked, lambda store: store.fail_map_rows, self._target.client.fail_map_rows
-        )
+        return await self._terminal(checked, self._target.terminal.fail_map_rows)
 
     async def complete_mapped(self, rows: Sequence[CompleteRow]) -> TerminalWriteResult:
         """``complete`` of a batch ``map`` built: each row's outputs already passed the
         store's check and the batch is within ``MAP_WRITE_BATCH_MAX_BYTES``, so the
         argument checks (a second measure of every row) are not run again."""
-        return await self._terminal(
-            rows, lambda store: store.complete_map_rows, self._target.client.complete_map_rows
-        )
+        return await self._terminal(rows, self._target.terminal.complete_map_rows)
 
     async def fail_mapped(self, rows: Sequence[FailRow]) -> TerminalWriteResult:
         """``fail`` of a batch ``map`` built (its errors cut to ``MAX_ERROR_TEXT_BYTES``)."""
-        return await self._terminal(
-            rows, lambda store: store.fail_map_rows, self._target.client.fail_map_rows
-        )
+        return await self._terminal(rows, self._target.terminal.fail_map_rows)
 
     async def _terminal(
         self,
         checked: Sequence[_Row],
-        on_store: Callable[[SheetStore], _TerminalWrite[SheetRef, _Row]],
-        on_gateway: _TerminalWrite[str, _Row],
+        write: Callable[..., Awaitable[TerminalWriteResult]],
     ) -> TerminalWriteResult:
-        """Send checked terminal rows down the runtime's road (the store directly,
-        or the gateway) under the attempt's write version, then apply the fence."""
+        """Send checked terminal rows down the writer's road under the attempt's write
+        version, then apply the fence."""
         version = self._version()
         if not checked:
             await trio.lowlevel.checkpoint()
             return TerminalWriteResult((), (), 0)
-        t = self._target
-        with _tracing.span("sheetplane.write", _write_attributes(checked, t.direct)) as span:
-            if t.direct:
-
-                async def attempt() -> TerminalWriteResult:
-                    async with _session_store(
-                        t, ("rows.read", "rows.upsert"), len(checked)
-                    ) as store:
-                        return await on_store(store)(
-                            t.sheet, t.contract, checked, run_id=t.run_id, write_version=version
-                        )
-
-                # A replay by write version: safe to send again after a lost connection.
-                result = await retry_idempotent(attempt)
-            else:
-                result = await on_gateway(
-                    self.table_namespace,
-                    t.contract,
-                    checked,
-                    run_id=t.run_id,
-                    write_version=version,
-                )
+        road = self._target.terminal.road
+        with _tracing.span("sheetplane.write", _write_attributes(checked, road)) as span:
+            result = await write(checked, write_version=version)
             span.set_attribute("sheetplane.write.stale_rows", len(result.stale_rows))
             return self._fence(result, version, len({row.key for row in checked}))
 

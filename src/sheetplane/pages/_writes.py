@@ -1,0 +1,161 @@
+"""Terminal writes on either road, behind one interface (``TerminalWrites``).
+
+A sheet's ``complete_map_rows`` and ``fail_map_rows`` go through a scoped
+session straight to the store on the direct road (``DirectWrites``) and
+through the gateway on the other (``GatewayWrites``). Both take the same
+arguments and answer the same ``TerminalWriteResult``, so the runtime's writer
+calls its road and never asks which one it is: the runtime picks the road once,
+as it does for reads (``Runtime.road``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from .._recovery import retry_idempotent
+from .._types import CompleteRow, FailRow, SheetContract, SheetRef, TerminalWriteResult
+from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
+from ..gateway.client import GatewayClient
+from ..sessions import AccessShape, SessionLimits, SessionManager
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from ..store import SheetStore
+
+__all__ = ["DirectWrites", "GatewayWrites", "TerminalWrites", "session_rows"]
+
+Road = Literal["direct", "gateway"]
+
+
+class TerminalWrites(Protocol):
+    """The terminal writes of one sheet, under one contract and run, on one road."""
+
+    @property
+    def road(self) -> Road:
+        """Which road the writes take (for spans and logs, never for a decision)."""
+        ...
+
+    async def complete_map_rows(
+        self, rows: Sequence[CompleteRow], *, write_version: int | None
+    ) -> TerminalWriteResult:
+        """Record map outputs, fenced by ``write_version``; stale rows come back."""
+        ...
+
+    async def fail_map_rows(
+        self, rows: Sequence[FailRow], *, write_version: int | None
+    ) -> TerminalWriteResult:
+        """Record map failures, fenced by ``write_version``; stale rows come back."""
+        ...
+
+
+def session_rows(rows: int) -> int:
+    """A write session's ``max_rows``: ``rows`` rounded up to whole write chunks.
+
+    The limit is part of the session's cache key, so the exact row count would
+    mint a session (a role, an RSA round trip) for every distinct batch size a
+    map's flushes produce; whole chunks let every write of up to one chunk
+    share one session, and the limit still bounds what one write may touch.
+    """
+    chunks = -(-max(rows, 1) // POSTGRES_WRITE_CHUNK_ROWS)
+    return chunks * POSTGRES_WRITE_CHUNK_ROWS
+
+
+class DirectWrites:
+    """Terminal writes through a scoped session (``rows.read`` + ``rows.upsert``) to the
+    store. A write is a replay by write version, so it is sent again after a lost
+    connection (``retry_idempotent``); cancelled mid-write, its one transaction rolls
+    back and nothing is written."""
+
+    road: Road = "direct"
+
+    def __init__(
+        self,
+        sessions: SessionManager,
+        sheet: SheetRef,
+        contract: SheetContract,
+        run_id: str,
+        user_email: str | None,
+    ) -> None:
+        self._sessions = sessions
+        self._sheet = sheet
+        self._contract = contract
+        self._run_id = run_id
+        self._user_email = user_email
+
+    def _store(self, rows: int) -> AbstractAsyncContextManager[SheetStore]:
+        shape = AccessShape(
+            table_namespace=self._sheet.table_namespace,
+            operations=("rows.read", "rows.upsert"),
+            limits=SessionLimits(max_rows=session_rows(rows)),
+            contract=self._contract,
+            user_email=self._user_email,
+        )
+        return self._sessions.store(shape)
+
+    async def complete_map_rows(
+        self, rows: Sequence[CompleteRow], *, write_version: int | None
+    ) -> TerminalWriteResult:
+        async def attempt() -> TerminalWriteResult:
+            async with self._store(len(rows)) as store:
+                return await store.complete_map_rows(
+                    self._sheet,
+                    self._contract,
+                    rows,
+                    run_id=self._run_id,
+                    write_version=write_version,
+                )
+
+        return await retry_idempotent(attempt)
+
+    async def fail_map_rows(
+        self, rows: Sequence[FailRow], *, write_version: int | None
+    ) -> TerminalWriteResult:
+        async def attempt() -> TerminalWriteResult:
+            async with self._store(len(rows)) as store:
+                return await store.fail_map_rows(
+                    self._sheet,
+                    self._contract,
+                    rows,
+                    run_id=self._run_id,
+                    write_version=write_version,
+                )
+
+        return await retry_idempotent(attempt)
+
+
+class GatewayWrites:
+    """Terminal writes through the gateway (its own ladder retries them)."""
+
+    road: Road = "gateway"
+
+    def __init__(
+        self, client: GatewayClient, table_namespace: str, contract: SheetContract, run_id: str
+    ) -> None:
+        self._client = client
+        self._table_namespace = table_namespace
+        self._contract = contract
+        self._run_id = run_id
+
+    async def complete_map_rows(
+        self, rows: Sequence[CompleteRow], *, write_version: int | None
+    ) -> TerminalWriteResult:
+        return await self._client.complete_map_rows(
+            self._table_namespace,
+            self._contract,
+            rows,
+            run_id=self._run_id,
+            write_version=write_version,
+        )
+
+    async def fail_map_rows(
+        self, rows: Sequence[FailRow], *, write_version: int | None
+    ) -> TerminalWriteResult:
+        return await self._client.fail_map_rows(
+            self._table_namespace,
+            self._contract,
+            rows,
+            run_id=self._run_id,
+            write_version=write_version,
+        )
