@@ -119,6 +119,7 @@ def test_no_module_reads_another_modules_private_names() -> None:
 DECLARATIVE = {
     ("budgets.py", "_check"): "the relations between budgets, one line each",
     ("gateway/server/_command.py", "add_serve_parser"): "the command's options, one each",
+    ("store/_guards.py", "guard_ddl"): "the guard functions and triggers, statement by statement",
     ("store/_schema.py", "_ddl"): "the sheet's DDL, statement by statement",
     ("store/_schema.py", "_staging_ddl"): "the staging tables' DDL",
     ("store/_shares.py", "_bodies"): "the share functions' SQL bodies",
