@@ -29,6 +29,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Seq
 from itertools import chain, islice
 from typing import TYPE_CHECKING, Any, Final
 
+from .. import _tracing
 from .. import protocol as m
 from .._types import AdmissionCounts, InlineAdmission
 from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
@@ -61,11 +62,14 @@ async def admit(target: WriteTarget, rows: AdmissionInput) -> Admission:
         if served:
             counts = await _one_transaction(t, rows)
             if counts is not None:
+                _tracing.annotate({"sheetplane.admission.way": "one_transaction"})
                 return Admission.from_counts(
                     counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
                 )
     if served is False:
+        _tracing.annotate({"sheetplane.admission.way": "whole"})
         return _whole_admission(t, await _whole(t, Tape(rows, lambda: True).replay()))
+    _tracing.annotate({"sheetplane.admission.way": "staged"})
     return await _staged(t, rows, served)
 
 
