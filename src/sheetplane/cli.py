@@ -66,11 +66,18 @@ class MissingExtraError(Exception):
 
 
 def _extra_of(module: str | None) -> str | None:
-    """The extra that installs ``module`` (a dotted name), or None for any other module."""
-    top = (module or "").split(".")[0]
+    """The extra that installs ``module`` (a dotted name: the one a ``ModuleNotFoundError``
+    names, a listed module, a package of one or a module inside one), or None."""
+    if not module:
+        return None
     for extra, modules in EXTRA_MODULES.items():
-        if top in modules:
-            return extra
+        for listed in modules:
+            if (
+                module == listed
+                or listed.startswith(f"{module}.")
+                or module.startswith(f"{listed}.")
+            ):
+                return extra
     return None
 
 
