@@ -7,9 +7,11 @@ throwaway embedded server). A real ``sheetplane serve`` process then takes
 requests, each asking for every row in one page: each is past
 ``READ_BATCH_MAX_RESPONSE_BYTES`` and answered 413.
 
-Printed: the server's resident memory before the reads, its peak (``VmHWM``)
-and what it holds once they are answered and a few seconds have passed
-(``VmRSS``), with the answers' statuses. A read that fetched its page whole
+Printed, for each of ``--runs`` bursts (default 3), each on a fresh server
+process: the server's resident memory before the reads, its peak (``VmHWM``),
+the growth between them (the target: under 200 MiB in every run) and what it
+holds once they are answered and a few seconds have passed (``VmRSS``), with
+the answers' statuses. A read that fetched its page whole
 before measuring it holds the page; one that fetches a bounded slice at a
 time holds about the budget, and the pool bounds how many run at once.
 
@@ -155,11 +157,17 @@ def serve_gateway(url: str, token: str) -> tuple[subprocess.Popen[str], str]:
     return process, line.removeprefix("listening on ")
 
 
-def _run(url: str, args: argparse.Namespace) -> None:
-    namespace = f"refused_{uuid.uuid4().hex[:8]}"
-    token = f"tok-{uuid.uuid4().hex}"
-    trio.run(_seed, url, namespace, args.rows, args.row_mib)
+#: The target: the gateway's resident memory grows by less than this during the burst.
+GROWTH_TARGET_MIB = 200
+
+
+def _burst(
+    url: str, token: str, namespace: str, args: argparse.Namespace, last: bool
+) -> dict[str, object]:
+    """One run on a fresh ``sheetplane serve`` process: the refused burst, its memory,
+    and (``last``) the successful reads after it."""
     process, base_url = serve_gateway(url, token)
+    medians: dict[str, float] = {}
     try:
         before = memory_kib(process.pid)
         started = time.perf_counter()
@@ -168,19 +176,49 @@ def _run(url: str, args: argparse.Namespace) -> None:
         peak = memory_kib(process.pid)
         time.sleep(args.settle)
         after = memory_kib(process.pid)
-        medians = trio.run(_ok_reads, base_url, token, namespace, args.ok_rows, args.ok_reads)
+        if last:
+            medians = trio.run(_ok_reads, base_url, token, namespace, args.ok_rows, args.ok_reads)
     finally:
         process.terminate()
         process.wait(30)
+    return {
+        "before": before["VmRSS"] / 1024,
+        "peak": peak["VmHWM"] / 1024,
+        "after": after["VmRSS"] / 1024,
+        "statuses": dict(sorted(statuses.items())),
+        "elapsed": elapsed,
+        "medians": medians,
+    }
+
+
+def _run(url: str, args: argparse.Namespace) -> None:
+    namespace = f"refused_{uuid.uuid4().hex[:8]}"
+    token = f"tok-{uuid.uuid4().hex}"
+    trio.run(_seed, url, namespace, args.rows, args.row_mib)
+    runs = [_burst(url, token, namespace, args, i == args.runs - 1) for i in range(args.runs)]
     budget = READ_BATCH_MAX_RESPONSE_BYTES // MiB
     print(f"sheet: {args.rows} rows of ~{args.row_mib} MiB; budget {budget} MiB")
-    print(f"{args.concurrent} concurrent reads of one {args.rows}-row page in {elapsed:.1f} s")
-    print(f"statuses: {dict(sorted(statuses.items()))}")
-    print(f"server RSS before:  {before['VmRSS'] / 1024:8.1f} MiB")
-    print(f"server RSS peak:    {peak['VmHWM'] / 1024:8.1f} MiB (VmHWM)")
-    print(f"server RSS {args.settle:.0f} s after: {after['VmRSS'] / 1024:8.1f} MiB")
-    print(f"successful batch reads, median of {args.ok_reads}:")
-    for name, seconds in medians.items():
+    print(
+        f"{args.concurrent} concurrent reads of one {args.rows}-row page, "
+        "on a fresh server each run"
+    )
+    growths = []
+    for index, run in enumerate(runs, 1):
+        growth = float(run["peak"]) - float(run["before"])  # type: ignore[arg-type]
+        growths.append(growth)
+        print(
+            f"run {index}: statuses {run['statuses']} in {run['elapsed']:.1f} s; server RSS "
+            f"before {run['before']:.1f} MiB, peak {run['peak']:.1f} MiB (VmHWM), "
+            f"growth {growth:.1f} MiB, {args.settle:.0f} s after {run['after']:.1f} MiB"
+        )
+    met = "met" if max(growths) < GROWTH_TARGET_MIB else "MISSED"
+    print(
+        f"largest growth {max(growths):.1f} MiB over {len(runs)} runs "
+        f"(target < {GROWTH_TARGET_MIB} MiB in every run: {met})"
+    )
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"successful batch reads after the last run, median of {args.ok_reads}:")
+    for name, seconds in runs[-1]["medians"].items():  # type: ignore[attr-defined]
         print(f"  {name}: {seconds * 1000:8.1f} ms")
 
 
@@ -195,5 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before the last sample")
     parser.add_argument("--ok-rows", type=int, default=3, help="large rows of a successful read")
     parser.add_argument("--ok-reads", type=int, default=15, help="successful reads of each kind")
+    parser.add_argument("--runs", type=int, default=3, help="bursts, each on a fresh server")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     return _common.on_postgres(lambda url: _run(url, args))
