@@ -162,6 +162,25 @@ async def test_a_pending_is_done_with_its_result_without_anybody_waiting(
     assert execute.batches == [(0.0, "a", (0, 1, 2, 3)), (0.25, "a", (4, 5))]
 
 
+async def test_result_reads_a_settled_value_without_waiting_and_would_block_before(
+    autojump_clock: Any,
+) -> None:
+    execute = Recorder()
+    batcher = make(execute)
+    async with batcher:
+        pendings = [batcher.submit_nowait("a", value) for value in range(6)]
+        for pending in pendings:
+            with pytest.raises(trio.WouldBlock):
+                pending.result()
+        await trio.sleep(1)
+        assert [p.result() for p in pendings] == [("r", v) for v in range(6)]
+        assert [p.result() for p in pendings] == [("r", v) for v in range(6)]  # read again
+        wedged = batcher.submit_nowait("a", 9, max_wait=0)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(LaneWedgedError):
+            wedged.result()
+
+
 async def test_every_value_of_a_failed_batch_settles_with_its_exception(
     autojump_clock: Any,
 ) -> None:
@@ -180,6 +199,9 @@ async def test_every_value_of_a_failed_batch_settles_with_its_exception(
             with pytest.raises(RuntimeError) as raised:
                 await pending.wait()
             assert raised.value is boom
+            with pytest.raises(RuntimeError) as read:
+                pending.result()
+            assert read.value is boom
 
 
 async def test_cancelling_a_wait_does_not_withdraw_the_value(autojump_clock: Any) -> None:

@@ -86,8 +86,10 @@ _COMPACT_EVERY: Final = 16
 """Dispatches between two looks at the stale rows (they are few and cheap to keep)."""
 _INF: Final = math.inf
 _new_entry: Final = object.__new__
+_new_batch: Final = object.__new__
 _NO_ENTRIES: Final[list[Any]] = []
-"""A finished batch's entries (shared, never changed)."""
+"""A finished batch's entries, and ``expire``'s answer when nothing expires (shared,
+never changed)."""
 
 
 class Entry(Generic[K, V]):
@@ -482,7 +484,12 @@ class SchedulingCore(Generic[K, V]):
         first = queue.popleft()
         entries = [first]
         values = [first.value]
-        batch: Batch[K, V] = Batch(lane.lane_id, first.key, entries)
+        batch: Batch[K, V] = _new_batch(Batch)  # no __init__ call: one per batch
+        batch.key = first.key
+        batch.lane_id = lane.lane_id
+        batch._entries = entries
+        batch._done = False
+        batch._scope = None
         first.state = RUNNING
         first.batch = batch
         first.index = 0
@@ -610,12 +617,13 @@ class SchedulingCore(Generic[K, V]):
         return False
 
     def expire(self, now: float) -> list[Entry[K, V]]:
-        """Remove and return every waiting value with ``now >= deadline``."""
+        """Remove and return every waiting value with ``now >= deadline`` (a list
+        the caller must not change)."""
         timeline, deadlines = self._timeline, self._deadlines
         if (not timeline or timeline[0].deadline > now) and (
             not deadlines or deadlines[0][0] > now
         ):
-            return []
+            return _NO_ENTRIES  # the common case: shared, never changed
         expired: list[Entry[K, V]] = []
         while True:
             # The earlier of the two fronts, in (deadline, submission) order.

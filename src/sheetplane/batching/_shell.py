@@ -10,7 +10,7 @@ The shell only waits, wakes and cancels; every decision is the core's.
   next ready batch in the same step. Before a runner starts a batch it makes
   sure another runner is summoned if more batches are ready, so a slow
   ``execute`` never holds up the others (up to ``max_in_flight_batches``).
-  A runner that has settled ``_WAKE_ROUND`` values yields once before its
+  A runner that has woken ``_WAKE_ROUND`` callers yields once before its
   next batch, so the callers it woke run in rounds rather than all at once.
   When every caller of a batch has gone, that batch's scope is cancelled;
   the runner then retires with it, so a cancelled scope never touches
@@ -69,7 +69,8 @@ _park: Final = trio.lowlevel.wait_task_rescheduled
 _current_time: Final = trio.current_time
 _yield_shielded: Final = trio.lowlevel.cancel_shielded_checkpoint
 _WAKE_ROUND: Final = 64
-"""Values a runner settles before it yields once, when more batches are ready.
+"""Callers a runner wakes before it yields once, when more batches are ready.
+Values nobody waits for (``submit_nowait``) wake nobody and do not count.
 
 Without it a runner drains a deep lane in one step and wakes every caller of
 it in one wave: thousands of parked tasks, each touched twice (woken, then
@@ -145,6 +146,20 @@ class Pending(Entry[K, V]):
         if type(results) is _SharedFailure:
             return outcome.Error(results.error)
         return outcome.Value(results[self.index])
+
+    def result(self) -> Any:
+        """The settled value's result, or raise its error (what ``wait`` would),
+        without waiting; ``trio.WouldBlock`` while it is not ``done``.
+
+        Unlike ``outcome`` this builds nothing: it reads the batch's shared result
+        sequence at the value's slot (the cheap way to read many settled values).
+        """
+        results = self.results
+        if results is None:
+            raise trio.WouldBlock
+        if type(results) is _SharedFailure:
+            raise results.error.with_traceback(results.traceback)
+        return results[self.index]
 
     async def wait(self) -> Any:
         """Wait until the value is settled; return its result or raise its error.
@@ -368,7 +383,6 @@ class BoundedBatchFunction(Generic[K, V, R]):
         cancelled.
         """
         entry = self._take(key, value, max_wait, False)
-        assert entry is not None
         entry.waiter = _current_task()
         results = await _park(entry)
         if type(results) is _SharedFailure:
@@ -391,14 +405,12 @@ class BoundedBatchFunction(Generic[K, V, R]):
         without waiting; ``pending.cancel()`` withdraws the value while queued
         (never executed) and stops waiting for it while its batch runs.
         """
-        entry = self._take(key, value, max_wait, True)
-        if entry is None:
-            raise trio.WouldBlock
-        return entry
+        return self._take(key, value, max_wait, True)
 
-    def _take(self, key: K, value: V, max_wait: float | None, nowait: bool) -> Pending[K, V] | None:
+    def _take(self, key: K, value: V, max_wait: float | None, nowait: bool) -> Pending[K, V]:
         """Both entry points up to the park: checks, the core's intake, the timer and
-        a runner for a lane that became ready. None: ``nowait`` and no room."""
+        a runner for a lane that became ready. ``trio.WouldBlock``: ``nowait`` and no
+        room."""
         if self._state != _OPEN:
             raise BatcherClosedError(
                 "submit outside the batcher's `async with` block"
@@ -439,7 +451,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             lane_id, key, value, nbytes, now, deadline, nowait
         )
         if entry is None:
-            return None
+            raise trio.WouldBlock
         entry.batcher = self
         entry.results = None
         if core.wakeup_hint < self._timer_at:
@@ -498,21 +510,25 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 ),
             )
 
-    def _settle_batch(self, entries: list[Entry[K, V]], results: Any) -> None:
+    def _settle_batch(self, entries: list[Entry[K, V]], results: Any) -> int:
         """Settle each live value of a finished batch and wake its waiter; each entry
-        is its caller's outcome.
+        is its caller's outcome. Returns how many tasks it woke.
 
         Entries let go of their batch here, so the batch is freed by the runner
         that finished it rather than by the last caller to wake.
         """
         reschedule, running, done = _reschedule, RUNNING, DONE
+        woken = 0
         for entry in entries:
             entry.batch = None
             if entry.state == running:
                 entry.state = done
                 entry.results = results  # type: ignore[attr-defined]
-                if entry.waiter is not None:
-                    reschedule(entry.waiter, entry)  # type: ignore[arg-type]
+                waiter = entry.waiter
+                if waiter is not None:
+                    reschedule(waiter, entry)  # type: ignore[arg-type]
+                    woken += 1
+        return woken
 
     # --- batch runners -----------------------------------------------------
 
@@ -592,8 +608,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                     entries = core.finish(batch)
                     if core.wakeup_hint < self._timer_at:
                         self._sync_timer()
-                    self._settle_batch(entries, results)
-                    woken += len(entries)
+                    woken += self._settle_batch(entries, results)
                     if self._drained is not None:
                         self._check_drained()
                     if scope.cancel_called:

@@ -17,7 +17,10 @@ the same ``callers x values`` values with ``batcher.submit_nowait`` (no task
 per value), keeping at most ``callers`` outstanding (the retained-items cap:
 where it raises ``trio.WouldBlock`` the producer awaits its oldest value),
 against aiodataloader's ``load`` (a future per value, no task) with the same
-window of outstanding values. Every result is read and checked on both sides.
+window of outstanding values. Every result is read and checked on both sides:
+aiodataloader's futures each awaited in turn (``await`` of a done future does
+not suspend); on trio the oldest value awaited (``await pending.wait()``) and
+each settled one after it read without waiting (``pending.result()``).
 
 A third column is a floor for context, not a peer: the same callers on trio
 with no batcher at all, only the park/reschedule round trip every trio
@@ -169,7 +172,7 @@ def run_bounded_nowait(workload: Workload) -> float:
                 wrong += 1
             while window and window[0][1].done:
                 value, pending = window.popleft()
-                if pending.outcome.unwrap() != value:  # type: ignore[union-attr]
+                if pending.result() != value:
                     wrong += 1
 
         started = time.perf_counter()
