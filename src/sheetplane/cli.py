@@ -216,9 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             getattr(module, function)(commands)
 
-    for subparser in (parser, *commands.choices.values()):
-        _plain_help(subparser)
-
     openapi = commands.add_parser(
         "openapi",
         help="print the runtime gateway's OpenAPI 3.1 document",
@@ -227,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     openapi.set_defaults(run=_print_openapi)
 
+    for subparser in (parser, *commands.choices.values()):
+        _plain_help(subparser)
     return parser
 
 
