@@ -517,6 +517,34 @@ def mutations(token_a: str) -> dict[str, Mutation]:
         ),
         "SP-PLAY-3": ("every token acts as token A", None, token_a_for_all(token_a)),
         "SP-OPS-1": ("openapi.json answered 404", _openapi_404, None),
+        "SP-SHARE-1": (
+            "none answers no live share",
+            on_answer(
+                "claim_sheet_share",
+                ok_only(lambda v, _: {**v, "live": 0} if v.get("outcome") == "none" else v),
+            ),
+            None,
+        ),
+        "SP-SHARE-2": (
+            "renewal with any token answers renewed",
+            on_answer("renew_sheet_share", ok_only(lambda v, _: {"outcome": "renewed"})),
+            None,
+        ),
+        "SP-SHARE-3": (
+            "a superseded claim answers none",
+            on_answer(
+                "claim_sheet_share",
+                ok_only(
+                    lambda v, _: {**v, "outcome": "none"} if v.get("outcome") == "superseded" else v
+                ),
+            ),
+            None,
+        ),
+        "SP-SHARE-4": (
+            "status counts no workers",
+            on_answer("sheet_attempt_status", ok_only(lambda v, _: {**v, "workers": 0})),
+            None,
+        ),
         "SP-MODEL-1": ("stale write accepted", None, _drop_write_version),
     }
     return {rid: Mutation(name, answer, request) for rid, (name, answer, request) in table.items()}

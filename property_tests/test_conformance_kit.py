@@ -106,6 +106,10 @@ IDS = [
     "SP-PLAY-2",
     "SP-PLAY-3",
     "SP-OPS-1",
+    "SP-SHARE-1",
+    "SP-SHARE-2",
+    "SP-SHARE-3",
+    "SP-SHARE-4",
     "SP-MODEL-1",
 ]
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"

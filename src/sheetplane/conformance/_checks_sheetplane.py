@@ -33,6 +33,10 @@ SHEETPLANE_ACTIONS: Final = (
     "stage_sheet_admission_chunk",
     "commit_sheet_admission",
     "abort_sheet_admission",
+    "claim_sheet_share",
+    "renew_sheet_share",
+    "release_sheet_share",
+    "sheet_attempt_status",
 )
 #: Members of a claim answer the kit knows; any other (a lease token) is sent back
 #: with the holder's completion and release.
@@ -425,6 +429,127 @@ def _begin(ctx: Context, tag: str) -> tuple[dict[str, Any], Exchange]:
 
 def _commit(ctx: Context, base: Mapping[str, Any], chunks: int, rows: int) -> Exchange:
     return ctx.wire.post("commit_sheet_admission", {**base, "chunks": chunks, "rows": rows})
+
+
+# --- shares of an attempt ----------------------------------------------------------------
+
+_SHARE_TTL_MS: Final = 60_000
+
+
+def _share_token(ctx: Context) -> str:
+    return (ctx.name("share-token") + "x" * 16)[:64]
+
+
+def share_claim(ctx: Context, sheet: Admitted, token: str, max_rows: int) -> Exchange:
+    """``claim_sheet_share`` of ``sheet``'s attempt."""
+    return ctx.wire.post(
+        "claim_sheet_share",
+        {
+            "tableNamespace": sheet.namespace,
+            "writeVersion": sheet.write_version,
+            "holder": ctx.name("worker"),
+            "leaseToken": token,
+            "ttlMs": _SHARE_TTL_MS,
+            "maxRows": max_rows,
+        },
+    )
+
+
+def share_lease(
+    ctx: Context, action: str, sheet: Admitted, share: int, token: str, **fields: Any
+) -> Exchange:
+    """``renew_sheet_share`` or ``release_sheet_share`` of ``share``."""
+    payload = {
+        "tableNamespace": sheet.namespace,
+        "writeVersion": sheet.write_version,
+        "share": share,
+        "leaseToken": token,
+        **fields,
+    }
+    return ctx.wire.post(action, payload)
+
+
+@check("SP-SHARE-1")
+def shares_divide_the_rows(ctx: Context) -> None:
+    sheet = _fresh(ctx, "share")
+    first = ok(share_claim(ctx, sheet, _share_token(ctx), 2))
+    second = ok(share_claim(ctx, sheet, _share_token(ctx), 2))
+    expect(
+        first.get("outcome") == "claimed"
+        and first.get("share") == 1
+        and second.get("outcome") == "claimed"
+        and second.get("share") == 2
+        and isinstance(first.get("lastIndex"), int)
+        and isinstance(second.get("firstIndex"), int)
+        and first["lastIndex"] < second["firstIndex"],
+        "shares 1 and 2, claimed, the second's range after the first's",
+    )
+    answer = share_claim(ctx, sheet, _share_token(ctx), 2)
+    body = ok(answer)
+    expect(
+        body.get("outcome") == "none" and body.get("live") == 2,
+        "outcome none with live 2",
+        answer,
+    )
+
+
+@check("SP-SHARE-2")
+def shares_need_their_token(ctx: Context) -> None:
+    sheet = _fresh(ctx, "share")
+    token = _share_token(ctx)
+    ok(share_claim(ctx, sheet, token, 5))
+    renewed = share_lease(ctx, "renew_sheet_share", sheet, 1, token, ttlMs=_SHARE_TTL_MS)
+    expect(ok(renewed).get("outcome") == "renewed", "outcome renewed", renewed)
+    other = share_lease(ctx, "renew_sheet_share", sheet, 1, _share_token(ctx), ttlMs=1_000)
+    expect(ok(other).get("outcome") == "lost", "outcome lost for another token", other)
+    released = share_lease(ctx, "release_sheet_share", sheet, 1, token, finished=True)
+    expect(ok(released).get("outcome") == "released", "outcome released", released)
+    again = share_claim(ctx, sheet, _share_token(ctx), 5)
+    body = ok(again)
+    expect(
+        body.get("outcome") == "claimed"
+        and body.get("share") == 1
+        and body.get("takenOver") is True,
+        "share 1 claimed again, takenOver true (its rows were never written)",
+        again,
+    )
+
+
+@check("SP-SHARE-3")
+def shares_of_an_older_attempt_are_superseded(ctx: Context) -> None:
+    sheet = _fresh(ctx, "share")
+    token = _share_token(ctx)
+    ok(share_claim(ctx, sheet, token, 5))
+    _fresh(ctx, "share")  # a newer admission of the same sheet
+    claimed = share_claim(ctx, sheet, _share_token(ctx), 5)
+    expect(ok(claimed).get("outcome") == "superseded", "claim: outcome superseded", claimed)
+    renewed = share_lease(ctx, "renew_sheet_share", sheet, 1, token, ttlMs=_SHARE_TTL_MS)
+    expect(ok(renewed).get("outcome") == "superseded", "renew: outcome superseded", renewed)
+
+
+@check("SP-SHARE-4")
+def attempt_status_counts(ctx: Context) -> None:
+    sheet = _fresh(ctx, "share")
+    ok(share_claim(ctx, sheet, _share_token(ctx), 2))
+    terminal(complete(ctx, sheet, sheet.keys[:1]))
+    answer = ctx.wire.post(
+        "sheet_attempt_status",
+        {"tableNamespace": sheet.namespace, "writeVersion": sheet.write_version},
+    )
+    body = ok(answer)
+    expected = {
+        "pending": 2,
+        "claimed": 1,
+        "enriched": 1,
+        "failed": 0,
+        "workers": 1,
+        "superseded": False,
+    }
+    expect(
+        {k: body.get(k) for k in expected} == expected,
+        f"the counts {expected}",
+        answer,
+    )
 
 
 @check("SP-STAGE-1")

@@ -387,6 +387,34 @@ REQUIREMENTS: Final[tuple[Requirement, ...]] = (
         "document naming every action",
         "GET /api/v2/plays/internal/runtime/openapi.json: the OpenAPI 3.1 document",
     ),
+    # --- shares of an attempt (many workers) ----------------------------------------------
+    _docs(
+        "SP-SHARE-1",
+        "claim_sheet_share divides an admitted attempt's pending rows into shares in input "
+        "order, then answers none naming how many shares are still held",
+        "claim_sheet_share: {tableNamespace, writeVersion, holder, leaseToken, ttlMs, maxRows}"
+        " -> {outcome, share?, firstIndex?, lastIndex?, takenOver, live, retryAfterMs?}",
+    ),
+    _docs(
+        "SP-SHARE-2",
+        "renew_sheet_share answers renewed with the claim's lease token and lost with "
+        "another; release_sheet_share of a share whose rows are unwritten leaves it "
+        "claimable at once (takenOver true)",
+        "a renewal or release needs the share's lease token; a share is done only when "
+        "none of its rows is left unsettled",
+    ),
+    _docs(
+        "SP-SHARE-3",
+        "after a newer admission, claims and renewals of the older attempt answer superseded",
+        "once a newer admission exists, claims and renewals answer superseded",
+    ),
+    _docs(
+        "SP-SHARE-4",
+        "sheet_attempt_status counts the attempt's pending, claimed, enriched and failed "
+        "rows and the workers holding a live share",
+        "sheet_attempt_status: {tableNamespace, writeVersion} -> {pending, claimed, enriched,"
+        " failed, workers, superseded}",
+    ),
     # --- the model-based phase -----------------------------------------------------------
     _docs(
         "SP-MODEL-1",
