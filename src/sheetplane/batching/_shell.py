@@ -281,6 +281,10 @@ class BoundedBatchFunction(Generic[K, V, R]):
         self._timer_at = -math.inf
         self._poked = False
         self._to_cancel: list[Batch[K, V]] = []
+        # The runner scopes the scheduler has cancelled (a runner retires with its
+        # scope): a set lookup per batch instead of trio's ``cancel_called``
+        # property, which reads the clock each time.
+        self._cancelled_scopes: set[trio.CancelScope] = set()
         self._drained: trio.Event | None = None
         self._now: Callable[[], float] = _current_time
 
@@ -561,6 +565,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
             return _SUCCEEDED
 
         execute = self._execute
+        cancelled_scopes = self._cancelled_scopes
         with trio.CancelScope() as scope:
             while True:
                 self._summoned -= 1
@@ -597,6 +602,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                         for entry in closed:
                             self._settle_closed(entry)
                         self._check_drained()
+                        cancelled_scopes.discard(scope)
                         raise
                     else:
                         if (
@@ -611,13 +617,14 @@ class BoundedBatchFunction(Generic[K, V, R]):
                     woken += self._settle_batch(entries, results)
                     if self._drained is not None:
                         self._check_drained()
-                    if scope.cancel_called:
+                    if cancelled_scopes and scope in cancelled_scopes:
                         break
-                if scope.cancel_called or self._state == _CLOSED:
+                if (cancelled_scopes and scope in cancelled_scopes) or self._state == _CLOSED:
                     break
                 self._check_drained()
                 idle.append(task)
                 await _park(abort_idle)
+        cancelled_scopes.discard(scope)
         # Retired with an abandoned batch: make sure the ready work has a runner.
         if self._state != _CLOSED:
             self._summon_if_ready(_current_time())
@@ -673,6 +680,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 for batch in self._to_cancel:
                     if not batch._done:
                         batch._scope.cancel()
+                        self._cancelled_scopes.add(batch._scope)
                 self._to_cancel.clear()
             expired = core.expire(now)
             if expired:
