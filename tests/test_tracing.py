@@ -268,7 +268,8 @@ async def test_sixteen_workers_and_a_nursery_run_flush_keep_their_parents(
     from sheetplane.batching import Batch
 
     async def flush(batch: Batch[str, int]) -> list[int]:
-        with _tracing.span("flush", {"values": len(batch.values)}):
+        links = _tracing.links_to(batch.waiting_contexts())
+        with _tracing.span("flush", {"values": len(batch.values)}, links=links):
             await trio.lowlevel.checkpoint()
             with _tracing.span("flush write"):
                 await trio.lowlevel.checkpoint()
@@ -284,8 +285,11 @@ async def test_sixteen_workers_and_a_nursery_run_flush_keep_their_parents(
         flush_seconds=0.001,
     )
 
+    worker_spans: set[int] = set()
+
     async def worker(i: int) -> None:
-        with _tracing.span(f"worker {i}"):
+        with _tracing.span(f"worker {i}") as mine:
+            worker_spans.add(mine.get_span_context().span_id)
             for value in range(3):
                 await trio.lowlevel.checkpoint()
                 assert await batcher.submit("lane", i * 10 + value) == i * 10 + value
@@ -310,6 +314,12 @@ async def test_sixteen_workers_and_a_nursery_run_flush_keep_their_parents(
     for flushed in flushes:
         assert flushed.parent is not None
         assert by_id[flushed.parent.span_id] is owner
+        # Linked to the span of each worker that waited for one of its values, once each.
+        linked = [link.context.span_id for link in flushed.links]
+        assert len(linked) == len(set(linked)) >= 1
+        assert all(by_id[span_id].name.startswith("worker ") for span_id in linked)
+    # Between them the links reach every worker.
+    assert {link.context.span_id for s in flushes for link in s.links} == worker_spans
     for write in _named(finished, "flush write"):
         assert write.parent is not None and by_id[write.parent.span_id].name == "flush"
 

@@ -29,8 +29,9 @@ benchmark's baseline of no instrumentation.
 
 from __future__ import annotations
 
+import contextvars
 import os
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from types import TracebackType
 from typing import Final
 
@@ -53,6 +54,7 @@ __all__ = [
     "current_trace_id",
     "enabled",
     "inject",
+    "links_to",
     "recording",
     "server_span",
     "set_enabled",
@@ -253,6 +255,36 @@ def current_span_id() -> str | None:
     """The current span's id as 16 hex digits, or None outside a valid trace."""
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.span_id, "016x") if ctx.is_valid else None
+
+
+#: Links a span takes at most from :func:`links_to`.
+MAX_LINKS: Final = 32
+
+
+def _current_span_context() -> trace.SpanContext:
+    return trace.get_current_span().get_span_context()
+
+
+def links_to(contexts: Iterable[contextvars.Context]) -> list[Link]:
+    """Links to the spans current in other tasks' ``contexts`` (a batch's waiting callers:
+    ``Batch.waiting_contexts``), each once, at most ``MAX_LINKS``; none to an invalid
+    span or to the current one (the batch's parent)."""
+    if not _STATE.enabled:
+        return []
+    here = _current_span_context()
+    seen = {here.span_id}
+    links: list[Link] = []
+    for ctx in contexts:
+        try:
+            there = ctx.run(_current_span_context)
+        except RuntimeError:  # a context entered now (the running task's own)
+            continue
+        if there.is_valid and there.span_id not in seen:
+            seen.add(there.span_id)
+            links.append(Link(there))
+            if len(links) == MAX_LINKS:
+                break
+    return links
 
 
 def current_context() -> otel_context.Context:

@@ -50,6 +50,7 @@ however many lanes there are.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import math
 from collections import deque
@@ -162,6 +163,13 @@ class Batch(Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"<Batch lane_id={self.lane_id!r} values={len(self.values)}>"
+
+    def waiting_contexts(self) -> list[contextvars.Context]:
+        """The ``contextvars`` contexts of the tasks waiting for this batch's values
+        (parked in ``submit`` or ``Pending.wait``), oldest value first: where its
+        callers are, for the batch's span to link to (``sheetplane._tracing``). A value
+        nobody waits for has none. Meant for ``execute``, while the batch runs."""
+        return [entry.waiter.context for entry in self._entries if entry.waiter is not None]
 
 
 class _Lane:

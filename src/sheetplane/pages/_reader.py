@@ -230,9 +230,12 @@ class PageReader:
 
     @staticmethod
     async def _execute(batch: Batch[SheetRoad, PageRequest]) -> list[Page]:
-        # Every road in a lane shares one scope, so the first one reads for all.
+        # Every road in a lane shares one scope, so the first one reads for all. The
+        # batch is the page reader's owner's child, linked to each caller's span.
         with _tracing.span(
-            "sheetplane.read_batch", {"sheetplane.read.pages": len(batch.values)}
+            "sheetplane.read_batch",
+            {"sheetplane.read.pages": len(batch.values)},
+            links=_tracing.links_to(batch.waiting_contexts()),
         ) as span:
             pages = await read_pages_adaptive(batch.key.read_batch, batch.values)
             span.set_attribute("sheetplane.read.rows", sum(len(page.rows) for page in pages))
