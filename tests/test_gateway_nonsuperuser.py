@@ -103,12 +103,13 @@ async def gateway_database(database_url: str) -> AsyncIterator[GatewayDatabase]:
             database_url,
             sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(db.database)),
         )
-        # Session roles the test left (each created by the gateway role).
+        # Session roles the test left (each created by the gateway role), and the
+        # sheets' owner roles (the gateway role is a member of each).
         for (role,) in await run_sql(
             database_url,
             "SELECT r.rolname FROM pg_roles r JOIN pg_auth_members m ON m.roleid = r.oid"
             " WHERE m.member = (SELECT oid FROM pg_roles WHERE rolname = %s)"
-            " AND starts_with(r.rolname, 'sp_sess_')",
+            " AND (starts_with(r.rolname, 'sp_sess_') OR starts_with(r.rolname, 'sp_own_'))",
             (db.role,),
         ):
             await run_sql(

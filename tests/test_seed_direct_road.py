@@ -33,6 +33,10 @@ from sheetplane.gateway.server import RUNTIME_PATH, RunningGateway, running_gate
 from sheetplane.protocol import prepare_chunk
 from sheetplane.store import SheetStore, open_store, sheet_names
 from sheetplane.store._seedlayout import OWNER_ROLE_PREFIX, SEED_EVENT_COLUMNS
+from test_gateway_nonsuperuser import (
+    GatewayDatabase,
+    gateway_database,  # noqa: F401 (a fixture)
+)
 
 TOKEN = "tok-seed-road-4b1e"
 ORG = "org-seed-road"
@@ -481,3 +485,25 @@ async def test_unversioned_and_versioned_writers_in_both_orders(
     assert answer["staleRows"] == [
         {"key": "c", "reason": "newer_write_version", "rowVersionStamp": newer["writeVersion"]}
     ]
+
+
+async def test_the_seeds_direct_road_on_a_gateway_that_is_not_a_superuser(
+    gateway_database: GatewayDatabase,  # noqa: F811 (the fixture imported above)
+    namespace: str,
+) -> None:
+    """A CREATEROLE gateway on a database an operator hardened (the DDL guard
+    included): it makes the sheet's owner role, its write sessions run the seed's
+    ALTER TABLE and admission, and no other DDL."""
+    statements = await gateway_database.hardened()
+    assert any("EVENT TRIGGER" in text for text in statements), statements
+    async with running_gateway(gateway_database.url, tokens={TOKEN: ORG}) as gw:
+        await act(gw, "ensure_sheet", tableNamespace=namespace, sheetContract=CONTRACT)
+        seed = await mint(gw, namespace, ["rows.read", "rows.upsert"])
+        first = await trio.to_thread.run_sync(seed.start, rows_of("a", "b"), "run-1")
+        assert (first["inserted"], first["skipped"]) == (2, 0)
+        assert await trio.to_thread.run_sync(seed.count) == 2
+        outcomes = await trio.to_thread.run_sync(ddl_outcomes, seed)
+        assert outcomes == {
+            "seed alter": "ran",
+            **{what: "refused" for what in outcomes if what != "seed alter"},
+        }
