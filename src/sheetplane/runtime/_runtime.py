@@ -543,6 +543,29 @@ class Runtime:
         )
 
 
+def _client(
+    context: RuntimeContext,
+    headers: Mapping[str, str] | None,
+    protection_bypass_token: str | None,
+) -> GatewayClient:
+    """The run's gateway client (``headers`` checked: a mapping of strings to strings)."""
+    if headers is not None and not (
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise InvalidInputError("headers must be a mapping of strings to strings")
+    return GatewayClient(
+        context.base_url,
+        context.token,
+        base_urls=context.base_urls,
+        play_name=context.play_name,
+        org_id=context.org_id,
+        user_email=context.user_email,
+        headers=headers,
+        protection_bypass_token=protection_bypass_token,
+    )
+
+
 @asynccontextmanager
 async def open_runtime(
     *,
@@ -563,17 +586,15 @@ async def open_runtime(
 ) -> AsyncIterator[Runtime]:
     """Open a run's data plane: ``async with open_runtime(...) as rt:``.
 
-    ``base_url`` is the gateway's URL, or a sequence of URLs of one gateway
-    deployment (``base_urls`` adds more): a call that cannot reach one, or
-    meets one draining, tries the next at once, and after a round of them all
-    backs off (capped, jittered) within its whole budget; the client stays on
-    the last URL that answered.
+    ``base_url`` is the gateway's URL, or a sequence of URLs of one deployment
+    (``base_urls`` adds more): a call that cannot reach one, or meets one draining,
+    tries the next at once, and after a round of them all backs off (capped,
+    jittered) within its budget; the client stays on the last URL that answered.
 
-    Every argument is checked before anything connects (``InvalidInputError``
-    names the bad one). ``headers`` go with every gateway request (tests arm
-    the reference gateway's faults with them). The block owns the gateway
-    client, the session manager (its pools and their tasks) and the page
-    reader (its nursery runs every batch read).
+    Every argument is checked before anything connects (``InvalidInputError`` names
+    the bad one). ``headers`` go with every gateway request (tests arm faults with
+    them). The block owns the gateway client, the session manager (its pools and
+    their tasks) and the page reader (its nursery runs every batch read).
 
     ``protection_bypass_token`` (the runtime's ``vercelProtectionBypassToken``)
     goes with every gateway request as the ``x-vercel-protection-bypass``
@@ -583,10 +604,10 @@ async def open_runtime(
     keeping one pool per scoped session for the block's lifetime: for hosts
     where a connection must not outlive the request that opened it.
 
-    With ``prewarm`` (the default), every usable preloaded session is opened
-    and checked (``SELECT 1``) before the block starts, retrying transient
-    connection errors on ``POSTGRES_PREWARM_RETRY_DELAYS_MS``; a session that
-    cannot be reached raises ``SessionPrewarmError`` naming its identity.
+    With ``prewarm`` (the default), every usable preloaded session is opened and
+    checked (``SELECT 1``) before the block starts, retrying transient connection
+    errors on ``POSTGRES_PREWARM_RETRY_DELAYS_MS``; one that cannot be reached
+    raises ``SessionPrewarmError`` naming its identity.
 
     Leaving the block normally lets queued reads finish, then closes every
     pool and the HTTP client. Leaving it by an exception, or by cancellation,
@@ -607,23 +628,9 @@ async def open_runtime(
         unwrap_key=unwrap_key,
         user_email=user_email,
     )
-    if headers is not None and not (
-        isinstance(headers, Mapping)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-    ):
-        raise InvalidInputError("headers must be a mapping of strings to strings")
     checks.flag("prewarm", prewarm)
     checks.flag("disable_postgres_pool_cache", disable_postgres_pool_cache)
-    client = GatewayClient(
-        context.base_url,
-        context.token,
-        base_urls=context.base_urls,
-        play_name=context.play_name,
-        org_id=context.org_id,
-        user_email=context.user_email,
-        headers=headers,
-        protection_bypass_token=protection_bypass_token,
-    )
+    client = _client(context, headers, protection_bypass_token)
     try:
         async with (
             client,

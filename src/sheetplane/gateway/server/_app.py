@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -57,6 +57,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ... import _tracing
+from ..._redact import Redactor
 from ...budgets import (
     ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS,
     TRANSPORT_CEILING_BYTES,
@@ -376,22 +377,8 @@ class _AdmissionPool:
         return self._pool.stats()
 
 
-def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlette:
-    """The reference gateway for ``config``.
-
-    Serve it with any ASGI server on trio (``sheetplane.gateway.server.serve``
-    uses Hypercorn). Its lifespan opens the store and starts the role reaper;
-    requests are answered only inside the lifespan. ``ops`` (default: a new
-    one) holds its metrics and drain state; the server that serves the app
-    drives the drain through it.
-    """
-    tokens = TokenTable.from_mapping(config.tokens)
-    ops = ops if ops is not None else Operations()
-    ops.redactor.add_database_url(config.database_url)
-    ops.redactor.add([*config.tokens, *([config.metrics_token] if config.metrics_token else [])])
-    if config.tenant_caps is not None:
-        ops.tenants.caps, ops.tenants.configured = config.tenant_caps, True
-    metrics = ops.metrics
+def _runtime_endpoint(redact: Redactor) -> Callable[[Request], Awaitable[Response]]:
+    """The ``POST`` runtime endpoint: every action's answer, or its error's (never a trace)."""
 
     async def runtime(request: Request) -> Response:
         state = gateway_state(request.app)
@@ -410,11 +397,65 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             log.error(
                 "internal error: %s",
                 type(exc).__name__,
-                extra=internal_error_fields(exc, ops.redactor),
+                extra=internal_error_fields(exc, redact),
             )
             return json_bytes_response(
                 500, encode_json(error_body("internal error", Code.INTERNAL_ERROR))
             )
+
+    return runtime
+
+
+async def _prepare(store: SheetStore, config: GatewayConfig) -> int:
+    """Before serving: harden the database, register the configured plays, and resolve
+    the per-org connection budget (returned)."""
+    await harden_database(store)
+    for definition in config.plays:
+        await store.register_play(definition.org_id, definition.play, name=definition.name)
+    return await resolve_org_connection_budget(store, config.session_max_connections_per_org)
+
+
+async def _start_watch(
+    nursery: trio.Nursery,
+    store: SheetStore,
+    config: GatewayConfig,
+    progress: ReaperProgress,
+    org_connections: int,
+) -> None:
+    """Start the reaper and the watchdog in ``nursery`` (``_watchdog``)."""
+    await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
+    await nursery.start(
+        partial(
+            run_watchdog,
+            org_connections=org_connections,
+            memory_bytes=config.session_max_backend_memory_bytes,
+            org_memory_bytes=config.session_max_org_memory_bytes,
+            login_timeout_ms=config.session_login_timeout_ms,
+        ),
+        store,
+        config.session_bounds(),
+        config.watchdog_interval_ms,
+        progress,
+    )
+
+
+def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlette:
+    """The reference gateway for ``config``.
+
+    Serve it with any ASGI server on trio (``sheetplane.gateway.server.serve``
+    uses Hypercorn). Its lifespan opens the store and starts the role reaper;
+    requests are answered only inside the lifespan. ``ops`` (default: a new
+    one) holds its metrics and drain state; the server that serves the app
+    drives the drain through it.
+    """
+    tokens = TokenTable.from_mapping(config.tokens)
+    ops = ops if ops is not None else Operations()
+    ops.redactor.add_database_url(config.database_url)
+    ops.redactor.add([*config.tokens, *([config.metrics_token] if config.metrics_token else [])])
+    if config.tenant_caps is not None:
+        ops.tenants.caps, ops.tenants.configured = config.tenant_caps, True
+    metrics = ops.metrics
+    runtime = _runtime_endpoint(ops.redactor)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -428,14 +469,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
             admission = _AdmissionPool(opened.pool, config.pool_acquire_timeout_ms)
             store = SheetStore(admission, quotas=config.quotas)
             try:
-                await harden_database(store)
-                for definition in config.plays:
-                    await store.register_play(
-                        definition.org_id, definition.play, name=definition.name
-                    )
-                org_connections = await resolve_org_connection_budget(
-                    store, config.session_max_connections_per_org
-                )
+                org_connections = await _prepare(store, config)
             except Exception as exc:
                 app.state.startup_failure = exc
                 raise
@@ -451,20 +485,7 @@ def create_app(config: GatewayConfig, ops: Operations | None = None) -> Starlett
                 caps=config.session_caps(org_connections),
             )
             metrics.pool_stats = partial(pool_states, opened.pool)
-            await nursery.start(run_reaper, store, config.reaper_interval_ms, progress)
-            await nursery.start(
-                partial(
-                    run_watchdog,
-                    org_connections=org_connections,
-                    memory_bytes=config.session_max_backend_memory_bytes,
-                    org_memory_bytes=config.session_max_org_memory_bytes,
-                    login_timeout_ms=config.session_login_timeout_ms,
-                ),
-                store,
-                config.session_bounds(),
-                config.watchdog_interval_ms,
-                progress,
-            )
+            await _start_watch(nursery, store, config, progress, org_connections)
             try:
                 yield
             finally:
