@@ -132,7 +132,6 @@ NOT_YET_SPLIT = {
     ("bench/fleet.py", "_one_run"),
     ("conformance/_model.py", "_build_machine"),
     ("demo.py", "_run_phases"),
-    ("gateway/server/_roles.py", "create_session_role"),
     ("sizes.py", "json_byte_length_up_to"),
     ("store/_schema.py", "create"),
     ("store/_schema.py", "ensure_sheet"),

@@ -408,6 +408,67 @@ def _session_owner(conn: psycopg.Connection[Any], names: SheetNames) -> str | No
     return name if row == (True,) else None
 
 
+def _refusal(
+    conn: psycopg.Connection[Any],
+    sheet: SheetRef,
+    token_id: str | None,
+    caps: SessionCaps,
+    bounds: SessionBounds,
+) -> SessionCapReachedError | _Retired | None:
+    """Why a mint for ``sheet`` may not go on now (under the org's grant lock): a cap
+    of live sessions, or the org's connection budget (after retiring idle roles:
+    ``_Retired``, the caller tries again). None: it may."""
+    live = conn.execute(
+        sql.SQL(
+            "SELECT count(*) FILTER (WHERE org_id = %(org)s),"
+            " count(*) FILTER (WHERE token_id = %(token)s)"
+            " FROM {} WHERE expires_at > now() AND org_id = %(org)s"
+        ).format(LEDGER),
+        {"org": sheet.org_id, "token": token_id},
+    ).fetchone()
+    assert live is not None
+    # Rows an older gateway process (a rolling upgrade) wrote without an oid.
+    conn.execute(
+        _BACKFILL_OIDS.format(ledger=LEDGER, org=sql.SQL(" AND l.org_id = %s")),
+        (sheet.org_id,),
+    )
+    if live[0] >= caps.per_org:
+        return SessionCapReachedError("org", caps.per_org)
+    if token_id is not None and live[1] >= caps.per_token:
+        return SessionCapReachedError("token", caps.per_token)
+    if caps.connections_per_org is not None:
+        budget, width = caps.connections_per_org, bounds.max_connections
+        # Roles an earlier pass retired (their NOLOGIN committed): dropped now.
+        for (retired,) in conn.execute(_RETIRED_ROLES, (sheet.org_id,)).fetchall():
+            drop_role(conn, str(retired))
+        granted = _granted_connections(conn, sheet.org_id)
+        if granted + width > budget:
+            idle = conn.execute(_IDLE_ROLES, (sheet.org_id, DB_SESSION_RECLAIM_AFTER_MS)).fetchall()
+            if idle:
+                # Retire them and commit; the next pass drops them and mints.
+                retire_roles(conn, [str(r) for (r,) in idle])
+                return _Retired()
+            return _out_of_connections(caps)
+    return None
+
+
+def _grant_event_sequence(conn: psycopg.Connection[Any], names: SheetNames, role: str) -> None:
+    """The event table's id is a bigserial: a role that inserts events needs its sequence."""
+    row = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.oid = pg_get_serial_sequence(%s, 'id')::regclass",
+        (names.ident("event_table").as_string(conn),),
+    ).fetchone()
+    if row is not None:
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SEQUENCE {seq} TO {role}").format(
+                seq=sql.Identifier(str(row[0]), str(row[1])),
+                role=sql.Identifier(role),
+            )
+        )
+
+
 async def create_session_role(
     store: SheetStore,
     sheet: SheetRef,
@@ -455,39 +516,9 @@ async def create_session_role(
         # OWNED) would fail with "tuple concurrently updated", so grants on one
         # schema take turns. The same lock makes the cap check exact.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_grant_lock_key(names.schema),))
-        live = conn.execute(
-            sql.SQL(
-                "SELECT count(*) FILTER (WHERE org_id = %(org)s),"
-                " count(*) FILTER (WHERE token_id = %(token)s)"
-                " FROM {} WHERE expires_at > now() AND org_id = %(org)s"
-            ).format(LEDGER),
-            {"org": sheet.org_id, "token": token_id},
-        ).fetchone()
-        assert live is not None
-        # Rows an older gateway process (a rolling upgrade) wrote without an oid.
-        conn.execute(
-            _BACKFILL_OIDS.format(ledger=LEDGER, org=sql.SQL(" AND l.org_id = %s")),
-            (sheet.org_id,),
-        )
-        if live[0] >= caps.per_org:
-            return SessionCapReachedError("org", caps.per_org)
-        if token_id is not None and live[1] >= caps.per_token:
-            return SessionCapReachedError("token", caps.per_token)
-        if caps.connections_per_org is not None:
-            budget, width = caps.connections_per_org, bounds.max_connections
-            # Roles an earlier pass retired (their NOLOGIN committed): dropped now.
-            for (retired,) in conn.execute(_RETIRED_ROLES, (sheet.org_id,)).fetchall():
-                drop_role(conn, str(retired))
-            granted = _granted_connections(conn, sheet.org_id)
-            if granted + width > budget:
-                idle = conn.execute(
-                    _IDLE_ROLES, (sheet.org_id, DB_SESSION_RECLAIM_AFTER_MS)
-                ).fetchall()
-                if idle:
-                    # Retire them and commit; the next pass drops them and mints.
-                    retire_roles(conn, [str(r) for (r,) in idle])
-                    return _Retired()
-                return _out_of_connections(caps)
+        refused = _refusal(conn, sheet, token_id, caps, bounds)
+        if refused is not None:
+            return refused
         columns = [name for name, _ in column_ids(conn, names) or ()]
         owner = _session_owner(conn, names) if any(op in ROW_WRITES for op in ops) else None
         for statement in create_role_statements(
@@ -502,20 +533,7 @@ async def create_session_role(
             (role, sheet.org_id, token_id, names.schema, expires, role),
         )
         if writes:
-            # The event table's id is a bigserial; an INSERT needs its sequence.
-            row = conn.execute(
-                "SELECT n.nspname, c.relname FROM pg_class c"
-                " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE c.oid = pg_get_serial_sequence(%s, 'id')::regclass",
-                (names.ident("event_table").as_string(conn),),
-            ).fetchone()
-            if row is not None:
-                conn.execute(
-                    sql.SQL("GRANT USAGE ON SEQUENCE {seq} TO {role}").format(
-                        seq=sql.Identifier(str(row[0]), str(row[1])),
-                        role=sql.Identifier(role),
-                    )
-                )
+            _grant_event_sequence(conn, names, role)
         return None
 
     refused = await store.pool.run(create, acquire_timeout_ms=acquire_timeout_ms)
