@@ -51,7 +51,13 @@ from ._quotas import (
     quota_trigger_ddl,
     quota_triggers_missing,
 )
-from ._seedlayout import seed_layout_ddl, seed_layout_missing, take_ownership
+from ._seedlayout import (
+    grant_lock_key,
+    ownership_pending,
+    seed_layout_ddl,
+    seed_layout_missing,
+    take_ownership,
+)
 from ._shares import share_ddl, shares_missing
 
 __all__ = [
@@ -689,6 +695,12 @@ async def ensure_sheet(
             # A new sheet, counted under the org's DDL key: racing first callers
             # cannot pass the cap together.
             check_room(conn, names.schema, "sheet", max_sheets)
+        if ownership_pending(conn, names):
+            # The owner role's hand-over rewrites the schema's and the rows table's
+            # ACLs, as mints and the reaper do under the org's grant key: taken here,
+            # before the writer lock and the rows table's, never after them (a mint
+            # holding the key waits for the rows table's ACCESS SHARE).
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (grant_lock_key(names.schema),))
         if found[0]:
             lock_sheet(conn, names, "exclusive")
         elif found[1]:

@@ -52,6 +52,7 @@ __all__ = [
     "SEED_SUMMARY_COLUMNS",
     "grant_lock_key",
     "owner_role",
+    "ownership_pending",
     "seed_layout_ddl",
     "seed_layout_missing",
     "take_ownership",
@@ -204,6 +205,14 @@ def seed_layout_missing(conn: psycopg.Connection[Any], names: SheetNames) -> boo
     return found != (True,)
 
 
+def ownership_pending(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
+    """Whether ``take_ownership`` will hand the rows table over (a new sheet, or one
+    whose table is not its owner role's yet, where the store may create roles)."""
+    if not _may_create_roles(conn)[1]:
+        return False
+    return _rows_owner(conn, names) != owner_role(conn, names)
+
+
 def take_ownership(conn: psycopg.Connection[Any], names: SheetNames) -> None:
     """Hand the rows table to the sheet's owner role, stripped of every privilege but
     ownership (the gateway keeps its own by grant). Nothing when the current role
@@ -232,8 +241,8 @@ def take_ownership(conn: psycopg.Connection[Any], names: SheetNames) -> None:
         held = conn.execute("SELECT pg_has_role(current_user, %s, 'USAGE')", (current,))
         if held.fetchone() != (True,):
             conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(current)))
-    # The schema's and the table's ACLs change: the org's grant key first (the lock
-    # order is the DDL key, the writer lock, then this key).
+    # The schema's and the table's ACLs change: the org's grant key (``ensure_sheet``
+    # took it already, before the writer lock; taking it again is a no-op).
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (grant_lock_key(names.schema),))
     rows = names.ident("sheet_table")
     # A new owner needs CREATE on the schema (unless a superuser hands the table
