@@ -129,7 +129,6 @@ DECLARATIVE = {
 #: not done for these yet. The test fails when one is split (take it off) or one is added.
 NOT_YET_SPLIT = {
     ("_workers.py", "_round"),
-    ("bench/fleet.py", "_one_run"),
     ("conformance/_model.py", "_build_machine"),
     ("demo.py", "_run_phases"),
     ("sizes.py", "json_byte_length_up_to"),

@@ -88,9 +88,11 @@ def _org_backends(url: str, org: str) -> int:
         return org_session_backends(conn, org)
 
 
-async def _one_run(
-    server: EmbeddedPostgres, base_url: str, token: str, org: str, run: Run, args: Any
-) -> None:
+async def _settings(
+    base_url: str, token: str, org: str, run: Run, args: Any
+) -> list[dict[str, Any]]:
+    """Each runner process's settings: its own sheet to admit (``own``), or its share of
+    one sheet's pending keys admitted here (``shared``)."""
     from ..gateway.client import GatewayClient
 
     play = "bench-fleet"
@@ -124,6 +126,13 @@ async def _one_run(
                     "write_version": admission.write_version,
                 }
             )
+    return settings
+
+
+async def _one_run(
+    server: EmbeddedPostgres, base_url: str, token: str, org: str, run: Run, args: Any
+) -> None:
+    settings = await _settings(base_url, token, org, run, args)
     env = {**os.environ, "SHEETPLANE_BENCH_TOKEN": token}
     processes = [
         await trio.lowlevel.open_process(
