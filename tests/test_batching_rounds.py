@@ -88,3 +88,34 @@ async def test_a_teardown_while_a_runner_yields_between_rounds_settles_every_cal
     assert left and len(results) == CALLERS
     assert all(r == v or isinstance(r, BatcherClosedError) for v, r in results.items())
     assert any(isinstance(r, BatcherClosedError) for r in results.values())
+
+
+async def test_a_runner_settling_values_nobody_awaits_still_yields_between_rounds() -> None:
+    """Values from submit_nowait wake nobody, so they do not count towards the rounds
+    of woken callers; a runner draining thousands of them (an execute that never
+    checkpoints) still lets other tasks run before the lane's last batch starts."""
+    started = 0
+
+    async def execute(batch: Batch[int, int]) -> tuple[int, ...]:
+        nonlocal started
+        started += 1
+        return batch.values
+
+    total = 4096
+    batcher = BoundedBatchFunction(
+        execute,
+        max_batch_items=BATCH,
+        max_batch_bytes=1 << 20,
+        max_retained_items=total,
+        max_retained_bytes=1 << 20,
+        max_in_flight_batches=8,
+        flush_seconds=1.0,
+    )
+    seen: list[int] = []
+    async with batcher:
+        pendings = [batcher.submit_nowait(0, value) for value in range(total)]
+        while not pendings[-1].done:
+            await trio.lowlevel.checkpoint()
+            seen.append(started)
+    assert [pending.result() for pending in pendings] == list(range(total))
+    assert any(0 < count < total // BATCH for count in seen)

@@ -10,8 +10,9 @@ The shell only waits, wakes and cancels; every decision is the core's.
   next ready batch in the same step. Before a runner starts a batch it makes
   sure another runner is summoned if more batches are ready, so a slow
   ``execute`` never holds up the others (up to ``max_in_flight_batches``).
-  A runner that has woken ``_WAKE_ROUND`` callers yields once before its
-  next batch, so the callers it woke run in rounds rather than all at once.
+  A runner that has woken ``_WAKE_ROUND`` callers (or settled
+  ``_SETTLE_ROUND`` values) yields once before its next batch, so the
+  callers it woke run in rounds rather than all at once.
   When every caller of a batch has gone, that batch's scope is cancelled;
   the runner then retires with it, so a cancelled scope never touches
   another batch. (Spawning a task and entering a cancel scope per batch
@@ -77,6 +78,10 @@ it in one wave: thousands of parked tasks, each touched twice (woken, then
 run) long after it parked, so most of trio's park and wake works out of
 cache. A round of 64 keeps each task's wake-up close to its run; the yield
 costs one scheduler pass per 64 values. See docs/benchmarks.md."""
+_SETTLE_ROUND: Final = 1024
+"""Values a runner settles before it yields once, when more batches are ready, even
+if it woke nobody (values from ``submit_nowait`` that nobody awaits): a runner whose
+``execute`` never checkpoints still lets other tasks run between rounds."""
 _INF: Final = math.inf
 _TEXT: Final = (str, bytes, bytearray)
 """Sequences that are not a sequence of results."""
@@ -569,12 +574,14 @@ class BoundedBatchFunction(Generic[K, V, R]):
         with trio.CancelScope() as scope:
             while True:
                 self._summoned -= 1
-                woken = 0
+                woken = settled = 0
                 while True:
-                    if woken >= _WAKE_ROUND and core.has_ready(self._now()):
+                    if (woken >= _WAKE_ROUND or settled >= _SETTLE_ROUND) and core.has_ready(
+                        self._now()
+                    ):
                         # Let the callers woken so far run before waking more (see
                         # _WAKE_ROUND); meanwhile this runner counts as summoned.
-                        woken = 0
+                        woken = settled = 0
                         self._summoned += 1
                         await _yield_shielded()
                         self._summoned -= 1
@@ -595,14 +602,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                     except Exception as error:
                         results = _SharedFailure(error)
                     except BaseException:
-                        # Cancelled (every caller left, or the batcher is being torn
-                        # down) or KeyboardInterrupt: nobody gets a result from it.
-                        closed = core.close_running(batch)
-                        core.finish(batch)
-                        for entry in closed:
-                            self._settle_closed(entry)
-                        self._check_drained()
-                        cancelled_scopes.discard(scope)
+                        self._close_cancelled(batch, scope)
                         raise
                     else:
                         if (
@@ -615,6 +615,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                     if core.wakeup_hint < self._timer_at:
                         self._sync_timer()
                     woken += self._settle_batch(entries, results)
+                    settled += len(entries)
                     if self._drained is not None:
                         self._check_drained()
                     if cancelled_scopes and scope in cancelled_scopes:
@@ -628,6 +629,17 @@ class BoundedBatchFunction(Generic[K, V, R]):
         # Retired with an abandoned batch: make sure the ready work has a runner.
         if self._state != _CLOSED:
             self._summon_if_ready(_current_time())
+
+    def _close_cancelled(self, batch: Batch[K, V], scope: trio.CancelScope) -> None:
+        """``execute`` was cancelled (every caller left, or the batcher is being torn
+        down) or interrupted: nobody gets a result from the batch."""
+        core = self._core
+        closed = core.close_running(batch)
+        core.finish(batch)
+        for entry in closed:
+            self._settle_closed(entry)
+        self._check_drained()
+        self._cancelled_scopes.discard(scope)
 
     @staticmethod
     def _contract_error(results: Any, batch: Batch[K, V]) -> BatchContractError:
