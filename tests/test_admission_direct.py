@@ -4,8 +4,8 @@ queue on the writer lock; and the inputs it does not take go the staged way."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, overload
 
 import psycopg
 import pytest
@@ -23,7 +23,6 @@ from _runtime_helpers import (
 )
 from sheetplane import InvalidInputError
 from sheetplane._types import SheetRef
-from sheetplane.errors import AdmissionStateError
 from sheetplane.runtime import _admit
 from sheetplane.store import SheetStore, _direct, sheet_names
 
@@ -52,6 +51,11 @@ def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 def generated(keys: list[int], label: str = "t") -> Iterator[dict[str, Any]]:
     for i in keys:
         yield {"_key": f"k{i:04d}", "text": f"{label} {i}"}
+
+
+def listed(keys: list[int], label: str = "t") -> list[dict[str, Any]]:
+    """A sequence: what the one transaction takes."""
+    return list(generated(keys, label))
 
 
 async def rows_and_registry(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
@@ -88,7 +92,7 @@ async def rows_and_registry(store: SheetStore, sheet: SheetRef) -> dict[str, Any
     return await store.pool.run(run)
 
 
-async def test_a_generator_is_written_once_in_input_order_first_occurrence_kept(
+async def test_a_sequence_is_written_once_in_input_order_first_occurrence_kept(
     gateway: CountingGateway, store: SheetStore
 ) -> None:
     play = new_play()
@@ -96,7 +100,7 @@ async def test_a_generator_is_written_once_in_input_order_first_occurrence_kept(
     # within its own chunk: each repeat is dropped, its first occurrence kept.
     keys = [*range(200), *range(10, 20), 200, 200, *range(201, 329)]
     async with runtime(gateway, "direct", play=play) as rt:
-        admission = await rt.writer("leads", CONTRACT).start(generated(keys))
+        admission = await rt.writer("leads", CONTRACT).start(listed(keys))
         pending = [row["_key"] async for row in admission.pending()]
     assert (admission.write_version, admission.inserted, admission.skipped) == (1, 329, 11)
     assert (admission.pending_count, admission.completed_count) == (329, 0)
@@ -114,17 +118,16 @@ async def test_a_bad_row_past_several_chunks_leaves_nothing_visible(
     play = new_play()
     sheet = sheet_of(play, "leads")
 
-    def rows() -> Iterator[Any]:
-        for index, row in enumerate(generated(list(range(500)))):
-            yield ["not", "a", "row"] if index == 350 else row
+    rows: list[Any] = listed(list(range(500)))
+    rows[350] = ["not", "a", "row"]
 
     async with runtime(gateway, "direct", play=play) as rt:
         with pytest.raises(InvalidInputError, match="row 350"):
-            await rt.writer("leads", CONTRACT).start(rows())
+            await rt.writer("leads", CONTRACT).start(rows)
         # Three chunks were copied into the sheet in the transaction; it rolled back,
         # version and all, so the next admission takes version 1 on an empty sheet.
         assert (await rows_and_registry(store, sheet))["rows"] == []
-        again = await rt.writer("leads", CONTRACT).start(generated([1, 2]))
+        again = await rt.writer("leads", CONTRACT).start(listed([1, 2]))
     assert (again.write_version, again.inserted) == (1, 2)
     state = await rows_and_registry(store, sheet)
     assert state["events"] == [("admission", 1, 2)]
@@ -140,19 +143,35 @@ async def test_a_cancelled_admission_leaves_nothing_visible(
     token = trio.lowlevel.current_trio_token()
     async with runtime(gateway, "direct", play=play) as rt:
         with trio.CancelScope() as scope:
-
-            def rows() -> Iterator[dict[str, Any]]:
-                # Read on a worker thread, inside the open transaction.
-                for index, row in enumerate(generated(list(range(1_000)))):
-                    if index == 450:
-                        trio.from_thread.run_sync(scope.cancel, trio_token=token)
-                    yield row
-
-            await rt.writer("leads", CONTRACT).start(rows())
+            await rt.writer("leads", CONTRACT).start(CancellingRows(scope, token))
         assert scope.cancelled_caught
         state = await rows_and_registry(store, sheet)
         assert (state["rows"], state["events"], state["staged"]) == ([], [], [])
         assert state["version"] in ([], [(0,)])
+
+
+class CancellingRows(Sequence[dict[str, Any]]):
+    """1,000 rows made on demand; reading row 450 (on a worker thread, inside the open
+    transaction) cancels the admission's caller."""
+
+    def __init__(self, scope: trio.CancelScope, token: trio.lowlevel.TrioToken) -> None:
+        self.scope, self.token = scope, token
+
+    def __len__(self) -> int:
+        return 1_000
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if index == 450:
+            trio.from_thread.run_sync(self.scope.cancel, trio_token=self.token)
+        return {"_key": f"k{index:04d}", "text": f"t {index}"}
 
 
 async def test_inputs_the_one_transaction_does_not_take_are_staged(
@@ -168,9 +187,15 @@ async def test_inputs_the_one_transaction_does_not_take_are_staged(
     async with runtime(gateway, "direct", play=play) as rt:
         first = await rt.writer("leads", CONTRACT).start(async_rows(list(range(150)), "a"))
         assert (await rows_and_registry(store, sheet))["staged"] == [("committed",)]
+        # An iterator is one-shot: staged too (an empty sheet all the same).
+        other = rt.writer("other", CONTRACT)
+        await other.start(generated(list(range(10)), "i"))
+        assert (await rows_and_registry(store, sheet_of(play, "other")))["staged"] == [
+            ("committed",)
+        ]
         # The sheet holds rows now: re-admitting them is the gateway's, so a sequence
         # (and an iterator alike) goes the staged way, rows re-admitted in the new order.
-        second = await rt.writer("leads", CONTRACT).start(list(generated([*range(100, 250)], "b")))
+        second = await rt.writer("leads", CONTRACT).start(listed([*range(100, 250)], "b"))
     assert (first.write_version, second.write_version) == (1, 2)
     # inserted: new rows (and revived stale ones); skipped: the rest of the input.
     assert (second.inserted, second.skipped, second.pending_count) == (100, 50, 150)
@@ -190,7 +215,7 @@ async def test_racing_admissions_of_one_sheet_queue_on_the_writer_lock(
 
     async def admit(label: str, keys: list[int]) -> None:
         async with runtime(gateway, "direct", play=play) as rt:
-            answers[label] = await rt.writer("leads", CONTRACT).start(generated(keys, label))
+            answers[label] = await rt.writer("leads", CONTRACT).start(listed(keys, label))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(admit, "a", list(range(0, 300)))
@@ -211,19 +236,15 @@ async def test_racing_admissions_of_one_sheet_queue_on_the_writer_lock(
     ]
 
 
-async def test_past_the_hold_bound_a_sequence_is_staged_and_an_iterator_raises(
+async def test_past_the_hold_bound_a_sequence_is_rolled_back_and_staged_from_its_start(
     gateway: CountingGateway, store: SheetStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A bound of 0 ms: the transaction is past it after its first chunk.
+    # A bound of 0 ms: the transaction is past it after its first chunk (of 100 rows).
     monkeypatch.setattr(_admit, "DIRECT_ADMISSION_HOLD_MS", 0)
     play = new_play()
     sheet = sheet_of(play, "leads")
     async with runtime(gateway, "direct", play=play) as rt:
-        with pytest.raises(AdmissionStateError, match="cannot be read again"):
-            await rt.writer("leads", CONTRACT).start(generated(list(range(300))))
-        state = await rows_and_registry(store, sheet)
-        assert (state["rows"], state["events"], state["staged"]) == ([], [], [])
-        admission = await rt.writer("leads", CONTRACT).start(list(generated(list(range(300)))))
+        admission = await rt.writer("leads", CONTRACT).start(listed(list(range(300))))
     assert (admission.write_version, admission.inserted) == (1, 300)
     state = await rows_and_registry(store, sheet)
     assert state["staged"] == [("committed",)]

@@ -70,12 +70,6 @@ def generated(n: int) -> Iterator[dict[str, Any]]:
         yield {"_key": f"k{key:07d}", "text": f"row {i} of the input"}
 
 
-async def async_rows(rows: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    """``rows`` as an async iterable (which the direct road stages too)."""
-    for row in rows:
-        yield row
-
-
 def kept_keys(n: int) -> Iterator[str]:
     """The keys of ``generated(n)`` that admission keeps, in input order."""
     for i in range(n):
@@ -163,8 +157,7 @@ async def admit_map_and_read_back(
             "events": [("admission", 1, kept)],
             "staged": 0,
             "chunks": 0,
-            # The direct road writes a first admission in one transaction: nothing staged.
-            "admissions": [] if strategy == "direct" else [("committed",)],
+            "admissions": [("committed",)],
         }
 
         # Map every pending row, reading them lazily in input order.
@@ -220,14 +213,9 @@ async def test_a_generator_input_is_admitted_in_bounded_memory_mapped_and_read_b
     # commit ranges: an input four times as long must not take more memory to admit,
     # while what it takes as a list grows fourfold.
     import sheetplane.admission as admission_module
-    from sheetplane.runtime import _admit
-    from sheetplane.store import _direct, _staging
+    from sheetplane.store import _staging
 
     monkeypatch.setattr(admission_module, "ADMISSION_CHUNK_ROWS", SMALL_CHUNK_ROWS)
-    # The direct road's one transaction reads its input in chunks of the same size,
-    # and checks its first chunk before any request.
-    monkeypatch.setattr(_direct, "ADMISSION_CHUNK_ROWS", SMALL_CHUNK_ROWS)
-    monkeypatch.setattr(_admit, "ADMISSION_CHUNK_ROWS", SMALL_CHUNK_ROWS)
     monkeypatch.setattr(_staging, "ADMISSION_COMMIT_RANGE_ROWS", SMALL_RANGE_ROWS)
     short, long = SMALL_ROWS, 4 * SMALL_ROWS
     peak_short = await admit_map_and_read_back(gateway, store, strategy, short)
@@ -288,9 +276,7 @@ async def test_a_runner_cancelled_between_chunks_leaves_the_sheet_as_it_was(
         assert {k: v for k, v in after.items() if k != "admissions"} == {
             k: v for k, v in before.items() if k != "admissions"
         }
-        # The first (a generator on the direct road) went in one transaction, unstaged.
-        first_staged = [] if strategy == "direct" else [("committed",)]
-        assert after["admissions"] == [*first_staged, ("aborted",)]
+        assert after["admissions"] == [("committed",), ("aborted",)]
         # A fresh start succeeds.
         again = await rt.writer("leads", CONTRACT).start(generated(20))
         assert again.write_version == first.write_version + 1
@@ -368,8 +354,7 @@ async def test_a_chunk_or_commit_whose_answer_is_lost_is_applied_once(
     n = 2 * ADMISSION_CHUNK_ROWS + 5
     headers = {FAULT_HEADER: f"{lost}=lost"}
     async with runtime(gateway, strategy, play=play, headers=headers) as rt:
-        # An async iterable: staged on both roads (docs/store.md).
-        admission = await rt.writer("leads", CONTRACT).start(async_rows(generated(n)))
+        admission = await rt.writer("leads", CONTRACT).start(generated(n))
     assert gateway.state.faults.pending(lost) == 0  # the fault was met
     kept = n - n // DUP_EVERY
     assert (admission.write_version, admission.inserted) == (1, kept)
@@ -416,10 +401,7 @@ async def test_bad_input_in_chunk_7_of_10_is_refused_by_position_and_commits_not
     assert {k: after[k] for k in ("rows", "summary", "events", "staged", "chunks")} == {
         k: before[k] for k in ("rows", "summary", "events", "staged", "chunks")
     }
-    # The direct road checks a first chunk of ADMISSION_CHUNK_ROWS rows before any
-    # request (the bad row is in it): nothing was begun. The gateway road staged six
-    # chunks of 1,000 and aborted.
-    assert after["admissions"][-1:] == ([] if strategy == "direct" else [("aborted",)])
+    assert after["admissions"][-1] == ("aborted",)
 
 
 async def test_two_admissions_racing_in_interleaved_chunks_each_commit_whole(

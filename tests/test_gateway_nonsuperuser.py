@@ -21,9 +21,11 @@ from psycopg import sql
 from _serve_helpers import FIRST_LINE_TIMEOUT_S, SHEETPLANE
 from _session_helpers import aad_of, run_sql
 from sheetplane import DatabaseNotHardenedError, GatewayRoleLacksPrivilegesError, crypto
+from sheetplane._types import ContractColumn, SheetContract, SheetRef
 from sheetplane.gateway.server import RUNTIME_PATH, hardening_statements, running_gateway
 from sheetplane.gateway.server._hardening import GATEWAY_MEMBERSHIPS, harden_database
-from sheetplane.store import open_store
+from sheetplane.runtime import open_runtime
+from sheetplane.store import open_store, sheet_names
 
 TOKEN = "tok-nonsuper-5d1c"
 ORG = "org-nonsuper"
@@ -287,3 +289,41 @@ async def test_sheetplane_serve_as_a_role_without_pg_signal_backend_exits_2_nami
     assert "pg_signal_backend" in refusal[0]
     assert "Traceback" not in stderr
     assert db.password not in stdout + stderr
+
+
+async def test_the_direct_roads_one_transaction_works_through_a_gateway_that_is_not_superuser(
+    gateway_database: GatewayDatabase, namespace: str
+) -> None:
+    # The begin, taken and finish functions are the gateway's (their ANALYZE needs its
+    # privileges on a rows table the sheet's owner role holds; the marker row needs the
+    # lock table, which only its owner, the gateway, sees).
+    db = gateway_database
+    await db.hardened()
+    contract = SheetContract((ContractColumn("email", "email", "input"),))
+    async with (
+        running_gateway(db.url, tokens={TOKEN: ORG}, **QUICK) as gw,
+        open_runtime(
+            base_url=gw.base_url,
+            token=TOKEN,
+            org_id=ORG,
+            play_name=PLAY,
+            run_id="run-1",
+            strategy="direct",
+        ) as rt,
+    ):
+        rows = [{"_key": f"k{i:05d}", "email": f"{i}@x.io"} for i in range(3_000)]
+        admission = await rt.writer(namespace, contract).start(rows)
+        assert (admission.write_version, admission.inserted) == (1, 3_000)
+        assert await rt.dataset(namespace).count() == 3_000
+    names = sheet_names(SheetRef(ORG, PLAY, namespace))
+    staged = await run_sql(
+        db.url, sql.SQL("SELECT count(*) FROM {}").format(names.ident("admissions_table"))
+    )
+    events = await run_sql(
+        db.url,
+        sql.SQL("SELECT kind, write_version, row_count FROM {}").format(names.ident("event_table")),
+    )
+    marker = await run_sql(
+        db.url, sql.SQL("SELECT count(*) FROM {}").format(names.ident("lock_table"))
+    )
+    assert (staged, events, marker) == ([(0,)], [("admission", 1, 3_000)], [(0,)])

@@ -458,10 +458,11 @@ DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_
 
 #: The longest the direct road's admission in one transaction (``store/_direct.py``)
 #: holds its transaction, and with it the sheet's writer lock, before the runner rolls
-#: it back (a sequence is then staged from its start; an iterator cannot be read again
-#: and raises). The runner checks it after each chunk, so the transaction lasts at
-#: most this, one more chunk and the finish: three quarters of the session's
-#: transaction timeout leaves a quarter (11.9 s) for those, so the runner ends its
+#: it back (the road takes only sequences, which are then staged from their start;
+#: a one-shot input is staged from the first). The runner checks it after each
+#: chunk, so the transaction lasts at most this, one more chunk and the finish:
+#: three quarters of the session's transaction timeout leaves a quarter (11.9 s)
+#: for those, so the runner ends its
 #: own transaction before the watchdog or Postgres does. What the hold costs others:
 #: every writer of the sheet waits for it, as it waits for a staged commit (which may
 #: hold the lock up to ``ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS``); a writer whose
@@ -473,8 +474,9 @@ DIRECT_ADMISSION_HOLD_MS: Final = DB_SESSION_TRANSACTION_TIMEOUT_MS * 3 // 4
 #: machine at load 4. Between two statements the transaction is idle only while the
 #: runner reads and encodes one chunk (``ADMISSION_CHUNK_ROWS`` rows), so at this
 #: ceiling a chunk's gap stays under the session's idle-in-transaction timeout
-#: (checked below). An input slower than that (an iterator that waits on something)
-#: meets the idle timeout, and Postgres ends the transaction: nothing is committed.
+#: (checked below). A sequence slower than that (rows made on demand that wait on
+#: something) meets the idle timeout, and Postgres ends the transaction: nothing is
+#: committed.
 DIRECT_ADMISSION_ROW_CEILING_US: Final = 60
 
 #: How long the reaper's sweep waits for a row lock while it expires one sheet's

@@ -13,8 +13,9 @@ server (``SHEETPLANE_DATABASE_URL``, else a throwaway embedded server):
   fetched 5,000 rows at a time and decoded into the same dicts. Target: >= 0.7x.
 * **Admission on each road** (``--only roads``; ``staged`` is its old name, kept:
   the direct road no longer stages a first admission), N rows, default 1,000,000:
-  ``RowWriter.start`` of a generator of N rows on each road (``direct``: one
-  transaction straight into the sheet; ``gateway_only``: staged), through a
+  ``RowWriter.start`` of N rows made on demand (a sequence, never held whole) on
+  each road (``direct``: one transaction straight into the sheet; ``gateway_only``:
+  staged), through a
   ``sheetplane serve`` subprocess, against one ``COPY`` of the same rows (same
   keys and jsonb column texts, from the same generator) into a fresh sheet
   table of the same shape, run after each admission; ``--rounds`` rounds (default
@@ -39,7 +40,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import attrs
 import psycopg
@@ -226,17 +227,47 @@ async def bench_reads(store: SheetStore, rows: list[dict[str, Any]], repeats: in
     return Figure("full read (read_rows_batch vs server cursor)", len(rows), ours, peer)
 
 
+def _company_row(i: int) -> dict[str, Any]:
+    """Company row ``i`` (its key carried as ``_key``)."""
+    key = f"c{i:07d}"
+    return {
+        "_key": key,
+        "id": key,
+        "name": f"Company {i}",
+        "domain": f"company-{i}.example",
+        "employees": (i * 7919) % 10_000,
+    }
+
+
 def _staged_rows(n: int) -> Iterator[dict[str, Any]]:
-    """N company rows made one at a time (keys carried as ``_key``)."""
+    """N company rows made one at a time."""
     for i in range(n):
-        key = f"c{i:07d}"
-        yield {
-            "_key": key,
-            "id": key,
-            "name": f"Company {i}",
-            "domain": f"company-{i}.example",
-            "employees": (i * 7919) % 10_000,
-        }
+        yield _company_row(i)
+
+
+class GeneratedRows(Sequence[dict[str, Any]]):
+    """N company rows made on demand, as a sequence: re-readable (so the direct road
+    may take it in one transaction) and never held whole."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [_company_row(i) for i in range(*index.indices(self._n))]
+        if not 0 <= index < self._n:
+            raise IndexError(index)
+        return _company_row(index)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return _staged_rows(self._n)
 
 
 def _peak_rss(pid: int | str = "self") -> int:
@@ -370,7 +401,7 @@ async def bench_staged(url: str, rows: int, rounds: int) -> list[StagedFigure]:
                         run_id="bench-run",
                         strategy=road,
                     ) as rt:
-                        admission = await rt.writer("leads", CONTRACT).start(_staged_rows(rows))
+                        admission = await rt.writer("leads", CONTRACT).start(GeneratedRows(rows))
                     ours[road].append(time.perf_counter() - started)
                     assert admission.inserted == rows, admission
                     runner_peak[road] = max(runner_peak[road], _peak_rss())
@@ -401,7 +432,7 @@ async def bench_staged(url: str, rows: int, rounds: int) -> list[StagedFigure]:
 def staged_report(figures: Sequence[StagedFigure]) -> str:
     rounds = max((len(f.ours_s) for f in figures), default=0)
     lines = [
-        "admission on each road (RowWriter.start of a generator) vs COPY of the same rows, "
+        "admission on each road (RowWriter.start of a lazy sequence) vs COPY of the same rows, "
         f"median of {rounds} alternating rounds",
         f"{'road':<14} {'rows':>9} {'ours rows/s':>12} {'COPY rows/s':>12} {'ratio':>6}"
         f" {'runner peak RSS':>16} {'gateway peak RSS':>17}",

@@ -25,7 +25,7 @@ operation                              ``direct``                  ``gateway_onl
 =====================================  ==========================  =====================
 dataset reads                          scoped session (rows.read)  gateway
 ``start`` on an empty sheet            one transaction on a        gateway (staged)
-(a sequence or an iterator)            scoped session (rows.admit,
+(a sequence)                           scoped session (rows.admit,
                                        COPY into the sheet)
 ``start``, any other                   staged: chunks on a scoped  staged: chunks,
                                        session (rows.stage),       begin and commit
@@ -38,7 +38,7 @@ receipts                               gateway                     gateway
 =====================================  ==========================  =====================
 
 Admission has one owner, ``runtime/_admit.py``, which chooses the way in. On
-``direct``, a first admission of a sequence or an iterator is written once,
+``direct``, a first admission of a sequence is written once,
 straight into the sheet, in one transaction of a ``rows.admit`` session whose
 write version the sheet's own begin function takes (``store/_direct.py``);
 everything else is staged (docs/store.md, "Staged admission"): the input's

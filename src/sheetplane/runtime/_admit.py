@@ -6,27 +6,26 @@
   to the runtime, which answers the staged begin "Unsupported runtime
   data-plane action"): one ``start_sheet_dataset``, on both roads;
 * **one transaction** (``store/_direct.py``): the direct road, when the input is
-  one the runner produces itself (a sequence or an iterator, not an async
-  iterable) and the sheet holds no rows yet. The rows are written once,
-  straight into the sheet by ``COPY``, in one transaction of a ``rows.admit``
-  session that holds the sheet's writer lock throughout;
+  a sequence (it can be read again, so the one transaction can always give way
+  to the staged road) and the sheet holds no rows yet. The rows are written
+  once, straight into the sheet by ``COPY``, in one transaction of a
+  ``rows.admit`` session that holds the sheet's writer lock throughout;
 * **staged** (``sheetplane.admission``, ``store/_staging.py``): everything else.
   The gateway road always (its chunks arrive in separate requests, possibly at
   different gateway processes, so no transaction can span them); on the direct
-  road, an async iterable (its pace is not the runner's: a transaction held
-  open while it waits would hold the writer lock idle and meet the session's
-  idle-in-transaction timeout), a sheet that already holds rows (re-admitting
-  moves rows' status and version, which only the gateway's statements do), and
-  a sequence whose one transaction ran past ``DIRECT_ADMISSION_HOLD_MS`` (it is
-  rolled back and the sequence, which can be read again, is staged from its
-  start). An iterator that ran past the bound cannot be read again: that
-  raises ``AdmissionStateError``, with nothing committed.
+  road, a one-shot input, an iterator or an async iterable (its size and pace
+  are unknown: one that outran the transaction's bound,
+  ``DIRECT_ADMISSION_HOLD_MS``, could not be read again, and an async one may
+  wait on anything while the transaction holds the writer lock), a sheet that
+  already holds rows (re-admitting moves rows' status and version, which only
+  the gateway's statements do), and a sequence whose one transaction ran past
+  ``DIRECT_ADMISSION_HOLD_MS`` (it is rolled back and the sequence is staged
+  from its start).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
-from itertools import chain, islice
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import _tracing
@@ -53,10 +52,12 @@ async def admit(target: WriteTarget, rows: AdmissionInput) -> Admission:
     check_input(rows)
     t = target
     served = t.client.serves(BEGIN_ADMISSION)
-    if t.direct and not isinstance(rows, AsyncIterable) and served is not False:
+    if t.direct and _rereadable(rows) and served is not False:
+        assert isinstance(rows, Sequence)
         # The first chunk is checked before any request, as the staged road does: an
         # input whose first chunk is bad is refused without one (and without a sheet).
-        rows = _first_chunk_checked(rows)
+        for position, row in enumerate(rows[:ADMISSION_CHUNK_ROWS]):
+            m.keyed_document(row, position)
         if served is None:
             served = await t.client.probe_action(BEGIN_ADMISSION)
         if served:
@@ -73,25 +74,12 @@ async def admit(target: WriteTarget, rows: AdmissionInput) -> Admission:
     return await _staged(t, rows, served)
 
 
-def _first_chunk_checked(rows: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
-    """``rows`` with its first ``ADMISSION_CHUNK_ROWS`` rows checked (``keyed_document``):
-    the same rows, and a sequence stays the sequence (it can be read again)."""
-    if isinstance(rows, Sequence):
-        for position, row in enumerate(rows[:ADMISSION_CHUNK_ROWS]):
-            m.keyed_document(row, position)
-        return rows
-    source = iter(rows)
-    first = list(islice(source, ADMISSION_CHUNK_ROWS))
-    for position, row in enumerate(first):
-        m.keyed_document(row, position)
-    return chain(first, source)
-
-
-async def _one_transaction(t: WriteTarget, rows: AdmissionInput) -> AdmissionCounts | None:
-    """The direct road's admission in one transaction; None when it wrote nothing and the
-    input goes the staged way (the sheet holds rows; or a sequence ran past the hold
-    bound)."""
-    assert not isinstance(rows, AsyncIterable)
+async def _one_transaction(
+    t: WriteTarget, rows: Sequence[Mapping[str, Any]]
+) -> AdmissionCounts | None:
+    """The direct road's admission of a sequence in one transaction; None when it wrote
+    nothing and the sequence goes the staged way from its start (the sheet holds rows,
+    or the transaction ran past the hold bound)."""
     shape = AccessShape(
         table_namespace=t.sheet.table_namespace,
         operations=("rows.admit",),
@@ -107,16 +95,7 @@ async def _one_transaction(t: WriteTarget, rows: AdmissionInput) -> AdmissionCou
         # The admission's session is not used again: its pool gives its connections
         # back to the org's budget now, not after the idle timeout.
         _release(t, ("rows.admit",))
-    if isinstance(outcome, AdmissionCounts):
-        return outcome
-    if outcome == "hold_exceeded" and not _rereadable(rows):
-        raise AdmissionStateError(
-            f"the input was still being read after {DIRECT_ADMISSION_HOLD_MS} ms, the longest "
-            "the direct road holds an admission's transaction (and the sheet's writer lock); "
-            "nothing was committed and an iterator cannot be read again: pass a sequence or "
-            "an async iterable (both are staged instead)"
-        )
-    return None
+    return outcome if isinstance(outcome, AdmissionCounts) else None
 
 
 async def _staged(t: WriteTarget, rows: AdmissionInput, served: bool | None) -> Admission:

@@ -149,12 +149,11 @@ class RowWriter:
         occurrence is kept) and keep their input order; ``admission.pending()``
         reads the rows to map and ``admission.completed()`` the already-enriched
         ones, lazily. The input goes in as one write version, committed whole,
-        the way ``runtime/_admit.py`` chooses: on the direct road in one
-        transaction straight into the sheet, otherwise staged in chunks (see
-        ``sheetplane.admission``); memory holds a couple of chunks, whatever the
-        input's size. On the direct road an iterator still being read after
-        ``DIRECT_ADMISSION_HOLD_MS`` raises ``AdmissionStateError`` with nothing
-        committed (a sequence is then staged from its start).
+        the way ``runtime/_admit.py`` chooses: a sequence on the direct road in
+        one transaction straight into the sheet (staged from its start instead
+        if it outruns ``DIRECT_ADMISSION_HOLD_MS``), otherwise staged in chunks
+        (see ``sheetplane.admission``); memory holds a couple of chunks,
+        whatever the input's size.
 
         A bad row raises ``InvalidInputError`` naming its position in the input
         (a bad first chunk is refused before any request). If it raises, or is

@@ -37,9 +37,11 @@ sheet waits that long; the runner gives up (rolls back) once the transaction
 has run ``DIRECT_ADMISSION_HOLD_MS``, which is under the statement timeout a
 waiting writer's ``LOCK`` runs under and under the session's transaction
 timeout. Between statements the transaction is idle only while the runner
-reads and encodes the next chunk of its input, on this worker thread, so the
-road takes only inputs the runner produces itself (a sequence or an
-iterator); an async iterable, which may wait on anything, goes the staged way.
+reads and encodes the next chunk of its input, on a worker thread. The runtime
+hands this road only sequences (``runtime/_admit.py``): one that outruns the
+bound is staged from its start; a one-shot input (an iterator, which could not
+be read again, or an async iterable, which may wait on anything while the
+lock is held) goes the staged way from the start.
 """
 
 from __future__ import annotations
