@@ -130,7 +130,6 @@ DECLARATIVE = {
 NOT_YET_SPLIT = {
     ("_workers.py", "_round"),
     ("conformance/_model.py", "_build_machine"),
-    ("demo.py", "_run_phases"),
     ("sizes.py", "json_byte_length_up_to"),
     ("store/_schema.py", "create"),
     ("store/_schema.py", "ensure_sheet"),

@@ -365,18 +365,16 @@ def _advancer(progress: Progress | PipedProgress, task: TaskID) -> Callable[[int
     return advance
 
 
-async def _run_phases(
+async def _admission(
     direct: Runtime,
     via_gateway: Runtime,
     inputs: list[dict[str, Any]],
     report: DemoReport,
     progress: Progress | PipedProgress,
-    console: Console,
 ) -> None:
+    """Admission: staged in chunks through the gateway, committed whole."""
     rows = len(inputs)
     clock = time.perf_counter
-
-    # 1. Admission (staged in chunks through the gateway, committed whole).
     _say(
         progress,
         f"Admission: the {rows:,} input rows enter the sheet as one attempt, sent through"
@@ -391,7 +389,17 @@ async def _run_phases(
     report.timings["admission"] = clock() - t0
     report.admitted_version = admission.write_version
 
-    # 2. Attempt 1 maps on the direct road; a retry supersedes it mid-map.
+
+async def _superseded_attempt(
+    direct: Runtime,
+    via_gateway: Runtime,
+    inputs: list[dict[str, Any]],
+    report: DemoReport,
+    progress: Progress | PipedProgress,
+) -> None:
+    """Attempt 1 maps on the direct road; a retry supersedes it mid-map."""
+    rows = len(inputs)
+    clock = time.perf_counter
     size = max(1, min(MAP_BATCH_ROWS, rows // 20))
     report.batch_rows = size
     _say(
@@ -453,7 +461,18 @@ async def _run_phases(
         "were written"
     )
 
-    # 3. A rerun on the gateway road maps what is still pending.
+
+async def _rerun(
+    direct: Runtime,
+    via_gateway: Runtime,
+    inputs: list[dict[str, Any]],
+    report: DemoReport,
+    progress: Progress | PipedProgress,
+) -> None:
+    """A rerun on the gateway road maps what is still pending."""
+    rows = len(inputs)
+    clock = time.perf_counter
+    size = report.batch_rows
     t0 = clock()
     _say(
         progress,
@@ -475,7 +494,16 @@ async def _run_phases(
     report.retry_completed = rerun.admitted - rerun.pending
     report.timings["map (rerun)"] = clock() - t0
 
-    # 4. Receipts: a map stopped mid-run, and its rerun reusing every finished call.
+
+async def _receipts(
+    direct: Runtime,
+    via_gateway: Runtime,
+    inputs: list[dict[str, Any]],
+    report: DemoReport,
+    progress: Progress | PipedProgress,
+) -> None:
+    """Receipts: a map stopped mid-run, and its rerun reusing every finished call."""
+    clock = time.perf_counter
     t0 = clock()
     calls = inputs[:RECEIPT_ROWS]
     report.receipt_rows = len(calls)
@@ -529,7 +557,17 @@ async def _run_phases(
     )
     report.timings["receipts"] = clock() - t0
 
-    # 4. Read-back through the lazy dataset on both roads.
+
+async def _read_back_both(
+    direct: Runtime,
+    via_gateway: Runtime,
+    inputs: list[dict[str, Any]],
+    report: DemoReport,
+    progress: Progress | PipedProgress,
+) -> None:
+    """Read-back through the lazy dataset on both roads."""
+    rows = len(inputs)
+    clock = time.perf_counter
     digests = {}
     _say(
         progress,
@@ -543,6 +581,18 @@ async def _run_phases(
         report.timings[f"read-back ({road})"] = clock() - t0
     if digests["direct"] != digests["gateway"]:
         raise DemoCheckFailed("the two roads read different rows")
+
+
+async def _run_phases(
+    direct: Runtime,
+    via_gateway: Runtime,
+    inputs: list[dict[str, Any]],
+    report: DemoReport,
+    progress: Progress | PipedProgress,
+    console: Console,
+) -> None:
+    for phase in (_admission, _superseded_attempt, _rerun, _receipts, _read_back_both):
+        await phase(direct, via_gateway, inputs, report, progress)
 
 
 def report_table(report: DemoReport) -> Table:
