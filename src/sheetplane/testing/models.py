@@ -196,6 +196,8 @@ class SheetModel:
                 stored.input_index = index
                 completed.append(key)
             else:
+                if stored.status == "stale":
+                    inserted += 1  # revived, as the seed's admission counts it
                 stored.status, stored.version, stored.run_id = "pending", self.version, run_id
                 stored.error, stored.input_index = None, index
                 for name, value in inputs.items():
@@ -205,10 +207,11 @@ class SheetModel:
                         stored.values[name] = value
                 pending.append(key)
         self.history.append(("admit", run_id))
+        # The seed's counts: skipped is every input row not inserted.
         return ModelAdmission(
             self.version,
             inserted,
-            len(rows) - len(kept) + len(completed),
+            len(rows) - inserted,
             tuple(pending),
             tuple(completed),
         )
