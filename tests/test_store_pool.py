@@ -433,3 +433,17 @@ async def test_a_login_refused_after_the_pool_opened_fails_its_caller_at_once_wi
         assert role not in text
         assert password not in text
     assert "[redacted]" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'FATAL:  password authentication failed for user "sp_sess_a"',
+        'FATAL:  role "sp_sess_a" does not exist',
+        # A role the gateway retired (NOLOGIN) when it reclaimed the session.
+        'FATAL:  role "sp_sess_a" is not permitted to log in',
+    ],
+)
+def test_a_refused_login_is_recognised_by_its_text(text: str) -> None:
+    assert is_login_refused(psycopg.OperationalError(f"connection failed: {text}"))
+    assert not is_login_refused(psycopg.OperationalError("connection failed: timeout expired"))

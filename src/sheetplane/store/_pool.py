@@ -133,11 +133,14 @@ def is_slot_exhaustion(exc: BaseException) -> bool:
 
 
 #: A login the server refused: a wrong password, or a role that does not exist
-#: (any more) or has expired (SQLSTATE 28P01 / 28000; and the texts, for
-#: connects that fail before psycopg carries a SQLSTATE).
+#: (any more), has expired or was retired (``NOLOGIN``, by the gateway's reclaim)
+#: (SQLSTATE 28P01 / 28000; and the texts, for connects that fail before psycopg
+#: carries a SQLSTATE).
 _LOGIN_REFUSED_SQLSTATES = frozenset({"28P01", "28000"})
 _LOGIN_REFUSED_MESSAGE = re.compile(
-    r"password authentication failed|role \"[^\"]*\" does not exist", re.IGNORECASE
+    r"password authentication failed|role \"[^\"]*\" does not exist"
+    r"|role \"[^\"]*\" is not permitted to log in",
+    re.IGNORECASE,
 )
 
 
