@@ -84,6 +84,16 @@ def says_each_phase_and_prints_its_progress_in_order(out: str) -> None:
     assert lines[at("admission ")].split()[1] == "500/500"
 
 
+@pytest.mark.heavy(15)
+async def test_the_demo_maps_one_attempt_with_runner_processes(database_url: str) -> None:
+    env = {**os.environ, "SHEETPLANE_DATABASE_URL": database_url}
+    done = await sheetplane("demo", "--workers", "2", "--rows", "600", env=env)
+    out = " ".join(done.stdout.decode().split())
+    assert done.returncode == 0, out + done.stderr.decode()
+    assert "2 runner processes are mapping attempt" in out
+    assert "the sheets agree row for row with one worker's" in out
+
+
 async def test_bad_row_counts_are_refused_by_the_parser() -> None:
     for rows in ("0", "-3", "many"):
         done = await sheetplane("demo", "--rows", rows, env=without_database_url())

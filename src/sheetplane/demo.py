@@ -718,6 +718,13 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help=f"rows to admit (default {DEFAULT_ROWS:,})",
     )
     parser.add_argument(
+        "--workers",
+        type=_positive_rows,
+        default=None,
+        help="map one attempt with N runner processes instead, and check the sheet "
+        "against one worker's (sheetplane.demo_workers)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="print where the time went, per phase, from OpenTelemetry spans "
@@ -731,6 +738,17 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     parser.set_defaults(run=run_demo)
 
 
+def _run_workers_demo(args: argparse.Namespace, url: str | None, console: Console) -> int:
+    """``--workers N``: one attempt mapped by N runner processes."""
+    from .demo_workers import workers_demo
+
+    if url is not None:
+        return trio.run(workers_demo, url, args.rows, args.workers, console)
+    console.print("starting a throwaway embedded Postgres ...")
+    with EmbeddedPostgres() as server:
+        return trio.run(workers_demo, server.url, args.rows, args.workers, console)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; print its table; 0 on success, 1 with a one-line reason otherwise."""
     console = Console()
@@ -740,6 +758,8 @@ def run_demo(args: argparse.Namespace) -> int:
     url = args.database_url or database_url_from_env()
     # The SDK is the trace extra (sheetplane.cli checked it before anything started).
     spans = trace_in_memory()[0] if args.trace else None
+    if args.workers is not None:
+        return _run_workers_demo(args, url, console)
     started = time.perf_counter()
     try:
         if url is not None:

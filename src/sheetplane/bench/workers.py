@@ -9,8 +9,9 @@ reference gateway in-process on loopback, on the direct road, one token:
   ``--sleep-ms`` (so the fn, not the machine's two cores, is the limit),
   ``--worker-concurrency`` calls each (median of ``--worker-repeats`` runs).
   Throughput is rows over the span from the first fn call's start to the last
-  one's end (read from the calls every process records), so process start-up, the admission and the last write are left
-  out; the wall time from spawning to the last exit is printed beside it.
+  one's end (read from the calls every process records), so process start-up,
+  the admission and the last write are left out; the wall time from spawning
+  to the last exit is printed beside it.
   Target: rows/s with N workers >= 0.8 x N x rows/s with one, for every N.
 * **Reclaim.** Two processes on a fresh attempt with a lease of ``--lease-ms``;
   one is SIGKILLed once a tenth of the rows are written, and the time from the
