@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import sheetplane.runtime
 from sheetplane.gateway.server import RunningGateway, running_gateway
@@ -155,3 +156,31 @@ def test_the_guides_plain_script_runs_with_nothing_started_by_hand(tmp_path: Pat
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "'statuses': {'enriched': 2, 'failed': 1}" in done.stdout
     assert "'top_domain': 'example.com'" in done.stdout
+
+
+async def test_the_guides_many_runners_example_runs_as_written(gateway: RunningGateway) -> None:
+    """The "Many runners" block: a coordinator admits and hands the attempt's JSON out;
+    three workers map it together; the coordinator's status ends with every row done."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S)
+    (source,) = [block for block in blocks if "map_attempt" in block]
+    example: dict[str, Any] = {"__name__": "runner_guide_many"}
+    exec(compile(source, str(GUIDE), "exec"), example)
+    play = f"guide-{uuid.uuid4().hex[:8]}"
+    rows = [{"email": f"lead{i}@Domain{i % 3}.example"} for i in range(400)]
+    reports: list[Any] = []
+    connection = {"base_url": gateway.base_url, "token": TOKEN, "org_id": ORG}
+    async with trio.open_nursery() as nursery:
+
+        async def worker(text: str) -> None:
+            reports.append(await example["work"](text, **connection))
+
+        status = await example["coordinate"](
+            rows,
+            lambda text: nursery.start_soon(worker, text),
+            workers=3,
+            play_name=play,
+            run_id="run-1",
+            **connection,
+        )
+    assert (status.pending, status.enriched, status.failed) == (0, 400, 0)
+    assert len(reports) == 3 and sum(r.completed for r in reports) == 400
