@@ -11,11 +11,10 @@ road it is on. The rules are the store's (``store/_shares.py``):
 * ``GatewayShareRoad`` sends the gateway's ``claim_sheet_share``,
   ``renew_sheet_share``, ``release_sheet_share`` and ``sheet_attempt_status``.
 
-A claim is not retried after a lost connection on the direct road, and on the
-gateway road a claim retried after a lost answer may have landed: either way a
-share taken under a token whose answer never arrived stays unworked only until
-its lease ends, and is then claimed again. Renewals, releases and status reads
-are safe to repeat.
+A claim retried after a lost connection (direct road) or a lost answer
+(gateway road) may have landed the first time: a share taken under a token
+whose answer never arrived stays unworked only until its lease ends, and is
+then claimed again. Renewals, releases and status reads are safe to repeat.
 """
 
 from __future__ import annotations
@@ -78,11 +77,16 @@ class DirectShareRoad:
     async def claim(
         self, write_version: int, holder: str, token: str, *, ttl_ms: int, max_rows: int
     ) -> ShareClaim:
-        """The sheet's claim function, once (see the module docstring)."""
-        async with self._sessions.store(self._shape) as store:
-            return await store.claim_share(
-                self._sheet, write_version, holder, token, ttl_ms=ttl_ms, max_rows=max_rows
-            )
+        """The sheet's claim function, retried after a lost connection or a session the
+        gateway reclaimed (see the module docstring for a claim that landed unanswered)."""
+
+        async def attempt() -> ShareClaim:
+            async with self._sessions.store(self._shape) as store:
+                return await store.claim_share(
+                    self._sheet, write_version, holder, token, ttl_ms=ttl_ms, max_rows=max_rows
+                )
+
+        return await retry_idempotent(attempt)
 
     async def renew(
         self, write_version: int, share: int, token: str, *, ttl_ms: int
