@@ -19,7 +19,7 @@ from psycopg import sql
 
 from _runtime_helpers import CountingGateway, new_play, runtime
 from sheetplane._types import SheetRef
-from sheetplane.runtime._worker_process import CONTRACT
+from sheetplane.runtime.worker_process import CONTRACT
 from sheetplane.store import sheet_names
 from sheetplane.store._names import receipt_names
 
@@ -96,7 +96,7 @@ async def test_three_processes_one_killed_every_row_once(
                         process = await nursery.start(
                             partial(
                                 trio.run_process,
-                                [sys.executable, "-m", "sheetplane.runtime._worker_process"],
+                                [sys.executable, "-m", "sheetplane.runtime.worker_process"],
                                 stdin=json.dumps(config).encode(),
                                 stdout=stdout,
                                 check=False,

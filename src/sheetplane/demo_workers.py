@@ -2,7 +2,7 @@
 
 The reference gateway runs in-process on loopback over the demo's Postgres. A
 coordinator admits the rows and hands the attempt (``Attempt.to_json()``) to
-N runner processes (``python -m sheetplane.runtime._worker_process``), which
+N runner processes (``python -m sheetplane.runtime.worker_process``), which
 map it together with ``Runtime.map_attempt``; it watches ``attempt_status``
 until they are done. The same rows are then mapped by one worker on a play of
 their own, and the two sheets are read back: the demo checks they hold the
@@ -26,7 +26,7 @@ from rich.table import Table
 
 from .gateway.server import running_gateway
 from .runtime import Runtime, open_runtime
-from .runtime._worker_process import CONTRACT
+from .runtime.worker_process import CONTRACT
 
 __all__ = ["workers_demo"]
 
@@ -70,7 +70,7 @@ async def _run_workers(
                             await nursery.start(
                                 partial(
                                     trio.run_process,
-                                    [sys.executable, "-m", "sheetplane.runtime._worker_process"],
+                                    [sys.executable, "-m", "sheetplane.runtime.worker_process"],
                                     stdin=json.dumps(config).encode(),
                                     stdout=stdout,
                                     check=False,

@@ -5,7 +5,7 @@ reference gateway in-process on loopback, on the direct road, one token:
 
 * **Scaling.** For each N in ``--workers`` and for 1, a fresh play admits
   ``--worker-rows`` rows and N runner processes (``python -m
-  sheetplane.runtime._worker_process``) map its attempt with a fn that sleeps
+  sheetplane.runtime.worker_process``) map its attempt with a fn that sleeps
   ``--sleep-ms`` (so the fn, not the machine's two cores, is the limit),
   ``--worker-concurrency`` calls each (median of ``--worker-repeats`` runs).
   Throughput is rows over the span from the first fn call's start to the last
@@ -44,7 +44,7 @@ from .._attempts import Attempt
 from .._types import SheetRef
 from ..gateway.server import running_gateway
 from ..runtime import open_runtime
-from ..runtime._worker_process import CONTRACT
+from ..runtime.worker_process import CONTRACT
 from ..store import sheet_names
 
 __all__ = ["run_workers_bench", "workers_report"]
@@ -71,7 +71,7 @@ async def _spawn(nursery: trio.Nursery, config: dict[str, Any], out: Path) -> tr
         process: trio.Process = await nursery.start(
             partial(
                 trio.run_process,
-                [sys.executable, "-m", "sheetplane.runtime._worker_process"],
+                [sys.executable, "-m", "sheetplane.runtime.worker_process"],
                 stdin=json.dumps(config).encode(),
                 stdout=stdout,
                 check=False,

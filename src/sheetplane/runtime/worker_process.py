@@ -1,7 +1,7 @@
 """One runner process of an attempt: what ``sheetplane demo --workers N`` and
 ``sheetplane bench map --workers N`` start N of, and the tests kill one of.
 
-Run as ``python -m sheetplane.runtime._worker_process`` with a JSON object on
+Run as ``python -m sheetplane.runtime.worker_process`` with a JSON object on
 stdin (so the executor token never appears on a command line)::
 
     {"base_url": ..., "token": ..., "org_id": ..., "strategy": "direct",
