@@ -71,7 +71,7 @@ from ..gateway.server import running_gateway
 from ..runtime import ContractColumn, Runtime, SheetContract, open_runtime
 from ..store import SheetStore, next_write_version, open_store, sheet_names
 from ..store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
-from .workers import run_workers_bench, workers_report
+from ._workers import run_workers_bench, workers_report
 
 __all__ = ["main"]
 
@@ -533,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_worker_counts,
         default=None,
         help="instead of (a)-(d): runner processes on one attempt, e.g. 2,4,8 "
-        "(sheetplane.bench.workers)",
+        "(sheetplane.bench._workers)",
     )
     parser.add_argument(
         "--worker-rows", type=int, default=4_000, help="--workers: the attempt's rows"
