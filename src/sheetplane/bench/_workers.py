@@ -24,6 +24,7 @@ Other work shares the machine: the load average is printed with the figures.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -47,7 +48,7 @@ from ..runtime import open_runtime
 from ..runtime.worker_process import CONTRACT
 from ..store import sheet_names
 
-__all__ = ["run_workers_bench", "workers_report"]
+__all__ = ["add_worker_options", "run_workers_bench", "workers_report"]
 
 ORG: Final = "bench-workers-org"
 
@@ -162,6 +163,49 @@ async def _reclaim(
                 await trio.sleep(0.02)
             reclaimed = time.monotonic() - killed
     return {"reclaim": reclaimed, "lease": lease}
+
+
+def _worker_counts(text: str) -> list[int]:
+    """``--workers``: worker counts, comma-separated, each >= 2."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r}") from None
+    if not counts or any(n < 2 for n in counts):
+        raise argparse.ArgumentTypeError("each worker count is at least 2 (1 is the baseline)")
+    return counts
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """``bench map``'s options of this benchmark (``--workers`` and its settings)."""
+    parser.add_argument(
+        "--workers",
+        type=_worker_counts,
+        default=None,
+        help="instead of (a)-(d): runner processes on one attempt, e.g. 2,4,8 "
+        "(sheetplane.bench._workers)",
+    )
+    parser.add_argument(
+        "--worker-rows", type=int, default=4_000, help="--workers: the attempt's rows"
+    )
+    parser.add_argument(
+        "--sleep-ms", type=int, default=100, help="--workers: how long fn sleeps (default 100)"
+    )
+    parser.add_argument(
+        "--worker-concurrency", type=int, default=16, help="--workers: fn calls per worker"
+    )
+    parser.add_argument(
+        "--worker-repeats", type=int, default=1, help="--workers: runs of each N; medians"
+    )
+    parser.add_argument(
+        "--lease-ms",
+        type=int,
+        default=3_000,
+        help="--workers: the share lease of the SIGKILL-to-reclaim run (default 3,000)",
+    )
+    parser.add_argument(
+        "--no-reclaim", action="store_true", help="--workers: leave the reclaim run out"
+    )
 
 
 async def run_workers_bench(database_url: str, args: Any) -> dict[str, Any]:

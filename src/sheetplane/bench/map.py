@@ -71,7 +71,7 @@ from ..gateway.server import running_gateway
 from ..runtime import ContractColumn, Runtime, SheetContract, open_runtime
 from ..store import SheetStore, next_write_version, open_store, sheet_names
 from ..store.embedded import DATABASE_URL_ENV, EmbeddedPostgres, database_url_from_env
-from ._workers import run_workers_bench, workers_report
+from ._workers import add_worker_options, run_workers_bench, workers_report
 
 __all__ = ["main"]
 
@@ -483,17 +483,6 @@ def _floor_lines(floor: dict[str, Any], args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _worker_counts(text: str) -> list[int]:
-    """``--workers``: worker counts, comma-separated, each >= 2."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r}") from None
-    if not counts or any(n < 2 for n in counts):
-        raise argparse.ArgumentTypeError("each worker count is at least 2 (1 is the baseline)")
-    return counts
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the map benchmark and print its figures."""
     parser = argparse.ArgumentParser(
@@ -528,34 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="leave a part out: timing (a and b), memory (c), floor (d); repeatable",
     )
-    parser.add_argument(
-        "--workers",
-        type=_worker_counts,
-        default=None,
-        help="instead of (a)-(d): runner processes on one attempt, e.g. 2,4,8 "
-        "(sheetplane.bench._workers)",
-    )
-    parser.add_argument(
-        "--worker-rows", type=int, default=4_000, help="--workers: the attempt's rows"
-    )
-    parser.add_argument(
-        "--sleep-ms", type=int, default=100, help="--workers: how long fn sleeps (default 100)"
-    )
-    parser.add_argument(
-        "--worker-concurrency", type=int, default=16, help="--workers: fn calls per worker"
-    )
-    parser.add_argument(
-        "--worker-repeats", type=int, default=1, help="--workers: runs of each N; medians"
-    )
-    parser.add_argument(
-        "--lease-ms",
-        type=int,
-        default=3_000,
-        help="--workers: the share lease of the SIGKILL-to-reclaim run (default 3,000)",
-    )
-    parser.add_argument(
-        "--no-reclaim", action="store_true", help="--workers: leave the reclaim run out"
-    )
+    add_worker_options(parser)
     parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--database-url", default=None, help="default: SHEETPLANE_DATABASE_URL")
     args = parser.parse_args(argv)
