@@ -87,7 +87,7 @@ def says_each_phase_and_prints_its_progress_in_order(out: str) -> None:
 @pytest.mark.heavy(15)
 async def test_the_demo_maps_one_attempt_with_runner_processes(database_url: str) -> None:
     env = {**os.environ, "SHEETPLANE_DATABASE_URL": database_url}
-    done = await sheetplane("demo", "--workers", "2", "--rows", "600", env=env)
+    done = await sheetplane("demo", "--workers", "2", "--rows", "300", env=env)
     out = " ".join(done.stdout.decode().split())
     assert done.returncode == 0, out + done.stderr.decode()
     assert "2 runner processes are mapping attempt" in out
