@@ -131,8 +131,6 @@ NOT_YET_SPLIT = {
     ("_workers.py", "_round"),
     ("conformance/_model.py", "_build_machine"),
     ("sizes.py", "json_byte_length_up_to"),
-    ("store/_schema.py", "create"),
-    ("store/_schema.py", "ensure_sheet"),
     ("store/_staging.py", "commit_admission"),
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -637,6 +638,134 @@ def _refuse_renamed_columns(
         )
 
 
+def _lock_for_ddl(
+    conn: psycopg.Connection[Any], names: SheetNames, max_sheets: int
+) -> tuple[Any, ...]:
+    """Take the locks a sheet's DDL needs, in the one lock order, and answer what the
+    catalog holds: (lock table, counter table, sharded counters, an older staging
+    table, a registry without quota columns, no staging table, a registry)."""
+    # The lock order (docs/store.md): DDL key, then the sheet's writer lock, then
+    # the rows table. An existing sheet's DDL takes the writer lock exclusively
+    # before ALTER TABLE locks the rows table, as every writer does before it
+    # touches rows; taking them the other way round deadlocked with admissions.
+    # A sheet made before the lock table existed had its writer lock on the
+    # counter table: that one excludes writers of that layout while this upgrades.
+    found = conn.execute(
+        "SELECT to_regclass(%(lock)s) IS NOT NULL, to_regclass(%(counts)s) IS NOT NULL,"
+        " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
+        "   AND attname = 'shard' AND NOT attisdropped),"
+        " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_constraint"
+        "   WHERE conrelid = to_regclass(%(staging)s) AND conname = %(owner)s),"
+        " to_regclass(%(admissions)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_attribute"
+        "   WHERE attrelid = to_regclass(%(admissions)s) AND attname = 'open_counted'"
+        "   AND NOT attisdropped),"
+        " to_regclass(%(staging)s) IS NULL, to_regclass(%(admissions)s) IS NOT NULL",
+        {
+            "lock": names.ident("lock_table").as_string(conn),
+            "counts": names.ident("counter_table").as_string(conn),
+            "staging": names.ident("staging_table").as_string(conn),
+            "owner": names.staging_owner_constraint,
+            "admissions": names.ident("admissions_table").as_string(conn),
+        },
+    ).fetchone()
+    assert found is not None
+    if relations_missing(conn, names.schema, [names.sheet_table]):
+        # A new sheet, counted under the org's DDL key: racing first callers
+        # cannot pass the cap together.
+        check_room(conn, names.schema, "sheet", max_sheets)
+    if ownership_pending(conn, names):
+        # The owner role's hand-over rewrites the schema's and the rows table's
+        # ACLs, as mints and the reaper do under the org's grant key: taken here,
+        # before the writer lock and the rows table's, never after them (a mint
+        # holding the key waits for the rows table's ACCESS SHARE).
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (grant_lock_key(names.schema),))
+    if found[0]:
+        lock_sheet(conn, names, "exclusive")
+    elif found[1]:
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
+        )
+    if found[6] and (found[4] or quota_triggers_missing(conn, names)):
+        # A registry made before the staging quotas. Its lock first, before the
+        # staging table's: a staging chunk holds its admission's registry row (the
+        # foreign key's share lock) before it writes its staging row, and then
+        # reserves its bytes on that registry row.
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                names.ident("admissions_table")
+            )
+        )
+    return tuple(found)
+
+
+def _create_or_upgrade(
+    conn: psycopg.Connection[Any],
+    names: SheetNames,
+    sheet: SheetRef,
+    columns: dict[str, str],
+    logical: dict[str, str],
+    max_sheets: int,
+) -> None:
+    """The sheet's DDL, under the org's DDL key: create what is missing, upgrade an
+    older layout, and (re)generate its triggers and functions (``ensure_sheet``)."""
+    found = _lock_for_ddl(conn, names, max_sheets)
+    if found[4]:
+        # Its rows count nothing (an open one gives back only what it reserves
+        # from now on).
+        conn.execute(
+            sql.SQL("ALTER TABLE {} {}").format(
+                names.ident("admissions_table"),
+                sql.SQL(", ").join(
+                    sql.SQL("ADD COLUMN IF NOT EXISTS {}").format(sql.SQL(column))
+                    for column in ADMISSION_QUOTA_COLUMNS
+                ),
+            )
+        )
+    if found[3]:
+        # An older staging table (one row per staged row, or chunks without their
+        # chain): scratch space, made again (an admission staged into it starts again).
+        conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
+    _refuse_renamed_columns(conn, names, columns)
+    # The rows table's owner role first: the ALTER TABLE below needs its ownership.
+    take_ownership(conn, names)
+    conn.execute(_ddl(names, columns, logical))
+    if found[5] or found[3]:
+        conn.execute(_staging_storage(names))
+    if not found[0]:
+        # No policy: even a role granted more than UPDATE would see and change no row.
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(names.ident("lock_table"))
+        )
+    if found[2]:
+        # Counters kept as sharded rows keyed (kind, name, shard): the rows stay (a
+        # read sums them all the same), the key and the shard go.
+        conn.execute(
+            sql.SQL("ALTER TABLE {} DROP COLUMN shard").format(names.ident("counter_table"))
+        )
+    _move_legacy_comments(conn, names)
+    conn.execute(_summary_row(names))
+    # The seed's columns and the summary's key; inserts and deletes count in the
+    # summary row now (its total is the row count), so the log's status entries
+    # move there; the rows table goes to the sheet's owner role.
+    for statement in seed_layout_ddl(names, sheet):
+        conn.execute(statement)
+    conn.execute(fold_status_log(names))
+    take_ownership(conn, names)
+    # The counting triggers count every physical column the rows table has now.
+    counted = [name for name, _ in column_ids(conn, names) or ()]
+    for statement in count_trigger_ddl(conn, names, counted):
+        conn.execute(statement)
+    for statement in guard_ddl(conn, names):
+        conn.execute(statement)
+    for statement in admit_ddl(conn, names):
+        conn.execute(statement)
+    for statement in quota_trigger_ddl(conn, names):
+        conn.execute(statement)
+    # The attempts' shares (many workers on one attempt): their table and functions.
+    for statement in share_ddl(conn, names):
+        conn.execute(statement)
+
+
 async def ensure_sheet(
     pool: ConnectionRunner,
     names: SheetNames,
@@ -665,115 +794,14 @@ async def ensure_sheet(
         "table_namespace": sheet.table_namespace,
     }
 
-    def create(conn: psycopg.Connection[Any]) -> None:
-        # The lock order (docs/store.md): DDL key, then the sheet's writer lock, then
-        # the rows table. An existing sheet's DDL takes the writer lock exclusively
-        # before ALTER TABLE locks the rows table, as every writer does before it
-        # touches rows; taking them the other way round deadlocked with admissions.
-        # A sheet made before the lock table existed had its writer lock on the
-        # counter table: that one excludes writers of that layout while this upgrades.
-        found = conn.execute(
-            "SELECT to_regclass(%(lock)s) IS NOT NULL, to_regclass(%(counts)s) IS NOT NULL,"
-            " EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(counts)s)"
-            "   AND attname = 'shard' AND NOT attisdropped),"
-            " to_regclass(%(staging)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_constraint"
-            "   WHERE conrelid = to_regclass(%(staging)s) AND conname = %(owner)s),"
-            " to_regclass(%(admissions)s) IS NOT NULL AND NOT EXISTS (SELECT FROM pg_attribute"
-            "   WHERE attrelid = to_regclass(%(admissions)s) AND attname = 'open_counted'"
-            "   AND NOT attisdropped),"
-            " to_regclass(%(staging)s) IS NULL, to_regclass(%(admissions)s) IS NOT NULL",
-            {
-                "lock": names.ident("lock_table").as_string(conn),
-                "counts": names.ident("counter_table").as_string(conn),
-                "staging": names.ident("staging_table").as_string(conn),
-                "owner": names.staging_owner_constraint,
-                "admissions": names.ident("admissions_table").as_string(conn),
-            },
-        ).fetchone()
-        assert found is not None
-        if relations_missing(conn, names.schema, [names.sheet_table]):
-            # A new sheet, counted under the org's DDL key: racing first callers
-            # cannot pass the cap together.
-            check_room(conn, names.schema, "sheet", max_sheets)
-        if ownership_pending(conn, names):
-            # The owner role's hand-over rewrites the schema's and the rows table's
-            # ACLs, as mints and the reaper do under the org's grant key: taken here,
-            # before the writer lock and the rows table's, never after them (a mint
-            # holding the key waits for the rows table's ACCESS SHARE).
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (grant_lock_key(names.schema),))
-        if found[0]:
-            lock_sheet(conn, names, "exclusive")
-        elif found[1]:
-            conn.execute(
-                sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(names.ident("counter_table"))
-            )
-        if found[6] and (found[4] or quota_triggers_missing(conn, names)):
-            # A registry made before the staging quotas. Its lock first, before the
-            # staging table's: a staging chunk holds its admission's registry row (the
-            # foreign key's share lock) before it writes its staging row, and then
-            # reserves its bytes on that registry row.
-            conn.execute(
-                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-                    names.ident("admissions_table")
-                )
-            )
-        if found[4]:
-            # Its rows count nothing (an open one gives back only what it reserves
-            # from now on).
-            conn.execute(
-                sql.SQL("ALTER TABLE {} {}").format(
-                    names.ident("admissions_table"),
-                    sql.SQL(", ").join(
-                        sql.SQL("ADD COLUMN IF NOT EXISTS {}").format(sql.SQL(column))
-                        for column in ADMISSION_QUOTA_COLUMNS
-                    ),
-                )
-            )
-        if found[3]:
-            # An older staging table (one row per staged row, or chunks without their
-            # chain): scratch space, made again (an admission staged into it starts again).
-            conn.execute(sql.SQL("DROP TABLE {}").format(names.ident("staging_table")))
-        _refuse_renamed_columns(conn, names, columns)
-        # The rows table's owner role first: the ALTER TABLE below needs its ownership.
-        take_ownership(conn, names)
-        conn.execute(_ddl(names, columns, logical))
-        if found[5] or found[3]:
-            conn.execute(_staging_storage(names))
-        if not found[0]:
-            # No policy: even a role granted more than UPDATE would see and change no row.
-            conn.execute(
-                sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(
-                    names.ident("lock_table")
-                )
-            )
-        if found[2]:
-            # Counters kept as sharded rows keyed (kind, name, shard): the rows stay (a
-            # read sums them all the same), the key and the shard go.
-            conn.execute(
-                sql.SQL("ALTER TABLE {} DROP COLUMN shard").format(names.ident("counter_table"))
-            )
-        _move_legacy_comments(conn, names)
-        conn.execute(_summary_row(names))
-        # The seed's columns and the summary's key; inserts and deletes count in the
-        # summary row now (its total is the row count), so the log's status entries
-        # move there; the rows table goes to the sheet's owner role.
-        for statement in seed_layout_ddl(names, sheet):
-            conn.execute(statement)
-        conn.execute(fold_status_log(names))
-        take_ownership(conn, names)
-        # The counting triggers count every physical column the rows table has now.
-        counted = [name for name, _ in column_ids(conn, names) or ()]
-        for statement in count_trigger_ddl(conn, names, counted):
-            conn.execute(statement)
-        for statement in guard_ddl(conn, names):
-            conn.execute(statement)
-        for statement in admit_ddl(conn, names):
-            conn.execute(statement)
-        for statement in quota_trigger_ddl(conn, names):
-            conn.execute(statement)
-        # The attempts' shares (many workers on one attempt): their table and functions.
-        for statement in share_ddl(conn, names):
-            conn.execute(statement)
+    create = partial(
+        _create_or_upgrade,
+        names=names,
+        sheet=sheet,
+        columns=columns,
+        logical=logical,
+        max_sheets=max_sheets,
+    )
 
     def missing(conn: psycopg.Connection[Any]) -> bool:
         return (
