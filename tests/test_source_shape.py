@@ -131,7 +131,6 @@ NOT_YET_SPLIT = {
     ("_workers.py", "_round"),
     ("conformance/_model.py", "_build_machine"),
     ("sizes.py", "json_byte_length_up_to"),
-    ("store/_staging.py", "commit_admission"),
 }
 
 MAX_FUNCTION_LINES = 80

@@ -780,23 +780,31 @@ async def commit_admission(
             completed_count=tally.by_old_status["enriched"],
             table_namespace=table_namespace,
         )
-        conn.execute(
-            sql.SQL(
-                "UPDATE {} SET state = 'committed', closed_at = now(), input_rows = %s, "
-                "write_version = %s, inserted = %s, skipped = %s, pending_count = %s, "
-                "completed_count = %s WHERE admission_id = %s"
-            ).format(names.ident("admissions_table")),
-            (
-                rows,
-                counts.write_version,
-                counts.inserted,
-                counts.skipped,
-                counts.pending_count,
-                counts.completed_count,
-                admission_id,
-            ),
-        )
-        _drop_staged(conn, names, [admission_id])
+        _record_commit(conn, names, admission_id, rows, counts)
         return counts
 
     return await pool.run(run)
+
+
+def _record_commit(
+    conn: Conn, names: SheetNames, admission_id: str, rows: int, counts: AdmissionCounts
+) -> None:
+    """Close the admission as committed with its counts (a retried commit answers them),
+    and drop its staging rows."""
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET state = 'committed', closed_at = now(), input_rows = %s, "
+            "write_version = %s, inserted = %s, skipped = %s, pending_count = %s, "
+            "completed_count = %s WHERE admission_id = %s"
+        ).format(names.ident("admissions_table")),
+        (
+            rows,
+            counts.write_version,
+            counts.inserted,
+            counts.skipped,
+            counts.pending_count,
+            counts.completed_count,
+            admission_id,
+        ),
+    )
+    _drop_staged(conn, names, [admission_id])
