@@ -503,3 +503,6 @@ def test_the_tracing_bench_compares_the_three_modes(database_url: str) -> None:
         out, 1500.0, bench.argparse.Namespace(rows=30, repeats=1, roads=bench.ROADS)
     )
     assert "x off" in text and "(target <= 1.02)" in text and "spans a map" in text
+    assert bench._verdict(1.01, [10.0, 10.1, 10.05]) == "ok"
+    assert bench._verdict(1.05, [10.0, 10.1, 10.05]) == "MISSED"
+    assert bench._verdict(1.05, [8.0, 12.0, 10.0]).startswith("unresolved: the off runs spread 40%")
