@@ -388,6 +388,62 @@ async def run_attempt(
         return tally.rows, tally.completed, tally.failed, tally.reused
 
 
+def _settling(
+    worker: _Worker,
+    tally: AttemptTally,
+    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
+    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+) -> tuple[
+    Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
+    Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+]:
+    """A round's terminal writes: each counts its rows and tells the worker they settled."""
+
+    async def completed(rows: Sequence[CompleteRow]) -> TerminalWriteResult:
+        result = await complete(rows)
+        tally.completed += len(rows)
+        await worker.settled(rows)
+        return result
+
+    async def failed(rows: Sequence[FailRow]) -> TerminalWriteResult:
+        result = await fail(rows)
+        tally.failed += len(rows)
+        await worker.settled(rows)
+        return result
+
+    return completed, failed
+
+
+def _reporter(
+    progress: Callable[[MapProgress], object], tally: AttemptTally, total: int
+) -> Callable[[MapProgress], None]:
+    """A round's progress callback: it reports the whole attempt's tally, not the round's."""
+
+    def reported(_: MapProgress) -> None:
+        progress(
+            MapProgress(
+                settled=tally.completed + tally.failed,
+                completed=tally.completed,
+                failed=tally.failed,
+                reused=tally.reused,
+                total=total,
+            )
+        )
+
+    return reported
+
+
+def _row_once(worker: _Worker, receipts: ShareOnce, tally: AttemptTally) -> Once:
+    """A round's ``once``: the worker's receipt of each row's call, counted in the tally."""
+
+    async def row_once(key: str, call: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
+        result, reused = await worker.once(key, call, receipts)
+        tally.reused += reused
+        return result, False  # counted here: a round's count would not outlive it
+
+    return row_once
+
+
 async def _round(
     attempt: Attempt,
     shares: ShareRoad,
@@ -418,39 +474,8 @@ async def _round(
         tally=tally,
     )
 
-    async def completed(rows: Sequence[CompleteRow]) -> TerminalWriteResult:
-        result = await complete(rows)
-        tally.completed += len(rows)
-        await worker.settled(rows)
-        return result
-
-    async def failed(rows: Sequence[FailRow]) -> TerminalWriteResult:
-        result = await fail(rows)
-        tally.failed += len(rows)
-        await worker.settled(rows)
-        return result
-
-    def reported(_: MapProgress) -> None:
-        assert progress is not None
-        progress(
-            MapProgress(
-                settled=tally.completed + tally.failed,
-                completed=tally.completed,
-                failed=tally.failed,
-                reused=tally.reused,
-                total=total,
-            )
-        )
-
-    row_once: Once | None = None
-    if once is not None:
-        receipts = once
-
-        async def row_once(key: str, call: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
-            result, reused = await worker.once(key, call, receipts)
-            tally.reused += reused
-            return result, False  # counted here: a round's count would not outlive it
-
+    completed, failed = _settling(worker, tally, complete, fail)
+    row_once = None if once is None else _row_once(worker, once, tally)
     finished = False
     try:
         async with trio.open_nursery() as nursery:
@@ -470,7 +495,7 @@ async def _round(
                         flush_seconds=flush_seconds,
                         once=row_once,
                         namespace=attempt.table_namespace,
-                        progress=None if progress is None else reported,
+                        progress=None if progress is None else _reporter(progress, tally, total),
                         output_keys=output_keys,
                         unknown_outputs=unknown_outputs,
                     )
