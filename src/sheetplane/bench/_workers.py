@@ -8,10 +8,11 @@ reference gateway in-process on loopback, on the direct road, one token:
   sheetplane.runtime.worker_process``) map its attempt with a fn that sleeps
   ``--sleep-ms`` (so the fn, not the machine's two cores, is the limit),
   ``--worker-concurrency`` calls each (median of ``--worker-repeats`` runs).
-  Throughput is rows over the span from the first fn call's start to the last
-  one's end (read from the calls every process records), so process start-up,
-  the admission and the last write are left out; the wall time from spawning
-  to the last exit is printed beside it.
+  The workers start behind a barrier (each connects, says ready, and maps
+  once all are ready), and throughput is rows over the span from the first fn
+  call's start to the last one's end (read from the calls every process
+  records), so process start-up, the admission and the last write are left
+  out; the wall time from spawning to the last exit is printed beside it.
   Target: rows/s with N workers >= 0.8 x N x rows/s with one, for every N.
 * **Reclaim.** Two processes on a fresh attempt with a lease of ``--lease-ms``;
   one is SIGKILLed once a tenth of the rows are written, and the time from the
@@ -30,6 +31,7 @@ import os
 import secrets
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +83,18 @@ async def _spawn(nursery: trio.Nursery, config: dict[str, Any], out: Path) -> tr
     return process
 
 
+async def _line(process: trio.Process) -> str:
+    """The next line of ``process``'s stdout (read a byte at a time: short lines)."""
+    assert process.stdout is not None
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await process.stdout.receive_some(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
 def _span(calls: Path) -> tuple[float, int]:
     """(first start to last end, calls) of every fn call recorded."""
     starts, ends = [], []
@@ -108,11 +122,35 @@ async def _scaling_run(
         "calls_file": str(calls),
     }
     started = time.monotonic()
-    outs = [folder / f"{play}-{n}.json" for n in range(workers)]
-    async with trio.open_nursery() as nursery:
-        processes = [await _spawn(nursery, config, out) for out in outs]
+    processes = [
+        await trio.lowlevel.open_process(
+            [sys.executable, "-m", "sheetplane.runtime.worker_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(workers)
+    ]
+    try:
+        for process in processes:
+            assert process.stdin is not None
+            await process.stdin.send_all((json.dumps({**config, "barrier": True}) + "\n").encode())
+        # Every worker connected before any maps: the span measures the mapping alone.
+        for process in processes:
+            if (await _line(process)).strip() != "ready":
+                raise RuntimeError("a worker did not get ready")
+        for process in processes:
+            assert process.stdin is not None
+            await process.stdin.send_all(b"go\n")
+            await process.stdin.aclose()
+        reports = [await _line(process) for process in processes]
+        for process in processes:
+            await process.wait()
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
     wall = time.monotonic() - started
-    failed = [out.read_text() for p, out in zip(processes, outs, strict=True) if p.returncode]
+    failed = [r for p, r in zip(processes, reports, strict=True) if p.returncode]
     if failed:
         raise RuntimeError(f"a worker failed: {failed[0]}")
     span, done = _span(calls)

@@ -9,7 +9,9 @@ stdin (so the executor token never appears on a command line)::
      "receipts": false, "lease": {"ttl_ms": ..., "renewal_ms": ..., "guard_ms": ...,
      "poll_ms": ...} | null, "calls_file": "<path>" | null}
 
-It maps the attempt of the demo's play (a ``text`` input column, a ``words``
+The configuration is the first line of stdin. With ``"barrier": true`` the
+process connects, prints ``ready`` and waits for a second line (``go``) before
+it maps. It maps the attempt of the demo's play (a ``text`` input column, a ``words``
 output column: ``fn`` sleeps ``sleep_ms`` and counts the words) with
 ``Runtime.map_attempt`` and prints one JSON line: its report and its tally, or
 ``{"error": <class>, "message": ...}`` (exit 1). With ``calls_file`` every ``fn``
@@ -62,6 +64,11 @@ async def _work(config: dict[str, Any], calls: TextIO | None) -> dict[str, Any]:
     ) as rt:
         if config.get("lease"):
             rt.share_lease = ShareLease(**config["lease"])
+        if config.get("barrier"):
+            # A start barrier (the benchmark's): connected, then ready, then wait for go.
+            await rt.attempt_status(attempt)
+            print("ready", flush=True)
+            await trio.to_thread.run_sync(sys.stdin.readline)
         report = await rt.map_attempt(
             attempt,
             CONTRACT,
@@ -84,7 +91,7 @@ async def _work(config: dict[str, Any], calls: TextIO | None) -> dict[str, Any]:
 
 def main() -> int:
     """Read the configuration from stdin, map, print one JSON line."""
-    config = json.load(sys.stdin)
+    config = json.loads(sys.stdin.readline())
     path = config.get("calls_file")
     calls = None if path is None else open(path, "a", encoding="utf-8")  # noqa: SIM115
     try:
