@@ -65,7 +65,7 @@ def _read(database_url: str, play: str) -> dict[str, Any]:
     return {"written": int(written[0]), "statuses": statuses, "recorded": recorded}
 
 
-@pytest.mark.heavy(40)
+@pytest.mark.heavy(12)
 async def test_three_processes_one_killed_every_row_once(
     gateway: CountingGateway, database_url: str, tmp_path: Path
 ) -> None:
