@@ -73,6 +73,7 @@ from sheetplane.gateway.server._command import (
 )
 from sheetplane.names import normalize_play_name
 from sheetplane.pages import Page, PageRequest, read_pages_adaptive
+from sheetplane.protocol import RUNTIME_PATH
 from sheetplane.sessions import AccessShape, PreloadedSession, SessionLimits, SessionManager
 from sheetplane.store import RowFilter, SheetStore, open_store
 from sheetplane.store.embedded import DATABASE_URL_ENV
@@ -473,6 +474,16 @@ CONTRACT = SheetContract(
 
 
 @FUZZ
+def _sendable(base_url: str) -> bool:
+    """Whether httpx can build the runtime route's URL on ``base_url``."""
+    try:
+        url = httpx.URL(base_url.strip().rstrip("/") + RUNTIME_PATH)
+        url.copy_with(username=None, password=None)
+    except httpx.InvalidURL:
+        return False
+    return True
+
+
 @given(
     base_url=st.one_of(st.just("http://gw.test"), wrong_types()),
     token=st.one_of(st.just("tok"), wrong_types()),
@@ -491,6 +502,9 @@ CONTRACT = SheetContract(
 # A play name is the names rule's to refuse (too long once normalised; blank).
 @example(base_url="http://gw.test", token="tok", play="\u00e9" * 10_000, headers=None)
 @example(base_url="http://gw.test", token="tok", play=" ", headers=None)
+# A URL httpx cannot send to (a control character; a path past httpx's length limit).
+@example(base_url="\x08", token="tok", play="p", headers=None)
+@example(base_url="http://gw.test/" + "a" * 70_000, token="tok", play="p", headers=None)
 def test_gateway_client_constructor_refuses_bad_arguments(
     base_url: Any, token: Any, play: Any, headers: Any
 ) -> None:
@@ -501,6 +515,7 @@ def test_gateway_client_constructor_refuses_bad_arguments(
     valid = (
         isinstance(base_url, str)
         and base_url.strip()
+        and _sendable(base_url)
         and isinstance(token, str)
         and token.strip()
         and not any(ch in token for ch in "\x00\r\n")

@@ -165,7 +165,8 @@ _LADDERS: Final[Mapping[str, tuple[tuple[int, ...], int]]] = {
 def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None) -> tuple[str, ...]:
     """Every gateway URL a client was given: ``base_url`` (one URL or a sequence of
     them) followed by ``base_urls``, stripped of a trailing slash, duplicates
-    dropped; ``InvalidInputError`` for an empty or non-string URL, or none at all.
+    dropped; ``InvalidInputError`` for an empty or non-string URL, one httpx cannot
+    send to, or none at all.
 
     A mapping or a set is not a sequence of URLs (its keys in no stated order):
     refused like any other value that is neither a URL nor a sequence of them."""
@@ -177,6 +178,11 @@ def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None)
         if not isinstance(url, str) or not url.strip():
             raise InvalidInputError("the gateway client needs non-empty base URLs")
         text = url.strip().rstrip("/")
+        try:
+            _url_attributes(text + RUNTIME_PATH)
+        except httpx.InvalidURL as exc:
+            # httpx could never send to it; its reason names a part, never the URL.
+            raise InvalidInputError(f"a gateway base URL is not a valid URL: {exc}") from None
         if text not in urls:
             urls.append(text)
     if not urls:
