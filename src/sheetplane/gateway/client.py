@@ -180,9 +180,13 @@ def gateway_urls(base_url: str | Sequence[str], base_urls: Sequence[str] | None)
         text = url.strip().rstrip("/")
         try:
             _url_attributes(text + RUNTIME_PATH)
-        except httpx.InvalidURL as exc:
-            # httpx could never send to it; its reason names a part, never the URL.
-            raise InvalidInputError(f"a gateway base URL is not a valid URL: {exc}") from None
+        except httpx.InvalidURL:
+            # httpx could never send to it. Its reason may quote a part of the URL (a
+            # mistyped password can parse as a port), so it is not repeated.
+            raise InvalidInputError(
+                "base_url is not a URL httpx can send to: check its scheme, host, port "
+                "and characters"
+            ) from None
         if text not in urls:
             urls.append(text)
     if not urls:
