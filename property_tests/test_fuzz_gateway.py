@@ -920,8 +920,9 @@ def _other_tenant_latencies(base_url: str, requests: int) -> list[float]:
 
 # Open (issue 32's note): in the last two fresh-clone suite runs (4ef2df5, 3312a8c) and in
 # one run alone, the other org's first request took 2.0016-2.0097 s against the 2.0 s
-# bound, the rest 0.03-0.08 s; other runs alone pass. A value this close to 2 s suggests a timer (a TCP
-# handshake retransmitted while the listen backlog is full, or a server timer), not load.
+# bound, the rest 0.03-0.08 s; other runs alone pass. A value this close to 2 s suggests
+# a timer (a TCP handshake retransmitted while the listen backlog is full, or a server
+# timer), not load.
 # Until the cause is found the run reports it (XPASS or XFAIL) instead of failing CI.
 @pytest.mark.xfail(
     strict=False,
