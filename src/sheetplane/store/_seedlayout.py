@@ -140,7 +140,7 @@ def seed_layout_ddl(names: SheetNames, sheet: SheetRef) -> list[sql.Composed]:
 
 #: The sheet's owner role's name: roles belong to the whole cluster, so it is a
 #: digest of the database (name and oid) and the sheet's rows table.
-_OWNER_NAME = (
+_OWNER_NAME: Final = sql.SQL(
     "%(prefix)s::text || left(encode(sha256(convert_to(concat_ws(':', current_database(),"
     " (SELECT oid FROM pg_database WHERE datname = current_database()),"
     " %(schema)s::text, %(table)s::text), 'UTF8')), 'hex'), 24)"
@@ -148,7 +148,7 @@ _OWNER_NAME = (
 
 #: One round trip: whether the seed's layout is whole, and (where the current role
 #: may create roles) whether the rows table is owned by the sheet's owner role.
-_LAYOUT_FOUND = f"""
+_LAYOUT_FOUND: Final = sql.SQL("""
     SELECT
       EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%(events)s)
               AND attname = 'data_patch' AND NOT attisdropped)
@@ -157,8 +157,8 @@ _LAYOUT_FOUND = f"""
       AND to_regclass(%(key)s) IS NOT NULL
       AND (NOT (SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user)
            OR (SELECT pg_get_userbyid(relowner) FROM pg_class
-               WHERE oid = to_regclass(%(rows)s)) = {_OWNER_NAME})
-"""
+               WHERE oid = to_regclass(%(rows)s)) = {owner_name})
+""").format(owner_name=_OWNER_NAME)
 
 
 def _may_create_roles(conn: psycopg.Connection[Any]) -> tuple[bool, bool]:
@@ -176,7 +176,7 @@ def _name_params(names: SheetNames) -> dict[str, str]:
 
 def owner_role(conn: psycopg.Connection[Any], names: SheetNames) -> str:
     """The name of the sheet's owner role (whether or not it exists)."""
-    row = conn.execute(f"SELECT {_OWNER_NAME}", _name_params(names)).fetchone()
+    row = conn.execute(sql.SQL("SELECT {}").format(_OWNER_NAME), _name_params(names)).fetchone()
     assert row is not None
     return str(row[0])
 
