@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
@@ -23,8 +24,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from _runtime_helpers import CONTRACT, ORG, CountingGateway, counting_gateway, new_play, runtime
+from _runtime_helpers import (
+    CONTRACT,
+    ORG,
+    ROADS,
+    CountingGateway,
+    counting_gateway,
+    new_play,
+    runtime,
+)
 from sheetplane import _tracing
+from sheetplane.dataset import Row
 from sheetplane.gateway.server._logs import JsonFormatter
 from sheetplane.protocol import RUNTIME_PATH
 
@@ -238,6 +248,80 @@ async def test_the_span_tree_of_a_small_map(
             assert call.name.startswith("gateway runtime_sheet_")
     # No row's data in any span's name, attribute or event.
     assert ROW_SECRET not in json.dumps([_exported(s) for s in everything])
+
+
+def _json_size(row: object) -> int:
+    """A row's bytes as a read span counts them: its compact JSON object."""
+    return len(json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _read_bytes(spans: Sequence[ReadableSpan]) -> list[int]:
+    counted = [_attr(s, _tracing.READ_BYTES) for s in spans]
+    assert all(isinstance(n, int) for n in counted), counted
+    return counted  # type: ignore[return-value]
+
+
+async def _read_three_ways(rt: Any, rows: int) -> tuple[list[Row], list[Row]]:
+    """The sheet by keyset pages of 5 (``materialize``), and through the page reader: each
+    row by ``at``, all at once, then ``peek(7)``."""
+    dataset = rt.dataset("bytes", "all", page_rows=5)
+    keyset = await dataset.materialize()
+    found: list[Row] = []
+
+    async def at(i: int) -> None:
+        row = await dataset.at(i)
+        assert row is not None
+        found.append(row)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(rows):
+            nursery.start_soon(at, i)
+    return keyset, found + await dataset.peek(7)
+
+
+async def test_page_reads_carry_their_row_bytes(
+    gateway: CountingGateway, spans: InMemorySpanExporter
+) -> None:
+    """Each page read's span counts the bytes of the rows it read (each row's compact JSON):
+    the keyset pages of ``materialize`` and the page reader's batches of ``at`` and ``peek``,
+    the same figures on both roads, and the same as the statements that read them."""
+    play = new_play()
+    rows = [{"_key": f"k{i:02d}", "text": f"wörd {i} " * (i % 5 + 1)} for i in range(23)]
+    async with runtime(gateway, "direct", play=play) as rt:
+        await rt.writer("bytes", CONTRACT).start(rows)
+    pages: dict[str, list[tuple[object, ...]]] = {}
+    for strategy in ROADS:
+        spans.clear()
+        async with runtime(gateway, strategy, play=play) as rt:
+            keyset, found = await _read_three_ways(rt, len(rows))
+        await trio.testing.wait_all_tasks_blocked()
+        finished = spans.get_finished_spans()
+        reads = sorted(_named(finished, "sheetplane.read"), key=lambda s: s.start_time or 0)
+        batches = _named(finished, "sheetplane.read_batch")
+        assert len(keyset) == len(found) - 7 == len(rows)
+        keyset_bytes = sum(map(_json_size, keyset))
+        batch_bytes = sum(map(_json_size, found))
+        assert keyset_bytes > 0 and batch_bytes > keyset_bytes
+        assert sum(_read_bytes(reads)) == keyset_bytes
+        assert sum(_read_bytes(batches)) == batch_bytes
+        assert all(n > 0 for n in _read_bytes(batches))
+        # Each keyset page: its own rows' bytes (the last, empty page none).
+        read_rows = [_attr(s, "sheetplane.read.rows") for s in reads]
+        assert [n > 0 for n in _read_bytes(reads)] == [bool(n) for n in read_rows]
+        # The statements that read the rows (the runner's on the direct road, the
+        # gateway's on the gateway road) counted the same bytes.
+        statements = [s for s in finished if s.name.startswith("db ")]
+        counted = [s for s in statements if _attr(s, _tracing.READ_BYTES) is not None]
+        assert sum(_read_bytes(counted)) == keyset_bytes + batch_bytes
+        pages[strategy] = [
+            (
+                _attr(s, "sheetplane.read.limit"),
+                _attr(s, "sheetplane.read.rows"),
+                _attr(s, _tracing.READ_BYTES),
+            )
+            for s in reads
+        ]
+    assert pages["direct"] == pages["gateway_only"]
 
 
 def _exported(span: ReadableSpan) -> dict[str, object]:

@@ -43,18 +43,22 @@ from opentelemetry.util.types import AttributeValue
 
 __all__ = [
     "INSTRUMENTATION_NAME",
+    "READ_BYTES",
     "Span",
     "SpanKind",
     "Status",
     "StatusCode",
     "adopt",
     "annotate",
+    "count_read_bytes",
+    "counting_read_bytes",
     "current_context",
     "current_span_id",
     "current_trace_id",
     "enabled",
     "inject",
     "links_to",
+    "read_span",
     "recording",
     "server_span",
     "set_enabled",
@@ -125,16 +129,47 @@ class _NoSpan:
 _NO_SPAN: Final = _NoSpan()
 
 
+#: The attribute of a page read's bytes (see :func:`read_span`).
+READ_BYTES: Final = "sheetplane.read.bytes"
+
+
+class _ReadTally:
+    """The bytes the reads under one recording :func:`read_span` counted."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+#: Where a recording read span keeps its tally: in OpenTelemetry's context, so it reaches
+#: the store's worker thread and the client's attempts, and never the gateway's side of a
+#: request (a server span starts from the request's headers alone).
+_READ_TALLY: Final = otel_context.create_key("sheetplane.read_tally")
+
+
 class _CurrentSpan:
     """A span made current for a ``with`` block, in the task (or thread) that entered it.
 
     An exception leaving the block is recorded by its type only: ``error.type``
     and an error status for an ``Exception``; a cancellation (or any other
     ``BaseException``) leaves the status unset and marks ``sheetplane.cancelled``
-    when it is ``trio.Cancelled``.
+    when it is ``trio.Cancelled``. A read span (``tallies``) that records also
+    keeps a tally of the bytes its reads count, set as ``sheetplane.read.bytes``
+    when it ends.
     """
 
-    __slots__ = ("_attributes", "_context", "_kind", "_links", "_name", "_span", "_token")
+    __slots__ = (
+        "_attributes",
+        "_context",
+        "_kind",
+        "_links",
+        "_name",
+        "_span",
+        "_tallies",
+        "_tally",
+        "_token",
+    )
 
     def __init__(
         self,
@@ -143,12 +178,16 @@ class _CurrentSpan:
         kind: SpanKind,
         links: Sequence[Link] | None,
         context: otel_context.Context | None,
+        *,
+        tallies: bool = False,
     ) -> None:
         self._name = name
         self._attributes = attributes
         self._kind = kind
         self._links = links
         self._context = context
+        self._tallies = tallies
+        self._tally: _ReadTally | None = None
         self._span: Span = trace.INVALID_SPAN
         self._token: object | None = None
 
@@ -164,7 +203,13 @@ class _CurrentSpan:
             set_status_on_exception=False,
         )
         self._span = made
-        if made is not trace.get_current_span(parent) or self._context is not None:
+        if self._tallies and made.is_recording():
+            tally = self._tally = _ReadTally()
+            inner = otel_context.set_value(
+                _READ_TALLY, tally, trace.set_span_in_context(made, parent)
+            )
+            self._token = otel_context.attach(inner)
+        elif made is not trace.get_current_span(parent) or self._context is not None:
             # The API alone hands back the current span itself: nothing to attach.
             self._token = otel_context.attach(trace.set_span_in_context(made, parent))
         return made
@@ -177,6 +222,8 @@ class _CurrentSpan:
     ) -> None:
         made = self._span
         try:
+            if self._tally is not None:
+                made.set_attribute(READ_BYTES, self._tally.bytes)
             if exc is not None and made.is_recording():
                 _record_error(made, exc)
         finally:
@@ -210,6 +257,39 @@ def span(
     if not _STATE.enabled:
         return _NO_SPAN
     return _CurrentSpan(name, attributes, kind, links, None)
+
+
+def read_span(
+    name: str,
+    attributes: Attributes | None = None,
+    *,
+    links: Sequence[Link] | None = None,
+) -> _CurrentSpan | _NoSpan:
+    """A page read's span (``sheetplane.read``, ``sheetplane.read_batch``): like
+    :func:`span`, and while it records, the bytes the reads under it report with
+    :func:`count_read_bytes` (the store on the direct road, the client on the
+    gateway road) are summed into its ``sheetplane.read.bytes``."""
+    if not _STATE.enabled:
+        return _NO_SPAN
+    return _CurrentSpan(name, attributes, SpanKind.INTERNAL, links, None, tallies=True)
+
+
+def counting_read_bytes() -> bool:
+    """Whether a recording read span is current, to count its bytes (so work done only to
+    measure them is skipped otherwise)."""
+    return _STATE.enabled and otel_context.get_value(_READ_TALLY) is not None
+
+
+def count_read_bytes(size: int) -> None:
+    """Add ``size`` bytes of rows read to the current read span's tally (none: nothing).
+
+    ``size`` is the rows' own compact JSON, each row as the object the gateway
+    sends, summed: no separators, no page or answer envelope (docs/tracing.md)."""
+    if not _STATE.enabled:
+        return
+    tally = otel_context.get_value(_READ_TALLY)
+    if isinstance(tally, _ReadTally):
+        tally.bytes += size
 
 
 def server_span(

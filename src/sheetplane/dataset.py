@@ -333,7 +333,8 @@ class DatasetIterator:
             limit = max(1, min(limit, self._remaining))
         done = self._reading = trio.Event()
         try:
-            with _tracing.span("sheetplane.read", {"sheetplane.read.limit": limit}) as span:
+            # The road's read counts its bytes into the span (``_tracing.read_span``).
+            with _tracing.read_span("sheetplane.read", {"sheetplane.read.limit": limit}) as span:
                 rows, cursor = await self._road.read_after(self._cursor, limit)
                 span.set_attribute("sheetplane.read.rows", len(rows))
         except ReadBatchTooLargeError:

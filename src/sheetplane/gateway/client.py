@@ -277,6 +277,23 @@ def _dumps(value: Any) -> bytes:
         raise InvalidInputError(f"the request cannot be sent as JSON: {exc}") from None
 
 
+def _count_row_bytes(answer: Answer) -> None:
+    """Report a read answer's row bytes to the read span above the call, if one records
+    (``_tracing.count_read_bytes``): the decoded body less its envelope (the answer
+    written again with no rows) and the commas between rows. No work per row."""
+    if not _tracing.counting_read_bytes():
+        return
+    body = answer.body
+    if "pages" in body:  # a batch answer
+        pages = body["pages"]
+        envelope = {**body, "pages": [{**page, "rows": []} for page in pages]}
+    else:
+        pages = [body]
+        envelope = {**body, "rows": []}
+    commas = sum(max(0, len(page["rows"]) - 1) for page in pages)
+    _tracing.count_read_bytes(answer.size - len(encode_body(envelope)) - commas)
+
+
 class GatewayClient:
     """A trio client of one runtime gateway, for one play, under one executor token.
 
@@ -935,7 +952,9 @@ class GatewayClient:
             m.ReadRowsInput, table_namespace, run_id, admitted, page, row_mode=row_mode
         )
         answer = await self._send(self._request(m.ReadRowsRequest, input=read))
-        return m.check_page(answer.body, page, _READ_ROWS, "the page")
+        checked = m.check_page(answer.body, page, _READ_ROWS, "the page")
+        _count_row_bytes(answer)
+        return checked
 
     async def read_rows_batch(
         self,
@@ -981,6 +1000,7 @@ class GatewayClient:
             measured = json_byte_length_up_to(answer.body["pages"], READ_BATCH_MAX_RESPONSE_BYTES)
             if measured.exceeded:
                 raise ReadBatchTooLargeError(measured.bytes)
+        _count_row_bytes(answer)
         return pages
 
     async def read_rows_after(
@@ -1021,8 +1041,10 @@ class GatewayClient:
             row_mode=row_mode,
             after=cursor,
         )
-        answer = (await self._send(self._request(m.ReadRowsRequest, input=read))).body
+        sent = await self._send(self._request(m.ReadRowsRequest, input=read))
+        answer = sent.body
         rows = m.check_page(answer, page, _READ_ROWS, "the page").rows
+        _count_row_bytes(sent)
         if "nextAfter" not in answer:
             return KeysetPage(rows, None, keyset=False)
         next_after = answer["nextAfter"]

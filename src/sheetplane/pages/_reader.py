@@ -231,8 +231,9 @@ class PageReader:
     @staticmethod
     async def _execute(batch: Batch[SheetRoad, PageRequest]) -> list[Page]:
         # Every road in a lane shares one scope, so the first one reads for all. The
-        # batch is the page reader's owner's child, linked to each caller's span.
-        with _tracing.span(
+        # batch is the page reader's owner's child, linked to each caller's span; the
+        # road's reads count their bytes into it (``_tracing.read_span``).
+        with _tracing.read_span(
             "sheetplane.read_batch",
             {"sheetplane.read.pages": len(batch.values)},
             links=_tracing.links_to(batch.waiting_contexts()),

@@ -275,6 +275,9 @@ class _Budget:
     bounded by the budget, and the read of a typical sheet does not spend most
     of its time counting bytes. The first slice of a batch always takes the
     counting path, which sets the average.
+
+    ``row_bytes`` is the rows' part alone: each row's compact JSON object, summed,
+    without the commas between them or any envelope (what a read's span reports).
     """
 
     def __init__(self, limit: int) -> None:
@@ -282,6 +285,7 @@ class _Budget:
         self.used = 0
         self.pages = 0
         self.page_rows = 0
+        self.row_bytes = 0
         self._rows_measured = 0
         self._row_bytes_measured = 0
         self._add(ANSWER_OVERHEAD)
@@ -311,6 +315,9 @@ class _Budget:
         size = separator + keys + measured - 2
         if exceeded:
             raise ReadBatchTooLargeError(self.used + size)
+        # A dict's JSON is its tuple's plus its keys: the rows' less the list's brackets
+        # and commas.
+        self.row_bytes += keys + measured - 2 - (len(rows) - 1)
         self.page_rows += len(rows)
         self._rows_measured += len(rows)
         self._row_bytes_measured += measured
@@ -325,6 +332,7 @@ class _Budget:
         size = measured + len(rows) - (0 if self.page_rows else 1)
         if self.used + size > self.limit:
             raise ReadBatchTooLargeError(self.used + size)
+        self.row_bytes += measured
         self.page_rows += len(rows)
         self._rows_measured += len(rows)
         self._row_bytes_measured += measured
@@ -623,6 +631,13 @@ def _rows_after(
     return rows + more, more_last if more else last
 
 
+def _count(budget: _Budget) -> None:
+    """Report a read's row bytes on the statement's span and to the read span above it
+    (a page read's on the runner's direct road; none on the gateway's side)."""
+    _tracing.annotate({_tracing.READ_BYTES: budget.row_bytes})
+    _tracing.count_read_bytes(budget.row_bytes)
+
+
 _POSITION_OF = "SELECT _input_index, _created_at FROM {} WHERE _key = %s"
 
 
@@ -670,7 +685,7 @@ def _read_batch(
             position, key = form.position(last)
             ended = (request.offset + request.limit, position, key)
         results.append(rows)
-    _tracing.annotate({"sheetplane.read.bytes": budget.used})  # on the statement's span
+    _count(budget)
     return results
 
 
@@ -826,7 +841,7 @@ async def _read_after(
         budget = _Budget(READ_BATCH_MAX_RESPONSE_BYTES)
         budget.start_page(page)
         rows, last = _rows_after(conn, names, form, filt, after, page.limit, budget)
-        _tracing.annotate({"sheetplane.read.bytes": budget.used})  # on the statement's span
+        _count(budget)
         if len(rows) < page.limit or last is None:
             return rows, None
         position, _ = form.position(last)
