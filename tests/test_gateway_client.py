@@ -973,6 +973,11 @@ async def test_every_typed_request_is_its_wire_class_written(autojump_clock: Any
             client.fail_map_rows(
                 "ns", contract, [FailRow("k", "boom")], run_id="r", write_version=None
             ),
+            client.append_rows("ns", contract, [{"email": "x"}], idempotency_key="i", run_id="r"),
+            client.upsert_rows(
+                "ns", contract, [{"email": "x"}], idempotency_key="i", key_field="email", run_id="r"
+            ),
+            client.replace_rows("ns", contract, [], idempotency_key="i", run_id="r"),
             client.complete_work_receipt(
                 "k", {"n": 1}, "r", run_attempt=2, holder="h", lease_token="t" * 43
             ),

@@ -82,6 +82,7 @@ from .._types import (
     SheetContract,
     Summary,
     TerminalWriteResult,
+    WriteResult,
     check_page_batch,
     check_page_request,
     new_lease_token,
@@ -1132,6 +1133,79 @@ class GatewayClient:
         )
         return m.parse_terminal_write((await self._send(request)).body, request.action)
 
+    async def append_rows(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        run_id: str,
+    ) -> WriteResult:
+        """Append ``rows`` as new pending rows, once per ``idempotency_key``."""
+        return await self._keyed_write(
+            m.AppendRowsRequest, table_namespace, contract, rows, idempotency_key, run_id
+        )
+
+    async def upsert_rows(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        key_field: str | None,
+        run_id: str,
+    ) -> WriteResult:
+        """Insert new keys and merge the carried columns into existing rows, once per
+        ``idempotency_key``."""
+        return await self._keyed_write(
+            m.UpsertRowsRequest,
+            table_namespace,
+            contract,
+            rows,
+            idempotency_key,
+            run_id,
+            key_field=key_field,
+        )
+
+    async def replace_rows(
+        self,
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str,
+        run_id: str,
+    ) -> WriteResult:
+        """Replace every row of the sheet with ``rows``, once per ``idempotency_key``."""
+        return await self._keyed_write(
+            m.ReplaceRowsRequest, table_namespace, contract, rows, idempotency_key, run_id
+        )
+
+    async def _keyed_write(
+        self,
+        cls: type[m.KeyedWriteRequest],
+        table_namespace: str,
+        contract: SheetContract,
+        rows: Sequence[Mapping[str, Any]],
+        idempotency_key: str,
+        run_id: str,
+        **fields: Any,
+    ) -> WriteResult:
+        """An append, upsert or replace request of ``rows`` (row mappings, checked)."""
+        checked = checks.row_mappings("rows", rows)
+        request = self._sheet_request(
+            cls,
+            table_namespace,
+            contract,
+            rows=[dict(row) for row in checked],
+            idempotency_key=idempotency_key,
+            run_id=run_id,
+            **fields,
+        )
+        return m.parse_keyed_write((await self._send(request)).body, request.action)
+
     async def complete_work_receipt(
         self,
         key: str,
@@ -1177,7 +1251,7 @@ class GatewayClient:
         answer = await self._send(request)
         return m.parse_receipt_claim(answer.body, request.action, holder, token)
 
-    async def release_work_receipt(self, key: str, holder: str, lease_token: str) -> bool:
+    async def release_work_receipt(self, key: str, holder: str, lease_token: str | None) -> bool:
         """Give up ``holder``'s lease on ``key``; True when it held one with ``lease_token``."""
         request = self._request(
             m.ReleaseWorkReceiptRequest, key=key, holder=holder, lease_token=lease_token

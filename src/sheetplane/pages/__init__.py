@@ -1,15 +1,21 @@
 """Pages: request and result values, the adaptive splitter, the page reader, the two
-roads, an attempt's shares on either road, and terminal writes on either road."""
+roads, and each family of operations behind one interface for both roads: an
+attempt's shares, terminal writes, keyed writes, work receipts and plays."""
 
 from __future__ import annotations
 
 from .._types import Page as Page
 from .._types import PageRequest as PageRequest
+from ._keyed import DirectKeyedWrites as DirectKeyedWrites
+from ._keyed import GatewayKeyedWrites as GatewayKeyedWrites
+from ._keyed import KeyedWrites as KeyedWrites
+from ._plays import Plays as Plays
 from ._reader import PageReader as PageReader
 from ._reader import ReadScope as ReadScope
 from ._reader import SheetRoad as SheetRoad
 from ._reader import normalize_page_request as normalize_page_request
 from ._reader import token_digest as token_digest
+from ._receipts import WorkReceipts as WorkReceipts
 from ._roads import DirectRoad as DirectRoad
 from ._roads import GatewayCursor as GatewayCursor
 from ._roads import GatewayRoad as GatewayRoad
@@ -25,22 +31,27 @@ from ._writes import TerminalWrites as TerminalWrites
 from ._writes import session_rows as session_rows
 
 __all__ = [
+    "DirectKeyedWrites",
     "DirectRoad",
     "DirectShareRoad",
     "DirectWrites",
     "GatewayCursor",
+    "GatewayKeyedWrites",
     "GatewayRoad",
     "GatewayShareRoad",
     "GatewayWrites",
+    "KeyedWrites",
     "Page",
     "PageReader",
     "PageRequest",
+    "Plays",
     "ReadBatch",
     "ReadScope",
     "RoadStats",
     "ShareRoad",
     "SheetRoad",
     "TerminalWrites",
+    "WorkReceipts",
     "normalize_page_request",
     "read_pages_adaptive",
     "session_rows",

@@ -19,8 +19,9 @@ then claimed again. Renewals, releases and status reads are safe to repeat.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
+from .. import protocol as m
 from .._attempts import AttemptStatus, ShareClaim, ShareRenewal
 from .._recovery import retry_idempotent
 from .._types import SheetRef
@@ -33,6 +34,11 @@ __all__ = ["DirectShareRoad", "GatewayShareRoad", "ShareRoad"]
 @runtime_checkable
 class ShareRoad(Protocol):
     """The shares of one sheet's attempts (each call names the attempt's version)."""
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The gateway actions this road sends (a map probes them before it admits)."""
+        ...
 
     async def claim(
         self, write_version: int, holder: str, token: str, *, ttl_ms: int, max_rows: int
@@ -59,6 +65,8 @@ class ShareRoad(Protocol):
 
 class DirectShareRoad:
     """An attempt's shares through scoped sessions for ``rows.claim``."""
+
+    actions: Final[tuple[str, ...]] = ()
 
     def __init__(
         self, sessions: SessionManager, sheet: SheetRef, *, user_email: str | None = None
@@ -126,6 +134,8 @@ class DirectShareRoad:
 
 class GatewayShareRoad:
     """An attempt's shares through the gateway's share actions."""
+
+    actions: Final = (m.action_of(m.ClaimShareRequest),)
 
     def __init__(self, client: GatewayClient, table_namespace: str) -> None:
         self._client = client

@@ -11,8 +11,9 @@ as it does for reads (``Runtime.road``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
+from .. import protocol as m
 from .._recovery import retry_idempotent
 from .._types import CompleteRow, FailRow, SheetContract, SheetRef, TerminalWriteResult
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
@@ -35,6 +36,11 @@ class TerminalWrites(Protocol):
     @property
     def road(self) -> Road:
         """Which road the writes take (for spans and logs, never for a decision)."""
+        ...
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The gateway actions this road sends (a map probes them before it admits)."""
         ...
 
     async def complete_map_rows(
@@ -69,6 +75,7 @@ class DirectWrites:
     back and nothing is written."""
 
     road: Road = "direct"
+    actions: Final[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -129,6 +136,7 @@ class GatewayWrites:
     """Terminal writes through the gateway (its own ladder retries them)."""
 
     road: Road = "gateway"
+    actions: Final = (m.action_of(m.CompleteMapRowsRequest),)
 
     def __init__(
         self, client: GatewayClient, table_namespace: str, contract: SheetContract, run_id: str

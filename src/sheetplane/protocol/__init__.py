@@ -61,12 +61,14 @@ from ._domain import contract_wire as contract_wire
 from ._domain import copy_fields as copy_fields
 from ._domain import fail_rows_of as fail_rows_of
 from ._domain import fail_rows_wire as fail_rows_wire
+from ._domain import keyed_write_answer as keyed_write_answer
 from ._domain import page_batch_of as page_batch_of
 from ._domain import page_input as page_input
 from ._domain import pages_wire as pages_wire
 from ._domain import parse_admission as parse_admission
 from ._domain import parse_attempt_status as parse_attempt_status
 from ._domain import parse_db_session as parse_db_session
+from ._domain import parse_keyed_write as parse_keyed_write
 from ._domain import parse_ok as parse_ok
 from ._domain import parse_pages as parse_pages
 from ._domain import parse_receipt_claim as parse_receipt_claim
@@ -116,6 +118,7 @@ from ._messages import AbortAdmissionAnswer as AbortAdmissionAnswer
 from ._messages import AbortAdmissionRequest as AbortAdmissionRequest
 from ._messages import AdmissionAnswer as AdmissionAnswer
 from ._messages import AdmittedPartWire as AdmittedPartWire
+from ._messages import AppendRowsRequest as AppendRowsRequest
 from ._messages import AttemptRequest as AttemptRequest
 from ._messages import AttemptStatusAnswer as AttemptStatusAnswer
 from ._messages import AttemptStatusRequest as AttemptStatusRequest
@@ -139,6 +142,8 @@ from ._messages import ErrorBody as ErrorBody
 from ._messages import FailMapRowsRequest as FailMapRowsRequest
 from ._messages import FailRowWire as FailRowWire
 from ._messages import HealthAnswer as HealthAnswer
+from ._messages import KeyedWriteAnswer as KeyedWriteAnswer
+from ._messages import KeyedWriteRequest as KeyedWriteRequest
 from ._messages import OkAnswer as OkAnswer
 from ._messages import PageRequestWire as PageRequestWire
 from ._messages import PageWire as PageWire
@@ -164,6 +169,7 @@ from ._messages import ReleaseAnswer as ReleaseAnswer
 from ._messages import ReleaseShareRequest as ReleaseShareRequest
 from ._messages import ReleaseWorkReceiptRequest as ReleaseWorkReceiptRequest
 from ._messages import RenewShareRequest as RenewShareRequest
+from ._messages import ReplaceRowsRequest as ReplaceRowsRequest
 from ._messages import Request as Request
 from ._messages import ResolvePlayAnswer as ResolvePlayAnswer
 from ._messages import ResolvePlayRequest as ResolvePlayRequest
@@ -186,6 +192,7 @@ from ._messages import TerminalWriteAnswer as TerminalWriteAnswer
 from ._messages import TerminalWriteRequest as TerminalWriteRequest
 from ._messages import UnreadyAnswer as UnreadyAnswer
 from ._messages import UnreadyReason as UnreadyReason
+from ._messages import UpsertRowsRequest as UpsertRowsRequest
 from ._messages import UrlEncryptionWire as UrlEncryptionWire
 from ._messages import action_of as action_of
 from ._messages import error_body as error_body
@@ -269,6 +276,7 @@ __all__ = [
     "AdmissionAnswer",
     "AdmittedPartWire",
     "Answer",
+    "AppendRowsRequest",
     "AttemptRequest",
     "AttemptStatusAnswer",
     "AttemptStatusRequest",
@@ -297,6 +305,8 @@ __all__ = [
     "FailMapRowsRequest",
     "FailRowWire",
     "HealthAnswer",
+    "KeyedWriteAnswer",
+    "KeyedWriteRequest",
     "OkAnswer",
     "PageRequestWire",
     "PageWire",
@@ -322,6 +332,7 @@ __all__ = [
     "ReleaseShareRequest",
     "ReleaseWorkReceiptRequest",
     "RenewShareRequest",
+    "ReplaceRowsRequest",
     "Request",
     "ResolvePlayAnswer",
     "ResolvePlayRequest",
@@ -345,6 +356,7 @@ __all__ = [
     "TerminalWriteRequest",
     "UnreadyAnswer",
     "UnreadyReason",
+    "UpsertRowsRequest",
     "UrlEncryptionWire",
     "Verbatim",
     "WireConverter",
@@ -380,6 +392,7 @@ __all__ = [
     "is_transient_message",
     "json_of",
     "keyed_document",
+    "keyed_write_answer",
     "lease_token_field",
     "openapi_document",
     "optional_int_field",
@@ -393,6 +406,7 @@ __all__ = [
     "parse_admission",
     "parse_attempt_status",
     "parse_db_session",
+    "parse_keyed_write",
     "parse_ok",
     "parse_pages",
     "parse_receipt_claim",

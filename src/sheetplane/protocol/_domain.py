@@ -51,6 +51,7 @@ from .._types import (
     StaleRow,
     Summary,
     TerminalWriteResult,
+    WriteResult,
     canonical_operations,
     decoded_page_batch,
     unchecked,
@@ -74,12 +75,14 @@ __all__ = [
     "copy_fields",
     "fail_rows_of",
     "fail_rows_wire",
+    "keyed_write_answer",
     "page_batch_of",
     "page_input",
     "pages_wire",
     "parse_admission",
     "parse_attempt_status",
     "parse_db_session",
+    "parse_keyed_write",
     "parse_ok",
     "parse_pages",
     "parse_receipt_claim",
@@ -519,6 +522,16 @@ def parse_receipt_claim(
     if not read.acquired and token is not None:
         raise protocol_error(action, "a claim not acquired carries no lease token")
     return ReceiptClaim(read.acquired, read.holder, read.expires_at, receipt, token)
+
+
+def keyed_write_answer(result: WriteResult) -> dict[str, Any]:
+    """An append's, upsert's or replace's answer."""
+    return m.unstructure(copy_fields(result, m.KeyedWriteAnswer))
+
+
+def parse_keyed_write(answer: Mapping[str, Any], action: str) -> WriteResult:
+    """``{written, replayed}``."""
+    return copy_fields(read_as(answer, m.KeyedWriteAnswer, action), WriteResult)
 
 
 def parse_released(answer: Mapping[str, Any], action: str) -> bool:

@@ -78,6 +78,7 @@ __all__ = [
     "Absent",
     "AdmissionAnswer",
     "AdmittedPartWire",
+    "AppendRowsRequest",
     "AttemptRequest",
     "AttemptStatusAnswer",
     "AttemptStatusRequest",
@@ -101,6 +102,8 @@ __all__ = [
     "FailMapRowsRequest",
     "FailRowWire",
     "HealthAnswer",
+    "KeyedWriteAnswer",
+    "KeyedWriteRequest",
     "OkAnswer",
     "PageRequestWire",
     "PageWire",
@@ -126,6 +129,7 @@ __all__ = [
     "ReleaseShareRequest",
     "ReleaseWorkReceiptRequest",
     "RenewShareRequest",
+    "ReplaceRowsRequest",
     "Request",
     "ResolvePlayAnswer",
     "ResolvePlayRequest",
@@ -148,6 +152,7 @@ __all__ = [
     "TerminalWriteRequest",
     "UnreadyAnswer",
     "UnreadyReason",
+    "UpsertRowsRequest",
     "UrlEncryptionWire",
     "WireError",
     "action_of",
@@ -387,6 +392,32 @@ class CompleteMapRowsRequest(TerminalWriteRequest):
 class FailMapRowsRequest(TerminalWriteRequest):
     action: Literal["runtime_sheet_fail_map_rows"] = "runtime_sheet_fail_map_rows"
     rows: list[FailRowWire]
+
+
+@attrs.frozen(kw_only=True)
+class KeyedWriteRequest(SheetRequest):
+    """What an append, an upsert and a replace share: the rows, the write's idempotency
+    key (a replay writes nothing) and the run stamped on the rows written."""
+
+    rows: list[dict[str, Any]]
+    idempotency_key: str = text_field()
+    run_id: str = text_field()
+
+
+@attrs.frozen(kw_only=True)
+class AppendRowsRequest(KeyedWriteRequest):
+    action: Literal["runtime_sheet_append_rows"] = "runtime_sheet_append_rows"
+
+
+@attrs.frozen(kw_only=True)
+class UpsertRowsRequest(KeyedWriteRequest):
+    action: Literal["runtime_sheet_upsert_rows"] = "runtime_sheet_upsert_rows"
+    key_field: str | None = optional_text_field()
+
+
+@attrs.frozen(kw_only=True)
+class ReplaceRowsRequest(KeyedWriteRequest):
+    action: Literal["runtime_sheet_replace_rows"] = "runtime_sheet_replace_rows"
 
 
 @attrs.frozen(kw_only=True)
@@ -698,6 +729,12 @@ class TerminalWriteAnswer:
 
 
 @attrs.frozen(kw_only=True)
+class KeyedWriteAnswer:
+    written: int = int_field(0)
+    replayed: bool
+
+
+@attrs.frozen(kw_only=True)
 class ReceiptWire:
     key: str
     result: Any
@@ -865,6 +902,9 @@ EXCHANGES: Final[tuple[tuple[type[Request], type[Any]], ...]] = (
     (ReadRowKeysRequest, ReadRowKeysAnswer),
     (CompleteMapRowsRequest, TerminalWriteAnswer),
     (FailMapRowsRequest, TerminalWriteAnswer),
+    (AppendRowsRequest, KeyedWriteAnswer),
+    (UpsertRowsRequest, KeyedWriteAnswer),
+    (ReplaceRowsRequest, KeyedWriteAnswer),
     (CompleteWorkReceiptRequest, ReceiptAnswer),
     (ClaimWorkReceiptRequest, ClaimAnswer),
     (ReleaseWorkReceiptRequest, ReleaseAnswer),

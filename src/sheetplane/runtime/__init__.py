@@ -33,8 +33,9 @@ dataset reads                          scoped session (rows.read)  gateway
                                        gateway
 ``complete`` / ``fail``                scoped session              gateway
                                        (rows.read + rows.upsert)
-``append`` / ``upsert`` / ``replace``  scoped session              scoped session
-receipts                               gateway                     gateway
+``append`` / ``upsert`` / ``replace``  scoped session (one         gateway
+                                       operation)
+receipts, ``resolve_play``, ensure     gateway                     gateway
 =====================================  ==========================  =====================
 
 Admission has one owner, ``runtime/_admit.py``, which chooses the way in. On
@@ -44,11 +45,14 @@ write version the sheet's own begin function takes (``store/_direct.py``);
 everything else is staged (docs/store.md, "Staged admission"): the input's
 chunks go into the sheet's staging area, on a scoped session on
 ``direct`` and by request on ``gateway_only``, and the gateway commits it
-whole: re-admitting rows is the gateway's job. The gateway
-has no action for ``append``, ``upsert`` and ``replace``, so they always write through a session the
-gateway mints for exactly that operation, as the runtime this library
-re-creates does. Receipts live outside every sheet, where no session role is
-granted, so they go through the gateway too.
+whole: re-admitting rows is the gateway's job. ``append``, ``upsert`` and
+``replace`` write through a session the gateway mints for exactly that
+operation on ``direct`` (as the runtime this library re-creates does), and by
+the gateway's keyed-write actions on ``gateway_only``. Receipts and plays live
+outside every sheet, where no session role is granted, so they go through the
+gateway on both. Each family is one interface with an implementation per road
+(``sheetplane.pages``); the runtime picks the roads, and the writer, the receipt
+recorder and ``map`` call them without asking which road they are on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Work receipts for a run, through the gateway: record once, claim a lease, run once."""
+"""Work receipts for a run, on its receipts road: record once, claim a lease, run once."""
 
 from __future__ import annotations
 
@@ -13,38 +13,40 @@ from .._ints import check_int
 from .._leases import Lease, acquire_lease, hold_lease, run_once
 from .._types import ReceiptClaim, ReceiptCompletion
 from ..errors import InvalidInputError
-from ..gateway.client import GatewayClient
+from ..pages import WorkReceipts
 
 __all__ = ["ReceiptRecorder"]
 
 
-class _GatewayReceipts:
-    """The gateway as a lease backend (``sheetplane._leases.ReceiptBackend``) for one run."""
+class _RunReceipts:
+    """A receipts road as a lease backend (``sheetplane._leases.ReceiptBackend``) for one
+    run."""
 
-    def __init__(self, client: GatewayClient, run_id: str) -> None:
-        self._client = client
+    def __init__(self, receipts: WorkReceipts, run_id: str) -> None:
+        self._receipts = receipts
         self._run_id = run_id
 
     async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
         # The key is not an attribute: a map's receipt keys hold its rows' keys.
         with _tracing.span("sheetplane.receipt.claim") as span:
-            claim = await self._client.claim_work_receipt(key, holder, lease_token=lease_token)
+            claim = await self._receipts.claim_work_receipt(key, holder, lease_token=lease_token)
             span.set_attribute("sheetplane.receipt.acquired", claim.acquired)
             return claim
 
     async def complete(
         self, key: str, result: Any, holder: str, lease_token: str
     ) -> ReceiptCompletion:
-        return await self._client.complete_work_receipt(
+        return await self._receipts.complete_work_receipt(
             key, result, self._run_id, holder=holder, lease_token=lease_token
         )
 
     async def release(self, key: str, holder: str, lease_token: str) -> bool:
-        return await self._client.release_work_receipt(key, holder, lease_token)
+        return await self._receipts.release_work_receipt(key, holder, lease_token)
 
 
 class ReceiptRecorder:
-    """Records work receipts for the run, through the gateway. Get one with ``Runtime.receipts``.
+    """Records work receipts for the run on its receipts road (``pages.WorkReceipts``).
+    Get one with ``Runtime.receipts``.
 
     ``complete`` records a result once. ``claim`` takes the key's lease and
     keeps it alive while its block runs; ``once`` runs a unit of work at most
@@ -58,10 +60,10 @@ class ReceiptRecorder:
     ``WORK_RECEIPT_RELEASE_TIMEOUT_MS``).
     """
 
-    def __init__(self, client: GatewayClient, run_id: str) -> None:
-        self._client = client
+    def __init__(self, receipts: WorkReceipts, run_id: str) -> None:
+        self._receipts = receipts
         self._run_id = run_id
-        self._backend = _GatewayReceipts(client, run_id)
+        self._backend = _RunReceipts(receipts, run_id)
 
     async def complete(
         self, key: str, result: Any, *, run_attempt: int | None = None
@@ -72,7 +74,7 @@ class ReceiptRecorder:
         checks.json_value("result", result)
         if run_attempt is not None:
             check_int("run_attempt", run_attempt, 0)
-        return await self._client.complete_work_receipt(
+        return await self._receipts.complete_work_receipt(
             key, result, self._run_id, run_attempt=run_attempt
         )
 

@@ -45,18 +45,23 @@ from ..errors import GatewayActionMissingError, InvalidInputError
 from ..gateway.client import GatewayClient, gateway_urls
 from ..names import normalize_play_name, normalize_table_namespace
 from ..pages import (
+    DirectKeyedWrites,
     DirectRoad,
     DirectShareRoad,
     DirectWrites,
+    GatewayKeyedWrites,
     GatewayRoad,
     GatewayShareRoad,
     GatewayWrites,
+    KeyedWrites,
     PageReader,
+    Plays,
     ReadScope,
     RoadStats,
     ShareRoad,
     SheetRoad,
     TerminalWrites,
+    WorkReceipts,
 )
 from ..sessions import PreloadedSession, SessionManager
 from ._context import RuntimeContext, Strategy
@@ -250,11 +255,7 @@ class Runtime:
             check_int("write_version", write_version, 0, BIGINT_MAX)
         c = self.context
         sheet = self._sheet(table_namespace)
-        terminal: TerminalWrites = (
-            DirectWrites(self.sessions, sheet, contract, c.run_id, c.user_email)
-            if c.strategy == "direct"
-            else GatewayWrites(self.client, sheet.table_namespace, contract, c.run_id)
-        )
+        terminal, keyed = self._write_roads(sheet, contract)
         target = WriteTarget(
             sheet=sheet,
             contract=contract,
@@ -264,14 +265,45 @@ class Runtime:
             client=self.client,
             sessions=self.sessions,
             terminal=terminal,
+            keyed=keyed,
+            plays=self.plays,
             admitted=partial(self.admitted_dataset, table_namespace),
             tally=self._tally,
         )
         return RowWriter(target, write_version)
 
+    def _write_roads(
+        self, sheet: SheetRef, contract: SheetContract
+    ) -> tuple[TerminalWrites, KeyedWrites]:
+        """The roads of a writer's terminal and keyed writes: this strategy's, picked here."""
+        c = self.context
+        if c.strategy == "direct":
+            return (
+                DirectWrites(self.sessions, sheet, contract, c.run_id, c.user_email),
+                DirectKeyedWrites(self.sessions, sheet, contract, c.run_id, c.user_email),
+            )
+        namespace = sheet.table_namespace
+        return (
+            GatewayWrites(self.client, namespace, contract, c.run_id),
+            GatewayKeyedWrites(self.client, namespace, contract, c.run_id),
+        )
+
+    @property
+    def work_receipts(self) -> WorkReceipts:
+        """The road of the run's work receipts: the gateway on both strategies, as no
+        session role is granted the receipts tables (pages/_receipts.py)."""
+        return self.client
+
+    @property
+    def plays(self) -> Plays:
+        """The road of the play-level operations (ensure a sheet, resolve a play): the
+        gateway on both strategies, as no session role may create tables or read the
+        registry (pages/_plays.py)."""
+        return self.client
+
     def receipts(self) -> ReceiptRecorder:
         """A recorder of work receipts for this run."""
-        return ReceiptRecorder(self.client, self.context.run_id)
+        return ReceiptRecorder(self.work_receipts, self.context.run_id)
 
     async def map(
         self,
@@ -327,7 +359,7 @@ class Runtime:
         started = trio.current_time()
         with map_span("sheetplane.map", namespace, concurrency, batch_rows) as span:
             writer = self.writer(namespace, contract)
-            await self._check_map_actions(receipts)
+            await self._check_map_actions(writer, receipts)
             admission = await writer.start(rows, strict_inputs=strict_inputs)
             rows_mapped, completed, failed, reused = await self._work(
                 admission.attempt,
@@ -403,7 +435,7 @@ class Runtime:
         namespace = attempt.table_namespace
         with map_span("sheetplane.map_attempt", namespace, concurrency, batch_rows) as span:
             writer = self.writer(namespace, contract, write_version=attempt.write_version)
-            await self._check_map_actions(receipts)
+            await self._check_map_actions(writer, receipts)
             status = await self.attempt_status(attempt)
             rows, completed, failed, reused = await self._work(
                 attempt,
@@ -503,15 +535,13 @@ class Runtime:
             tally=self.attempt_tally,
         )
 
-    async def _check_map_actions(self, receipts: bool) -> None:
+    async def _check_map_actions(self, writer: RowWriter, receipts: bool) -> None:
         """Raise ``GatewayActionMissingError`` before ``map`` admits anything when the
-        gateway lacks an action the map would need mid-way: the terminal writes and the
-        share claims on the gateway road, the receipt actions with ``receipts``. Asked
+        gateway lacks an action the map would need mid-way: those its terminal writes'
+        and its shares' roads send, and the receipt actions with ``receipts``. Asked
         once per client."""
-        needed = []
-        if self.context.strategy != "direct":
-            needed.append(m.action_of(m.CompleteMapRowsRequest))
-            needed.append(m.action_of(m.ClaimShareRequest))
+        shares = self.share_road(writer.table_namespace)
+        needed = [*writer.actions, *shares.actions]
         if receipts:
             needed.append(m.action_of(m.ClaimWorkReceiptRequest))
         for action in needed:
@@ -524,7 +554,7 @@ class Runtime:
         Through the gateway, retried on the resolve-play ladder
         (``RESOLVE_PLAY_RETRY_DELAYS_MS``). Another org's plays are never found.
         """
-        return await self.client.resolve_play(checks.text("ref", ref))
+        return await self.plays.resolve_play(checks.text("ref", ref))
 
     def stats(self) -> RuntimeStats:
         """A snapshot of the runtime's counters."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -14,7 +13,6 @@ from .. import _checks as checks
 from .. import _tracing
 from .._inputs import watch_inputs
 from .._json import encode_body
-from .._recovery import retry_idempotent
 from .._superseded import superseded_error
 from .._types import (
     AdmittedPart,
@@ -32,12 +30,9 @@ from ..errors import (
     InvalidInputError,
 )
 from ..gateway.client import GatewayClient
-from ..pages import TerminalWrites, session_rows
-from ..sessions import AccessShape, SessionLimits, SessionManager
+from ..pages import KeyedWrites, Plays, TerminalWrites
+from ..sessions import SessionManager
 from ._admit import admit
-
-if TYPE_CHECKING:
-    from ..store import SheetStore
 
 __all__ = ["RowWriter", "WriteTally", "WriteTarget"]
 
@@ -67,11 +62,15 @@ class WriteTarget:
     user_email: str | None
     """The user on whose behalf sessions are minted, if any."""
     client: GatewayClient
-    """The gateway (admission, receipts and the sheet's ensure)."""
+    """The gateway (admission)."""
     sessions: SessionManager
-    """The scoped sessions (writes on the direct road)."""
+    """The scoped sessions (admission on the direct road)."""
     terminal: TerminalWrites
     """The terminal writes' road (the runtime picks it by its strategy)."""
+    keyed: KeyedWrites
+    """The keyed writes' road (append, upsert, replace; picked as ``terminal`` is)."""
+    plays: Plays
+    """The play-level operations (``upsert``'s ensure of the sheet)."""
     admitted: Callable[[AdmittedPart], Dataset]
     """A lazy dataset over one part of an admission of this sheet."""
     tally: WriteTally
@@ -93,20 +92,6 @@ def _upsert_key(sheet: SheetRef, run_id: str, rows: Sequence[Mapping[str, Any]])
     prefix = f"{sheet.play_name}:{sheet.table_namespace}:{run_id}:".encode()
     material = prefix + encode_body([dict(row) for row in rows])
     return hashlib.sha1(material, usedforsecurity=False).hexdigest()
-
-
-def _session_store(
-    target: WriteTarget, operations: tuple[str, ...], rows: int
-) -> AbstractAsyncContextManager[SheetStore]:
-    """A store on a scoped session for ``operations`` on ``rows`` rows of the target's sheet."""
-    shape = AccessShape(
-        table_namespace=target.sheet.table_namespace,
-        operations=operations,
-        limits=SessionLimits(max_rows=session_rows(rows)),
-        contract=target.contract,
-        user_email=target.user_email,
-    )
-    return target.sessions.store(shape)
 
 
 class RowWriter:
@@ -135,6 +120,11 @@ class RowWriter:
 
     def __repr__(self) -> str:
         return f"<RowWriter {self.table_namespace!r} write_version={self._write_version}>"
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The gateway actions this writer's terminal writes send (a map probes them)."""
+        return self._target.terminal.actions
 
     @property
     def write_version(self) -> int | None:
@@ -181,7 +171,7 @@ class RowWriter:
             "sheetplane.admission",
             {
                 "sheetplane.table_namespace": t.sheet.table_namespace,
-                "sheetplane.road": "direct" if t.direct else "gateway",
+                "sheetplane.road": t.terminal.road,
             },
         ) as span:
             admission = await self._start(rows, strict_inputs)
@@ -276,7 +266,9 @@ class RowWriter:
         self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
     ) -> WriteResult:
         """Append rows; a retry with the same ``idempotency_key`` writes nothing."""
-        return await self._keyed_write("rows.append", rows, idempotency_key, _append)
+        checked = checks.row_mappings("rows", rows)
+        key = checks.text("idempotency_key", idempotency_key)
+        return await self._target.keyed.append_rows(checked, idempotency_key=key)
 
     async def upsert(
         self,
@@ -291,73 +283,27 @@ class RowWriter:
         As the runtime's ``upsertRuntimeRows``: without an ``idempotency_key``
         the key is the SHA-1 hex of ``play:namespace:run:`` and the rows'
         compact JSON, so the same rows upserted again in the same run write
-        nothing; with ``skip_ensure_sheet=False`` the gateway's ``ensure_sheet``
-        runs first (creating the sheet and any new contract column), otherwise
-        the write goes straight to its scoped session.
+        nothing; with ``skip_ensure_sheet=False`` the sheet is ensured first
+        (``Plays.ensure_sheet``: creating the sheet and any new contract column),
+        otherwise the write goes straight to its road.
         """
         checked = checks.row_mappings("rows", rows)
         field = checks.optional_text("key_field", key_field)
         checks.flag("skip_ensure_sheet", skip_ensure_sheet)
         target = self._target
-        sheet = target.sheet
         key = (
-            _upsert_key(sheet, target.run_id, checked)
+            _upsert_key(target.sheet, target.run_id, checked)
             if idempotency_key is None
             else checks.text("idempotency_key", idempotency_key)
         )
         if not skip_ensure_sheet:
-            await target.client.ensure_sheet(sheet.table_namespace, target.contract)
-        return await self._direct_write(
-            "rows.upsert",
-            len(checked),
-            lambda store: store.upsert_rows(
-                sheet, checked, idempotency_key=key, key_field=field, run_id=target.run_id
-            ),
-        )
+            await target.plays.ensure_sheet(target.sheet.table_namespace, target.contract)
+        return await target.keyed.upsert_rows(checked, idempotency_key=key, key_field=field)
 
     async def replace(
         self, rows: Sequence[Mapping[str, Any]], *, idempotency_key: str
     ) -> WriteResult:
         """Replace every row of the sheet; idempotent per ``idempotency_key``."""
-        return await self._keyed_write("rows.replace", rows, idempotency_key, _replace)
-
-    async def _keyed_write(
-        self, operation: str, rows: object, idempotency_key: object, write: _KeyedWrite
-    ) -> WriteResult:
-        """``write`` of the checked ``rows`` under the checked ``idempotency_key``."""
         checked = checks.row_mappings("rows", rows)
         key = checks.text("idempotency_key", idempotency_key)
-        sheet, run_id = self._target.sheet, self._target.run_id
-        return await self._direct_write(
-            operation, len(checked), lambda store: write(store, sheet, checked, key, run_id)
-        )
-
-    async def _direct_write(
-        self, operation: str, rows: int, write: Callable[[SheetStore], Awaitable[WriteResult]]
-    ) -> WriteResult:
-        """Run ``write`` on a session store for ``operation``; keyed by an idempotency
-        key, so it is retried after a lost connection (``retry_idempotent``)."""
-
-        async def attempt() -> WriteResult:
-            async with _session_store(self._target, (operation,), rows) as store:
-                return await write(store)
-
-        return await retry_idempotent(attempt)
-
-
-#: A store write of checked rows under an idempotency key, stamped with the run id.
-_KeyedWrite = Callable[
-    ["SheetStore", SheetRef, list[Mapping[str, Any]], str, str], Awaitable[WriteResult]
-]
-
-
-def _append(
-    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str, run_id: str
-) -> Awaitable[WriteResult]:
-    return store.append_rows(sheet, rows, idempotency_key=key, run_id=run_id)
-
-
-def _replace(
-    store: SheetStore, sheet: SheetRef, rows: list[Mapping[str, Any]], key: str, run_id: str
-) -> Awaitable[WriteResult]:
-    return store.replace_rows(sheet, rows, idempotency_key=key, run_id=run_id)
+        return await self._target.keyed.replace_rows(checked, idempotency_key=key)

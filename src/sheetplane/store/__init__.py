@@ -27,6 +27,8 @@ from ._pool import open_pool as open_pool
 from ._quotas import StoreQuotas as StoreQuotas
 from ._reads import JsonPage as JsonPage
 from ._reads import whole_sheet_read as whole_sheet_read
+from ._roads import StorePlays as StorePlays
+from ._roads import StoreReceipts as StoreReceipts
 from ._rowdata import check_key as check_key
 from ._rowdata import next_write_version as next_write_version
 from ._schema import POSTGRES_SYSTEM_COLUMNS as POSTGRES_SYSTEM_COLUMNS
@@ -54,7 +56,9 @@ __all__ = [
     "RowFilter",
     "SheetNames",
     "SheetStore",
+    "StorePlays",
     "StoreQuotas",
+    "StoreReceipts",
     "TrioPool",
     "admit_functions",
     "check_key",

@@ -43,7 +43,7 @@ from ...budgets import (
 from ...errors import AdmissionTooLargeError, InvalidInputError, StoreError
 from ...protocol import SERVED_LOGICAL_TABLES, UNSUPPORTED_ACTION_TEXT, Code, EncodedChunk
 from ...sizes import json_byte_length_up_to
-from ...store import JsonPage, SheetStore
+from ...store import JsonPage, SheetStore, StorePlays, StoreReceipts
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._chunks import checked_chunk, chunk_of
@@ -454,6 +454,16 @@ def _store(call: Call) -> SheetStore:
     return call.state.store
 
 
+def _receipts(call: Call, request: m.Request) -> StoreReceipts:
+    """The receipts of the request's play, in the caller's org."""
+    return StoreReceipts(_store(call), call.org_id, request.play_name)
+
+
+def _plays(call: Call, request: m.Request) -> StorePlays:
+    """The play-level operations of the request's play, in the caller's org."""
+    return StorePlays(_store(call), call.org_id, request.play_name)
+
+
 def _terminal(call: Call, _: Any, result: Any) -> dict[str, Any]:
     return m.terminal_write_answer(result, legacy=call.state.config.legacy)
 
@@ -466,7 +476,7 @@ def _counts(_: Call, request: m.CommitAdmissionRequest, counts: Any) -> dict[str
 
 async def _register_play(call: Call, request: m.RegisterPlayRequest) -> str:
     definition = play_of(request.play, call.org_id)
-    await _store(call).register_play(call.org_id, definition.play, name=definition.name)
+    await _plays(call, request).register_play(definition.play, name=definition.name)
     return definition.play.play_id
 
 
@@ -480,11 +490,32 @@ async def _read_row_keys(call: Call, message: m.ReadRowKeysRequest) -> dict[str,
     )
 
 
+async def _keyed_write(
+    call: Call, request: m.KeyedWriteRequest, write: Callable[..., Awaitable[Any]], **fields: Any
+) -> Any:
+    """An append, upsert or replace: the sheet ensured under the request's contract (as
+    minting a session for the write ensures it), then ``write`` on it, stamped with the
+    request's run."""
+    sheet = _at(call, request)
+    await _store(call).ensure_sheet(sheet, m.contract_of(request.sheet_contract))
+    return await write(
+        sheet,
+        request.rows,
+        idempotency_key=request.idempotency_key,
+        run_id=request.run_id,
+        **fields,
+    )
+
+
+def _written(_: Call, __: Any, result: Any) -> dict[str, Any]:
+    return m.keyed_write_answer(result)
+
+
 #: Every action that is only decode, call the store, encode: its request class, the
 #: store call, and the answer (docs/protocol.md gives each shape).
 STORE_CALLS: Final[Mapping[type[m.Request], tuple[StoreCall, Encode]]] = {
     m.EnsureSheetRequest: (
-        lambda c, r: _store(c).ensure_sheet(_at(c, r), m.contract_of(r.sheet_contract)),
+        lambda c, r: _plays(c, r).ensure_sheet(r.table_namespace, m.contract_of(r.sheet_contract)),
         lambda c, r, _: m.unstructure(m.OkAnswer()),
     ),
     m.SummaryRequest: (
@@ -511,6 +542,19 @@ STORE_CALLS: Final[Mapping[type[m.Request], tuple[StoreCall, Encode]]] = {
         ),
         _terminal,
     ),
+    # Keyed writes: a replay of an idempotency key writes nothing (store/_writes.py).
+    m.AppendRowsRequest: (
+        lambda c, r: _keyed_write(c, r, _store(c).append_rows),
+        _written,
+    ),
+    m.UpsertRowsRequest: (
+        lambda c, r: _keyed_write(c, r, _store(c).upsert_rows, key_field=r.key_field),
+        _written,
+    ),
+    m.ReplaceRowsRequest: (
+        lambda c, r: _keyed_write(c, r, _store(c).replace_rows),
+        _written,
+    ),
     m.ReadRowsBatchRequest: (
         lambda c, r: _store(c).read_rows_batch_json(
             _sheet(c, r.play_name, r.input.table_namespace),
@@ -524,9 +568,7 @@ STORE_CALLS: Final[Mapping[type[m.Request], tuple[StoreCall, Encode]]] = {
     # While a live lease owns the key, only its holder with its lease token completes;
     # anyone else is refused 409 work_receipt_fenced and nothing is written.
     m.CompleteWorkReceiptRequest: (
-        lambda c, r: _store(c).complete_work_receipt(
-            c.org_id,
-            r.play_name,
+        lambda c, r: _receipts(c, r).complete_work_receipt(
             r.key,
             r.result,
             r.run_id,
@@ -539,20 +581,16 @@ STORE_CALLS: Final[Mapping[type[m.Request], tuple[StoreCall, Encode]]] = {
     # Takes (or renews, for its holder with its token) the key's lease on the database's
     # clock; the token goes to this caller only, never to anyone the answer names.
     m.ClaimWorkReceiptRequest: (
-        lambda c, r: _store(c).claim_work_receipt(
-            c.org_id, r.play_name, r.key, r.holder, lease_token=r.lease_token
-        ),
+        lambda c, r: _receipts(c, r).claim_work_receipt(r.key, r.holder, lease_token=r.lease_token),
         lambda c, r, claim: m.claim_answer(claim),
     ),
     m.ReleaseWorkReceiptRequest: (
-        lambda c, r: _store(c).release_work_receipt(
-            c.org_id, r.play_name, r.key, r.holder, r.lease_token
-        ),
+        lambda c, r: _receipts(c, r).release_work_receipt(r.key, r.holder, r.lease_token),
         lambda c, r, released: m.unstructure(m.ReleaseAnswer(released=released)),
     ),
     # The token's org's play whose id, else whose name, is playRef; never another org's.
     m.ResolvePlayRequest: (
-        lambda c, r: _store(c).resolve_play(c.org_id, r.play_ref),
+        lambda c, r: _plays(c, r).resolve_play(r.play_ref),
         lambda c, r, play: m.resolved_play_answer(play),
     ),
     m.RegisterPlayRequest: (
