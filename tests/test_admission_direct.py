@@ -92,9 +92,12 @@ async def rows_and_registry(store: SheetStore, sheet: SheetRef) -> dict[str, Any
     return await store.pool.run(run)
 
 
+@pytest.mark.parametrize("piece", [1_000, 7])
 async def test_a_sequence_is_written_once_in_input_order_first_occurrence_kept(
-    gateway: CountingGateway, store: SheetStore
+    gateway: CountingGateway, store: SheetStore, monkeypatch: pytest.MonkeyPatch, piece: int
 ) -> None:
+    # 7: each chunk's COPY is sent in pieces, and a repeat is met mid-chunk.
+    monkeypatch.setattr(_direct, "_PIECE_ROWS", piece)
     play = new_play()
     # 350 rows over four chunks; keys 10-19 come back in the third chunk, and 200 repeats
     # within its own chunk: each repeat is dropped, its first occurrence kept.
@@ -110,6 +113,42 @@ async def test_a_sequence_is_written_once_in_input_order_first_occurrence_kept(
     assert state["version"] == [(1,)]
     assert state["events"] == [("admission", 1, 329)]
     assert state["staged"] == []  # written straight into the sheet, nothing staged
+
+
+ODD_VALUES: list[Any] = [
+    "tab\there",
+    "line\nbreak\r\n",
+    'quote " and back\\slash \\N',
+    "\u2028 \x7f \x1f é 𝄞 \\t",
+    "",
+    0,
+    -(2**70),
+    1.5,
+    True,
+    None,
+    {"nested": ["a\tb", {"c": "\\"}], "n": None},
+    ["x", 1, False],
+]
+
+
+async def test_odd_values_and_keys_are_stored_as_given(
+    gateway: CountingGateway, store: SheetStore
+) -> None:
+    """The COPY text encoding: every value comes back from the sheet's jsonb as it went in
+    (JSON null as SQL NULL), keys with tabs, backslashes and newlines too."""
+    play = new_play()
+    rows = [{"_key": f"k\t{i}\\\n", "text": value} for i, value in enumerate(ODD_VALUES)]
+    async with runtime(gateway, "direct", play=play) as rt:
+        admission = await rt.writer("leads", CONTRACT).start(rows)
+    assert admission.inserted == len(rows)
+    names = sheet_names(sheet_of(play, "leads"))
+
+    def run(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+        query = sql.SQL("SELECT _key, text FROM {} ORDER BY _input_index")
+        return conn.execute(query.format(names.ident("sheet_table"))).fetchall()
+
+    assert await store.pool.run(run) == [(row["_key"], row["text"]) for row in rows]
+    assert (await rows_and_registry(store, sheet_of(play, "leads")))["staged"] == []
 
 
 async def test_a_bad_row_past_several_chunks_leaves_nothing_visible(

@@ -471,10 +471,11 @@ DIRECT_ADMISSION_HOLD_MS: Final = DB_SESSION_TRANSACTION_TIMEOUT_MS * 3 // 4
 
 #: A ceiling on the runner's work per input row on the direct road's one transaction
 #: (check, key, encode, COPY): ten times the 6 µs measured on the 2-core development
-#: machine at load 4. Between two statements the transaction is idle only while the
-#: runner reads and encodes one chunk (``ADMISSION_CHUNK_ROWS`` rows), so at this
-#: ceiling a chunk's gap stays under the session's idle-in-transaction timeout
-#: (checked below). A sequence slower than that (rows made on demand that wait on
+#: machine at load 4. A chunk's ``COPY`` runs while the runner reads and encodes the
+#: chunk (``ADMISSION_CHUNK_ROWS`` rows), and between two statements the transaction
+#: is idle while it encodes the next chunk's first piece, so at this ceiling a chunk
+#: stays well inside the statement timeout and a gap under the session's
+#: idle-in-transaction timeout (both checked below). A sequence slower than that (rows made on demand that wait on
 #: something) meets the idle timeout, and Postgres ends the transaction: nothing is
 #: committed.
 DIRECT_ADMISSION_ROW_CEILING_US: Final = 60
@@ -892,10 +893,13 @@ def _check() -> None:
             >= POSTGRES_STATEMENT_TIMEOUT_MS // 2
             and DIRECT_ADMISSION_HOLD_MS <= ADMISSION_COMMIT_ATTEMPT_TIMEOUT_MS
         ),
-        "a direct admission's chunk is encoded well inside the idle-in-transaction timeout": (
+        "a direct admission's chunk is encoded well inside the idle-in-transaction timeout "
+        "and its COPY statement's timeout": (
             ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
             + DB_SESSION_WATCHDOG_INTERVAL_MS
             < DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS
+            and ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
+            <= DB_SESSION_STATEMENT_TIMEOUT_MS // 8
         ),
         "a staged chunk holds the largest row": MAX_ROW_BYTES <= ADMISSION_CHUNK_BYTES,
         "a staged chunk and its envelope fit the transport ceiling": (

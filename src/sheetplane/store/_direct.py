@@ -12,14 +12,16 @@ version. A ``rows.admit`` session runs, in one transaction:
    re-admitting rows moves their status and version, which only the owner's
    statements do, so that admission goes the staged way (``_staging``);
 2. the input, a chunk of ``ADMISSION_CHUNK_ROWS`` rows at a time: each row
-   checked, keyed and encoded as the staged road does it (``keyed_document``, so a
-   bad row is refused with the same message and position), then one ``COPY``
-   of the chunk into the sheet, as ``pending`` rows stamped with the version,
-   inside a savepoint. A key that repeats (in the chunk, or one an earlier
-   chunk took: the sheet was empty, so every row in it is this admission's)
-   fails the primary key; the savepoint rolls the chunk back and it is copied
-   again without the repeats, the first occurrence kept. ``_input_index`` is
-   the row's position among the kept rows;
+   checked and keyed as the staged road does it (``keyed_document``, so a bad
+   row is refused with the same message and position), its columns written as
+   COPY text fields, then one ``COPY`` of the chunk into the sheet, as
+   ``pending`` rows stamped with the version, inside a savepoint. The chunk is
+   encoded and sent ``_PIECE_ROWS`` rows at a time on one thread, so Postgres
+   stores one piece while the runner encodes the next. A key that repeats (in
+   the chunk, or one an earlier chunk took: the sheet was empty, so every row
+   in it is this admission's) fails the primary key; the savepoint rolls the
+   chunk back and it is copied again without the repeats, the first
+   occurrence kept. ``_input_index`` is the row's position among the kept rows;
 3. the finish function (the owner's): the admission's event, the counter
    log compacted, an ``ANALYZE`` when the sheet grew enough (as every
    admission does); it answers the sheet's row count, which is the rows this
@@ -29,7 +31,8 @@ The admit guard (``_guards``) holds every row the session inserts to the
 version its own transaction took, so the fence stays exact. Committed once or
 not at all: a bad row, a lost connection, a cancellation or a crash rolls the
 transaction back and nothing of it is ever visible. Two admissions of one
-sheet queue on the writer lock. Memory holds one chunk of encoded rows.
+sheet queue on the writer lock. Memory holds one chunk of encoded rows (kept
+for a copy without repeats).
 
 What holding the transaction costs, and its bounds (``budgets``): the sheet's
 writer lock is held from the begin to the commit, so every other writer of the
@@ -37,7 +40,7 @@ sheet waits that long; the runner gives up (rolls back) once the transaction
 has run ``DIRECT_ADMISSION_HOLD_MS``, which is under the statement timeout a
 waiting writer's ``LOCK`` runs under and under the session's transaction
 timeout. Between statements the transaction is idle only while the runner
-reads and encodes the next chunk of its input, on a worker thread. The runtime
+reads and encodes the first piece of the next chunk, on a worker thread. The runtime
 hands this road only sequences (``runtime/_admit.py``): one that outruns the
 bound is staged from its start; a one-shot input (an iterator, which could not
 be read again, or an async iterable, which may wait on anything while the
@@ -48,8 +51,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, Final, Literal
 
 import orjson
@@ -82,107 +84,187 @@ class _HoldExceeded(Exception):
     """The transaction ran past its hold bound: roll back."""
 
 
-#: One encoded row: its key, and its COPY text fields after the run, index and versions
-#: (each contract column's jsonb text, escaped), ending the line.
-_Encoded = tuple[str, bytes, bytes]
+class _Chunk:
+    """One chunk of the input, encoded: each row's key, its key as a COPY text field, and
+    its columns' COPY text fields joined by tabs (``None`` for a contract without
+    columns). The rest of each line (the run, the input index, the versions) is the
+    same for every row but the index, which is the row's position among the kept rows
+    and is only known once the earlier chunks are in; ``_copy`` joins the lines."""
 
-_NULL: Final = b"\\N"
+    __slots__ = ("fields", "key_fields", "keys")
+
+    def __init__(self, keys: list[str], key_fields: list[str], fields: list[str] | None) -> None:
+        self.keys = keys
+        self.key_fields = key_fields
+        self.fields = fields
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def extend(self, other: _Chunk) -> None:
+        self.keys += other.keys
+        self.key_fields += other.key_fields
+        if self.fields is not None and other.fields is not None:
+            self.fields += other.fields
+
+    def lines(self, start: int, base: int, same: str) -> bytes:
+        """The COPY text of the rows from offset ``start`` on, their input indexes
+        counted from ``base``: each line is the key, the index, ``same`` (the run and
+        versions), then the columns (the statement's column order), joined by
+        ``map``/``zip`` (no Python step a row)."""
+        count = len(self.keys) - start
+        parts: list[Iterable[str]] = [
+            self.key_fields[start:],
+            map(str, range(base, base + count)),
+            repeat(same, count),
+        ]
+        if self.fields is not None:
+            parts.append(self.fields[start:])
+        text = "\n".join(map("\t".join, zip(*parts, strict=False)))
+        return (text + "\n").encode("utf-8") if count else b""
+
+    def without(self, dropped: set[int]) -> _Chunk:
+        """The chunk without the rows at the offsets in ``dropped``."""
+        kept = [i for i in range(len(self.keys)) if i not in dropped]
+        return _Chunk(
+            [self.keys[i] for i in kept],
+            [self.key_fields[i] for i in kept],
+            None if self.fields is None else [self.fields[i] for i in kept],
+        )
 
 
-def _escaped(text: bytes) -> bytes:
+_NULL: Final = "\\N"
+
+#: Rows encoded and sent at a time inside a chunk's ``COPY``: Postgres stores one
+#: piece while the runner encodes the next (about 100 kB at 100 bytes a row).
+_PIECE_ROWS: Final = 1_000
+
+
+def _escaped(text: str) -> str:
     """A COPY text field: backslash, tab, newline and carriage return escaped."""
-    if b"\\" in text:
-        text = text.replace(b"\\", b"\\\\")
-    if b"\t" in text or b"\n" in text or b"\r" in text:
-        text = text.replace(b"\t", b"\\t").replace(b"\n", b"\\n").replace(b"\r", b"\\r")
+    if "\\" in text:
+        text = text.replace("\\", "\\\\")
+    if "\t" in text or "\n" in text or "\r" in text:
+        text = text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
     return text
 
 
-def _column_field(value: Any) -> bytes:
-    """A column value as a COPY text field of jsonb (JSON null: SQL NULL). orjson writes
-    JSON text with every control character escaped, so only its backslashes need it."""
-    if value is None:
+def _column_field(value: Any) -> str:
+    """A column value as a COPY text field of jsonb (JSON null: SQL NULL).
+
+    The common scalars take a direct path: a string with nothing JSON or COPY
+    escapes (printable, no quote, no backslash) is its text in quotes, and an int
+    (not a bool) its decimal digits, which is what orjson writes for both. Anything
+    else is written by orjson, which escapes every control character, so only its
+    backslashes need COPY's escaping."""
+    kind = type(value)
+    if kind is str:
+        if value.isprintable() and '"' not in value and "\\" not in value:
+            return f'"{value}"'
+    elif kind is int:
+        return int.__repr__(value)
+    elif value is None:
         return _NULL
     try:
-        text = orjson.dumps(value, option=ENCODE_OPTIONS)
-    except TypeError:  # what the row's checks let through orjson does not write (a big int)
+        text = orjson.dumps(value, option=ENCODE_OPTIONS).decode("utf-8")
+    except TypeError:  # what the row's checks let through orjson does not write
         found = jsonb_text(value)
-        return _NULL if found is None else _escaped(found.encode("utf-8"))
-    if text == b"null":
+        return _NULL if found is None else _escaped(found)
+    if text == "null":
         return _NULL
-    return text.replace(b"\\", b"\\\\") if b"\\" in text else text
+    return text.replace("\\", "\\\\") if "\\" in text else text
 
 
 def _encoded(
-    rows: Iterator[object], first: int, lookups: Sequence[Sequence[str]]
-) -> list[_Encoded]:
-    """The next chunk of ``rows``: each row checked and keyed as the staged road does it
-    (``keyed_document``), as its key and the COPY text of its columns."""
-    chunk: list[_Encoded] = []
-    for position, raw in enumerate(islice(rows, ADMISSION_CHUNK_ROWS), first):
+    rows: Iterator[object], first: int, lookups: Sequence[Sequence[str]], limit: int
+) -> _Chunk:
+    """The next ``limit`` rows of ``rows`` (fewer at its end): each row checked and keyed
+    as the staged road does it (``keyed_document``), with its key and its columns as COPY
+    text fields."""
+    keys: list[str] = []
+    key_fields: list[str] = []
+    fields: list[str] = []
+    field = _column_field
+    for position, raw in enumerate(islice(rows, limit), first):
         key, _document = keyed_document(raw, position)
         row: Mapping[str, Any] = raw  # type: ignore[assignment]  # keyed_document checked it
-        fields = []
+        texts = []
         for names in lookups:
             for name in names:
                 if name in row:
-                    fields.append(_column_field(row[name]))
+                    texts.append(field(row[name]))
                     break
             else:
-                fields.append(_NULL)
-        tail = b"\t" + b"\t".join(fields) + b"\n" if fields else b"\n"
-        chunk.append((key, _escaped(key.encode("utf-8")), tail))
-    return chunk
-
-
-def _copy(
-    conn: Conn,
-    statement: sql.Composed,
-    chunk: Sequence[_Encoded],
-    base: int,
-    run_id: str,
-    version: int,
-) -> None:
-    """One ``COPY`` of ``chunk``'s rows, their input indexes counted from ``base``."""
-    run = b"\t" + _escaped(run_id.encode("utf-8")) + b"\t"
-    versions = b"\t%d\t%d" % (version, version)
-    parts: list[bytes] = []
-    for index, (_key, key, tail) in enumerate(chunk, base):
-        parts += (key, run, b"%d" % index, versions, tail)
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        copy.write(b"".join(parts))
+                texts.append(_NULL)
+        keys.append(key)
+        key_fields.append(key if key.isprintable() and "\\" not in key else _escaped(key))
+        fields.append("\t".join(texts))
+    return _Chunk(keys, key_fields, fields if lookups else None)
 
 
 def _admit_chunk(
     conn: Conn,
     names: SheetNames,
     statement: sql.Composed,
-    chunk: list[_Encoded],
+    source: Iterator[object],
+    position: int,
     base: int,
-    run_id: str,
-    version: int,
-) -> int:
-    """COPY one chunk in a savepoint; on a repeated key, again without the repeats.
-    Returns the rows kept."""
+    lookups: Sequence[Sequence[str]],
+    same: str,
+) -> tuple[int, int]:
+    """Read the next chunk of ``source`` (``ADMISSION_CHUNK_ROWS`` rows, fewer at its
+    end; ``position`` is its first row's) and COPY it into the sheet in a savepoint,
+    its input indexes counted from ``base``. The rows are encoded and sent
+    ``_PIECE_ROWS`` at a time, so Postgres stores one piece while the runner encodes
+    the next, on this one thread. On a repeated key, the chunk is read to its end and
+    copied again without the repeats. Returns the rows read and the rows kept."""
+    chunk = _encoded(source, position, lookups, min(_PIECE_ROWS, ADMISSION_CHUNK_ROWS))
+    if not chunk:
+        return 0, 0
     try:
-        with conn.transaction():
-            _copy(conn, statement, chunk, base, run_id, version)
-        return len(chunk)
+        with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
+            start = 0
+            while True:
+                copy.write(chunk.lines(start, base + start, same))
+                start = len(chunk)
+                piece = _encoded(
+                    source,
+                    position + start,
+                    lookups,
+                    min(_PIECE_ROWS, ADMISSION_CHUNK_ROWS - start),
+                )
+                if not piece:
+                    break
+                chunk.extend(piece)
+        return len(chunk), len(chunk)
     except psycopg.errors.UniqueViolation:
         pass
+    # The server may refuse the chunk before the runner has read all of it.
+    while len(chunk) < ADMISSION_CHUNK_ROWS:
+        piece = _encoded(
+            source,
+            position + len(chunk),
+            lookups,
+            min(_PIECE_ROWS, ADMISSION_CHUNK_ROWS - len(chunk)),
+        )
+        if not piece:
+            break
+        chunk.extend(piece)
     # The sheet was empty at the begin: a key it holds now is this admission's.
     found = conn.execute(
         sql.SQL("SELECT _key FROM {} WHERE _key = ANY(%s)").format(names.ident("sheet_table")),
-        ([key for key, _, _ in chunk],),
+        (chunk.keys,),
     ).fetchall()
     seen = {row[0] for row in found}
-    kept = []
-    for encoded in chunk:
-        if encoded[0] not in seen:
-            seen.add(encoded[0])
-            kept.append(encoded)
-    _copy(conn, statement, kept, base, run_id, version)
-    return len(kept)
+    dropped = set()
+    for offset, key in enumerate(chunk.keys):
+        if key in seen:
+            dropped.add(offset)
+        seen.add(key)
+    kept = chunk.without(dropped)
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        copy.write(kept.lines(0, base, same))
+    return len(chunk), len(kept)
 
 
 def _admit(
@@ -200,29 +282,23 @@ def _admit(
     assert isinstance(version, int)
     if not empty:
         raise _SheetHasRows
-    targets = ["_key", "_run_id", "_input_index", "_write_version", "_admitted_version"]
+    targets = ["_key", "_input_index", "_run_id", "_write_version", "_admitted_version"]
     targets += [c.sql_name for c in columns]
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         names.ident("sheet_table"), sql.SQL(", ").join(map(sql.Identifier, targets))
     )
     lookups = column_lookups(columns)
+    same = f"{_escaped(run_id)}\t{version}\t{version}"
     source = iter(rows)
     position = kept = 0
-    # The next chunk is read and encoded on a helper thread while this one's COPY runs:
-    # Postgres stores one chunk while Python prepares the next (the wait for the
-    # server releases the GIL). One chunk ahead at most, so memory holds two.
-    with ThreadPoolExecutor(1, thread_name_prefix="sheetplane-admit") as ahead:
-        upcoming = ahead.submit(_encoded, source, position, lookups)
-        while chunk := upcoming.result():
-            position += len(chunk)
-            upcoming = ahead.submit(_encoded, source, position, lookups)
-            try:
-                kept += _admit_chunk(conn, names, statement, chunk, kept, run_id, version)
-                if time.monotonic() >= deadline:
-                    raise _HoldExceeded
-            except BaseException:
-                upcoming.cancel()
-                raise
+    while True:
+        read, added = _admit_chunk(conn, names, statement, source, position, kept, lookups, same)
+        if not read:
+            break
+        position += read
+        kept += added
+        if time.monotonic() >= deadline:
+            raise _HoldExceeded
     row = conn.execute(
         sql.SQL("SELECT taken_version, sheet_rows FROM {}(%s)").format(finish), (run_id,)
     ).fetchone()
