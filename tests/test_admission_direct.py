@@ -23,7 +23,7 @@ from _runtime_helpers import (
 )
 from sheetplane import InvalidInputError
 from sheetplane._types import SheetRef
-from sheetplane.runtime import _admit
+from sheetplane.pages import _admits
 from sheetplane.store import SheetStore, _direct, sheet_names
 
 CHUNK = 100
@@ -45,7 +45,7 @@ async def gateway(database_url: str) -> AsyncIterator[CountingGateway]:
 def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of CHUNK rows, so a few hundred rows make several COPY statements."""
     monkeypatch.setattr(_direct, "ADMISSION_CHUNK_ROWS", CHUNK)
-    monkeypatch.setattr(_admit, "ADMISSION_CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(_admits, "ADMISSION_CHUNK_ROWS", CHUNK)
 
 
 def generated(keys: list[int], label: str = "t") -> Iterator[dict[str, Any]]:
@@ -279,7 +279,7 @@ async def test_past_the_hold_bound_a_sequence_is_rolled_back_and_staged_from_its
     gateway: CountingGateway, store: SheetStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A bound of 0 ms: the transaction is past it after its first chunk (of 100 rows).
-    monkeypatch.setattr(_admit, "DIRECT_ADMISSION_HOLD_MS", 0)
+    monkeypatch.setattr(_admits, "DIRECT_ADMISSION_HOLD_MS", 0)
     play = new_play()
     sheet = sheet_of(play, "leads")
     async with runtime(gateway, "direct", play=play) as rt:

@@ -53,15 +53,13 @@ from .budgets import (
     ADMISSION_ABORT_TIMEOUT_MS,
     ADMISSION_CHUNK_BYTES,
     ADMISSION_CHUNK_ROWS,
-    RETRY_DELAYS_MS,
 )
 from .dataset import Dataset, InMemoryDataset
-from .errors import InvalidInputError, SheetplaneError, StoreUnavailableError
+from .errors import InvalidInputError, SheetplaneError
 from .gateway.client import GatewayClient
 from .identity import ROW_KEY_FIELD
-from .pages import SheetRoad
+from .pages import AdmissionRoad, SheetRoad
 from .protocol import ChunkBuilder, EncodedChunk, encode_row
-from .sessions import AccessShape, SessionLimits, SessionManager
 
 __all__ = ["Admission", "AdmissionInput", "KeyedRoad", "StagedAdmission", "check_input"]
 
@@ -231,14 +229,12 @@ class StagedAdmission:
     """One staged admission of one runner: where it goes and by which road."""
 
     client: GatewayClient
-    sessions: SessionManager
     sheet: SheetRef
     contract: SheetContract
     run_id: str
-    direct: bool
-    """Stage through a scoped session (``rows.stage``: one ``INSERT`` a chunk) instead of
-    the gateway."""
-    user_email: str | None = None
+    road: AdmissionRoad
+    """Where each chunk is staged (``pages.AdmissionRoad``: a scoped session's one
+    ``INSERT`` a chunk, or the gateway's request)."""
 
     async def run(self, rows: AdmissionInput) -> AdmissionCounts:
         """Begin, stage every chunk, commit; the counts of the committed admission.
@@ -310,41 +306,9 @@ class StagedAdmission:
             await self._stage_chunk(admission_id, chunk, begun)
 
     async def _stage_chunk(self, admission_id: str, chunk: _Chunk, begun: list[bool]) -> None:
-        if not self.direct:
-            body = self.client.admission_chunk_body(
-                self.sheet.table_namespace,
-                self.contract,
-                admission_id,
-                chunk.seq,
-                chunk.first_position,
-                chunk.rows,
-            )
+        async def begin() -> None:
             await self._begin(admission_id, begun)
-            await self.client.stage_admission_chunk(body)
-            return
-        await self._begin(admission_id, begun)
-        shape = AccessShape(
-            table_namespace=self.sheet.table_namespace,
-            operations=("rows.stage",),
-            limits=SessionLimits(max_rows=ADMISSION_CHUNK_ROWS),
-            contract=self.contract,
-            user_email=self.user_email,
+
+        await self.road.stage_chunk(
+            admission_id, chunk.seq, chunk.first_position, chunk.rows, begin
         )
-        for delay_ms in (0, *RETRY_DELAYS_MS):
-            await trio.sleep(delay_ms / 1000)
-            try:
-                async with self.sessions.store(shape) as store:
-                    await store.stage_chunk(
-                        self.sheet,
-                        admission_id,
-                        chunk.seq,
-                        chunk.first_position,
-                        chunk.rows,
-                        check_state=False,
-                    )
-                return
-            except StoreUnavailableError:
-                # The connection went away mid-chunk: a chunk is recorded and
-                # copied in one transaction, so sending it again applies it once.
-                if delay_ms == RETRY_DELAYS_MS[-1]:
-                    raise

@@ -475,9 +475,9 @@ DIRECT_ADMISSION_HOLD_MS: Final = DB_SESSION_TRANSACTION_TIMEOUT_MS * 3 // 4
 #: chunk (``ADMISSION_CHUNK_ROWS`` rows), and between two statements the transaction
 #: is idle while it encodes the next chunk's first piece, so at this ceiling a chunk
 #: stays well inside the statement timeout and a gap under the session's
-#: idle-in-transaction timeout (both checked below). A sequence slower than that (rows made on demand that wait on
-#: something) meets the idle timeout, and Postgres ends the transaction: nothing is
-#: committed.
+#: idle-in-transaction timeout (both checked below). A sequence slower than that
+#: (rows made on demand that wait on something) meets a timeout, and Postgres ends
+#: the transaction: nothing is committed.
 DIRECT_ADMISSION_ROW_CEILING_US: Final = 60
 
 #: How long the reaper's sweep waits for a row lock while it expires one sheet's

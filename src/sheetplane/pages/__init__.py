@@ -1,11 +1,15 @@
 """Pages: request and result values, the adaptive splitter, the page reader, the two
 roads, and each family of operations behind one interface for both roads: an
-attempt's shares, terminal writes, keyed writes, work receipts and plays."""
+attempt's shares, admissions, terminal writes, keyed writes, work receipts and plays."""
 
 from __future__ import annotations
 
 from .._types import Page as Page
 from .._types import PageRequest as PageRequest
+from ._admits import BEGIN_ADMISSION as BEGIN_ADMISSION
+from ._admits import AdmissionRoad as AdmissionRoad
+from ._admits import DirectAdmissions as DirectAdmissions
+from ._admits import GatewayAdmissions as GatewayAdmissions
 from ._keyed import DirectKeyedWrites as DirectKeyedWrites
 from ._keyed import GatewayKeyedWrites as GatewayKeyedWrites
 from ._keyed import KeyedWrites as KeyedWrites
@@ -31,10 +35,14 @@ from ._writes import TerminalWrites as TerminalWrites
 from ._writes import session_rows as session_rows
 
 __all__ = [
+    "BEGIN_ADMISSION",
+    "AdmissionRoad",
+    "DirectAdmissions",
     "DirectKeyedWrites",
     "DirectRoad",
     "DirectShareRoad",
     "DirectWrites",
+    "GatewayAdmissions",
     "GatewayCursor",
     "GatewayKeyedWrites",
     "GatewayRoad",

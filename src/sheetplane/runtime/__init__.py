@@ -38,7 +38,9 @@ dataset reads                          scoped session (rows.read)  gateway
 receipts, ``resolve_play``, ensure     gateway                     gateway
 =====================================  ==========================  =====================
 
-Admission has one owner, ``runtime/_admit.py``, which chooses the way in. On
+Admission has one owner, ``runtime/_admit.py``, which chooses the way in
+(whole, staged, or at once) and leaves what differs to the road
+(``pages.AdmissionRoad``: ``DirectAdmissions``, ``GatewayAdmissions``). On
 ``direct``, a first admission of a sequence is written once,
 straight into the sheet, in one transaction of a ``rows.admit`` session whose
 write version the sheet's own begin function takes (``store/_direct.py``);

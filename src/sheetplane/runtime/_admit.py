@@ -21,20 +21,25 @@
   the gateway's statements do), and a sequence whose one transaction ran past
   ``DIRECT_ADMISSION_HOLD_MS`` (it is rolled back and the sequence is staged
   from its start).
+
+The owner asks no road which it is: what differs is behind the writer's
+admission road (``pages.AdmissionRoad``, picked once by ``Runtime.writer``).
+It offers every sequence to ``admit_at_once`` (the direct road's one
+transaction; the gateway road has none and answers None), stages through the
+road's ``stage_chunk`` (a scoped session's ``INSERT``, or the gateway's
+request), and opens a whole admission's parts with the road's ``whole_part``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from .. import _tracing
-from .. import protocol as m
-from .._types import AdmissionCounts, InlineAdmission
+from .._types import InlineAdmission
 from ..admission import Admission, AdmissionInput, StagedAdmission, check_input
-from ..budgets import ADMISSION_CHUNK_ROWS, DIRECT_ADMISSION_HOLD_MS
 from ..errors import STAGING_LOST_TEXT, AdmissionStateError, UnsupportedActionError
-from ..sessions import AccessShape
+from ..pages import BEGIN_ADMISSION
 from ._whole import Tape, admit_whole, whole_admission
 
 if TYPE_CHECKING:
@@ -42,31 +47,21 @@ if TYPE_CHECKING:
 
 __all__ = ["BEGIN_ADMISSION", "admit"]
 
-#: The staged admission's first action: a gateway that does not serve it admits whole.
-BEGIN_ADMISSION: Final = m.action_of(m.BeginAdmissionRequest)
-
 
 async def admit(target: WriteTarget, rows: AdmissionInput) -> Admission:
     """Admit ``rows`` to the target's sheet under a new write version, the way the
     module docstring says; the ``Admission`` of what was committed."""
     check_input(rows)
     t = target
-    served = t.client.serves(BEGIN_ADMISSION)
-    if t.direct and _rereadable(rows) and served is not False:
+    if _rereadable(rows) and t.client.serves(BEGIN_ADMISSION) is not False:
         assert isinstance(rows, Sequence)
-        # The first chunk is checked before any request, as the staged road does: an
-        # input whose first chunk is bad is refused without one (and without a sheet).
-        for position, row in enumerate(rows[:ADMISSION_CHUNK_ROWS]):
-            m.keyed_document(row, position)
-        if served is None:
-            served = await t.client.probe_action(BEGIN_ADMISSION)
-        if served:
-            counts = await _one_transaction(t, rows)
-            if counts is not None:
-                _tracing.annotate({"sheetplane.admission.way": "one_transaction"})
-                return Admission.from_counts(
-                    counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
-                )
+        counts = await t.admissions.admit_at_once(rows)
+        if counts is not None:
+            _tracing.annotate({"sheetplane.admission.way": "one_transaction"})
+            return Admission.from_counts(
+                counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
+            )
+    served = t.client.serves(BEGIN_ADMISSION)  # known now if the road probed for it
     if served is False:
         _tracing.annotate({"sheetplane.admission.way": "whole"})
         return _whole_admission(t, await _whole(t, Tape(rows, lambda: True).replay()))
@@ -74,40 +69,14 @@ async def admit(target: WriteTarget, rows: AdmissionInput) -> Admission:
     return await _staged(t, rows, served)
 
 
-async def _one_transaction(
-    t: WriteTarget, rows: Sequence[Mapping[str, Any]]
-) -> AdmissionCounts | None:
-    """The direct road's admission of a sequence in one transaction; None when it wrote
-    nothing and the sequence goes the staged way from its start (the sheet holds rows,
-    or the transaction ran past the hold bound)."""
-    shape = AccessShape(
-        table_namespace=t.sheet.table_namespace,
-        operations=("rows.admit",),
-        contract=t.contract,
-        user_email=t.user_email,
-    )
-    try:
-        async with t.sessions.store(shape) as store:
-            outcome = await store.admit_in_one_transaction(
-                t.sheet, t.contract, rows, t.run_id, hold_ms=DIRECT_ADMISSION_HOLD_MS
-            )
-    finally:
-        # The admission's session is not used again: its pool gives its connections
-        # back to the org's budget now, not after the idle timeout.
-        _release(t, ("rows.admit",))
-    return outcome if isinstance(outcome, AdmissionCounts) else None
-
-
 async def _staged(t: WriteTarget, rows: AdmissionInput, served: bool | None) -> Admission:
     """The staged way (``sheetplane.admission``), or whole if the begin is refused."""
     staged = StagedAdmission(
         client=t.client,
-        sessions=t.sessions,
         sheet=t.sheet,
         contract=t.contract,
         run_id=t.run_id,
-        direct=t.direct,
-        user_email=t.user_email,
+        road=t.admissions,
     )
     # Until the gateway is known to stage, keep what the staged attempt reads, so
     # a gateway that admits only whole inputs gets the whole input (``_whole``).
@@ -128,7 +97,7 @@ async def _staged(t: WriteTarget, rows: AdmissionInput, served: bool | None) -> 
             raise
         return _whole_admission(t, await _whole(t, tape.replay()))
     finally:
-        _release(t, ("rows.stage",))
+        t.admissions.staging_done()
     return Admission.from_counts(counts, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id)
 
 
@@ -138,15 +107,7 @@ async def _whole(t: WriteTarget, rows: AsyncIterator[Mapping[str, Any]]) -> Inli
 
 def _whole_admission(t: WriteTarget, inline: InlineAdmission) -> Admission:
     return whole_admission(
-        inline, t.direct, t.admitted, play_name=t.sheet.play_name, run_id=t.run_id
-    )
-
-
-def _release(t: WriteTarget, operations: tuple[str, ...]) -> None:
-    """Close the admission's sessions of ``operations`` on the target's sheet."""
-    namespace = t.sheet.table_namespace
-    t.sessions.release(
-        lambda shape: shape.table_namespace == namespace and shape.operations == operations
+        inline, t.admissions.whole_part, play_name=t.sheet.play_name, run_id=t.run_id
     )
 
 

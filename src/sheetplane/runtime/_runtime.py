@@ -45,10 +45,13 @@ from ..errors import GatewayActionMissingError, InvalidInputError
 from ..gateway.client import GatewayClient, gateway_urls
 from ..names import normalize_play_name, normalize_table_namespace
 from ..pages import (
+    AdmissionRoad,
+    DirectAdmissions,
     DirectKeyedWrites,
     DirectRoad,
     DirectShareRoad,
     DirectWrites,
+    GatewayAdmissions,
     GatewayKeyedWrites,
     GatewayRoad,
     GatewayShareRoad,
@@ -255,35 +258,39 @@ class Runtime:
             check_int("write_version", write_version, 0, BIGINT_MAX)
         c = self.context
         sheet = self._sheet(table_namespace)
-        terminal, keyed = self._write_roads(sheet, contract)
+        admitted = partial(self.admitted_dataset, table_namespace)
+        admissions, terminal, keyed = self._write_roads(sheet, contract, admitted)
         target = WriteTarget(
             sheet=sheet,
             contract=contract,
             run_id=c.run_id,
-            direct=c.strategy == "direct",
-            user_email=c.user_email,
             client=self.client,
-            sessions=self.sessions,
+            admissions=admissions,
             terminal=terminal,
             keyed=keyed,
             plays=self.plays,
-            admitted=partial(self.admitted_dataset, table_namespace),
+            admitted=admitted,
             tally=self._tally,
         )
         return RowWriter(target, write_version)
 
     def _write_roads(
-        self, sheet: SheetRef, contract: SheetContract
-    ) -> tuple[TerminalWrites, KeyedWrites]:
-        """The roads of a writer's terminal and keyed writes: this strategy's, picked here."""
+        self, sheet: SheetRef, contract: SheetContract, admitted: Callable[[AdmittedPart], Dataset]
+    ) -> tuple[AdmissionRoad, TerminalWrites, KeyedWrites]:
+        """The roads of a writer's admissions, terminal and keyed writes: this strategy's,
+        picked here."""
         c = self.context
         if c.strategy == "direct":
             return (
+                DirectAdmissions(
+                    self.client, self.sessions, sheet, contract, c.run_id, c.user_email, admitted
+                ),
                 DirectWrites(self.sessions, sheet, contract, c.run_id, c.user_email),
                 DirectKeyedWrites(self.sessions, sheet, contract, c.run_id, c.user_email),
             )
         namespace = sheet.table_namespace
         return (
+            GatewayAdmissions(self.client, namespace, contract),
             GatewayWrites(self.client, namespace, contract, c.run_id),
             GatewayKeyedWrites(self.client, namespace, contract, c.run_id),
         )

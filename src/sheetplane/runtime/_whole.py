@@ -117,18 +117,14 @@ async def admit_whole(
 
 def whole_admission(
     inline: InlineAdmission,
-    direct: bool,
-    admitted: Callable[[AdmittedPart], Dataset],
+    whole_part: Callable[[AdmittedPart, tuple[dict[str, Any], ...]], Dataset | InMemoryDataset],
     *,
     play_name: str,
     run_id: str,
 ) -> Admission:
-    """The ``Admission`` of a whole admission.
-
-    On the direct road its parts are read from the sheet like a staged
-    admission's (``admitted``: by the admission's version). On the gateway
-    road they are the rows the answer holds: a gateway built to the runtime
-    has no read filtered by admission.
+    """The ``Admission`` of a whole admission; its parts are the road's
+    (``AdmissionRoad.whole_part``: read from the sheet by the admission's version
+    on the direct road, the rows the answer holds on the gateway road).
     """
     parts = {
         "pending": tuple(with_row_key(row, str(row["_key"])) for row in inline.pending_rows),
@@ -136,9 +132,7 @@ def whole_admission(
     }
 
     def open_part(part: AdmittedPart) -> Dataset | InMemoryDataset:
-        if direct:
-            return admitted(part)
-        return InMemoryDataset(parts[part.part])
+        return whole_part(part, parts[part.part])
 
     return Admission(
         write_version=inline.write_version,

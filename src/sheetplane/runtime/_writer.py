@@ -30,8 +30,7 @@ from ..errors import (
     InvalidInputError,
 )
 from ..gateway.client import GatewayClient
-from ..pages import KeyedWrites, Plays, TerminalWrites
-from ..sessions import SessionManager
+from ..pages import AdmissionRoad, KeyedWrites, Plays, TerminalWrites
 from ._admit import admit
 
 __all__ = ["RowWriter", "WriteTally", "WriteTarget"]
@@ -57,14 +56,11 @@ class WriteTarget:
     """The contract every write carries."""
     run_id: str
     """The run stamped on admitted rows and carried by terminal writes."""
-    direct: bool
-    """The input's chunks go on scoped sessions (else the gateway)."""
-    user_email: str | None
-    """The user on whose behalf sessions are minted, if any."""
     client: GatewayClient
-    """The gateway (admission)."""
-    sessions: SessionManager
-    """The scoped sessions (admission on the direct road)."""
+    """The gateway (which ways of admission it serves; a whole admission)."""
+    admissions: AdmissionRoad
+    """The admissions' road (at once, each staged chunk, a whole admission's parts;
+    picked as ``terminal`` is)."""
     terminal: TerminalWrites
     """The terminal writes' road (the runtime picks it by its strategy)."""
     keyed: KeyedWrites
