@@ -465,9 +465,9 @@ def _stored_state(
     names = sheet_names(sheet)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         cur = conn.execute(
-            sql.SQL("SELECT _key, _status, _run_id, _write_version, _error, score FROM {}").format(
-                names.ident("sheet_table")
-            )
+            sql.SQL(
+                "SELECT _key, _status, _run_id, (seq).write_version, _error, score FROM {}"
+            ).format(names.ident("sheet_table"))
         )
         stored = {
             r[0]: {

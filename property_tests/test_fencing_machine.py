@@ -228,7 +228,7 @@ class FencingMachine(RuleBasedStateMachine):
 
         def read(conn: psycopg.Connection[Any]) -> Any:
             rows = conn.execute(
-                sql.SQL("SELECT _key, _status, _write_version, score, _error FROM {}").format(
+                sql.SQL("SELECT _key, _status, (seq).write_version, score, _error FROM {}").format(
                     names.ident("sheet_table")
                 )
             ).fetchall()

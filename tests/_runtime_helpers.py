@@ -133,7 +133,7 @@ async def seed_sheet(store: SheetStore, sheet: SheetRef, n: int, *, run_id: str 
         conn.execute("SET LOCAL statement_timeout = 0")
         conn.execute(
             sql.SQL(
-                "INSERT INTO {t} (_key, _status, _run_id, _input_index, _write_version, text)"
+                "INSERT INTO {t} (_key, _status, _run_id, _input_index, seq.write_version, text)"
                 " SELECT 'k' || lpad(i::text, 7, '0'), 'pending', %(run)s,"
                 " CASE WHEN i < %(numbered)s THEN i END, 1,"
                 " to_jsonb('row ' || i || ' ' || repeat('w ', i %% 13))"

@@ -36,11 +36,17 @@ async def snapshot(store: SheetStore, sheet: SheetRef) -> dict[str, Any]:
 
 
 async def stored_rows(store: SheetStore, sheet: SheetRef) -> dict[str, dict[str, Any]]:
-    """Rows by key, each a dict of every column."""
+    """Rows by key, each a dict of every column, and of the two versions ``seq`` holds
+    (as ``_write_version`` and ``_admitted_version``)."""
     names = sheet_names(sheet)
 
     def run(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
-        cur = conn.execute(sql.SQL("SELECT * FROM {}").format(names.ident("sheet_table")))
+        cur = conn.execute(
+            sql.SQL(
+                "SELECT *, (seq).write_version AS _write_version, "
+                "(seq).admitted_version AS _admitted_version FROM {}"
+            ).format(names.ident("sheet_table"))
+        )
         assert cur.description is not None
         fields = [column.name for column in cur.description]
         return {record[0]: dict(zip(fields, record, strict=True)) for record in cur.fetchall()}

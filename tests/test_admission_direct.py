@@ -70,7 +70,8 @@ async def rows_and_registry(store: SheetStore, sheet: SheetRef) -> dict[str, Any
         return {
             "rows": all_of(
                 sql.SQL(
-                    "SELECT _key, text, _status, _write_version, _admitted_version, _input_index "
+                    "SELECT _key, text, _status, (seq).write_version, (seq).admitted_version, "
+                    "_input_index "
                     "FROM {} ORDER BY _input_index"
                 ).format(names.ident("sheet_table"))
             ),

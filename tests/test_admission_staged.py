@@ -93,7 +93,7 @@ def sheet_state(store: SheetStore, sheet: SheetRef) -> Any:
         return {
             "exists": True,
             "rows": one(
-                sql.SQL("SELECT count(*), max(_write_version) FROM {}").format(
+                sql.SQL("SELECT count(*), max((seq).write_version) FROM {}").format(
                     names.ident("sheet_table")
                 )
             )[0],
@@ -436,7 +436,7 @@ async def test_two_admissions_racing_in_interleaved_chunks_each_commit_whole(
     names = sheet_names(sheet)
     stored = await store.pool.run(
         lambda conn: conn.execute(
-            sql.SQL("SELECT _key, text, _write_version, _run_id FROM {} ORDER BY _key").format(
+            sql.SQL("SELECT _key, text, (seq).write_version, _run_id FROM {} ORDER BY _key").format(
                 names.ident("sheet_table")
             )
         ).fetchall()

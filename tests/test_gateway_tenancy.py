@@ -342,10 +342,7 @@ def expected_matrix(operation: str) -> set[tuple[str, str, str]]:
         # The direct road's one-transaction admission: new rows stamped with a version,
         # which the admit guard holds to the one its transaction took (the begin
         # function takes the lock and the version; no event, no lock table, no UPDATE).
-        return allowed | {
-            ("sheetTable", "INSERT", c)
-            for c in (*ROW_INSERT_COLUMNS, "_write_version", "_admitted_version")
-        }
+        return allowed | {("sheetTable", "INSERT", c) for c in (*ROW_INSERT_COLUMNS, "seq")}
     allowed |= {("eventTable", "SELECT", "")}
     allowed |= {("eventTable", "INSERT", c) for c in WRITE_EVENT}
     # The writer lock is LOCK TABLE on the empty, columnless lock table (table-level
@@ -514,7 +511,7 @@ async def test_an_admit_role_stamps_only_the_version_its_own_transaction_took(
     rows = names.ident("sheet_table")
     begin, _taken, finish = admit_functions(names)
     insert = sql.SQL(
-        "INSERT INTO {} (_key, _write_version, _admitted_version) VALUES (%s, %s, %s)"
+        "INSERT INTO {} (_key, seq.write_version, seq.admitted_version) VALUES (%s, %s, %s)"
     ).format(rows)
 
     finish_call = sql.SQL("SELECT * FROM {}('r')").format(finish)
@@ -1395,9 +1392,7 @@ async def test_a_sheet_system_column_as_a_sqlname_is_400_not_silently_dropped(
 ) -> None:
     """``sqlName: "_status"`` (any of the sheet's or the staging table's own columns)
     answered 200 and was never stored: a ``_`` name is no physical column."""
-    assert {"_key", "_status", "_write_version", "_admission_id", "_position"} <= (
-        RESERVED_SQL_NAMES
-    )
+    assert {"_key", "_status", "seq", "_admission_id", "_position"} <= (RESERVED_SQL_NAMES)
     for name in sorted(RESERVED_SQL_NAMES):
         contract = {
             "columns": [
@@ -1475,9 +1470,10 @@ def fence_breaking_writes(url: str, names: Any, version: int) -> list[str]:
     attempts: list[tuple[str, sql.Composable]] = [
         (
             "version up",
-            sql.SQL("UPDATE {} SET _write_version = _write_version + 1000").format(rows),
+            sql.SQL("UPDATE {} SET seq.write_version = (seq).write_version + 1000").format(rows),
         ),
-        ("admitted version", sql.SQL("UPDATE {} SET _admitted_version = 99").format(rows)),
+        ("admitted version", sql.SQL("UPDATE {} SET seq.admitted_version = 99").format(rows)),
+        ("both versions", sql.SQL("UPDATE {} SET seq = ROW(99, 99)").format(rows)),
         ("key", sql.SQL("UPDATE {} SET _key = _key || 'x' WHERE _key = 'k1'").format(rows)),
         ("input index", sql.SQL("UPDATE {} SET _input_index = 99").format(rows)),
         (
@@ -1486,7 +1482,11 @@ def fence_breaking_writes(url: str, names: Any, version: int) -> list[str]:
         ),
         (
             "insert versioned",
-            sql.SQL("INSERT INTO {} (_key, _write_version) VALUES ('f', 99)").format(rows),
+            sql.SQL("INSERT INTO {} (_key, seq.write_version) VALUES ('f', 99)").format(rows),
+        ),
+        (
+            "insert versioned whole",
+            sql.SQL("INSERT INTO {} (_key, seq) VALUES ('f', '(99,99)')").format(rows),
         ),
         (
             "enriched back to pending",
@@ -1545,7 +1545,7 @@ def fence_breaking_writes(url: str, names: Any, version: int) -> list[str]:
 async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
     own_orgs: RunningGateway, namespace: str
 ) -> None:
-    """``rows.upsert`` had table-wide UPDATE: it moved ``_write_version`` by 1000, marked
+    """``rows.upsert`` had table-wide UPDATE: it moved the write version by 1000, marked
     rows with forged outputs, inserted an ``admission`` event of version 10^15 and
     took ``LOCK TABLE ... ACCESS EXCLUSIVE``; the gateway's own write at the real
     version then answered 409. Every one of those is refused now, and the direct
@@ -1622,7 +1622,7 @@ async def test_a_write_role_cannot_break_fencing_on_its_own_sheet(
             assert (await write(store)).written == 1
     assert await run_sql(
         own_orgs.config.database_url,
-        sql.SQL("SELECT _status, _write_version FROM {}").format(names.ident("sheet_table")),
+        sql.SQL("SELECT _status, (seq).write_version FROM {}").format(names.ident("sheet_table")),
     ) == [("pending", 0)]
 
 

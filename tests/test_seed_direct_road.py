@@ -474,7 +474,7 @@ async def test_unversioned_and_versioned_writers_in_both_orders(
     names = sheet_names(SheetRef(ORG, PLAY, namespace))
     stamps = await run_sql(
         gateway.config.database_url,
-        sql.SQL("SELECT _key, _write_version FROM {} ORDER BY _key").format(
+        sql.SQL("SELECT _key, (seq).write_version FROM {} ORDER BY _key").format(
             names.ident("sheet_table")
         ),
     )

@@ -15,7 +15,7 @@ import pytest
 
 from seed_runtime import prepare
 from sheetplane import budgets as b
-from sheetplane._types import STALE_REASONS
+from sheetplane._types import STALE_REASONS, SYSTEM_COLUMNS
 
 #: The 0.3.128 -> 0.3.129 diff of the same file.
 LATER_SEED = "000_b5a6e996656cb267.txt"
@@ -140,3 +140,12 @@ def test_the_stale_reasons_are_the_runtimes_four() -> None:
     match = re.search(r"RUNTIME_MAP_ROWS_STALE_REASONS[^=]*=\s*new Set\(\[([^\]]*)\]", text)
     assert match is not None
     assert set(re.findall(r"'([a-z_]+)'", match.group(1))) == set(STALE_REASONS)
+
+
+def test_the_system_columns_are_the_runtimes_list_in_its_order() -> None:
+    """``isSystemSheetColumn``'s names are the rows table's system columns, no more:
+    the runtime's ``SELECT *`` rows drop every column of sheetplane's own."""
+    text = _texts()["0.1.2"]
+    match = re.search(r"function isSystemSheetColumn\([^)]*\)[^{]*\{(.*?)return true;", text, re.S)
+    assert match is not None
+    assert tuple(re.findall(r"case '([a-z_]+)':", match.group(1))) == SYSTEM_COLUMNS

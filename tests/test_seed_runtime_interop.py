@@ -13,9 +13,9 @@ case is one test here.
 Cross-reads, both ways: before node starts, sheetplane's runtime writes a
 sheet on each of its roads, which the seed then reads and re-admits; after
 node ends, sheetplane's runtime reads every sheet the seed wrote on each of its
-roads. The rows must agree, up to the row shape stated in docs/parity.md (the
-driver checks that each row the seed reads carries sheetplane's two version
-columns, the stated difference of ``isSystemSheetColumn``, and compares the rest).
+roads. The rows must agree, up to the row shape stated in docs/parity.md; the
+driver compares whole rows, so a row the seed reads carries no column of
+sheetplane's own (its versions are in ``seq``, on the seed's system-column list).
 
 The module's work is done once per test run (one node process, plus ``npm
 ci`` the first time in a clone): its result is shared by the pytest workers

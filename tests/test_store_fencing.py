@@ -3,10 +3,13 @@ same rules on a real Postgres, replays, conflicts, legacy writers and races."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import psycopg
 import pytest
 import trio
+from psycopg import sql
 
 from _store_helpers import column_counts_match, counters_match_rows, snapshot, stored_rows
 from sheetplane import _rowchecks
@@ -20,7 +23,7 @@ from sheetplane._types import (
     TerminalWriteResult,
 )
 from sheetplane.errors import AttemptSupersededError, InvalidInputError, WriteConflictError
-from sheetplane.store import SheetStore, raise_if_superseded, superseded_rows
+from sheetplane.store import SheetStore, raise_if_superseded, sheet_names, superseded_rows
 from sheetplane.store._fencing import Decision, StoredRow, decide_terminal_write
 
 CONTRACT = SheetContract(
@@ -449,3 +452,102 @@ async def test_racing_writers_at_one_version_apply_once(store: SheetStore, sheet
     assert all(r.committed_keys == tuple(keys) and r.stale_rows == () for r in results)
     summary, _ = await counters_match_rows(store, sheet)
     assert summary["completed"] == 100
+
+
+def _to_the_two_version_columns(conn: psycopg.Connection[Any], names: Any, admitted: bool) -> None:
+    """The rows table as sheetplane made it before ``seq``: ``_write_version`` and
+    ``_admitted_version`` (the oldest sheets: the first only)."""
+    sheet = names.ident("sheet_table")
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN _write_version bigint NOT NULL DEFAULT 0").format(sheet)
+    )
+    conn.execute(sql.SQL("UPDATE {} SET _write_version = (seq).write_version").format(sheet))
+    if admitted:
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN _admitted_version bigint").format(sheet))
+        conn.execute(
+            sql.SQL("UPDATE {} SET _admitted_version = (seq).admitted_version").format(sheet)
+        )
+    conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN seq").format(sheet))
+
+
+def _version_columns(conn: psycopg.Connection[Any], names: Any) -> list[tuple[str, str]]:
+    return [
+        (str(name), str(kind))
+        for name, kind in conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
+            "AND attname IN ('seq', '_write_version', '_admitted_version')",
+            (names.ident("sheet_table").as_string(conn),),
+        ).fetchall()
+    ]
+
+
+@pytest.mark.parametrize("admitted", [True, False], ids=["two-columns", "write-version-only"])
+async def test_a_sheet_with_version_columns_moves_them_into_seq_on_its_next_ensure_sheet(
+    store: SheetStore, sheet: SheetRef, admitted: bool
+) -> None:
+    """A sheet made before ``seq`` (its versions in ``_write_version`` and
+    ``_admitted_version``) keeps every row's versions in ``seq`` after its next
+    ``ensure_sheet``, loses the two columns, and fences and admits as before."""
+    version = await admit(store, sheet, [1, 2, 3], "run-1")
+    await store.complete_map_rows(
+        sheet, CONTRACT, [CompleteRow("1", {"score": 1})], run_id="run-1", write_version=version
+    )
+    names = sheet_names(sheet)
+    await store.pool.run(
+        functools.partial(_to_the_two_version_columns, names=names, admitted=admitted)
+    )
+    before = {
+        key: (row["_status"], row["_write_version"], row.get("_admitted_version"))
+        for key, row in (await _stored_rows_before_seq(store, sheet)).items()
+    }
+    assert before == {
+        "1": ("enriched", 1, 1 if admitted else None),
+        "2": ("pending", 1, 1 if admitted else None),
+        "3": ("pending", 1, 1 if admitted else None),
+    }
+
+    await store.ensure_sheet(sheet, CONTRACT)
+
+    assert await store.pool.run(functools.partial(_version_columns, names=names)) == [
+        ("seq", f"{names.schema}.sp_row_versions")
+    ]
+    after = await stored_rows(store, sheet)
+    assert {
+        key: (row["_status"], row["_write_version"], row["_admitted_version"])
+        for key, row in after.items()
+    } == before
+    # Fenced as before: the admission's version writes, another is stale.
+    written = await store.complete_map_rows(
+        sheet, CONTRACT, [CompleteRow("2", {"score": 2})], run_id="run-1", write_version=version
+    )
+    assert written.committed_keys == ("2",)
+    newer = await admit(store, sheet, [1, 2, 3], "run-2")
+    stale = await store.complete_map_rows(
+        sheet, CONTRACT, [CompleteRow("3", {"score": 3})], run_id="run-1", write_version=version
+    )
+    assert stale.stale_rows == (StaleRow("3", "newer_write_version", newer),)
+    rows = await stored_rows(store, sheet)
+    assert {
+        key: (row["_write_version"], row["_admitted_version"]) for key, row in rows.items()
+    } == {
+        "1": (1, newer),
+        "2": (1, newer),
+        "3": (newer, newer),
+    }
+    await store.ensure_sheet(sheet, CONTRACT)  # nothing left to move
+    assert await store.pool.run(functools.partial(_version_columns, names=names)) == [
+        ("seq", f"{names.schema}.sp_row_versions")
+    ]
+
+
+async def _stored_rows_before_seq(store: SheetStore, sheet: SheetRef) -> dict[str, dict[str, Any]]:
+    names = sheet_names(sheet)
+
+    def run(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+        cur = conn.execute(sql.SQL("SELECT * FROM {}").format(names.ident("sheet_table")))
+        assert cur.description is not None
+        fields = [column.name for column in cur.description]
+        return {record[0]: dict(zip(fields, record, strict=True)) for record in cur.fetchall()}
+
+    return await store.pool.run(run)

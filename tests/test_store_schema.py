@@ -211,7 +211,8 @@ async def test_ensure_sheet_is_idempotent(store: SheetStore, sheet: SheetRef) ->
     assert columns["company"] == "company"
     assert columns["score"] == "Score"
     assert "_hidden" not in columns
-    assert "_write_version" in columns and "_cell_meta" in columns
+    assert "seq" in columns and "_cell_meta" in columns
+    assert "_write_version" not in columns and "_admitted_version" not in columns
 
 
 async def test_new_contract_columns_are_added_and_data_kept(

@@ -260,7 +260,7 @@ def planned_rows(store: SheetStore, sheet: SheetRef, version: int) -> Any:
         found = conn.execute(
             sql.SQL(
                 "EXPLAIN (FORMAT JSON) SELECT _key FROM {} "
-                "WHERE _status IN ('pending', 'running') AND _write_version = %s"
+                "WHERE _status IN ('pending', 'running') AND (seq).write_version = %s"
             ).format(table),
             (version,),
         ).fetchone()

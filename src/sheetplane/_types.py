@@ -89,8 +89,9 @@ class SheetRef:
     """The sheet's namespace within the play (normalised)."""
 
 
-#: The sheet table's system columns, in table order: every row read carries some of
-#: them (``_key``, ``_status``, ...), so no contract column may take one as its id or name.
+#: The sheet table's system columns, in table order, the seed runtime's list: every row
+#: read carries some of them (``_key``, ``_status``, ...), so no contract column may take
+#: one as its id or name. ``seq`` holds the row's write and admitted versions.
 SYSTEM_COLUMNS: Final[tuple[str, ...]] = (
     "_key",
     "_status",
@@ -102,8 +103,7 @@ SYSTEM_COLUMNS: Final[tuple[str, ...]] = (
     "_created_at",
     "_updated_at",
     "_cell_meta",
-    "_write_version",
-    "_admitted_version",
+    "seq",
 )
 
 _COLUMN_SOURCES: Final = get_args(ColumnSource)
@@ -235,7 +235,7 @@ class AdmittedPart:
     ``pending``: the rows the admission at ``write_version`` admitted or
     re-admitted for mapping (they carry that version, whatever their status
     since); ``completed``: the already-enriched input rows it kept, which keep
-    their older version. Both are stamped ``_admitted_version = write_version``
+    their older version. Both are stamped ``(seq).admitted_version = write_version``
     by the admission; a later admission of the same row takes it over.
     ``unsettled``: the ``pending`` rows not yet written terminal (still
     ``pending`` or ``running``): what a worker of the attempt still has to map.

@@ -7,7 +7,7 @@ read them back lazily, through the runtime's road (a scoped session on
 
 * ``pending()``: the rows this admission admitted or re-admitted for mapping,
   in input order. The filter is the admission's write version
-  (``_admitted_version = v AND _write_version = v``), not the rows' status,
+  (``(seq).admitted_version = v AND (seq).write_version = v``), not the rows' status,
   so the set does not shift while the runner completes or fails them: it is
   the attempt's work list. A later admission of the same rows takes them
   over (they leave this set).

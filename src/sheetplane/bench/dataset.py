@@ -74,7 +74,7 @@ async def seed(store: SheetStore, namespace: str, rows: int) -> None:
     def run(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             sql.SQL(
-                "INSERT INTO {t} (_key, _status, _run_id, _input_index, _write_version, text)"
+                "INSERT INTO {t} (_key, _status, _run_id, _input_index, seq.write_version, text)"
                 " SELECT 'k' || lpad(i::text, 8, '0'), 'pending', 'bench', i, 1,"
                 " to_jsonb('row ' || i || ' ' || repeat('word ', i %% 11))"
                 " FROM generate_series(0, %(n)s - 1) AS i"

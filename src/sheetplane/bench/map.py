@@ -242,8 +242,8 @@ async def _memory_child(url: str, rows: int) -> dict[str, float]:
         def seed(conn: psycopg.Connection[Any], start: int, stop: int) -> None:
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {t} (_key, _status, _run_id, _input_index, _write_version,"
-                    " _admitted_version, text) SELECT 'k' || lpad(i::text, 8, '0'), 'pending',"
+                    "INSERT INTO {t} (_key, _status, _run_id, _input_index, seq.write_version,"
+                    " seq.admitted_version, text) SELECT 'k' || lpad(i::text, 8, '0'), 'pending',"
                     " 'bench', i, 1, 1, to_jsonb('row ' || i || ' ' || repeat('word ', i %% 11))"
                     " FROM generate_series(%(start)s, %(stop)s - 1) AS i"
                 ).format(t=names.ident("sheet_table")),

@@ -115,7 +115,7 @@ async def _drop(store: SheetStore, sheet: SheetRef) -> None:
 async def _copy_rows(store: SheetStore, sheet: SheetRef, rows: Sequence[dict[str, Any]]) -> None:
     """COPY the rows as admission stores them: key, pending, run, index, version, jsonb texts."""
     names = sheet_names(sheet)
-    columns = ["_key", "_status", "_run_id", "_input_index", "_write_version", *INPUT_COLUMNS]
+    columns = ["_key", "_status", "_run_id", "_input_index", "seq", *INPUT_COLUMNS]
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         names.ident("sheet_table"), sql.SQL(", ").join(map(sql.Identifier, columns))
     )
@@ -130,7 +130,7 @@ async def _copy_rows(store: SheetStore, sheet: SheetRef, rows: Sequence[dict[str
                         "pending",
                         "bench-run",
                         index,
-                        1,
+                        "(1,)",
                         *(dumps(row[name]) for name in INPUT_COLUMNS),
                     ]
                 )
@@ -293,8 +293,7 @@ async def _copy_generated(store: SheetStore, sheet: SheetRef, n: int) -> None:
         "_status",
         "_run_id",
         "_input_index",
-        "_write_version",
-        "_admitted_version",
+        "seq",
         *INPUT_COLUMNS,
     ]
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
@@ -314,8 +313,7 @@ async def _copy_generated(store: SheetStore, sheet: SheetRef, n: int) -> None:
                         "pending",
                         "bench-run",
                         index,
-                        1,
-                        1,
+                        "(1,1)",
                         *(dumps(row[name]) for name in INPUT_COLUMNS),
                     ]
                 )

@@ -225,7 +225,7 @@ class _Writer:
             # input order and are stamped as this admission's completed rows.
             self.conn.execute(
                 sql.SQL(
-                    "UPDATE {} AS t SET _input_index = u.idx, _admitted_version = %s, "
+                    "UPDATE {} AS t SET _input_index = u.idx, seq.admitted_version = %s, "
                     "_updated_at = clock_timestamp() "
                     "FROM unnest(%s::text[], %s::bigint[]) AS u(key, idx) WHERE t._key = u.key"
                 ).format(sheet_table),
@@ -267,13 +267,14 @@ class _Writer:
             sql.SQL(
                 "WITH incoming AS (SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) "
                 "  AS i(key text, idx bigint, data jsonb)) "
-                "UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s, "
-                "_admitted_version = %(version)s, "
+                "UPDATE {sheet} AS t SET _status = 'pending', "
+                "seq = ROW(%(version)s, %(version)s)::{versions}, "
                 "_run_id = %(run_id)s, _error = NULL, _input_index = i.idx, "
                 "_updated_at = clock_timestamp(){sets} "
                 "FROM incoming AS i WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[])"
             ).format(
                 sheet=self.names.ident("sheet_table"),
+                versions=self.names.versions_type,
                 sets=sql.SQL("").join(column_sets),
             ),
             # The key array steers the plan to the key index: the rows' statistics may

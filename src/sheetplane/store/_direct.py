@@ -282,13 +282,14 @@ def _admit(
     assert isinstance(version, int)
     if not empty:
         raise _SheetHasRows
-    targets = ["_key", "_input_index", "_run_id", "_write_version", "_admitted_version"]
+    targets = ["_key", "_input_index", "_run_id", "seq"]
     targets += [c.sql_name for c in columns]
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         names.ident("sheet_table"), sql.SQL(", ").join(map(sql.Identifier, targets))
     )
     lookups = column_lookups(columns)
-    same = f"{_escaped(run_id)}\t{version}\t{version}"
+    # ``seq``'s text form: (write version, admitted version).
+    same = f"{_escaped(run_id)}\t({version},{version})"
     source = iter(rows)
     position = kept = 0
     while True:

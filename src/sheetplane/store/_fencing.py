@@ -128,7 +128,7 @@ class StoredRow:
     status: RowStatus
     """The row's ``_status``."""
     write_version: int
-    """The row's ``_write_version`` stamp."""
+    """The row's write version stamp (``(seq).write_version``)."""
     same_values: bool
     """Whether the row already holds exactly what this write would store
     (target status, carried columns, cell meta, error)."""
@@ -290,7 +290,7 @@ def _update_rows(
             "UPDATE {sheet} AS t SET {sets} FROM incoming AS i "
             "WHERE t._key = i.key AND t._key = ANY(%(keys)s::text[]) "
             "AND t._status IN ('pending', 'running') "
-            "AND (%(version)s::bigint IS NULL OR t._write_version = %(version)s::bigint)"
+            "AND (%(version)s::bigint IS NULL OR (t.seq).write_version = %(version)s::bigint)"
         ).format(incoming=_incoming_cte(names), sheet=sheet, sets=sets),
         # The key array steers the plan to the key index: with stale statistics (rows
         # an admission has just copied in) a misestimate joins every row of the sheet.
@@ -324,7 +324,7 @@ def _write_chunk(
     )
     cur = conn.execute(
         sql.SQL(
-            "WITH {incoming} SELECT t._key, t._status, t._write_version, {same}, "
+            "WITH {incoming} SELECT t._key, t._status, (t.seq).write_version, {same}, "
             "t._run_id IS DISTINCT FROM %(run_id)s "
             "FROM {sheet} AS t JOIN incoming AS i ON t._key = i.key "
             'ORDER BY t._key COLLATE "C" FOR UPDATE OF t'

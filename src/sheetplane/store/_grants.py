@@ -11,16 +11,17 @@ operation           privileges
 ``rows.append``     sheet: SELECT, INSERT by column
 ``rows.upsert``     sheet: SELECT, INSERT and UPDATE by column
 ``rows.replace``    as ``rows.upsert``, DELETE, and EXECUTE on the clear function
-``rows.admit``      sheet: SELECT, INSERT by column with ``_write_version`` and
-                    ``_admitted_version``; EXECUTE on the sheet's admission
+``rows.admit``      sheet: SELECT, INSERT by column with ``seq`` (the row's
+                    write and admitted versions); EXECUTE on the sheet's admission
                     functions (the direct road's admission in one transaction)
 ``rows.stage``      the chunk table: INSERT by column; the staging table: INSERT
 ``rows.claim``      EXECUTE on the sheet's share functions
 ==================  ==========================================================
 
-The rows are granted by column (``_sheet_grants``): never ``_write_version``
-or the other columns only admissions set (but to ``rows.admit``, whose rows
-the admit guard holds to the version its own transaction took), and no table-level UPDATE; only
+The rows are granted by column (``_sheet_grants``): never ``seq`` (the row's
+write and admitted versions) or the other columns only admissions set (but to
+``rows.admit``, whose rows the admit guard holds to the version its own
+transaction took), and no table-level UPDATE; only
 ``rows.replace`` holds DELETE (the seed's replace deletes the rows itself:
 docs/gateway.md states what that lets through). The guard triggers of
 ``_guards`` refuse the status changes and events the fence decides.
@@ -83,12 +84,12 @@ Grant = tuple[Privilege, tuple[str, ...]]
 #: The rows' system columns a direct write inserts (status and version take their
 #: defaults, 'pending' and 0), and those a write's UPDATE sets: a fenced terminal
 #: write (status, run id, error, cell meta) and an upsert's merge (status, for a
-#: stale row reopened). ``_write_version``, ``_admitted_version``, ``_key`` (on
+#: stale row reopened). ``seq`` (the versions), ``_key`` (on
 #: UPDATE), ``_input_index`` (on UPDATE), ``_created_at``, ``_stage`` and
 #: ``_provider`` are the gateway's only. The contract's columns are added to both.
 _ROW_INSERT_COLUMNS: Final = ("_key", "_status", "_run_id", "_input_index")
 #: What only ``rows.admit`` inserts besides (held to its own version by the admit guard).
-_ROW_VERSION_COLUMNS: Final = ("_write_version", "_admitted_version")
+_ROW_VERSION_COLUMNS: Final = ("seq",)
 _ROW_UPDATE_COLUMNS: Final = (
     "_status",
     "_run_id",

@@ -152,14 +152,14 @@ BEGIN
     RETURN NULL;
   END IF;
   IF NOT EXISTS (SELECT FROM {_ADMITTED} AS r
-      WHERE r._write_version <> 0 OR r._admitted_version IS NOT NULL) THEN
+      WHERE (r.seq).write_version <> 0 OR (r.seq).admitted_version IS NOT NULL) THEN
     RETURN NULL;
   END IF;
   -- Only a role granted the taken function (rows.admit) stamps versions at all.
   EXECUTE format('SELECT %s()', TG_ARGV[1]) INTO taken;
   IF EXISTS (SELECT FROM {_ADMITTED} AS r WHERE NOT coalesce(
-      (r._write_version = 0 AND r._admitted_version IS NULL)
-      OR (r._write_version = taken AND r._admitted_version = taken), false)) THEN
+      ((r.seq).write_version = 0 AND (r.seq).admitted_version IS NULL)
+      OR ((r.seq).write_version = taken AND (r.seq).admitted_version = taken), false)) THEN
     RAISE EXCEPTION 'only the admission that took a write version stamps rows with it'
       USING ERRCODE = 'insufficient_privilege';
   END IF;

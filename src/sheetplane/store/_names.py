@@ -26,6 +26,7 @@ from ..names import normalize_play_name
 __all__ = [
     "ADMISSIONS_SUFFIX",
     "TABLE_ATTRS",
+    "VERSIONS_TYPE",
     "SheetNames",
     "org_schema",
     "receipt_names",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 _HASH_CHARS = 12
+#: The composite type of a row's write version and admitted version, one per org
+#: schema: the rows table's ``seq`` column, the one system column name the seed's
+#: runtime reserves and never reads or writes (docs/store.md, "Row versions").
+VERSIONS_TYPE = "sp_row_versions"
 # Table names are <base><suffix>; the longest derived name is the staging
 # index (_staging_pos, 12 bytes), so a base of 49 bytes keeps every name <= 61.
 _MAX_BASE_BYTES = 49
@@ -109,6 +114,11 @@ class SheetNames:
         return sql.Identifier(self.schema, table)
 
     @property
+    def versions_type(self) -> sql.Identifier:
+        """The org's composite type of a row's two versions, the rows table's ``seq``."""
+        return sql.Identifier(self.schema, VERSIONS_TYPE)
+
+    @property
     def count_function(self) -> str:
         """The sheet's counting trigger function (``store._counters``)."""
         return f"{self.sheet_table.removesuffix('_rows')}_count"
@@ -117,6 +127,12 @@ class SheetNames:
     def order_index(self) -> str:
         """The sheet table's read-order index."""
         return f"{self.sheet_table}_order"
+
+    @property
+    def versions_statistics(self) -> str:
+        """The sheet table's statistics on ``(seq).write_version`` and
+        ``(seq).admitted_version``, the fence's and the admission reads' expressions."""
+        return f"{self.sheet_table}_seq"
 
     @property
     def staging_prev_constraint(self) -> str:

@@ -33,7 +33,7 @@ import datetime
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import attrs
 import psycopg
@@ -110,6 +110,14 @@ _ALL_TAIL = (
     "_write_version",
 )
 _TIMESTAMPS = frozenset({"_created_at", "_updated_at"})
+#: Fields of an ``all`` row read from an expression rather than a column of that name:
+#: the write version is a field of the rows' ``seq`` (docs/store.md, "Row versions").
+_EXPRESSIONS: Final = {"_write_version": sql.SQL("(seq).write_version")}
+
+
+def _source(name: str) -> sql.Composable:
+    """What a row field is read from: its column, or its expression."""
+    return _EXPRESSIONS.get(name, sql.Identifier(name))
 
 
 # --- input checks ---------------------------------------------------------------------
@@ -166,6 +174,8 @@ def _projection(
             # Left unnamed on purpose: ORDER BY _created_at must keep meaning
             # the timestamp column, not this text.
             parts.append(sql.SQL("to_json({}) #>> '{{}}'").format(sql.Identifier(name)))
+        elif name in _EXPRESSIONS:
+            parts.append(sql.SQL("{} AS {}").format(_source(name), sql.Identifier(name)))
         else:
             parts.append(sql.Identifier(name))
     if position:
@@ -207,11 +217,11 @@ class _Filter:
         if self.run_id is not None:
             conditions.append(sql.SQL("_run_id = %(run_id)s"))
         if self.admitted is not None:
-            conditions.append(sql.SQL("_admitted_version = %(admitted)s"))
+            conditions.append(sql.SQL("(seq).admitted_version = %(admitted)s"))
             if self.admitted.part == "completed":
-                conditions.append(sql.SQL("_write_version <> %(admitted)s"))
+                conditions.append(sql.SQL("(seq).write_version <> %(admitted)s"))
             else:
-                conditions.append(sql.SQL("_write_version = %(admitted)s"))
+                conditions.append(sql.SQL("(seq).write_version = %(admitted)s"))
             if self.admitted.part == "unsettled":
                 conditions.append(sql.SQL("_status IN ('pending', 'running')"))
             if self.admitted.first_index is not None:
@@ -533,7 +543,7 @@ class _Json(_Form[bytes]):
         recode: list[sql.Composable] = []
         for number, (key, column, is_jsonb) in enumerate(cells):
             alias = sql.Identifier(f"_v{number}")
-            source = sql.Identifier(column)
+            source = _source(column)
             pieces.append(sql.Literal(("{" if number == 0 else ",") + _wire_key(key)))
             # The subquery selects bare columns: its projection is also computed for
             # the rows an OFFSET skips, so everything else is written outside it.

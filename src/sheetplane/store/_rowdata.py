@@ -330,19 +330,17 @@ def copy_new_rows(
     """Insert ``(key, input_index, jsonb texts per column)`` rows as ``pending`` with ``COPY``.
 
     The caller holds the sheet's writer lock and has checked that no key
-    exists yet. With ``admitted`` (an admission), ``_admitted_version`` is
-    stamped with ``version`` too. Returns the row count (the counting triggers
+    exists yet. With ``admitted`` (an admission), the admitted version is
+    stamped with ``version`` too (both in ``seq``). Returns the row count (the counting triggers
     move the counters).
     """
     # A row never admitted (a direct write's, version 0) takes the status and the
-    # version from the columns' defaults ('pending', 0): a session role may insert
-    # neither column (its grants are by column, see _grants).
+    # versions from the columns' defaults ('pending', (0, null)): a session role may
+    # insert neither column (its grants are by column, see _grants).
     versioned = admitted or version != 0
     system = ["_key", "_run_id", "_input_index"]
     if versioned:
-        system += ["_status", "_write_version"]
-    if admitted:
-        system.append("_admitted_version")
+        system += ["_status", "seq"]
     targets = sql.SQL(", ").join(sql.Identifier(name) for name in [*system, *sql_names])
     count = 0
     with (
@@ -352,11 +350,11 @@ def copy_new_rows(
         ) as copy,
     ):
         write_row = copy.write_row
+        # ``seq``'s text form: (write version, admitted version), an empty field null.
+        stamp = f"({version},{version})" if admitted else f"({version},)"
         for key, index, texts in rows:
-            if admitted:
-                write_row((key, run_id, index, "pending", version, version, *texts))
-            elif versioned:
-                write_row((key, run_id, index, "pending", version, *texts))
+            if versioned:
+                write_row((key, run_id, index, "pending", stamp, *texts))
             else:
                 write_row((key, run_id, index, *texts))
             count += 1

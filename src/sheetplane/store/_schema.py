@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
@@ -148,7 +148,11 @@ def column_ids(conn: psycopg.Connection[Any], names: SheetNames) -> list[tuple[s
         else sql.SQL(_COLUMN_IDS_LEGACY)
     )
     rows = conn.execute(query, qualified).fetchall()
-    return [(str(name), str(column_id)) for name, column_id in rows if name not in SYSTEM_COLUMNS]
+    return [
+        (str(name), str(column_id))
+        for name, column_id in rows
+        if name not in SYSTEM_COLUMNS and name not in _LEGACY_VERSION_COLUMNS
+    ]
 
 
 def sheet_exists(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
@@ -247,6 +251,66 @@ def _staging_current(conn: psycopg.Connection[Any], names: SheetNames) -> bool:
     return bool(row and row[0])
 
 
+#: The two columns the row versions were kept in before ``seq`` (a sheet not ensured
+#: since still has them; ``_fold_versions`` moves them).
+_LEGACY_VERSION_COLUMNS: Final = ("_write_version", "_admitted_version")
+
+
+def unversioned(names: SheetNames) -> sql.Composed:
+    """``seq``'s default: write version 0 and no admitted version (a row no
+    admission stamped, as every insert that names no ``seq`` makes it)."""
+    return sql.SQL("ROW(0, NULL)::{}").format(names.versions_type)
+
+
+def _ensure_versions_type(conn: psycopg.Connection[Any], names: SheetNames) -> None:
+    """The org's composite type of a row's versions, made once per org schema
+    (under the org's DDL key). ``USAGE`` on it is the gateway's only: no other
+    role makes an object of it, and reading or writing ``seq`` needs none."""
+    found = conn.execute(
+        "SELECT to_regtype(%s) IS NOT NULL", (names.versions_type.as_string(conn),)
+    ).fetchone()
+    if found and found[0]:
+        return
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
+    conn.execute(
+        sql.SQL("CREATE TYPE {} AS (write_version bigint, admitted_version bigint)").format(
+            names.versions_type
+        )
+    )
+    conn.execute(sql.SQL("REVOKE ALL ON TYPE {} FROM PUBLIC").format(names.versions_type))
+
+
+def _fold_versions(conn: psycopg.Connection[Any], names: SheetNames) -> None:
+    """A rows table made before ``seq`` keeps its versions in ``_write_version``
+    and ``_admitted_version`` (the oldest, in the first only): they become the one
+    ``seq`` column, in one rewrite of the table that fires no trigger."""
+    found = {
+        str(row[0])
+        for row in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attnum > 0 AND NOT attisdropped AND attname = ANY(%s)",
+            (names.ident("sheet_table").as_string(conn), list(_LEGACY_VERSION_COLUMNS)),
+        )
+    }
+    if "_write_version" not in found:
+        return
+    sheet, versions = names.ident("sheet_table"), names.versions_type
+    admitted = sql.SQL("_admitted_version" if "_admitted_version" in found else "NULL::bigint")
+    conn.execute(
+        sql.SQL(
+            "ALTER TABLE {sheet} ALTER COLUMN _write_version DROP DEFAULT, "
+            "ALTER COLUMN _write_version TYPE {versions} "
+            "USING ROW(_write_version, {admitted})::{versions}"
+        ).format(sheet=sheet, versions=versions, admitted=admitted)
+    )
+    if "_admitted_version" in found:
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN _admitted_version").format(sheet))
+    conn.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN _write_version TO seq").format(sheet))
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ALTER COLUMN seq SET DEFAULT {}").format(sheet, unversioned(names))
+    )
+
+
 def _missing_ddl(
     conn: psycopg.Connection[Any], names: SheetNames, columns: Mapping[str, str]
 ) -> bool:
@@ -266,8 +330,8 @@ def _missing_ddl(
     ).fetchall()
     found_tables = {row[0] for row in rows}
     attributes = {row[1] for row in rows if row[0] == names.sheet_table and row[1] is not None}
-    if found_tables != set(tables) or "_admitted_version" not in attributes:
-        return True
+    if found_tables != set(tables) or "seq" not in attributes:
+        return True  # a new sheet, or one whose versions are still two columns
     if any(row[0] == names.counter_table and row[1] == "shard" for row in rows):
         return True
     if not _staging_current(conn, names):
@@ -309,12 +373,9 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
                 _created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 _updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 _cell_meta jsonb NOT NULL DEFAULT '{{}}',
-                _write_version bigint NOT NULL DEFAULT 0,
-                _admitted_version bigint
+                seq {versions} NOT NULL DEFAULT {unversioned}
             )"""
-        ).format(sheet),
-        # A sheet made before admissions stamped their rows gains the column.
-        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS _admitted_version bigint").format(sheet),
+        ).format(sheet, versions=names.versions_type, unversioned=unversioned(names)),
     ]
     if columns:
         statements.append(
@@ -358,6 +419,14 @@ def _ddl(names: SheetNames, columns: Mapping[str, str], logical: Mapping[str, st
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_input_index, _created_at, _key)").format(
             sql.Identifier(names.order_index), sheet
         ),
+        # The planner's estimates of the fence's and the admission reads' filters (a
+        # field of a composite has no column statistics of its own): built by ANALYZE,
+        # nothing to maintain on a write, unlike an index. The expressions are the ones
+        # the statements write, which the planner matches exactly.
+        sql.SQL(
+            "CREATE STATISTICS IF NOT EXISTS {} ON ((seq).write_version), "
+            "((seq).admitted_version) FROM {}"
+        ).format(sql.Identifier(names.schema, names.versions_statistics), sheet),
         sql.SQL(
             """CREATE TABLE IF NOT EXISTS {} (
                 id bigserial PRIMARY KEY,
@@ -728,6 +797,8 @@ def _create_or_upgrade(
     _refuse_renamed_columns(conn, names, columns)
     # The rows table's owner role first: the ALTER TABLE below needs its ownership.
     take_ownership(conn, names)
+    _ensure_versions_type(conn, names)
+    _fold_versions(conn, names)
     conn.execute(_ddl(names, columns, logical))
     if found[5] or found[3]:
         conn.execute(_staging_storage(names))

@@ -92,7 +92,8 @@ def _bodies(names: SheetNames) -> dict[str, sql.Composed]:
     shares, sheet = names.ident("shares_table"), names.ident("sheet_table")
     summary = names.ident("summary_table")
     own = sql.SQL(
-        "r._admitted_version = v AND r._write_version = v AND r._status IN ('pending', 'running')"
+        "(r.seq).admitted_version = v AND (r.seq).write_version = v "
+        "AND r._status IN ('pending', 'running')"
     )
     common = {"shares": shares, "sheet": sheet, "summary": summary, "own": own}
     claim = sql.SQL(
@@ -228,7 +229,7 @@ BEGIN
          count(*) FILTER (WHERE r._status = 'enriched'),
          count(*) FILTER (WHERE r._status = 'failed')
     INTO pending_n, enriched_n, failed_n
-    FROM {sheet} AS r WHERE r._admitted_version = v AND r._write_version = v;
+    FROM {sheet} AS r WHERE (r.seq).admitted_version = v AND (r.seq).write_version = v;
   SELECT count(*) INTO claimed_n FROM {sheet} AS r JOIN {shares} AS x
     ON x.write_version = v AND x.share_no > 0 AND NOT x.done AND x.expires_at > now_
     AND r._input_index BETWEEN x.first_index AND x.last_index

@@ -35,7 +35,7 @@ The path, in order:
    general way admits them in input order, a range of positions per
    statement: dedupe keeping the first occurrence (within a range by
    ``DISTINCT ON``, across ranges because a key taken in by an earlier range
-   already carries this ``_admitted_version``), insert new keys
+   already carries this admitted version in ``seq``), insert new keys
    as ``pending``, re-admit ``stale``/``pending``/``running``/``failed`` rows,
    re-order and stamp ``enriched`` ones, exactly as ``start_dataset`` does.
    One ``admission`` event is recorded in the same transaction (the counting
@@ -598,22 +598,23 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
         ), k AS (
             SELECT r.*, t._key IS NOT NULL AS _present, t._status AS _old_status
             FROM r LEFT JOIN {sheet} AS t ON t._key = r._s_key
-            WHERE t._admitted_version IS DISTINCT FROM %(version)s
+            WHERE (t.seq).admitted_version IS DISTINCT FROM %(version)s
         ), n AS (
             SELECT k.*, %(base)s + row_number() OVER (ORDER BY k._s_pos) - 1 AS _idx FROM k
         ), ins AS (
             INSERT INTO {sheet}
-                (_key, _status, _run_id, _input_index, _write_version, _admitted_version
-                 {insert_cols})
-            SELECT n._s_key, 'pending', %(run_id)s, n._idx, %(version)s, %(version)s{insert_vals}
+                (_key, _status, _run_id, _input_index, seq{insert_cols})
+            SELECT n._s_key, 'pending', %(run_id)s, n._idx,
+                ROW(%(version)s, %(version)s)::{versions}{insert_vals}
             FROM n WHERE NOT n._present
         ), upd AS (
-            UPDATE {sheet} AS t SET _status = 'pending', _write_version = %(version)s,
-                _admitted_version = %(version)s, _run_id = %(run_id)s, _error = NULL,
+            UPDATE {sheet} AS t SET _status = 'pending',
+                seq = ROW(%(version)s, %(version)s)::{versions},
+                _run_id = %(run_id)s, _error = NULL,
                 _input_index = n._idx, _updated_at = clock_timestamp(){refresh}
             FROM n WHERE t._key = n._s_key AND n._old_status IN ({readmitted_in})
         ), enr AS (
-            UPDATE {sheet} AS t SET _input_index = n._idx, _admitted_version = %(version)s,
+            UPDATE {sheet} AS t SET _input_index = n._idx, seq.admitted_version = %(version)s,
                 _updated_at = clock_timestamp()
             FROM n WHERE t._key = n._s_key AND n._old_status = 'enriched'
         )
@@ -622,6 +623,7 @@ def _range_statement(names: SheetNames, columns: Sequence[ContractColumn]) -> sq
         staged=_staged_rows(names, columns),
         staged_cols=staged_cols,
         sheet=names.ident("sheet_table"),
+        versions=names.versions_type,
         insert_cols=insert_cols,
         insert_vals=insert_vals,
         refresh=refresh,
@@ -640,11 +642,13 @@ def _first_admission_statement(
     insert_cols, insert_vals = _contract_inserts([c.sql_name for c in columns], "s")
     return sql.SQL(
         """INSERT INTO {sheet}
-            (_key, _status, _run_id, _input_index, _write_version, _admitted_version{insert_cols})
-        SELECT s._key, 'pending', %(run_id)s, s._position, %(version)s, %(version)s{insert_vals}
+            (_key, _status, _run_id, _input_index, seq{insert_cols})
+        SELECT s._key, 'pending', %(run_id)s, s._position,
+            ROW(%(version)s, %(version)s)::{versions}{insert_vals}
         FROM ({staged}) AS s"""
     ).format(
         sheet=names.ident("sheet_table"),
+        versions=names.versions_type,
         staged=_staged_rows(names, columns),
         insert_cols=insert_cols,
         insert_vals=insert_vals,

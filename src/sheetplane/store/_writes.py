@@ -10,7 +10,7 @@ racing the first, applies exactly once. ``kind`` is ``append``, ``upsert`` or
 
 None of these is an admission: they do not take a write version. New rows are
 ``pending``, stamped with the caller's ``run_id`` (as the runtime's writes stamp
-theirs, so a read limited to the run finds them) and ``_write_version = 0``
+theirs, so a read limited to the run finds them) and write version 0
 ("never admitted"), so no running attempt can complete them (its fenced write
 would see ``older_write_version``) until an admission takes them up. The columns written
 are the sheet table's physical columns (``ensure_sheet`` made them); a row
