@@ -194,7 +194,6 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
     is not an integer >= 0.
     """
     check_int("limit", limit, 0)
-
     total = 0
     # One frame per open container: [container, is a dict, next index or items
     # iterator, wrote a member, id]. Lists are walked by index so that runs of
@@ -209,18 +208,7 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
             if 2 + len(item) <= JSON_SIZE_SLICE_CHARS:
                 total += 2 + _utf8_escaped_size(item)
             else:
-                total += 2
-                if total > limit:
-                    return SizeMeasurement(total, True)
-                start = 0
-                while start < len(item):
-                    # A slice of (limit - total + 1) characters is enough to pass
-                    # the limit, since every character is at least one byte.
-                    stop = start + max(1, min(JSON_SIZE_SLICE_CHARS, limit - total + 1))
-                    total += _utf8_escaped_size(item[start:stop])
-                    if total > limit:
-                        return SizeMeasurement(total, True)
-                    start = stop
+                total = _long_string_total(item, total, limit)
         elif item is None or item is True or item is False:
             total += _NULL_TRUE_FALSE[item]
         elif isinstance(item, int):
@@ -230,68 +218,90 @@ def json_byte_length_up_to(value: object, limit: int) -> SizeMeasurement:
                 raise InvalidInputError(f"{item!r} has no JSON form (JSON numbers are finite)")
             total += len(float.__repr__(item))
         elif isinstance(item, list | tuple | dict):
-            weight = _flat_weight(item)
-            if weight is not None and weight <= limit - total + 1:
-                total += _encoded_size(item)
-            else:
-                marker = id(item)
-                if marker in open_ids:
-                    raise InvalidInputError("Circular reference detected")
-                open_ids.add(marker)
-                if isinstance(item, dict):
-                    stack.append([item, True, iter(item.items()), False, marker])
-                else:
-                    stack.append([item, False, 0, False, marker])
-                total += 2
+            total = _container_total(item, total, limit, stack, open_ids)
         else:
             raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
         if total > limit:
             return SizeMeasurement(total, True)
-
-        # Find the next item: the next member of the innermost open container.
+        # The next item: the next member of the innermost open container.
         while stack:
             frame = stack[-1]
             container, is_dict, position, wrote, marker = frame
             if is_dict:
                 entry: Any = next(position, _DONE)
-                if entry is _DONE:
-                    stack.pop()
-                    open_ids.discard(marker)
-                    continue
-                if wrote:
-                    total += 1  # the comma
-                frame[3] = True
-                key, item = entry
-                total += _key_size(key) + 1  # the key and its colon
-                if total > limit:
-                    return SizeMeasurement(total, True)
-                break
-            if position >= len(container):
-                stack.pop()
-                open_ids.discard(marker)
-                continue
-            # Gather the run of flat members from here, up to a slice's weight and
-            # about what is left under the limit, so a run overshoots it by little.
-            stop, weight = position, 0
-            cap = min(JSON_SIZE_SLICE_CHARS, limit - total + 1)
-            while stop < len(container):
-                member_weight = _flat_weight(container[stop])
-                if member_weight is None or weight + member_weight > cap:
+                if entry is not _DONE:
+                    frame[3] = True
+                    key, item = entry
+                    # The comma, the key and its colon.
+                    total += (1 if wrote else 0) + _key_size(key) + 1
+                    if total > limit:
+                        return SizeMeasurement(total, True)
                     break
-                weight += member_weight
-                stop += 1
-            if stop - position >= 2:
-                run = container[position:stop]
+            elif position < len(container):
+                stop = _flat_run_end(container, position, limit - total + 1)
+                if stop - position < 2:
+                    frame[2], frame[3] = position + 1, True
+                    total += 1 if wrote else 0  # the comma
+                    item = container[position]
+                    break
                 # The run written as a list, less its brackets, plus the comma before it.
-                total += _encoded_size(run) - 2 + (1 if wrote else 0)
+                total += _encoded_size(container[position:stop]) - 2 + (1 if wrote else 0)
                 frame[2], frame[3] = stop, True
                 if total > limit:
                     return SizeMeasurement(total, True)
                 continue
-            if wrote:
-                total += 1  # the comma
-            item = container[position]
-            frame[2], frame[3] = position + 1, True
-            break
+            stack.pop()
+            open_ids.discard(marker)
         else:
             return SizeMeasurement(total, False)
+
+
+def _long_string_total(item: str, total: int, limit: int) -> int:
+    """``total`` plus a string too long to encode at once, a slice at a time, stopping
+    as soon as the count passes ``limit``."""
+    total += 2
+    start = 0
+    while start < len(item) and total <= limit:
+        # A slice of (limit - total + 1) characters is enough to pass the limit,
+        # since every character is at least one byte.
+        stop = start + max(1, min(JSON_SIZE_SLICE_CHARS, limit - total + 1))
+        total += _utf8_escaped_size(item[start:stop])
+        start = stop
+    return total
+
+
+def _container_total(
+    item: list[Any] | tuple[Any, ...] | dict[Any, Any],
+    total: int,
+    limit: int,
+    stack: list[list[Any]],
+    open_ids: set[int],
+) -> int:
+    """``total`` plus a flat container written whole, or plus its brackets with a frame
+    opened on ``stack`` for its members to be measured next."""
+    weight = _flat_weight(item)
+    if weight is not None and weight <= limit - total + 1:
+        return total + _encoded_size(item)
+    marker = id(item)
+    if marker in open_ids:
+        raise InvalidInputError("Circular reference detected")
+    open_ids.add(marker)
+    if isinstance(item, dict):
+        stack.append([item, True, iter(item.items()), False, marker])
+    else:
+        stack.append([item, False, 0, False, marker])
+    return total + 2
+
+
+def _flat_run_end(container: list[Any] | tuple[Any, ...], position: int, room: int) -> int:
+    """Where the run of flat members from ``position`` ends: at most a slice's weight and
+    about ``room`` (what is left under the limit), so a run overshoots it by little."""
+    cap = min(JSON_SIZE_SLICE_CHARS, room)
+    stop, weight = position, 0
+    while stop < len(container):
+        member_weight = _flat_weight(container[stop])
+        if member_weight is None or weight + member_weight > cap:
+            break
+        weight += member_weight
+        stop += 1
+    return stop

@@ -38,297 +38,346 @@ class ModelMismatch(AssertionError):
     """The gateway answered otherwise than the model."""
 
 
-def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
-    """The machine class for one run; ``deadline[0]`` ends new work (not a replay of a
-    failure: the first mismatch lifts it, so shrinking sees the same gateway answers)."""
+def _agree(
+    deadline: list[float], condition: bool, what: str, exchange: Exchange | None = None
+) -> None:
+    """A mismatch unless ``condition``; it lifts the deadline (so shrinking replays it)."""
+    if not condition:
+        deadline[0] = float("inf")
+        shown = f"; {exchange.describe()}" if exchange is not None else ""
+        raise ModelMismatch(f"expected {what}{shown}")
 
-    def _agree(condition: bool, what: str, exchange: Exchange | None = None) -> None:
-        if not condition:
+
+def _guarded(deadline: list[float], fn: Callable[..., None]) -> Callable[..., None]:
+    """Lift the deadline on any failure of a rule (so shrinking replays it), and report
+    an answer the rule could not read as a mismatch."""
+
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except ModelMismatch:
+            raise
+        except Exception as exc:
             deadline[0] = float("inf")
-            shown = f"; {exchange.describe()}" if exchange is not None else ""
-            raise ModelMismatch(f"expected {what}{shown}")
+            raise ModelMismatch(f"an answer a rule could not read: {exc!r}") from None
 
+    return guarded
+
+
+class _Example:
+    """One example: its own rows and receipts in the shared sheet, beside the models.
+
+    One sheet serves every example (a new sheet per example would spend most of the
+    phase creating tables): each example's rows carry its own salt, so their keys are
+    its own; it admits and writes under one run id, so reading that run reads its
+    rows only; and it counts the summary from what the sheet held before it began.
+    Each step is a rule of the machine (``_build_machine``); a step does nothing once
+    ``deadline[0]`` has passed.
+    """
+
+    def __init__(self, ctx: Context, deadline: list[float], namespace: str) -> None:
+        self.ctx = ctx
+        self.deadline = deadline
+        self.sheet = SheetModel(columns=("n", "label", "out"), input_columns=("n", "label"))
+        self.receipts = ReceiptModel()
+        self.namespace = namespace
+        self.salt = ctx.name("example")
+        self.run_id = ctx.name("run")
+        self.before: dict[str, Any] = {}
+        self.keys: dict[int, str] = {}
+        self.versions: dict[int, int] = {}
+        """model write version -> the gateway's"""
+        self.extras: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def inert(self) -> bool:
+        return time.monotonic() >= self.deadline[0]
+
+    def agree(self, condition: bool, what: str, exchange: Exchange | None = None) -> None:
+        _agree(self.deadline, condition, what, exchange)
+
+    def start(self, values: list[int]) -> None:
+        if self.inert():
+            return
+        answer = self.ctx.wire.post("runtime_sheet_summary", {"tableNamespace": self.namespace})
+        # Before the first example the sheet does not exist yet: it holds nothing.
+        self.before = answer.json_object if answer.status == 200 else {}
+        self.admit(values)
+
+    def _receipt_key(self, i: int) -> str:
+        return f"{self.salt}-receipt-{i}"
+
+    def _holder(self, holder: int) -> str:
+        return f"{self.ctx.prefix}-holder-{holder}"
+
+    def _rows(self, values: list[int]) -> list[dict[str, Any]]:
+        return rows_of(values, salt=f" {self.salt}")
+
+    def admit(self, values: list[int]) -> None:
+        if self.inert():
+            return
+        run_id = self.run_id
+        answer = self.ctx.wire.post(
+            "start_sheet_dataset",
+            {
+                "tableNamespace": self.namespace,
+                "sheetContract": CONTRACT,
+                "rows": self._rows(values),
+                "runId": run_id,
+            },
+        )
+        body = answer.json_object
+        self.agree(answer.status == 200, "start_sheet_dataset to answer 200", answer)
+        self._learn_keys(values, body, answer)
+        expected = self.sheet.admit(
+            [(self.keys[v], row) for v, row in zip(values, self._rows(values), strict=True)],
+            run_id,
+        )
+        previous = self.versions.get(expected.version - 1)
+        version = body.get("writeVersion")
+        self.agree(
+            isinstance(version, int) and (previous is None or version > previous),
+            f"a writeVersion greater than the last ({previous})",
+            answer,
+        )
+        assert isinstance(version, int)
+        self.versions[expected.version] = version
+        got = (
+            body.get("inserted"),
+            body.get("skipped"),
+            [r.get("_key") for r in body.get("pendingRows", [])],
+            [r.get("_key") for r in body.get("completedRows", [])],
+        )
+        want = (
+            expected.inserted,
+            expected.skipped,
+            list(expected.pending_keys),
+            list(expected.completed_keys),
+        )
+        self.agree(
+            got == want, f"(inserted, skipped, pending keys, completed keys) = {want}", answer
+        )
+
+    def _learn_keys(self, values: list[int], body: dict[str, Any], answer: Exchange) -> None:
+        """Each answered row's key by its ``n``, which must never change."""
+        seen = [*body.get("pendingRows", []), *body.get("completedRows", [])]
+        for row in seen:
+            n, key = row.get("n"), row.get("_key")
+            self.agree(
+                isinstance(n, int) and self.keys.setdefault(n, key) == key,
+                f"row n={n} to keep its key {self.keys.get(n)}",
+                answer,
+            )
+        self.agree(all(v in self.keys for v in values), "every admitted row answered", answer)
+
+    def write(self, kind: str, attempt: int, values: list[int], out: str) -> None:
+        """A terminal write from the current attempt (0), a stale one (1, 2: that many
+        admissions back) or with no version (3); n = N_VALUES is a key never admitted."""
+        if self.inert() or not self.versions:
+            return
+        model_version: int | None = None
+        if attempt < 3:
+            model_version = max(1, self.sheet.version - attempt)
+        run_id = self.run_id
+        keys = [self.keys.get(v, f"{self.salt}-never-{v}") for v in values]
+        writes, rows = [], []
+        for key in keys:
+            if kind == "enriched":
+                writes.append(ModelWrite(key, "enriched", {"out": out}))
+                rows.append({"key": key, "data": {"out": out}})
+            else:
+                writes.append(ModelWrite(key, "failed", error=f"failed {out}"))
+                rows.append({"key": key, "error": f"failed {out}"})
+        payload: dict[str, Any] = {
+            "tableNamespace": self.namespace,
+            "sheetContract": CONTRACT,
+            "runId": run_id,
+            "rows": rows,
+        }
+        if model_version is not None:
+            payload["writeVersion"] = self.versions[model_version]
+        action = (
+            "runtime_sheet_complete_map_rows"
+            if kind == "enriched"
+            else "runtime_sheet_fail_map_rows"
+        )
+        answer = self.ctx.wire.post(action, payload)
+        expected = self.sheet.terminal_write(writes, model_version, run_id)
+        if expected.conflict:
+            self.agree(
+                answer.status == 409 and answer.json_object.get("code") == "write_conflict",
+                "409 write_conflict",
+                answer,
+            )
+            return
+        self._agree_written(action, answer, expected)
+
+    def _agree_written(self, action: str, answer: Exchange, expected: Any) -> None:
+        """A terminal write's answer: its committed keys, stale rows and count as modelled."""
+        body = answer.json_object
+        self.agree(answer.status == 200, f"{action} to answer 200", answer)
+        stamps = {v: k for k, v in self.versions.items()}
+        got_stale = sorted(
+            (r.get("key"), r.get("reason"), stamps.get(r.get("rowVersionStamp")))
+            for r in body.get("staleRows", [])
+        )
+        want_stale = sorted(expected.stale)
+        self.agree(
+            sorted(body.get("committedKeys", [])) == sorted(expected.committed)
+            and got_stale == want_stale
+            and sorted(body.get("staleKeys", [])) == sorted(k for k, _, _ in expected.stale)
+            and body.get("updated") == expected.updated,
+            f"committed {sorted(expected.committed)}, stale (key, reason, model version) "
+            f"{want_stale}, updated {expected.updated}",
+            answer,
+        )
+
+    def read_back(self) -> None:
+        if self.inert() or not self.versions:
+            return
+        rows = self.ctx.all_rows(self.namespace, runId=self.run_id)
+        got = {r.get("_key"): (r.get("_status"), r.get("out"), r.get("_error")) for r in rows}
+        want = {
+            key: (row.status, row.values.get("out"), row.error)
+            for key, row in self.sheet.rows.items()
+        }
+        last = self.ctx.wire.exchanges[-1]
+        self.agree(got == want, f"rows (status, out, error) by key {want}", last)
+        order = [self.sheet.rows[r["_key"]].input_index for r in rows]
+        self.agree(order == sorted(order), "rows in input order", last)
+
+    def summary(self) -> None:
+        if self.inert() or not self.versions:
+            return
+        answer = self.ctx.wire.post("runtime_sheet_summary", {"tableNamespace": self.namespace})
+        want = {k: v + self.before.get(k, 0) for k, v in self.sheet.summary().items()}
+        got = {k: answer.json_object.get(k) for k in want}
+        self.agree(got == want, f"summary {want}", answer)
+
+    def complete_receipt(self, i: int, result: int, holder: int | None) -> None:
+        if self.inert():
+            return
+        key, run_id = self._receipt_key(i), self.ctx.name("run")
+        payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
+        name = None if holder is None else self._holder(holder)
+        if name is not None:
+            payload.update(self.extras.get((key, name), {}), holder=name)
+        answer = self.ctx.wire.post("complete_work_receipt", payload)
+        expected = self.receipts.complete(key, result, run_id, name)
+        if expected is None:
+            self.agree(
+                answer.status == 409 and answer.json_object.get("code") == "work_receipt_fenced",
+                "409 work_receipt_fenced",
+                answer,
+            )
+            return
+        receipt = answer.json_object.get("receipt") or {}
+        got = (
+            answer.json_object.get("completionDisposition"),
+            receipt.get("result"),
+            receipt.get("runId"),
+        )
+        self.agree(got == expected, f"(disposition, result, runId) = {expected}", answer)
+
+    def claim_receipt(self, i: int, holder: int) -> None:
+        if self.inert():
+            return
+        key, name = self._receipt_key(i), self._holder(holder)
+        answer = claim(self.ctx, key, name, self.extras.get((key, name)))
+        want = self.receipts.claim(key, name)
+        got = (answer.json_object.get("acquired"), answer.json_object.get("holder"))
+        self.agree(got == want, f"(acquired, holder) = {want}", answer)
+        if want[0]:
+            self.extras[(key, name)] = lease_extras(answer)
+
+    def release_receipt(self, i: int, holder: int) -> None:
+        if self.inert():
+            return
+        key, name = self._receipt_key(i), self._holder(holder)
+        payload = {"key": key, "holder": name, **self.extras.get((key, name), {})}
+        answer = self.ctx.wire.post("release_work_receipt", payload)
+        want = self.receipts.release(key, name)
+        self.agree(answer.json_object.get("released") is want, f"{{released: {want}}}", answer)
+
+    def answered(self) -> None:
+        # Every exchange of the run so far was answered (no 5xx slipped past a rule).
+        if self.ctx.wire.exchanges:
+            last = self.ctx.wire.exchanges[-1]
+            self.agree(last.status < 500, "no 5xx answer", last)
+
+
+def _build_machine(ctx: Context, deadline: list[float]) -> type[Any]:
+    """The machine class for one run: Hypothesis' rules over an ``_Example``'s steps;
+    ``deadline[0]`` ends new work (not a replay of a failure: the first mismatch lifts
+    it, so shrinking sees the same gateway answers)."""
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-    def _guarded(fn: Callable[..., None]) -> Callable[..., None]:
-        """Lift the deadline on any failure of a rule (so shrinking replays it), and report
-        an answer the rule could not read as a mismatch."""
-
-        @functools.wraps(fn)
-        def guarded(*args: Any, **kwargs: Any) -> None:
-            try:
-                fn(*args, **kwargs)
-            except ModelMismatch:
-                raise
-            except Exception as exc:
-                deadline[0] = float("inf")
-                raise ModelMismatch(f"an answer a rule could not read: {exc!r}") from None
-
-        return guarded
-
-    _ADMITTED = st.lists(st.integers(0, N_VALUES - 1), min_size=1, max_size=5)
-
-    # One sheet serves every example (a new sheet per example would spend most of the
-    # phase creating tables): each example's rows carry its own salt, so their keys are
-    # its own; it admits and writes under one run id, so reading that run reads its
-    # rows only; and it counts the summary from what the sheet held before it began.
-    namespace = ctx.namespace("model")
+    guarded = functools.partial(_guarded, deadline)
+    admitted = st.lists(st.integers(0, N_VALUES - 1), min_size=1, max_size=5)
+    kinds, outs = st.sampled_from(["enriched", "failed"]), st.sampled_from(["a", "b"])
+    written = st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3)
+    receipt, holder = st.integers(0, RECEIPT_KEYS - 1), st.integers(0, HOLDERS - 1)
+    namespace = ctx.namespace("model")  # one sheet for every example (``_Example``)
 
     class GatewayMachine(RuleBasedStateMachine):
-        """One example: its own rows and receipts in the shared sheet, beside the models."""
+        """One example, its steps an ``_Example``'s."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.sheet = SheetModel(columns=("n", "label", "out"), input_columns=("n", "label"))
-            self.receipts = ReceiptModel()
-            self.namespace = namespace
-            self.salt = ctx.name("example")
-            self.run_id = ctx.name("run")
-            self.before: dict[str, Any] = {}
-            self.keys: dict[int, str] = {}
-            self.versions: dict[int, int] = {}
-            """model write version -> the gateway's"""
-            self.extras: dict[tuple[str, str], dict[str, Any]] = {}
+            self.example = _Example(ctx, deadline, namespace)
 
-        def _inert(self) -> bool:
-            return time.monotonic() >= deadline[0]
-
-        @initialize(values=_ADMITTED)
-        @_guarded
+        @initialize(values=admitted)
+        @guarded
         def start(self, values: list[int]) -> None:
-            if self._inert():
-                return
-            answer = ctx.wire.post("runtime_sheet_summary", {"tableNamespace": self.namespace})
-            # Before the first example the sheet does not exist yet: it holds nothing.
-            self.before = answer.json_object if answer.status == 200 else {}
-            self.admit(values)
+            self.example.start(values)
 
-        def _receipt_key(self, i: int) -> str:
-            return f"{self.salt}-receipt-{i}"
-
-        def _rows(self, values: list[int]) -> list[dict[str, Any]]:
-            return rows_of(values, salt=f" {self.salt}")
-
-        @rule(values=_ADMITTED)
-        @_guarded
+        @rule(values=admitted)
+        @guarded
         def admit(self, values: list[int]) -> None:
-            if self._inert():
-                return
-            run_id = self.run_id
-            answer = ctx.wire.post(
-                "start_sheet_dataset",
-                {
-                    "tableNamespace": self.namespace,
-                    "sheetContract": CONTRACT,
-                    "rows": self._rows(values),
-                    "runId": run_id,
-                },
-            )
-            body = answer.json_object
-            _agree(answer.status == 200, "start_sheet_dataset to answer 200", answer)
-            seen = [*body.get("pendingRows", []), *body.get("completedRows", [])]
-            for row in seen:
-                n, key = row.get("n"), row.get("_key")
-                _agree(
-                    isinstance(n, int) and self.keys.setdefault(n, key) == key,
-                    f"row n={n} to keep its key {self.keys.get(n)}",
-                    answer,
-                )
-            _agree(all(v in self.keys for v in values), "every admitted row answered", answer)
-            expected = self.sheet.admit(
-                [(self.keys[v], row) for v, row in zip(values, self._rows(values), strict=True)],
-                run_id,
-            )
-            previous = self.versions.get(expected.version - 1)
-            version = body.get("writeVersion")
-            _agree(
-                isinstance(version, int) and (previous is None or version > previous),
-                f"a writeVersion greater than the last ({previous})",
-                answer,
-            )
-            assert isinstance(version, int)
-            self.versions[expected.version] = version
-            got = (
-                body.get("inserted"),
-                body.get("skipped"),
-                [r.get("_key") for r in body.get("pendingRows", [])],
-                [r.get("_key") for r in body.get("completedRows", [])],
-            )
-            want = (
-                expected.inserted,
-                expected.skipped,
-                list(expected.pending_keys),
-                list(expected.completed_keys),
-            )
-            _agree(
-                got == want, f"(inserted, skipped, pending keys, completed keys) = {want}", answer
-            )
+            self.example.admit(values)
 
-        @rule(
-            kind=st.sampled_from(["enriched", "failed"]),
-            attempt=st.integers(1, 2),
-            values=st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3),
-            out=st.sampled_from(["a", "b"]),
-        )
-        @_guarded
+        @rule(kind=kinds, attempt=st.integers(1, 2), values=written, out=outs)
+        @guarded
         def write_stale(self, kind: str, attempt: int, values: list[int], out: str) -> None:
             """A terminal write from an attempt ``attempt`` admissions back."""
-            self.write(kind, attempt, values, out)
+            self.example.write(kind, attempt, values, out)
 
-        @rule(
-            kind=st.sampled_from(["enriched", "failed"]),
-            attempt=st.integers(0, 3),
-            values=st.lists(st.integers(0, N_VALUES), min_size=1, max_size=3),
-            out=st.sampled_from(["a", "b"]),
-        )
-        @_guarded
+        @rule(kind=kinds, attempt=st.integers(0, 3), values=written, out=outs)
+        @guarded
         def write(self, kind: str, attempt: int, values: list[int], out: str) -> None:
-            """A terminal write from the current attempt (0), a stale one (1, 2: that many
-            admissions back) or with no version (3); n = N_VALUES is a key never admitted."""
-            if self._inert() or not self.versions:
-                return
-            model_version: int | None = None
-            if attempt < 3:
-                model_version = max(1, self.sheet.version - attempt)
-            run_id = self.run_id
-            keys = [self.keys.get(v, f"{self.salt}-never-{v}") for v in values]
-            writes, rows = [], []
-            for key in keys:
-                if kind == "enriched":
-                    writes.append(ModelWrite(key, "enriched", {"out": out}))
-                    rows.append({"key": key, "data": {"out": out}})
-                else:
-                    writes.append(ModelWrite(key, "failed", error=f"failed {out}"))
-                    rows.append({"key": key, "error": f"failed {out}"})
-            payload: dict[str, Any] = {
-                "tableNamespace": self.namespace,
-                "sheetContract": CONTRACT,
-                "runId": run_id,
-                "rows": rows,
-            }
-            if model_version is not None:
-                payload["writeVersion"] = self.versions[model_version]
-            action = (
-                "runtime_sheet_complete_map_rows"
-                if kind == "enriched"
-                else "runtime_sheet_fail_map_rows"
-            )
-            answer = ctx.wire.post(action, payload)
-            expected = self.sheet.terminal_write(writes, model_version, run_id)
-            if expected.conflict:
-                _agree(
-                    answer.status == 409 and answer.json_object.get("code") == "write_conflict",
-                    "409 write_conflict",
-                    answer,
-                )
-                return
-            body = answer.json_object
-            _agree(answer.status == 200, f"{action} to answer 200", answer)
-            stamps = {v: k for k, v in self.versions.items()}
-            got_stale = sorted(
-                (r.get("key"), r.get("reason"), stamps.get(r.get("rowVersionStamp")))
-                for r in body.get("staleRows", [])
-            )
-            want_stale = sorted(expected.stale)
-            _agree(
-                sorted(body.get("committedKeys", [])) == sorted(expected.committed)
-                and got_stale == want_stale
-                and sorted(body.get("staleKeys", [])) == sorted(k for k, _, _ in expected.stale)
-                and body.get("updated") == expected.updated,
-                f"committed {sorted(expected.committed)}, stale (key, reason, model version) "
-                f"{want_stale}, updated {expected.updated}",
-                answer,
-            )
+            """A terminal write: current (0), stale (1, 2) or with no version (3)."""
+            self.example.write(kind, attempt, values, out)
 
         @rule()
-        @_guarded
+        @guarded
         def read_back(self) -> None:
-            if self._inert() or not self.versions:
-                return
-            rows = ctx.all_rows(self.namespace, runId=self.run_id)
-            got = {r.get("_key"): (r.get("_status"), r.get("out"), r.get("_error")) for r in rows}
-            want = {
-                key: (row.status, row.values.get("out"), row.error)
-                for key, row in self.sheet.rows.items()
-            }
-            _agree(got == want, f"rows (status, out, error) by key {want}", ctx.wire.exchanges[-1])
-            order = [self.sheet.rows[r["_key"]].input_index for r in rows]
-            _agree(order == sorted(order), "rows in input order", ctx.wire.exchanges[-1])
+            self.example.read_back()
 
         @rule()
-        @_guarded
+        @guarded
         def summary(self) -> None:
-            if self._inert() or not self.versions:
-                return
-            answer = ctx.wire.post("runtime_sheet_summary", {"tableNamespace": self.namespace})
-            want = {k: v + self.before.get(k, 0) for k, v in self.sheet.summary().items()}
-            got = {k: answer.json_object.get(k) for k in want}
-            _agree(got == want, f"summary {want}", answer)
+            self.example.summary()
 
-        @rule(
-            i=st.integers(0, RECEIPT_KEYS - 1),
-            result=st.integers(0, 2),
-            holder=st.one_of(st.none(), st.integers(0, HOLDERS - 1)),
-        )
-        @_guarded
+        @rule(i=receipt, result=st.integers(0, 2), holder=st.one_of(st.none(), holder))
+        @guarded
         def complete_receipt(self, i: int, result: int, holder: int | None) -> None:
-            if self._inert():
-                return
-            key, run_id = self._receipt_key(i), ctx.name("run")
-            payload: dict[str, Any] = {"key": key, "result": result, "runId": run_id}
-            name = None if holder is None else f"{ctx.prefix}-holder-{holder}"
-            if name is not None:
-                payload.update(self.extras.get((key, name), {}), holder=name)
-            answer = ctx.wire.post("complete_work_receipt", payload)
-            expected = self.receipts.complete(key, result, run_id, name)
-            if expected is None:
-                _agree(
-                    answer.status == 409
-                    and answer.json_object.get("code") == "work_receipt_fenced",
-                    "409 work_receipt_fenced",
-                    answer,
-                )
-                return
-            receipt = answer.json_object.get("receipt") or {}
-            got = (
-                answer.json_object.get("completionDisposition"),
-                receipt.get("result"),
-                receipt.get("runId"),
-            )
-            _agree(got == expected, f"(disposition, result, runId) = {expected}", answer)
+            self.example.complete_receipt(i, result, holder)
 
-        @rule(i=st.integers(0, RECEIPT_KEYS - 1), holder=st.integers(0, HOLDERS - 1))
-        @_guarded
+        @rule(i=receipt, holder=holder)
+        @guarded
         def claim_receipt(self, i: int, holder: int) -> None:
-            if self._inert():
-                return
-            key, name = self._receipt_key(i), f"{ctx.prefix}-holder-{holder}"
-            answer = claim(ctx, key, name, self.extras.get((key, name)))
-            want = self.receipts.claim(key, name)
-            got = (answer.json_object.get("acquired"), answer.json_object.get("holder"))
-            _agree(got == want, f"(acquired, holder) = {want}", answer)
-            if want[0]:
-                self.extras[(key, name)] = lease_extras(answer)
+            self.example.claim_receipt(i, holder)
 
-        @rule(i=st.integers(0, RECEIPT_KEYS - 1), holder=st.integers(0, HOLDERS - 1))
-        @_guarded
+        @rule(i=receipt, holder=holder)
+        @guarded
         def release_receipt(self, i: int, holder: int) -> None:
-            if self._inert():
-                return
-            key, name = self._receipt_key(i), f"{ctx.prefix}-holder-{holder}"
-            payload = {"key": key, "holder": name, **self.extras.get((key, name), {})}
-            answer = ctx.wire.post("release_work_receipt", payload)
-            want = self.receipts.release(key, name)
-            _agree(answer.json_object.get("released") is want, f"{{released: {want}}}", answer)
+            self.example.release_receipt(i, holder)
 
         @invariant()
-        @_guarded
+        @guarded
         def answered(self) -> None:
-            # Every exchange of the run so far was answered (no 5xx slipped past a rule).
-            if ctx.wire.exchanges:
-                last = ctx.wire.exchanges[-1]
-                _agree(last.status < 500, "no 5xx answer", last)
+            self.example.answered()
 
     return GatewayMachine
 
