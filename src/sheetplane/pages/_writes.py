@@ -10,8 +10,8 @@ as it does for reads (``Runtime.road``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeVar
 
 from .. import protocol as m
 from .._recovery import retry_idempotent
@@ -28,6 +28,26 @@ if TYPE_CHECKING:
 __all__ = ["DirectWrites", "GatewayWrites", "TerminalWrites", "session_rows"]
 
 Road = Literal["direct", "gateway"]
+
+_Sheet = TypeVar("_Sheet", contravariant=True)
+_Row = TypeVar("_Row", CompleteRow, FailRow)
+_RowIn = TypeVar("_RowIn", CompleteRow, FailRow, contravariant=True)
+
+
+class _Write(Protocol[_Sheet, _RowIn]):
+    """A store's or a client's ``complete_map_rows`` or ``fail_map_rows``: the sheet (a
+    ``SheetRef``, or the client's namespace), its contract and the rows, fenced."""
+
+    def __call__(
+        self,
+        sheet: _Sheet,
+        contract: SheetContract,
+        rows: Sequence[_RowIn],
+        /,
+        *,
+        run_id: str,
+        write_version: int | None,
+    ) -> Awaitable[TerminalWriteResult]: ...
 
 
 class TerminalWrites(Protocol):
@@ -104,24 +124,25 @@ class DirectWrites:
     async def complete_map_rows(
         self, rows: Sequence[CompleteRow], *, write_version: int | None
     ) -> TerminalWriteResult:
-        async def attempt() -> TerminalWriteResult:
-            async with self._store(len(rows)) as store:
-                return await store.complete_map_rows(
-                    self._sheet,
-                    self._contract,
-                    rows,
-                    run_id=self._run_id,
-                    write_version=write_version,
-                )
-
-        return await retry_idempotent(attempt)
+        return await self._write(lambda store: store.complete_map_rows, rows, write_version)
 
     async def fail_map_rows(
         self, rows: Sequence[FailRow], *, write_version: int | None
     ) -> TerminalWriteResult:
+        return await self._write(lambda store: store.fail_map_rows, rows, write_version)
+
+    async def _write(
+        self,
+        write_of: Callable[[SheetStore], _Write[SheetRef, _Row]],
+        rows: Sequence[_Row],
+        write_version: int | None,
+    ) -> TerminalWriteResult:
+        """``write_of(store)`` on a session shaped for ``rows``, sent again after a lost
+        connection."""
+
         async def attempt() -> TerminalWriteResult:
             async with self._store(len(rows)) as store:
-                return await store.fail_map_rows(
+                return await write_of(store)(
                     self._sheet,
                     self._contract,
                     rows,
@@ -149,18 +170,17 @@ class GatewayWrites:
     async def complete_map_rows(
         self, rows: Sequence[CompleteRow], *, write_version: int | None
     ) -> TerminalWriteResult:
-        return await self._client.complete_map_rows(
-            self._table_namespace,
-            self._contract,
-            rows,
-            run_id=self._run_id,
-            write_version=write_version,
-        )
+        return await self._write(self._client.complete_map_rows, rows, write_version)
 
     async def fail_map_rows(
         self, rows: Sequence[FailRow], *, write_version: int | None
     ) -> TerminalWriteResult:
-        return await self._client.fail_map_rows(
+        return await self._write(self._client.fail_map_rows, rows, write_version)
+
+    async def _write(
+        self, write: _Write[str, _Row], rows: Sequence[_Row], write_version: int | None
+    ) -> TerminalWriteResult:
+        return await write(
             self._table_namespace,
             self._contract,
             rows,
