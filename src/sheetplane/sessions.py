@@ -587,7 +587,20 @@ class SessionManager:
         ):
             return await self._mint_session(shape)
 
-    async def _mint_session(self, shape: AccessShape) -> DbSession:
+    def prepare_key(self) -> None:
+        """Start making this manager's decryption key now, on a worker thread (RSA key
+        generation releases the GIL), unless it has one: a caller that knows a mint is
+        coming (a direct admission, while it checks its first chunk and probes the
+        gateway) saves the mint that wait. A failure here is left to the mint to meet."""
+        if self._key is None and self._nursery is not None and not self._key_lock.locked():
+
+            async def make() -> None:
+                with contextlib.suppress(Exception):
+                    await self._make_key()
+
+            self._nursery.start_soon(make)
+
+    async def _make_key(self) -> crypto.DecryptionKey:
         # One key for the manager's lifetime: concurrent first mints (of two
         # shapes) wait for one generation instead of each replacing the key
         # another's request was sealed to.
@@ -595,7 +608,10 @@ class SessionManager:
             if self._key is None:
                 # RSA key generation is CPU work; keep it off the event loop.
                 self._key = await trio.to_thread.run_sync(crypto.generate_decryption_key)
-        key = self._key
+            return self._key
+
+    async def _mint_session(self, shape: AccessShape) -> DbSession:
+        key = await self._make_key()
         answer = await self._client.create_db_session(
             table_namespace=shape.table_namespace,
             logical_table=shape.logical_table,

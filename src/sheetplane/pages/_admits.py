@@ -85,6 +85,11 @@ class AdmissionRoad(Protocol):
         ...
 
 
+def _check_first_chunk(rows: Sequence[Mapping[str, Any]]) -> None:
+    for position, row in enumerate(rows[:ADMISSION_CHUNK_ROWS]):
+        m.keyed_document(row, position)
+
+
 class DirectAdmissions:
     """Admissions through scoped sessions: at once in one transaction, or staged chunk
     by chunk on a ``rows.stage`` session."""
@@ -133,8 +138,10 @@ class DirectAdmissions:
         sheet holds rows or the transaction ran past ``DIRECT_ADMISSION_HOLD_MS``."""
         # The first chunk is checked before any request, as the staged way does: an
         # input whose first chunk is bad is refused without one (and without a sheet).
-        for position, row in enumerate(rows[:ADMISSION_CHUNK_ROWS]):
-            m.keyed_document(row, position)
+        # It is checked on a worker thread while another makes the session's key (no
+        # request either; RSA key generation releases the GIL), which the mint needs.
+        self._sessions.prepare_key()
+        await trio.to_thread.run_sync(_check_first_chunk, rows)
         served = self._client.serves(BEGIN_ADMISSION)
         if served is None:
             served = await self._client.probe_action(BEGIN_ADMISSION)
