@@ -152,7 +152,7 @@ async def test_an_error_out_of_one_connection_ends_that_connection_not_the_gatew
     ops = Operations()
     served: list[int] = []
 
-    async def hypercorn(stream: trio.SocketStream) -> None:
+    async def hypercorn(stream: trio.SocketStream, peer: object) -> None:
         served.append(len(served))
         async with stream:
             if len(served) == 1:

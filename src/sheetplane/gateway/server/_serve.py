@@ -12,7 +12,12 @@ answers requests: at most ``ServeOptions.max_connections`` connections are
 served at once, further ones wait in the listen backlog; an idle keep-alive
 connection (or one that never completes its request head) closes after
 ``keep_alive_timeout_ms``, and one that sends nothing at all for
-``read_timeout_ms``. When the shutdown trigger fires the gateway drains:
+``read_timeout_ms``. A connection gives its slot back as soon as its client
+has gone (end of stream, a reset) or the server closed it, and no request of it
+still runs: each connection has its own Hypercorn worker context, whose
+``terminated`` event that end sets (``_ConnectionStream``); without it a client
+that closed an idle connection left the slot held for the rest of the
+keep-alive timer. When the shutdown trigger fires the gateway drains:
 
 1. new requests on open connections are answered 503 ``gateway_draining``
    with ``retry_after_ms`` and ``connection: close`` (``Operations``);
@@ -31,7 +36,6 @@ import math
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any, cast
 
 import attrs
@@ -171,48 +175,95 @@ def _raise_startup_failure(app: Starlette, group: BaseExceptionGroup[BaseExcepti
         raise failure from None
 
 
-class _TenantStream:
-    """A connection's stream that tells the tenant shares when the client has gone
-    (end of stream, a reset, or the server's close): Hypercorn's connection task
-    itself may linger for its keep-alive timer after that, and the connection
-    would go on counting against its tenant."""
+class _ConnectionStream:
+    """One connection's stream as Hypercorn's ``TCPServer`` sees it, with a worker
+    context of its own (``context``). When the client has gone (end of stream, a
+    reset) or the server closes the connection:
+
+    * it tells the tenant shares: Hypercorn's connection task may go on after
+      that while a request of it still runs, and the connection would go on
+      counting against its tenant;
+    * it sets its context's ``terminated`` event. ``TCPServer`` stops reading at
+      the end of the stream, then waits for its tasks before it closes the
+      socket; its idle task (started when the connection opens and after each
+      answer on a keep-alive connection) waits for ``keep_alive_timeout`` or for
+      ``terminated``. Without the event a client that closed an idle connection
+      left that task waiting out the rest of its timer, the connection's slot
+      held for a socket nobody would use again. A request still running ends as
+      it would, and no further request starts on the connection.
+    """
 
     def __init__(self, stream: trio.SocketStream, ops: Operations, peer: Any) -> None:
         self._stream = stream
         self._ops = ops
         self._peer = peer
+        self.context = WorkerContext(None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
-    def _gone(self) -> None:
+    async def _gone(self) -> None:
         if self._peer is not None:
             self._ops.tenants.closed(self._peer)
             self._peer = None
+        await self.context.terminated.set()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         try:
             data = await self._stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._gone()
+            await self._gone()
             raise
         if not data:
-            self._gone()
+            await self._gone()
         return data
 
     async def aclose(self) -> None:
-        self._gone()
+        await self._gone()
         await self._stream.aclose()
 
-    async def __aenter__(self) -> _TenantStream:
+    async def __aenter__(self) -> _ConnectionStream:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 
+@attrs.define(eq=False)
+class _HypercornConnections:
+    """Serves each accepted connection with Hypercorn's ``TCPServer`` under the
+    connection's own worker context (``_ConnectionStream``); a drain sets every
+    open one's ``terminated``, as Hypercorn's one shared context would be."""
+
+    app: ASGIWrapper
+    config: HypercornConfig
+    state: ConnectionState
+    ops: Operations
+    open: set[_ConnectionStream] = attrs.Factory(set)
+
+    async def __call__(self, stream: trio.SocketStream, peer: Any) -> None:
+        connection = _ConnectionStream(stream, self.ops, peer)
+        self.open.add(connection)
+        try:
+            # TCPServer is annotated for an SSLStream; it serves any trio stream
+            # (one without ``do_handshake`` as plain HTTP).
+            served = cast(Any, connection)
+            await TCPServer(self.app, self.config, connection.context, self.state, served)
+        finally:
+            self.open.discard(connection)
+
+    async def terminate(self) -> None:
+        """The server drains: no open connection waits for, or starts, another request."""
+        for connection in list(self.open):
+            await connection.context.terminated.set()
+
+
+#: Serves one accepted connection (its stream and its peer's connection id) to its end.
+ConnectionServer = Callable[[trio.SocketStream, Any], Awaitable[None]]
+
+
 async def _serve_connection(
-    server: Callable[[trio.SocketStream], TCPServer],
+    server: ConnectionServer,
     stream: trio.SocketStream,
     ops: Operations,
     slot: trio.CapacityLimiter,
@@ -224,7 +275,7 @@ async def _serve_connection(
     except OSError:
         peer = None  # reset before it was served: it never names a tenant
     try:
-        await server(cast(trio.SocketStream, _TenantStream(stream, ops, peer)))
+        await server(stream, peer)
     except Exception as exc:
         # One connection's failure ends that connection, never the server: when a
         # client keeps sending while Hypercorn closes the connection (a 408, say),
@@ -245,7 +296,7 @@ async def _serve_connection(
 
 async def _accept(
     listener: trio.SocketListener,
-    server: Callable[[trio.SocketStream], TCPServer],
+    server: ConnectionServer,
     ops: Operations,
     slots: trio.CapacityLimiter,
     connections: trio.Nursery,
@@ -276,7 +327,6 @@ async def _serve_app(
     wrapped = ASGIWrapper(cast(ASGIFramework, app))
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
-    context = WorkerContext(None)
     own_socket = sock is None
     if sock is None:
         sock = bind_socket(host, port, reuse_port=options.reuse_port)
@@ -291,7 +341,7 @@ async def _serve_app(
                 raise failure
             sock.listen(options.backlog)
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-            server = partial(TCPServer, wrapped, config, context, ConnectionState(lifespan_state))
+            server = _HypercornConnections(wrapped, config, ConnectionState(lifespan_state), ops)
             slots = trio.CapacityLimiter(options.max_connections)
             if not ops.tenants.configured:
                 ops.tenants.caps = TenantCaps.for_server(options.max_connections)
@@ -323,7 +373,7 @@ async def _serve_app(
                 # to retry, where a closed connection would leave it guessing.
                 with trio.move_on_after(options.drain_budget_ms / 1000):
                     await ops.wait_idle()
-                await context.terminated.set()
+                await server.terminate()
                 connections.cancel_scope.cancel()
             if ops.cancelled:
                 log.error(
