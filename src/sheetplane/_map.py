@@ -90,6 +90,8 @@ from .errors import BatcherClosedError, InvalidInputError
 
 __all__ = [
     "UNKNOWN_OUTPUTS",
+    "CompleteWrite",
+    "FailWrite",
     "MapProgress",
     "MapReport",
     "MapRun",
@@ -104,6 +106,9 @@ __all__ = [
 Row = dict[str, Any]
 MapFn = Callable[[Row], Awaitable[Mapping[str, Any]]]
 Once = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[tuple[Any, bool]]]
+#: A map's terminal writes: a batch of outputs, or of failures, written fenced.
+CompleteWrite = Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]]
+FailWrite = Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]]
 Kind = Literal["complete", "fail"]
 _MS: Final = 1000
 
@@ -415,8 +420,8 @@ async def run_map(
     fn: MapFn,
     *,
     total: int,
-    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
-    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+    complete: CompleteWrite,
+    fail: FailWrite,
     concurrency: int,
     batch_rows: int,
     flush_seconds: float,
@@ -460,8 +465,8 @@ class MapRun:
         fn: MapFn,
         *,
         total: int,
-        complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
-        fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+        complete: CompleteWrite,
+        fail: FailWrite,
         concurrency: int,
         batch_rows: int,
         flush_seconds: float,

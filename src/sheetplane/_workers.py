@@ -57,7 +57,17 @@ import trio
 from ._attempts import Attempt, ShareClaim, ShareLease
 from ._groups import raise_single
 from ._leases import LeaseTimes
-from ._map import MapFn, MapProgress, Once, OutputKeys, UnknownOutputs, receipt_key, run_map
+from ._map import (
+    CompleteWrite,
+    FailWrite,
+    MapFn,
+    MapProgress,
+    Once,
+    OutputKeys,
+    UnknownOutputs,
+    receipt_key,
+    run_map,
+)
 from ._types import CompleteRow, FailRow, TerminalWriteResult, new_lease_token
 from .budgets import SHARE_MAX_ROWS, SHARE_ROUNDS, WORK_RECEIPT_RELEASE_TIMEOUT_MS
 from .errors import AttemptSupersededError, LeaseLostError, SheetplaneError
@@ -332,8 +342,8 @@ async def run_attempt(
     rows_of: Callable[[ShareClaim], Awaitable[Sequence[Row]]],
     fn: MapFn,
     *,
-    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
-    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+    complete: CompleteWrite,
+    fail: FailWrite,
     concurrency: int,
     batch_rows: int,
     flush_seconds: float,
@@ -391,12 +401,9 @@ async def run_attempt(
 def _settling(
     worker: _Worker,
     tally: AttemptTally,
-    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
-    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
-) -> tuple[
-    Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
-    Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
-]:
+    complete: CompleteWrite,
+    fail: FailWrite,
+) -> tuple[CompleteWrite, FailWrite]:
     """A round's terminal writes: each counts its rows and tells the worker they settled."""
 
     async def completed(rows: Sequence[CompleteRow]) -> TerminalWriteResult:
@@ -450,8 +457,8 @@ async def _round(
     rows_of: Callable[[ShareClaim], Awaitable[Sequence[Row]]],
     fn: MapFn,
     *,
-    complete: Callable[[Sequence[CompleteRow]], Awaitable[TerminalWriteResult]],
-    fail: Callable[[Sequence[FailRow]], Awaitable[TerminalWriteResult]],
+    complete: CompleteWrite,
+    fail: FailWrite,
     concurrency: int,
     batch_rows: int,
     flush_seconds: float,
