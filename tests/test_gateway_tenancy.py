@@ -532,6 +532,12 @@ async def test_an_admit_role_stamps_only_the_version_its_own_transaction_took(
                 ),
             ),
             ("no begin, then finish", lambda: conn.execute(finish_call)),
+            (
+                "a whole seq never taken",
+                lambda: conn.execute(
+                    sql.SQL("INSERT INTO {} (_key, seq) VALUES ('x6', '(7,7)')").format(rows)
+                ),
+            ),
         ]
 
         def after_begin(version_delta: int) -> None:
@@ -568,6 +574,33 @@ async def test_an_admit_role_stamps_only_the_version_its_own_transaction_took(
 
     assert answer["operations"] == ["rows.admit"]
     assert await trio.to_thread.run_sync(run) == ["its own version"]
+
+
+async def test_no_session_role_holds_usage_on_the_row_versions_type(
+    gateway: RunningGateway, namespace: str
+) -> None:
+    """``seq``'s composite type: only its owner (the gateway) may make an object of
+    it; a session reads and writes the column without any privilege on the type."""
+    await admit(gateway, TOKEN_A, namespace)
+    names = sheet_names(SheetRef(ORG_A, PLAY, namespace))
+    versions = names.versions_type
+
+    def probe(url: str) -> tuple[bool, bool, int]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            found = conn.execute(
+                sql.SQL(
+                    "SELECT has_type_privilege(current_user, {t}, 'USAGE'), "
+                    "EXISTS (SELECT FROM pg_type AS t, aclexplode(t.typacl) AS a "
+                    "WHERE t.oid = {t}::regtype AND a.grantee = 0), "
+                    "(SELECT count(*) FROM {rows} WHERE (seq).write_version = 1)"
+                ).format(t=sql.Literal(versions.as_string(conn)), rows=names.ident("sheet_table"))
+            ).fetchone()
+            assert found is not None
+            return bool(found[0]), bool(found[1]), int(found[2])
+
+    for operations in (["rows.admit"], ["rows.read", "rows.upsert"], ["rows.replace"]):
+        _, url = await mint(gateway, TOKEN_A, namespace, operations)
+        assert await trio.to_thread.run_sync(probe, url) == (False, False, 3), operations
 
 
 def hostile_counter_writes(url: str, names: Any) -> list[str]:

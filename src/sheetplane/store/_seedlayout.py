@@ -17,8 +17,9 @@ Those statements name columns of their own beside the store's:
   none of them).
 
 The seed's reads use ``SELECT *`` on the rows table and take every column
-not in its system list as row data, the store's two version columns included
-(docs/store.md says why they stay on the rows table).
+not in its system list as row data; the store's row versions are in ``seq``,
+a name on that list, so the rows table has no column the seed does not drop
+or know (docs/store.md, "Row versions").
 
 Every seed write path starts with ``ALTER TABLE <rows> ADD COLUMN IF NOT
 EXISTS ... jsonb``, which Postgres lets only the table's owner run, even when
