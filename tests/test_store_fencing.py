@@ -190,6 +190,34 @@ async def test_a_terminal_write_of_flat_outputs_bounds_them_instead_of_measuring
     assert stored["7"]["_cell_meta"] == {"score": None}
 
 
+async def test_map_outputs_checked_once_are_not_checked_again_by_the_store(
+    store: SheetStore, sheet: SheetRef, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # map checks each output where fn returned it (a CheckedObject); the store takes it
+    # as it is, and checks only what arrives as a plain mapping.
+    version = await admit(store, sheet, [1, 2], "run-1")
+    checked, _size = _rowchecks.checked_outputs({"score": 1, "note": "a"}, lambda: "outputs")
+    assert type(checked) is _rowchecks.CheckedObject
+    bounds = 0
+    bound = _rowchecks.flat_row_bound
+
+    def counting(row: Any) -> Any:
+        nonlocal bounds
+        bounds += 1
+        return bound(row)
+
+    monkeypatch.setattr(_rowchecks, "flat_row_bound", counting)
+    rows = [CompleteRow("1", checked), CompleteRow("2", {"score": 2, "note": "b"})]
+    result = await store.complete_map_rows(
+        sheet, CONTRACT, rows, run_id="run-1", write_version=version
+    )
+    assert (result.updated, bounds) == (2, 1)  # row 2's data alone
+    stored = await stored_rows(store, sheet)
+    assert [(stored[k]["score_col"], stored[k]["note"]) for k in ("1", "2")] == [(1, "a"), (2, "b")]
+    with pytest.raises(InvalidInputError, match="NUL"):
+        _rowchecks.checked_outputs({"note": "a\x00"}, lambda: "outputs")
+
+
 async def test_an_identical_replay_commits_without_updating(
     store: SheetStore, sheet: SheetRef
 ) -> None:

@@ -21,10 +21,11 @@ free of the runtime (the virtual-time tests drive it with fakes):
   ``MAX_ERROR_TEXT_BYTES``; or returned outputs the store would refuse: not
   a JSON object, a NUL, nesting past ``MAX_JSON_DEPTH``, larger than
   ``MAX_ROW_BYTES``; one bad row fails alone, never its batch). Each output
-  is checked once, by the store's own check (``checked_json_object``), whose
+  is checked once, by the store's own check (``checked_outputs``), whose
   bytes are its estimate in the batcher; the writes skip the writer's argument
-  checks (the rows are map's own). A ``BaseException`` other than a
-  cancellation propagates and stops the map.
+  checks (the rows are map's own), and on the direct road the store takes the
+  checked outputs (a ``CheckedObject``) without checking them again. A
+  ``BaseException`` other than a cancellation propagates and stops the map.
 * The writes are batched by one ``BoundedBatchFunction``, with one lane per
   write kind (``complete``, ``fail``), and nothing else: the worker hands the
   outcome to it with ``submit_nowait`` (a row costs an entry in its lane,
@@ -73,7 +74,7 @@ import trio
 from . import _tracing
 from ._groups import raise_single
 from ._ints import check_int
-from ._rowchecks import checked_json_object
+from ._rowchecks import checked_outputs
 from ._types import CompleteRow, FailRow, SheetContract, TerminalWriteResult
 from .batching import Batch, BoundedBatchFunction, Pending
 from .budgets import (
@@ -320,7 +321,7 @@ def _complete(key: str, outputs: Mapping[str, Any]) -> Outcome:
     failing its whole batch's write. Checked once, by the store's own check, whose
     bytes (or bound on them) are the row's estimate."""
     try:
-        data, size = checked_json_object(outputs, _outputs)
+        data, size = checked_outputs(outputs, _outputs)
     except InvalidInputError as exc:
         return _fail(key, f"fn returned outputs that cannot be written: {exc}")
     return CompleteRow(key, data), len(key) + size

@@ -33,7 +33,8 @@ reference gateway in-process on loopback, on the direct road:
   with ``fn``'s outputs) issued directly by the store (``SheetStore``), in
   ``batch_rows`` chunks, ``MAP_WRITE_MAX_IN_FLIGHT`` chunks at once: map
   without its reads, its workers and its batcher. Runs interleaved,
-  ``--floor-repeats`` of each (default 1: a million rows takes minutes).
+  ``--floor-repeats`` of each (default 1: a million rows takes minutes);
+  ``--floor-roads`` measures one road alone.
   Target: map <= 1.25x its floor on both roads. On the gateway road too the
   floor's writes are the store's, not the HTTP client's: the floor is the
   writes "issued directly by the store", so what map pays there beyond it is
@@ -351,13 +352,13 @@ async def _floor(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """(d): per road, map's seconds and its floor's, interleaved."""
     token = secrets.token_urlsafe(24)
     rows = make_rows(args.floor_rows)
-    out: dict[str, Any] = {road: {"map": [], "floor": []} for road in ROADS}
+    out: dict[str, Any] = {road: {"map": [], "floor": []} for road in args.floor_roads}
     async with (
         running_gateway(url, tokens={token: ORG}) as gateway,
         open_store(url, max_connections=MAP_WRITE_MAX_IN_FLIGHT) as store,
     ):
         for repeat in range(args.floor_repeats):
-            for road in ROADS:
+            for road in args.floor_roads:
                 for label in ("floor", "map") if repeat % 2 == 0 else ("map", "floor"):
                     play = f"bench-floor-{secrets.token_hex(4)}"
                     async with open_runtime(
@@ -471,7 +472,7 @@ def _floor_lines(floor: dict[str, Any], args: argparse.Namespace) -> list[str]:
         f"admission, the same writes by the store in chunks of {MAP_BATCH_ROWS}), "
         f"median of {args.floor_repeats}:"
     ]
-    for road in ROADS:
+    for road in args.floor_roads:
         mapped, bare = (statistics.median(floor[road][label]) for label in ("map", "floor"))
         ratio = mapped / bare
         lines += [
@@ -509,6 +510,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--floor-repeats", type=int, default=1, help="(d): runs of map and of its floor (default 1)"
+    )
+    parser.add_argument(
+        "--floor-roads",
+        nargs="+",
+        choices=ROADS,
+        default=list(ROADS),
+        help="(d): the roads measured (default both), e.g. one at a time at 1,000,000 rows",
     )
     parser.add_argument(
         "--skip",

@@ -76,7 +76,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from .._rowchecks import checked_json_object
+from .._rowchecks import CheckedObject, checked_json_object
 from .._types import (
     CompleteRow,
     FailRow,
@@ -218,7 +218,10 @@ def _collect(
 
 def _checked_object(value: object, position: int, what: str) -> dict[str, Any]:
     """A field of the row at ``position`` (None: empty) checked as a JSON object; its
-    name in an error is built only for one."""
+    name in an error is built only for one. A ``CheckedObject`` (``map``'s outputs,
+    checked where ``fn`` returned them) is taken as it is: a row is checked once."""
+    if type(value) is CheckedObject:
+        return value
     if value is None:
         return {}
     return checked_json_object(value, lambda: f"row {position} {what}")[0]
