@@ -69,7 +69,8 @@ from sheetplane.gateway.server._serve import ServeOptions
 from sheetplane.gateway.server._watchdog import ReaperProgress
 from sheetplane.store import SheetStore
 from sheetplane.store._schema import POSTGRES_SYSTEM_COLUMNS, RESERVED_SQL_NAMES
-from sheetplane.testing.strategies import ACTIONS, bad_json_bodies, hostile_text, json_values
+from sheetplane.testing.strategies import ACTIONS as SEED_RUNTIME_ACTIONS
+from sheetplane.testing.strategies import bad_json_bodies, hostile_text, json_values
 
 from ._threaded_gateway import ThreadedGateway, own_database, snapshot
 
@@ -79,6 +80,15 @@ ORG = "fuzz-org"
 OTHER_ORG = "fuzz-other-org"
 PLAY = "fuzz-play"
 NS = "fuzz-sheet"
+#: The keyed writes' sheet: their valid requests write rows, which NS's count must not see.
+KEYED_NS = "fuzz-keyed"
+#: Every action fuzzed: the seed's runtime actions and the keyed writes.
+KEYED_ACTIONS = (
+    "runtime_sheet_append_rows",
+    "runtime_sheet_upsert_rows",
+    "runtime_sheet_replace_rows",
+)
+ACTIONS = (*SEED_RUNTIME_ACTIONS, *KEYED_ACTIONS)
 CONTRACT = {
     "columns": [
         {"id": "email", "sqlName": "email", "source": "input"},
@@ -170,6 +180,16 @@ def _valid_bodies(version: int) -> dict[str, dict[str, Any]]:
         },
         "complete_work_receipt": {"key": "receipt-1", "result": {"ok": True}, "runId": "run-1"},
         "runtime_sheet_summary": {"tableNamespace": NS},
+        **{
+            action: {
+                "tableNamespace": KEYED_NS,
+                "sheetContract": CONTRACT,
+                "rows": [{"_key": "k1", "email": "user1@example.com"}],
+                "idempotencyKey": f"{action}-1",
+                "runId": "run-1",
+            }
+            for action in KEYED_ACTIONS
+        },
     }
 
 
@@ -447,7 +467,20 @@ FIELDS: dict[str, list[tuple[tuple[Any, ...], str, bool]]] = {
     "runtime_sheet_summary": [
         (("tableNamespace",), "text", True),
     ],
+    **{
+        action: [
+            (("tableNamespace",), "text", True),
+            (("sheetContract",), "object", True),
+            (("rows",), "array", True),
+            (("rows", 0), "object", True),
+            (("rows", 0, "email"), "json", True),
+            (("idempotencyKey",), "text", True),
+            (("runId",), "text", True),
+        ]
+        for action in KEYED_ACTIONS
+    },
 }
+FIELDS["runtime_sheet_upsert_rows"].append((("keyField",), "opt_text", False))
 #: Every action also carries ``playName``.
 for _fields in FIELDS.values():
     _fields.append((("playName",), "text", True))

@@ -41,6 +41,7 @@ from ._seedlayout import owner_role as owner_role
 from ._shares import share_signatures as share_signatures
 from ._store import SheetStore as SheetStore
 from ._store import open_store as open_store
+from ._writes import check_keyed_write as check_keyed_write
 
 __all__ = [
     "EVERY_ROW",
@@ -62,6 +63,7 @@ __all__ = [
     "TrioPool",
     "admit_functions",
     "check_key",
+    "check_keyed_write",
     "clear_function",
     "column_ids",
     "grant_lock_key",

@@ -76,7 +76,7 @@ from ._rowdata import (
     table_columns,
 )
 
-__all__ = ["append_rows", "appended_row_key", "replace_rows", "upsert_rows"]
+__all__ = ["append_rows", "appended_row_key", "check_keyed_write", "replace_rows", "upsert_rows"]
 
 WriteKind = Literal["append", "upsert", "replace"]
 
@@ -163,6 +163,27 @@ async def _write(
         return WriteResult(written=written, replayed=False)
 
     return await pool.run(run)
+
+
+def check_keyed_write(
+    rows: object,
+    *,
+    idempotency_key: object,
+    run_id: object,
+    key_field: object = None,
+    by_key: bool = False,
+) -> None:
+    """Raise ``InvalidInputError`` for what ``append_rows``, ``replace_rows`` or (with
+    ``by_key``) ``upsert_rows`` would refuse of these arguments, as they refuse it. The
+    reference gateway checks a keyed write so before it ensures the sheet, so a refused
+    write creates nothing."""
+    check_key_size(check_text(idempotency_key, "idempotency_key"), "idempotency_key")
+    if key_field is not None:
+        check_text(key_field, "key_field")
+    _run_id(run_id)
+    checked = _check_rows(rows)
+    if by_key:
+        _merge_by_key(checked, key_field if isinstance(key_field, str) else None)
 
 
 async def append_rows(

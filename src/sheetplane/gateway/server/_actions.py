@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -43,7 +44,7 @@ from ...budgets import (
 from ...errors import AdmissionTooLargeError, InvalidInputError, StoreError
 from ...protocol import SERVED_LOGICAL_TABLES, UNSUPPORTED_ACTION_TEXT, Code, EncodedChunk
 from ...sizes import json_byte_length_up_to
-from ...store import JsonPage, SheetStore, StorePlays, StoreReceipts
+from ...store import JsonPage, SheetStore, StorePlays, StoreReceipts, check_keyed_write
 from ..faults import FaultSchedule
 from ._auth import TokenTable
 from ._chunks import checked_chunk, chunk_of
@@ -497,6 +498,18 @@ async def _keyed_write(
     minting a session for the write ensures it), then ``write`` on it, stamped with the
     request's run."""
     sheet = _at(call, request)
+    # Refused before the sheet is ensured, as the store refuses it: a refused write
+    # creates nothing.
+    await run_sync(
+        partial(
+            check_keyed_write,
+            request.rows,
+            idempotency_key=request.idempotency_key,
+            run_id=request.run_id,
+            key_field=fields.get("key_field"),
+            by_key="key_field" in fields,
+        )
+    )
     await _store(call).ensure_sheet(sheet, m.contract_of(request.sheet_contract))
     return await write(
         sheet,
