@@ -289,6 +289,38 @@ class _Worker:
             self.attempt.write_version, held.number, held.token, finished=finished
         )
 
+    async def run(self, mapping: Callable[[], Awaitable[object]]) -> None:
+        """Run ``mapping`` (the round's ``run_map`` over ``rows``) with the shares kept
+        beside it, cancelled at the deadline of the shares held or by ``halt``; raise
+        the error that halted it, or ``LeaseLostError`` if a lease ran out first."""
+        finished = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.keep)
+                try:
+                    with trio.CancelScope() as body:
+                        self.body = body
+                        self._deadline()
+                        await mapping()
+                        finished = True
+                finally:
+                    self.body = None
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise_single(group)
+        finally:
+            if not finished and not isinstance(self.error, AttemptSupersededError):
+                await self.release_all()
+        if self.error is not None:
+            raise self.error
+        if not finished:
+            a = self.attempt
+            raise LeaseLostError(
+                f"{a.table_namespace}@{a.write_version}",
+                "no renewal landed before a share's lease would expire",
+                "a share of attempt",
+            )
+
     async def release_all(self) -> None:
         """Give every held share back unfinished (shielded, bounded)."""
         with (
@@ -368,27 +400,38 @@ async def run_attempt(
     admission; every fn call still running is cancelled and nothing more is written.
     """
     tally = AttemptTally() if tally is None else tally
-    while True:
-        written = tally.completed + tally.failed
-        try:
-            await _round(
-                attempt,
-                shares,
-                rows_of,
+
+    async def one_round() -> None:
+        """A round: ``run_map`` over the shares a new worker claims."""
+        holder = f"worker-{uuid.uuid4().hex}"
+        worker = _Worker(
+            attempt, shares, rows_of, lease, share_rows(concurrency), holder=holder, tally=tally
+        )
+        completed, failed = _settling(worker, tally, complete, fail)
+        row_once = None if once is None else _row_once(worker, once, tally)
+        report = None if progress is None else _reporter(progress, tally, total)
+        await worker.run(
+            lambda: run_map(
+                worker.rows(),
                 fn,
-                complete=complete,
-                fail=fail,
+                total=total,
+                complete=completed,
+                fail=failed,
                 concurrency=concurrency,
                 batch_rows=batch_rows,
                 flush_seconds=flush_seconds,
-                lease=lease,
-                total=total,
-                once=once,
-                progress=progress,
+                once=row_once,
+                namespace=attempt.table_namespace,
+                progress=report,
                 output_keys=output_keys,
                 unknown_outputs=unknown_outputs,
-                tally=tally,
             )
+        )
+
+    while True:
+        written = tally.completed + tally.failed
+        try:
+            await one_round()
         except LeaseLostError as exc:
             if tally.completed + tally.failed == written:
                 raise
@@ -449,77 +492,3 @@ def _row_once(worker: _Worker, receipts: ShareOnce, tally: AttemptTally) -> Once
         return result, False  # counted here: a round's count would not outlive it
 
     return row_once
-
-
-async def _round(
-    attempt: Attempt,
-    shares: ShareRoad,
-    rows_of: Callable[[ShareClaim], Awaitable[Sequence[Row]]],
-    fn: MapFn,
-    *,
-    complete: CompleteWrite,
-    fail: FailWrite,
-    concurrency: int,
-    batch_rows: int,
-    flush_seconds: float,
-    lease: ShareLease,
-    total: int,
-    once: ShareOnce | None,
-    progress: Callable[[MapProgress], object] | None,
-    output_keys: OutputKeys | None,
-    unknown_outputs: UnknownOutputs,
-    tally: AttemptTally,
-) -> None:
-    """One round of ``run_attempt``: ``run_map`` over the shares it claims."""
-    worker = _Worker(
-        attempt,
-        shares,
-        rows_of,
-        lease,
-        share_rows(concurrency),
-        holder=f"worker-{uuid.uuid4().hex}",
-        tally=tally,
-    )
-
-    completed, failed = _settling(worker, tally, complete, fail)
-    row_once = None if once is None else _row_once(worker, once, tally)
-    finished = False
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.keep)
-            try:
-                with trio.CancelScope() as body:
-                    worker.body = body
-                    worker._deadline()
-                    await run_map(
-                        worker.rows(),
-                        fn,
-                        total=total,
-                        complete=completed,
-                        fail=failed,
-                        concurrency=concurrency,
-                        batch_rows=batch_rows,
-                        flush_seconds=flush_seconds,
-                        once=row_once,
-                        namespace=attempt.table_namespace,
-                        progress=None if progress is None else _reporter(progress, tally, total),
-                        output_keys=output_keys,
-                        unknown_outputs=unknown_outputs,
-                    )
-                    finished = True
-            finally:
-                worker.body = None
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        raise_single(group)
-    finally:
-        if not finished and not isinstance(worker.error, AttemptSupersededError):
-            await worker.release_all()
-    if worker.error is not None:
-        raise worker.error
-    if not finished:
-        raise LeaseLostError(
-            f"{attempt.table_namespace}@{attempt.write_version}",
-            "no renewal landed before a share's lease would expire",
-            "a share of attempt",
-        )
