@@ -189,6 +189,27 @@ async def _append(into: list[Any], awaitable: Any) -> None:
     into.append(await awaitable)
 
 
+@pytest.mark.parametrize(
+    ("seconds", "sizes"),
+    [
+        # 64 rows (16 rounds of 4 calls) handed out at once: each next share doubles.
+        (0.0, [64, 128, 256, 512, 1_024, 2_016]),
+        # 64 rows of 50 ms calls, 4 at a time, take 0.8 s: the next share doubles, and
+        # its 128 rows take 1.6 s, past SHARE_GROW_BELOW_MS: the size holds there.
+        (0.05, [64, 128, 128, 64]),
+        # 64 rows of 70 ms calls take 1.12 s, past SHARE_GROW_BELOW_MS: the size holds.
+        (0.07, [64] * 6),
+    ],
+)
+def test_a_worker_whose_calls_are_fast_claims_larger_shares(
+    seconds: float, sizes: list[int]
+) -> None:
+    model = ModelShares(rows=4_000 if seconds == 0.0 else 384)
+    trio.run(work, model, sleeper(seconds), clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [s.last - s.first + 1 for s in model.shares] == sizes
+    assert model.writes == dict.fromkeys(range(model.rows), 1)
+
+
 def test_a_share_held_longer_than_its_ttl_is_renewed_and_never_taken_over() -> None:
     model = ModelShares(rows=4)
     tally = AttemptTally()

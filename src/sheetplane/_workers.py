@@ -10,7 +10,10 @@ loop: ``concurrency`` fn calls, batched fenced writes, supersession) over an
 iterator of rows that claims shares as the map asks for rows:
 
 * The iterator claims a share (``ShareRoad.claim``: up to
-  ``SHARE_ROUNDS * concurrency`` rows under a lease), reads the share's rows
+  ``SHARE_ROUNDS * concurrency`` rows under a lease, and twice the last claim's
+  rows after a whole share went out to the calls in under
+  ``SHARE_GROW_BELOW_MS``, up to ``SHARE_MAX_ROWS``: fast calls pay a claim, a
+  read and a release for more rows), reads the share's rows
   that are still unsettled (a share taken over from a dead worker holds only the
   rows it had not written) and hands them out one by one; when they run out it
   claims the next share, while the last calls of the previous one still run,
@@ -69,7 +72,12 @@ from ._map import (
     run_map,
 )
 from ._types import CompleteRow, FailRow, TerminalWriteResult, new_lease_token
-from .budgets import SHARE_MAX_ROWS, SHARE_ROUNDS, WORK_RECEIPT_RELEASE_TIMEOUT_MS
+from .budgets import (
+    SHARE_GROW_BELOW_MS,
+    SHARE_MAX_ROWS,
+    SHARE_ROUNDS,
+    WORK_RECEIPT_RELEASE_TIMEOUT_MS,
+)
 from .errors import AttemptSupersededError, LeaseLostError, SheetplaneError
 from .pages import ShareRoad
 
@@ -349,6 +357,13 @@ class _Worker:
             with contextlib.suppress(SheetplaneError):
                 await self.release(held, finished=True)
 
+    def grow(self, rows: int, seconds: float) -> None:
+        """After a full share's rows went out to the calls in ``seconds``: the next claim
+        asks for twice the rows when that took less than ``SHARE_GROW_BELOW_MS`` (a
+        claim, a read and a release a share cost less a row), up to ``SHARE_MAX_ROWS``."""
+        if rows >= self.max_rows and seconds * _MS < SHARE_GROW_BELOW_MS:
+            self.max_rows = min(SHARE_MAX_ROWS, 2 * self.max_rows)
+
     async def rows(self) -> AsyncIterator[Row]:
         """Every row this worker maps: share after share, until none is left."""
         while True:
@@ -356,13 +371,16 @@ class _Worker:
             if claim is None:
                 return
             held = self.held[claim.share or 0]
-            for row in await self.rows_of(claim):
+            rows = await self.rows_of(claim)
+            handing = trio.current_time()
+            for row in rows:
                 key = row["_key"]
                 self.by_key[key] = held
                 self.by_receipt[receipt_key(self.attempt.table_namespace, key)] = held
                 held.outstanding += 1
                 self.tally.rows += 1
                 yield row
+            self.grow(len(rows), trio.current_time() - handing)
             held.read_all = True
             if held.outstanding == 0:
                 await self.release(held, finished=True)

@@ -760,6 +760,11 @@ SHARE_LEASE_MIN_TTL_MS: Final = 300
 #: so the calls of a share's last round are a small part of it; at most one page.
 SHARE_ROUNDS: Final = 16
 SHARE_MAX_ROWS: Final = READ_PAGE_MAX_ROWS
+#: A worker that hands a share's rows out to its calls in less than this claims twice
+#: the rows next time (up to ``SHARE_MAX_ROWS``): fast calls pay a share's claim, read
+#: and release over more rows, and a share still holds at most about twice this long
+#: of the worker's calls, so the workers of an attempt still end close together.
+SHARE_GROW_BELOW_MS: Final = 1_000
 
 #: A worker with nothing left to claim while other workers' shares are live asks
 #: again this often (one of them may die; its share is then this worker's to take).
@@ -880,7 +885,9 @@ def _check() -> None:
             0 < SHARE_LEASE_MIN_TTL_MS <= SHARE_LEASE_TTL_MS
         ),
         "a worker polls for a dead worker's share well inside a lease": (
-            0 < SHARE_POLL_MS < SHARE_LEASE_TTL_MS and 0 < SHARE_ROUNDS <= SHARE_MAX_ROWS
+            0 < SHARE_POLL_MS < SHARE_LEASE_TTL_MS
+            and 0 < SHARE_ROUNDS <= SHARE_MAX_ROWS
+            and 0 < SHARE_GROW_BELOW_MS < SHARE_LEASE_RENEWAL_MS
         ),
         "four runner processes of one token fit its share of requests in flight": (
             0 < 4 * GATEWAY_CLIENT_MAX_CONNECTIONS <= GATEWAY_MAX_REQUESTS_PER_TOKEN
