@@ -14,6 +14,7 @@ from psycopg import sql
 
 from _runtime_helpers import (
     CONTRACT,
+    ROADS,
     CountingGateway,
     counting_gateway,
     new_play,
@@ -23,7 +24,8 @@ from _runtime_helpers import (
 )
 from sheetplane import InvalidInputError
 from sheetplane._types import SheetRef
-from sheetplane.pages import _admits
+from sheetplane.pages import DirectAdmissions, GatewayAdmissions, _admits
+from sheetplane.runtime import Strategy
 from sheetplane.store import SheetStore, _direct, sheet_names
 
 CHUNK = 100
@@ -289,3 +291,29 @@ async def test_past_the_hold_bound_a_sequence_is_rolled_back_and_staged_from_its
     state = await rows_and_registry(store, sheet)
     assert state["staged"] == [("committed",)]
     assert [row[0] for row in state["rows"]] == [f"k{i:04d}" for i in range(300)]
+
+
+@pytest.mark.parametrize("strategy", ROADS)
+async def test_each_strategy_admits_through_its_own_admission_road(
+    gateway: CountingGateway, store: SheetStore, strategy: Strategy
+) -> None:
+    """The runtime hands the writer its strategy's admission road; the gateway road has
+    no way in at once (it answers None without a request) and stages the sequence the
+    direct road writes in one transaction: the same rows either way."""
+    play = new_play()
+    roads = {"direct": DirectAdmissions, "gateway_only": GatewayAdmissions}
+    async with runtime(gateway, strategy, play=play) as rt:
+        writer = rt.writer("leads", CONTRACT)
+        road = writer._target.admissions
+        assert type(road) is roads[strategy]
+        if strategy == "gateway_only":
+            before = gateway.requests
+            assert await road.admit_at_once(listed([1, 2])) is None
+            assert gateway.requests == before
+        admission = await writer.start(listed([3, 1, 2, 1]))
+        pending = [row["_key"] async for row in admission.pending()]
+    assert (admission.inserted, admission.skipped) == (3, 1)
+    assert pending == ["k0003", "k0001", "k0002"]
+    state = await rows_and_registry(store, sheet_of(play, "leads"))
+    assert [row[0] for row in state["rows"]] == pending
+    assert state["staged"] == ([] if strategy == "direct" else [("committed",)])
