@@ -154,9 +154,12 @@ async def test_odd_values_and_keys_are_stored_as_given(
     assert (await rows_and_registry(store, sheet_of(play, "leads")))["staged"] == []
 
 
+@pytest.mark.parametrize("piece", [1_000, 7])
 async def test_a_bad_row_past_several_chunks_leaves_nothing_visible(
-    gateway: CountingGateway, store: SheetStore
+    gateway: CountingGateway, store: SheetStore, monkeypatch: pytest.MonkeyPatch, piece: int
 ) -> None:
+    # 7: the bad row is met while its chunk's COPY is being sent.
+    monkeypatch.setattr(_direct, "_PIECE_ROWS", piece)
     play = new_play()
     sheet = sheet_of(play, "leads")
 
