@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
 from sheetplane import protocol as m
+from sheetplane._types import CompleteRow, FailRow
 from sheetplane.crypto import generate_decryption_key
 from sheetplane.gateway.server import running_gateway
 from sheetplane.protocol import (
@@ -337,3 +338,35 @@ def test_a_page_of_rows_keeps_its_objects() -> None:
     rows = [{"a": 1}, Row(b=2), {}]
     page = m.structure({"rows": rows, "limit": 5, "offset": 0}, m.PageWire)
     assert page.rows == rows
+
+
+_OBJECTS = st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    complete=st.lists(
+        st.builds(CompleteRow, st.text(min_size=1), _OBJECTS, st.none() | _OBJECTS), max_size=4
+    ),
+    fail=st.lists(
+        st.builds(FailRow, st.text(min_size=1), st.text(), st.none() | _OBJECTS), max_size=4
+    ),
+)
+def test_terminal_rows_written_in_one_pass_are_what_the_converter_writes(
+    complete: list[Any], fail: list[Any]
+) -> None:
+    # The client writes a terminal write's rows straight to the body (complete_rows_json,
+    # fail_rows_json); they must be what the wire classes write, refusal for refusal.
+    for one_pass, typed, rows in (
+        (m.complete_rows_json, m.complete_rows_wire, complete),
+        (m.fail_rows_json, m.fail_rows_wire, fail),
+    ):
+        try:
+            expected: Any = [unstructure(row) for row in typed(rows)]
+        except WireError as exc:
+            expected = str(exc)
+        try:
+            got: Any = one_pass(rows)
+        except WireError as exc:
+            got = str(exc)
+        assert got == expected

@@ -1082,7 +1082,7 @@ class GatewayClient:
         self._check_row_writes(rows, CompleteRow)
         return await self._terminal_write(
             m.CompleteMapRowsRequest,
-            partial(m.complete_rows_wire, rows),
+            partial(m.complete_rows_json, rows),
             table_namespace,
             contract,
             run_id,
@@ -1102,7 +1102,7 @@ class GatewayClient:
         self._check_row_writes(rows, FailRow)
         return await self._terminal_write(
             m.FailMapRowsRequest,
-            partial(m.fail_rows_wire, rows),
+            partial(m.fail_rows_json, rows),
             table_namespace,
             contract,
             run_id,
@@ -1118,7 +1118,9 @@ class GatewayClient:
         run_id: str,
         write_version: int | None,
     ) -> TerminalWriteResult:
-        """A complete or fail request: its rows as ``wire_rows()`` builds them, under one fence."""
+        """A complete or fail request under one fence: its rows as ``wire_rows()`` writes
+        them (each row converted once, straight to what the body carries), in the
+        envelope the converter writes."""
         try:
             rows = wire_rows()
         except m.WireError as exc:
@@ -1129,9 +1131,12 @@ class GatewayClient:
             contract,
             run_id=run_id,
             write_version=write_version,
-            rows=rows,
+            rows=[],
         )
-        return m.parse_terminal_write((await self._send(request)).body, request.action)
+        payload = m.unstructure(request)
+        payload["rows"] = rows
+        answer = await self._call_content(request.action, _dumps(payload))
+        return m.parse_terminal_write(answer.body, request.action)
 
     async def append_rows(
         self,

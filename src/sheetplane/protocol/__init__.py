@@ -42,6 +42,7 @@ from ._converter import count_rule as count_rule
 from ._converter import domain_text_field as domain_text_field
 from ._converter import int_field as int_field
 from ._converter import lease_token_field as lease_token_field
+from ._converter import non_empty as non_empty
 from ._converter import optional_int_field as optional_int_field
 from ._converter import optional_text_field as optional_text_field
 from ._converter import rule as rule
@@ -53,12 +54,14 @@ from ._domain import admitted_wire as admitted_wire
 from ._domain import attempt_status_answer as attempt_status_answer
 from ._domain import check_page as check_page
 from ._domain import claim_answer as claim_answer
+from ._domain import complete_rows_json as complete_rows_json
 from ._domain import complete_rows_of as complete_rows_of
 from ._domain import complete_rows_wire as complete_rows_wire
 from ._domain import contract_json as contract_json
 from ._domain import contract_of as contract_of
 from ._domain import contract_wire as contract_wire
 from ._domain import copy_fields as copy_fields
+from ._domain import fail_rows_json as fail_rows_json
 from ._domain import fail_rows_of as fail_rows_of
 from ._domain import fail_rows_wire as fail_rows_wire
 from ._domain import keyed_write_answer as keyed_write_answer
@@ -374,6 +377,7 @@ __all__ = [
     "check_text_cap",
     "chunk_body",
     "claim_answer",
+    "complete_rows_json",
     "complete_rows_of",
     "complete_rows_wire",
     "contract_json",
@@ -386,6 +390,7 @@ __all__ = [
     "encode_body",
     "encode_row",
     "error_body",
+    "fail_rows_json",
     "fail_rows_of",
     "fail_rows_wire",
     "int_field",
@@ -394,6 +399,7 @@ __all__ = [
     "keyed_document",
     "keyed_write_answer",
     "lease_token_field",
+    "non_empty",
     "openapi_document",
     "optional_int_field",
     "optional_text_field",

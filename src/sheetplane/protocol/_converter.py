@@ -55,6 +55,7 @@ __all__ = [
     "domain_text_field",
     "int_field",
     "lease_token_field",
+    "non_empty",
     "optional_int_field",
     "optional_text_field",
     "rule",
@@ -125,7 +126,8 @@ def rule(check: Callable[[Any], str | None]) -> Any:
     return validate
 
 
-def _non_empty(value: object) -> str | None:
+def non_empty(value: object) -> str | None:
+    """What is wrong with a required text member (``text_field``), or None."""
     if not isinstance(value, str):
         return f"must be a string, got {type(value).__name__}"
     return None if value.strip() else "must be a non-empty string"
@@ -157,7 +159,7 @@ def count_rule(minimum: int, maximum: int, verbatim: str | None = None) -> Any:
     return validate
 
 
-_TEXT = rule(_non_empty)
+_TEXT = rule(non_empty)
 
 
 def text_field() -> Any:
