@@ -158,12 +158,17 @@ async def test_a_newer_admission_stops_every_worker(
     async with runtime(gateway, strategy, play=play) as rt:
         writer = rt.writer("ns", CONTRACT)
         admission = await writer.start(inputs(200))
-        started = trio.Event()
-        cancelled = 0
+        # The newer admission comes once both workers run their four calls each. It
+        # came at the first call before: under load the other worker could still be
+        # starting, and 4 calls were cancelled, one worker's, not 8 (seen once).
+        all_started = trio.Event()
+        running = cancelled = 0
 
         async def slow(row: dict[str, Any]) -> dict[str, Any]:
-            nonlocal cancelled
-            started.set()
+            nonlocal running, cancelled
+            running += 1
+            if running == 8:
+                all_started.set()
             try:
                 await trio.sleep(3600)
             except trio.Cancelled:
@@ -185,7 +190,7 @@ async def test_a_newer_admission_stops_every_worker(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(worker)
                 nursery.start_soon(worker)
-                await started.wait()
+                await all_started.wait()
                 await rt.writer("ns", CONTRACT).start(inputs(200))
         assert len(errors) == 2
         assert all(e.write_version == admission.write_version for e in errors)

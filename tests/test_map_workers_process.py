@@ -74,7 +74,8 @@ async def test_three_processes_one_killed_every_row_once(
         admission = await rt.writer("ns", CONTRACT).start(
             [{"text": "a b c", "__deeplineRowKey": f"k{i:05d}"} for i in range(ROWS)]
         )
-        calls = tmp_path / "calls.txt"
+        # Each process's own calls file: the test sees when the one it kills is mapping.
+        calls = [tmp_path / f"calls{n}.txt" for n in range(3)]
         config = {
             "base_url": gateway.base_url,
             "token": gateway.token,
@@ -85,29 +86,33 @@ async def test_three_processes_one_killed_every_row_once(
             "concurrency": 16,
             "receipts": True,
             "lease": LEASE,
-            "calls_file": str(calls),
         }
         outputs = [tmp_path / f"worker{n}.json" for n in range(3)]
         processes: list[trio.Process] = []
         with trio.fail_after(240):
             async with trio.open_nursery() as nursery:
-                for out in outputs:
+                for out, calls_file in zip(outputs, calls, strict=True):
+                    mine = {**config, "calls_file": str(calls_file)}
                     with out.open("wb") as stdout:
                         process = await nursery.start(
                             partial(
                                 trio.run_process,
                                 [sys.executable, "-m", "sheetplane.runtime.worker_process"],
-                                stdin=json.dumps(config).encode(),
+                                stdin=json.dumps(mine).encode(),
                                 stdout=stdout,
                                 check=False,
                             )
                         )
                         processes.append(process)
-                # Kill the first once the attempt is well under way (a fifth written):
-                # another process's progress, read where it is written (polled).
+                # Kill the first once the attempt is well under way (a fifth written)
+                # while it holds a share: it has finished calls of its own and all three
+                # hold a lease. On the whole attempt's progress alone it could be killed
+                # before it had claimed anything (its start is seconds late under load),
+                # leaving no share to take over. Read where each is written (polled).
                 while True:
                     status = await rt.attempt_status(admission.attempt)
-                    if status.enriched >= ROWS // 5:
+                    mapping = calls[0].exists() and calls[0].stat().st_size > 0
+                    if status.enriched >= ROWS // 5 and status.workers == 3 and mapping:
                         break
                     await trio.sleep(0.05)
                 processes[0].send_signal(signal.SIGKILL)
@@ -129,7 +134,8 @@ async def test_three_processes_one_killed_every_row_once(
     # a call cut between its end and its receipt (at most one per slot of the dead
     # worker) may have run twice.
     finished: dict[str, list[float]] = {}
-    for line in calls.read_text().splitlines():
+    lines = [line for path in calls if path.exists() for line in path.read_text().splitlines()]
+    for line in lines:
         key, start, _end = line.split()
         finished.setdefault(key, []).append(float(start))
     recorded = found["recorded"]
