@@ -87,9 +87,9 @@ class _HoldExceeded(Exception):
 class _Chunk:
     """One chunk of the input, encoded: each row's key, its key as a COPY text field, and
     its columns' COPY text fields joined by tabs (``None`` for a contract without
-    columns). The rest of each line (the run, the input index, the versions) is the
+    columns). The rest of each line (the input index, the run, the versions) is the
     same for every row but the index, which is the row's position among the kept rows
-    and is only known once the earlier chunks are in; ``_copy`` joins the lines."""
+    and is only known once the earlier chunks are in; ``lines`` joins them."""
 
     __slots__ = ("fields", "key_fields", "keys")
 
