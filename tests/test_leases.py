@@ -5,21 +5,25 @@ another holder (its receipt, its lease's expiry, or the wait budget)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from _lease_helpers import TTL, LeaseTable, instant
 from sheetplane import LeaseHeldError, LeaseLostError, ReceiptCompletedError
 from sheetplane._leases import Lease, LeaseTimes, acquire_lease, hold_lease, run_once
+from sheetplane._types import ReceiptClaim, ReceiptCompletion
 from sheetplane.budgets import (
     WORK_RECEIPT_LEASE_GUARD_MS,
     WORK_RECEIPT_LEASE_RENEWAL_MS,
     WORK_RECEIPT_ONCE_POLL_MS,
     WORK_RECEIPT_ONCE_WAIT_MS,
+    WORK_RECEIPT_RELEASE_TIMEOUT_MS,
 )
 from sheetplane.errors import TransientGatewayError
 
@@ -27,6 +31,7 @@ RENEWAL = WORK_RECEIPT_LEASE_RENEWAL_MS / 1000
 GUARD = WORK_RECEIPT_LEASE_GUARD_MS / 1000
 POLL = WORK_RECEIPT_ONCE_POLL_MS / 1000
 WAIT = WORK_RECEIPT_ONCE_WAIT_MS / 1000
+RELEASE_TIMEOUT = WORK_RECEIPT_RELEASE_TIMEOUT_MS / 1000
 
 
 @asynccontextmanager
@@ -253,3 +258,94 @@ async def test_a_claim_cancelled_before_its_answer_is_released(autojump_clock: A
         await acquire_lease(table, "k", "a")
     assert [(key, holder) for _t, key, holder in table.releases] == [("k", "a")]
     assert table.rows["k"].holder is None  # the next holder need not wait for the expiry
+
+
+@attrs.define
+class DetachedGateway:
+    """``table`` behind a gateway that finishes a claim whose caller has left (as the
+    reference gateway does): each claim is served in ``server``'s nursery and lands
+    ``claim_delay(holder)`` seconds after it was sent, whether or not anyone still
+    waits for its answer. Completions and releases are served at once."""
+
+    table: LeaseTable
+    server: trio.Nursery
+    claim_delay: Callable[[LeaseTable, str, str], float]
+
+    async def claim(self, key: str, holder: str, lease_token: str) -> ReceiptClaim:
+        answered = trio.Event()
+        answers: list[ReceiptClaim] = []
+        delay = self.claim_delay(self.table, key, holder)
+
+        async def serve() -> None:
+            await trio.sleep(delay)
+            answers.append(await self.table.claim(key, holder, lease_token))
+            answered.set()
+
+        self.server.start_soon(serve)
+        await answered.wait()
+        return answers[0]
+
+    async def complete(
+        self, key: str, result: Any, holder: str, lease_token: str
+    ) -> ReceiptCompletion:
+        return await self.table.complete(key, result, holder, lease_token)
+
+    async def release(self, key: str, holder: str, lease_token: str) -> bool:
+        return await self.table.release(key, holder, lease_token)
+
+
+async def test_a_claim_landing_after_its_caller_left_is_still_released(
+    autojump_clock: Any,
+) -> None:
+    # The demo's receipts stall: a map stopped while a claim was in flight sent its
+    # release at once; the gateway ran the release first (no lease yet), then the
+    # claim, which held the key for a whole TTL against the rerun.
+    table = LeaseTable()
+    async with trio.open_nursery() as server:
+        gateway = DetachedGateway(table, server, lambda _t, _k, _h: 10.0)
+        t0 = trio.current_time()
+        with trio.move_on_after(1) as stop:
+            await acquire_lease(gateway, "k", "a")
+        assert stop.cancelled_caught
+        returned_at = trio.current_time()
+    # Every claim sent has landed: the key is free, and the next holder takes it at once.
+    assert table.rows["k"].holder is None
+    async with claim(table, "k", "b"):
+        pass
+    # The cut-short claim was given its answer (10 s, within the release's bound), and
+    # only then released.
+    assert returned_at == t0 + 10
+    assert [t for t, _key, holder in table.releases if holder == "a"] == [t0 + 10]
+
+
+async def test_a_cut_short_claim_waits_for_its_answer_only_a_release_timeout(
+    autojump_clock: Any,
+) -> None:
+    table = LeaseTable()
+    async with trio.open_nursery() as server:
+        gateway = DetachedGateway(table, server, lambda _t, _k, _h: math.inf)
+        t0 = trio.current_time()
+        with trio.move_on_after(1) as stop:
+            await acquire_lease(gateway, "k", "a")
+        assert stop.cancelled_caught
+        assert trio.current_time() == t0 + 1 + RELEASE_TIMEOUT
+        assert [(key, holder) for _t, key, holder in table.releases] == [("k", "a")]
+        server.cancel_scope.cancel()
+
+
+async def test_a_renewal_in_flight_when_the_block_ends_is_released_after_it_lands(
+    autojump_clock: Any,
+) -> None:
+    def slow_renewals(table: LeaseTable, key: str, holder: str) -> float:
+        return 10.0 if table.holds(key, holder) else 0.0
+
+    table = LeaseTable()
+    async with trio.open_nursery() as server:
+        gateway = DetachedGateway(table, server, slow_renewals)
+        t0 = trio.current_time()
+        lease = await acquire_lease(gateway, "k", "a")
+        async with hold_lease(lease):
+            await trio.sleep(RENEWAL + 1)  # the renewal sent at RENEWAL lands at RENEWAL + 10
+        assert trio.current_time() == t0 + RENEWAL + 10
+    assert [t for t, _key, _holder in table.releases] == [t0 + RENEWAL + 10]
+    assert table.rows["k"].holder is None

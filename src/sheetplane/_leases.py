@@ -26,7 +26,11 @@ Leaving the block without a completion (the body raised, was cancelled, or
 simply returned) releases the lease, as does a claim cut short before its
 answer arrived (it may have landed), shielded and bounded by
 ``WORK_RECEIPT_RELEASE_TIMEOUT_MS``, so the next holder need not wait for it
-to expire; a release that does not land only costs that wait.
+to expire; a release that does not land only costs that wait. The gateway
+goes on with a request whose caller has left, so a claim (or a renewal) cut
+short is first given the same bound to answer: a release sent beside it could
+run before the claim's transaction commits, find no lease, and leave the claim
+to hold the key for a whole TTL.
 
 :func:`run_once` is ``once``: the receipt's result if the work is done, else
 claim, run, complete; while another holder holds the lease it polls every
@@ -187,13 +191,13 @@ async def _keep(lease: Lease) -> None:
         if lease._completion is not None:
             return
         sent = trio.current_time()
-        claim: ReceiptClaim | None = None
-        with trio.move_on_at(times.stop_at):
-            try:
-                claim = await lease._backend.claim(lease.key, lease.holder, lease._token)
-            except SheetplaneError as exc:
-                lease._lose(f"a renewal failed ({type(exc).__name__}: {exc})")
-                return
+        try:
+            claim = await _claim_settled(
+                lease._backend, lease.key, lease.holder, lease._token, deadline=times.stop_at
+            )
+        except SheetplaneError as exc:
+            lease._lose(f"a renewal failed ({type(exc).__name__}: {exc})")
+            return
         if lease._completion is not None:
             return
         if claim is None:
@@ -225,7 +229,8 @@ async def acquire_lease(
     sent = trio.current_time()
     token = new_lease_token() if lease_token is None else lease_token
     try:
-        claim = await backend.claim(key, holder, token)
+        claim = await _claim_settled(backend, key, holder, token)
+        assert claim is not None  # no deadline of its own
     except BaseException:
         # Cut short (cancelled, or a lost answer): the claim may have landed, and
         # nobody would release it before it expires. The holder and the token are
@@ -277,6 +282,46 @@ async def hold_lease(lease: Lease) -> AsyncIterator[Lease]:
             await _release(lease)
     if lease._lost is not None:
         raise LeaseLostError(lease.key, lease._lost)
+
+
+async def _claim_settled(
+    backend: ReceiptBackend, key: str, holder: str, token: str, *, deadline: float = math.inf
+) -> ReceiptClaim | None:
+    """``backend.claim``, or None once ``deadline`` passes first.
+
+    Cancelled while the claim is in flight, it waits for the claim's answer
+    before the cancellation goes on (shielded, for at most
+    ``WORK_RECEIPT_RELEASE_TIMEOUT_MS`` and never past ``deadline``): the
+    gateway finishes a request whose caller has left, so the release that
+    follows must be sent after the claim has landed, not beside it.
+    """
+    call = trio.CancelScope(shield=True, deadline=deadline)
+    answered = trio.Event()
+    answers: list[ReceiptClaim] = []
+    errors: list[Exception] = []
+
+    async def run() -> None:
+        with call:
+            try:
+                answers.append(await backend.claim(key, holder, token))
+            except Exception as exc:
+                errors.append(exc)
+        answered.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            try:
+                await answered.wait()
+            except trio.Cancelled:
+                bound = trio.current_time() + WORK_RECEIPT_RELEASE_TIMEOUT_MS / _MS
+                call.deadline = min(call.deadline, bound)
+                raise
+    except BaseExceptionGroup as group:
+        raise_single(group)
+    if errors:
+        raise errors[0]
+    return answers[0] if answers else None
 
 
 async def _release(lease: Lease) -> None:
