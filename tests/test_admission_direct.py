@@ -4,12 +4,15 @@ queue on the writer lock; and the inputs it does not take go the staged way."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, overload
 
 import psycopg
 import pytest
 import trio
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 from _runtime_helpers import (
@@ -116,6 +119,51 @@ async def test_a_sequence_is_written_once_in_input_order_first_occurrence_kept(
     assert state["version"] == [(1,)]
     assert state["events"] == [("admission", 1, 329)]
     assert state["staged"] == []  # written straight into the sheet, nothing staged
+
+
+def _copy_text_value(field: str) -> Any:
+    """What Postgres reads from one COPY text field of a jsonb column (None: SQL NULL)."""
+    if field == "\\N":
+        return None
+    escapes = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\":
+            out.append(escapes[field[i + 1]])
+            i += 2
+        else:
+            assert field[i] not in "\t\n\r", field
+            out.append(field[i])
+            i += 1
+    return json.loads("".join(out))
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(
+        st.sampled_from('"\\\t\n\r\x7f\x1f\u2028 éN')
+        | st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+@example('quote " inside')
+@example("back\\slash \\N")
+def test_a_column_field_is_read_back_as_the_value(value: Any) -> None:
+    """Sans-IO: a value's COPY text field (the direct path for plain strings and ints,
+    orjson for the rest) is one field, and reads back as the value (JSON null as NULL)."""
+    field = _direct._column_field(value)
+    assert "\t" not in field and "\n" not in field and "\r" not in field
+    assert _copy_text_value(field) == value
 
 
 ODD_VALUES: list[Any] = [
