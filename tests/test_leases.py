@@ -5,6 +5,7 @@ another holder (its receipt, its lease's expiry, or the wait budget)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -232,6 +233,28 @@ async def test_once_gives_up_after_its_wait_budget_on_a_live_holder(autojump_clo
             await run_once(table, "k", "b", never)
         assert trio.current_time() == t0 + WAIT
         nursery.cancel_scope.cancel()
+
+
+async def test_once_waiting_on_another_holder_says_so_once(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = LeaseTable()
+    await table.claim("k", "crashed", "t-crashed")  # a holder that died without releasing
+    expires = table.rows["k"].expires
+    assert expires is not None
+
+    async def work() -> str:
+        return "fresh"
+
+    with caplog.at_level(logging.WARNING, logger="sheetplane.runtime"):
+        assert await run_once(table, "k", "b", work) == ("fresh", False)
+    assert len(renewals_of(table, "b")) > 100  # polled all the way to the expiry...
+    # ...and said so once, naming the holder, the expiry and the longest wait.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"a work receipt is leased by 'crashed' until {instant(expires).isoformat()}: once "
+        f"waits for its receipt or the lease's expiry, at most {WAIT:.1f} s "
+        "(WORK_RECEIPT_ONCE_WAIT_MS)"
+    ]
 
 
 async def test_once_runs_fn_once_and_reuses_its_result(autojump_clock: Any) -> None:

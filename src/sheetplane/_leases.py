@@ -35,13 +35,15 @@ to hold the key for a whole TTL.
 :func:`run_once` is ``once``: the receipt's result if the work is done, else
 claim, run, complete; while another holder holds the lease it polls every
 ``WORK_RECEIPT_ONCE_POLL_MS`` for that holder's receipt or the lease's
-expiry, for at most ``WORK_RECEIPT_ONCE_WAIT_MS``.
+expiry, for at most ``WORK_RECEIPT_ONCE_WAIT_MS``, and says so once (a
+warning naming the holder and the expiry) instead of waiting in silence.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -71,6 +73,8 @@ from .errors import (
 __all__ = ["Lease", "LeaseTimes", "ReceiptBackend", "acquire_lease", "hold_lease", "run_once"]
 
 _MS: Final = 1000
+
+log = logging.getLogger("sheetplane.runtime")
 
 
 class ReceiptBackend(Protocol):
@@ -353,18 +357,31 @@ async def run_once(
     ``WORK_RECEIPT_ONCE_WAIT_MS`` (it is alive and renewing), ``LeaseLostError``
     when this call's lease was lost while ``fn`` ran (``fn`` was cancelled),
     and whatever ``fn`` raises (the lease is released). If cancelled, ``fn``
-    is cancelled and the lease released.
+    is cancelled and the lease released. The first wait on another holder logs
+    one warning (logger ``sheetplane.runtime``) naming that holder, its lease's
+    expiry and the longest wait left; the key is not in it (a map's receipt
+    keys hold its rows' keys).
     """
     deadline = trio.current_time() + WORK_RECEIPT_ONCE_WAIT_MS / _MS
+    waited = False
     while True:
         try:
             lease = await acquire_lease(backend, key, holder, lease_token=lease_token)
         except ReceiptCompletedError as done:
             return done.receipt.result, True
-        except LeaseHeldError:
+        except LeaseHeldError as held:
             now = trio.current_time()
             if now >= deadline:
                 raise
+            if not waited:
+                waited = True
+                log.warning(
+                    "a work receipt is leased by %r until %s: once waits for its receipt "
+                    "or the lease's expiry, at most %.1f s (WORK_RECEIPT_ONCE_WAIT_MS)",
+                    held.holder,
+                    held.expires_at.isoformat() if held.expires_at else "an unknown time",
+                    deadline - now,
+                )
             await trio.sleep_until(min(now + WORK_RECEIPT_ONCE_POLL_MS / _MS, deadline))
             continue
         async with hold_lease(lease):

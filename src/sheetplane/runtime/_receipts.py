@@ -107,6 +107,8 @@ class ReceiptRecorder:
         holder's receipt (or for the lease to expire, then takes it over),
         polling every ``WORK_RECEIPT_ONCE_POLL_MS`` for at most
         ``WORK_RECEIPT_ONCE_WAIT_MS``; past that it raises ``LeaseHeldError``.
+        Its first wait logs one warning (logger ``sheetplane.runtime``) naming the
+        holder and the lease's expiry.
         ``fn`` raising releases the lease and propagates; a lost lease raises
         ``LeaseLostError``. If cancelled, ``fn`` is cancelled and the lease released.
         """
