@@ -136,8 +136,10 @@ class _Chunk:
 _NULL: Final = "\\N"
 
 #: Rows encoded and sent at a time inside a chunk's ``COPY``: Postgres stores one
-#: piece while the runner encodes the next (about 100 kB at 100 bytes a row).
-_PIECE_ROWS: Final = 1_000
+#: piece while the runner encodes the next (about 50 kB at 100 bytes a row). Chosen
+#: by alternating runs of 300,000 rows at load 9-14 (docs/benchmarks.md): 250 and
+#: 500 beat 1,000 and 5,000 (0.73-0.79 against 0.66-0.73 of COPY); 100 did not.
+_PIECE_ROWS: Final = 500
 
 
 def _escaped(text: str) -> str:
