@@ -4,7 +4,7 @@
 failures in ``.hypothesis/``. ``ci`` (``.ci/run`` sets
 ``SHEETPLANE_HYPOTHESIS_PROFILE=ci``) is derandomized, so a CI run gates on the
 same examples every time and a red build is a regression, not a new draw; it
-sets no per-example deadline, since CI shares two cores between two workers and
+sets no per-example deadline, since CI shares two cores between three workers and
 a deadline there measures the machine's load, not the code;
 exploring further is the job of local runs and ``--campaign``.
 
@@ -13,10 +13,10 @@ exploring further is the job of local runs and ``--campaign``.
 
 Tests marked ``heavy(seconds)`` (tens of seconds each on the two-core CI
 machine) are collected first, longest first. ``pytest-xdist``'s work stealing
-hands each worker a contiguous half of the collection and steals from the end
-of the longer queue, so the long tests start at once on the first worker while
-the short ones fill both workers' remaining time, instead of a long test
-starting last and running alone at the end (longest processing time first).
+hands each worker a contiguous share of the collection and steals from the end
+of the longest queue, so the long tests start at once on the first worker while
+the short ones fill the other workers' time, instead of a long test starting
+last and running alone at the end (longest processing time first).
 """
 
 from __future__ import annotations
