@@ -335,10 +335,14 @@ _IDLE_ROLES = sql.SQL(
     " ORDER BY l.minted_at, l.role"
 ).format(LEDGER)
 
-#: The org's roles a mint retired (NOLOGIN, committed) and did not drop yet.
+#: The org's roles a mint retired (NOLOGIN, committed) and did not drop yet: live
+#: ones, by the clock of this statement. By ``now()`` (the mint transaction's start) a
+#: long mint also dropped expired roles the reaper had just retired, drops no reaper
+#: pass counted; expired roles are the reaper's.
 _RETIRED_ROLES = sql.SQL(
     "SELECT l.role FROM {} AS l JOIN pg_roles AS r ON r.oid = l.role_oid"
-    " WHERE l.org_id = %s AND l.expires_at > now() AND NOT r.rolcanlogin ORDER BY l.role"
+    " WHERE l.org_id = %s AND l.expires_at > clock_timestamp() AND NOT r.rolcanlogin"
+    " ORDER BY l.role"
 ).format(LEDGER)
 
 
