@@ -12,17 +12,12 @@ road once (``Runtime.writer``), and the writer never asks which one it is.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from .._recovery import retry_idempotent
-from .._types import Operation, SheetContract, SheetRef, WriteResult
+from .._types import SheetContract, WriteResult
 from ..gateway.client import GatewayClient
-from ..sessions import AccessShape, SessionLimits, SessionManager
-from ._writes import Road, session_rows
-
-if TYPE_CHECKING:
-    from ..store import SheetStore
+from ._writes import Road, SheetSessions
 
 __all__ = ["DirectKeyedWrites", "GatewayKeyedWrites", "KeyedWrites"]
 
@@ -54,52 +49,17 @@ class KeyedWrites(Protocol):
         ...
 
 
-class DirectKeyedWrites:
+class DirectKeyedWrites(SheetSessions):
     """Keyed writes through a scoped session for the one operation (``rows.append``,
-    ``rows.upsert`` or ``rows.replace``) to the store. Keyed by an idempotency key, a
-    write is sent again after a lost connection (``retry_idempotent``); cancelled
-    mid-write, its one transaction rolls back and nothing is written."""
+    ``rows.upsert`` or ``rows.replace``) to the store (``SheetSessions``): keyed by an
+    idempotency key, a write sent again after a lost connection writes once."""
 
     road: Road = "direct"
 
-    def __init__(
-        self,
-        sessions: SessionManager,
-        sheet: SheetRef,
-        contract: SheetContract,
-        run_id: str,
-        user_email: str | None,
-    ) -> None:
-        self._sessions = sessions
-        self._sheet = sheet
-        self._contract = contract
-        self._run_id = run_id
-        self._user_email = user_email
-
-    async def _write(
-        self,
-        operation: Operation,
-        rows: int,
-        write: Callable[[SheetStore], Awaitable[WriteResult]],
-    ) -> WriteResult:
-        shape = AccessShape(
-            table_namespace=self._sheet.table_namespace,
-            operations=(operation,),
-            limits=SessionLimits(max_rows=session_rows(rows)),
-            contract=self._contract,
-            user_email=self._user_email,
-        )
-
-        async def attempt() -> WriteResult:
-            async with self._sessions.store(shape) as store:
-                return await write(store)
-
-        return await retry_idempotent(attempt)
-
     async def append_rows(self, rows: Rows, *, idempotency_key: str) -> WriteResult:
         sheet, run_id = self._sheet, self._run_id
-        return await self._write(
-            "rows.append",
+        return await self._on_session(
+            ("rows.append",),
             len(rows),
             lambda store: store.append_rows(
                 sheet, rows, idempotency_key=idempotency_key, run_id=run_id
@@ -110,8 +70,8 @@ class DirectKeyedWrites:
         self, rows: Rows, *, idempotency_key: str, key_field: str | None
     ) -> WriteResult:
         sheet, run_id = self._sheet, self._run_id
-        return await self._write(
-            "rows.upsert",
+        return await self._on_session(
+            ("rows.upsert",),
             len(rows),
             lambda store: store.upsert_rows(
                 sheet, rows, idempotency_key=idempotency_key, key_field=key_field, run_id=run_id
@@ -120,8 +80,8 @@ class DirectKeyedWrites:
 
     async def replace_rows(self, rows: Rows, *, idempotency_key: str) -> WriteResult:
         sheet, run_id = self._sheet, self._run_id
-        return await self._write(
-            "rows.replace",
+        return await self._on_session(
+            ("rows.replace",),
             len(rows),
             lambda store: store.replace_rows(
                 sheet, rows, idempotency_key=idempotency_key, run_id=run_id

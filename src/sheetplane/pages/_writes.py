@@ -15,23 +15,35 @@ from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeVar
 
 from .. import protocol as m
 from .._recovery import retry_idempotent
-from .._types import CompleteRow, FailRow, SheetContract, SheetRef, TerminalWriteResult
+from .._types import (
+    CompleteRow,
+    FailRow,
+    Operation,
+    SheetContract,
+    SheetRef,
+    TerminalWriteResult,
+)
 from ..budgets import POSTGRES_WRITE_CHUNK_ROWS
 from ..gateway.client import GatewayClient
 from ..sessions import AccessShape, SessionLimits, SessionManager
 
 if TYPE_CHECKING:
-    from contextlib import AbstractAsyncContextManager
-
     from ..store import SheetStore
 
-__all__ = ["DirectWrites", "GatewayWrites", "TerminalWrites", "session_rows"]
+__all__ = [
+    "DirectWrites",
+    "GatewayWrites",
+    "SheetSessions",
+    "TerminalWrites",
+    "session_rows",
+]
 
 Road = Literal["direct", "gateway"]
 
 _Sheet = TypeVar("_Sheet", contravariant=True)
 _Row = TypeVar("_Row", CompleteRow, FailRow)
 _RowIn = TypeVar("_RowIn", CompleteRow, FailRow, contravariant=True)
+_Result = TypeVar("_Result")
 
 
 class _Write(Protocol[_Sheet, _RowIn]):
@@ -88,14 +100,13 @@ def session_rows(rows: int) -> int:
     return chunks * POSTGRES_WRITE_CHUNK_ROWS
 
 
-class DirectWrites:
-    """Terminal writes through a scoped session (``rows.read`` + ``rows.upsert``) to the
-    store. A write is a replay by write version, so it is sent again after a lost
-    connection (``retry_idempotent``); cancelled mid-write, its one transaction rolls
-    back and nothing is written."""
-
-    road: Road = "direct"
-    actions: Final[tuple[str, ...]] = ()
+class SheetSessions:
+    """What a direct road's writes of one sheet hold: the runtime's sessions, the sheet,
+    its contract, the run stamped on what they write and the user the sessions name.
+    Each write runs on a scoped session shaped for its operations and its rows, and is
+    sent again after a lost connection (``retry_idempotent``): every direct write is a
+    replay (by write version or by idempotency key), and cancelled mid-write its one
+    transaction rolls back and nothing is written."""
 
     def __init__(
         self,
@@ -111,15 +122,33 @@ class DirectWrites:
         self._run_id = run_id
         self._user_email = user_email
 
-    def _store(self, rows: int) -> AbstractAsyncContextManager[SheetStore]:
+    async def _on_session(
+        self,
+        operations: tuple[Operation, ...],
+        rows: int,
+        write: Callable[[SheetStore], Awaitable[_Result]],
+    ) -> _Result:
         shape = AccessShape(
             table_namespace=self._sheet.table_namespace,
-            operations=("rows.read", "rows.upsert"),
+            operations=operations,
             limits=SessionLimits(max_rows=session_rows(rows)),
             contract=self._contract,
             user_email=self._user_email,
         )
-        return self._sessions.store(shape)
+
+        async def attempt() -> _Result:
+            async with self._sessions.store(shape) as store:
+                return await write(store)
+
+        return await retry_idempotent(attempt)
+
+
+class DirectWrites(SheetSessions):
+    """Terminal writes through a scoped session (``rows.read`` + ``rows.upsert``) to the
+    store (``SheetSessions``)."""
+
+    road: Road = "direct"
+    actions: Final[tuple[str, ...]] = ()
 
     async def complete_map_rows(
         self, rows: Sequence[CompleteRow], *, write_version: int | None
@@ -137,20 +166,18 @@ class DirectWrites:
         rows: Sequence[_Row],
         write_version: int | None,
     ) -> TerminalWriteResult:
-        """``write_of(store)`` on a session shaped for ``rows``, sent again after a lost
-        connection."""
-
-        async def attempt() -> TerminalWriteResult:
-            async with self._store(len(rows)) as store:
-                return await write_of(store)(
-                    self._sheet,
-                    self._contract,
-                    rows,
-                    run_id=self._run_id,
-                    write_version=write_version,
-                )
-
-        return await retry_idempotent(attempt)
+        """``write_of(store)`` on a session shaped for ``rows``."""
+        return await self._on_session(
+            ("rows.read", "rows.upsert"),
+            len(rows),
+            lambda store: write_of(store)(
+                self._sheet,
+                self._contract,
+                rows,
+                run_id=self._run_id,
+                write_version=write_version,
+            ),
+        )
 
 
 class GatewayWrites:
