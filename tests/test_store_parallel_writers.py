@@ -58,11 +58,38 @@ def _sample(url: str, application: str, stop: threading.Event) -> list[tuple[int
     return samples
 
 
+#: Samples taken while at least two writers ran a statement that the assertions need;
+#: a round whose writers finish sooner (a fast machine, or CPU shared with other tests)
+#: is followed by another on a new sheet, up to ``ROUNDS``, its samples added.
+BUSY_SAMPLES = 20
+ROUNDS = 3
+
+
 async def test_eight_writers_of_one_sheet_do_not_queue_on_a_lock(
     store: SheetStore, database_url: str, tmp_path: Path
 ) -> None:
+    busy: list[tuple[int, int, int]] = []
+    for round_ in range(ROUNDS):
+        busy += await _eight_writers(store, database_url, tmp_path / f"round-{round_}")
+        if len(busy) >= BUSY_SAMPLES:
+            break
+    assert len(busy) >= BUSY_SAMPLES, f"the sampler saw writers at work only {len(busy)} times"
+    waiting = [count for _, count, _ in busy]
+    not_granted = [count for _, _, count in busy]
+    assert statistics.median(waiting) == 0, (statistics.mean(waiting), max(waiting))
+    assert sum(count >= 2 for count in waiting) <= len(waiting) // 10, waiting
+    assert statistics.median(not_granted) == 0
+
+
+async def _eight_writers(
+    store: SheetStore, database_url: str, tmp_path: Path
+) -> list[tuple[int, int, int]]:
+    """One round: eight writer processes complete disjoint rows of a new sheet, every
+    row once and the counters equal to a recount; answers the samples taken while at
+    least two of them ran a statement."""
     from _writer_process import CONTRACT
 
+    await trio.Path(tmp_path).mkdir()
     tag = uuid.uuid4().hex[:12]
     sheet = SheetRef(f"org-{tag}", f"play-{tag}", f"ns-{tag}")
     rows = [{"company": f"c{i:06d}"} for i in range(WRITERS * ROWS_PER_WRITER)]
@@ -119,17 +146,9 @@ async def test_eight_writers_of_one_sheet_do_not_queue_on_a_lock(
         assert not [line for line in lines if line.startswith("!")], "a write failed"
         acknowledged.update(lines)
     assert acknowledged == set(keys)
-
-    # Only samples taken while at least two writers were running a statement.
-    busy = [sample for sample in samples if sample[0] >= 2]
-    assert len(busy) >= 20, f"the sampler saw writers at work only {len(busy)} times"
-    waiting = [count for _, count, _ in busy]
-    not_granted = [count for _, _, count in busy]
-    assert statistics.median(waiting) == 0, (statistics.mean(waiting), max(waiting))
-    assert sum(count >= 2 for count in waiting) <= len(waiting) // 10, waiting
-    assert statistics.median(not_granted) == 0
-
     summary = await store.summary(sheet)
     assert summary.completed == len(keys)
     stored, recount = await counters_match_rows(store, sheet)
     assert stored == recount
+    # Only samples taken while at least two writers were running a statement.
+    return [sample for sample in samples if sample[0] >= 2]
