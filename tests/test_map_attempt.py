@@ -82,16 +82,27 @@ async def test_three_workers_map_one_attempt_each_row_once(
         admission = await coordinator.writer("ns", CONTRACT).start(inputs(600))
         text = admission.attempt.to_json()
         reports = []
+        # Each worker's calls wait until all three have a call in flight, so each one
+        # holds a share of its own before a fast worker's shares grow
+        # (SHARE_GROW_BELOW_MS) and take the rest: a worker that started late once
+        # found no row left (pending 32, 568, 0).
+        calling = [trio.Event() for _ in range(3)]
 
-        async def worker() -> None:
+        async def worker(index: int) -> None:
             attempt = Attempt.from_json(text)
+
+            async def fn(row: dict[str, Any]) -> dict[str, Any]:
+                calling[index].set()
+                for event in calling:
+                    await event.wait()
+                return await count_words(row)
+
             async with runtime(gateway, strategy, play=attempt.play_name) as rt:
-                # Small shares: every worker gets several.
-                reports.append(await rt.map_attempt(attempt, CONTRACT, count_words, concurrency=2))
+                reports.append(await rt.map_attempt(attempt, CONTRACT, fn, concurrency=2))
 
         async with trio.open_nursery() as nursery:
-            for _ in range(3):
-                nursery.start_soon(worker)
+            for index in range(3):
+                nursery.start_soon(worker, index)
         assert sum(r.completed for r in reports) == 600
         assert all(r.failed == 0 and r.write_version == admission.write_version for r in reports)
         assert all(r.pending > 0 for r in reports), [r.pending for r in reports]
