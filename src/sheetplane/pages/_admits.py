@@ -33,8 +33,8 @@ from ..budgets import ADMISSION_CHUNK_ROWS, DIRECT_ADMISSION_HOLD_MS, RETRY_DELA
 from ..errors import StoreUnavailableError
 from ..gateway.client import GatewayClient
 from ..protocol import EncodedChunk
-from ..sessions import AccessShape, SessionLimits, SessionManager
-from ._writes import Road
+from ..sessions import SessionLimits, SessionManager
+from ._writes import Road, SheetSessions
 
 if TYPE_CHECKING:
     from ..dataset import Dataset, InMemoryDataset
@@ -90,9 +90,9 @@ def _check_first_chunk(rows: Sequence[Mapping[str, Any]]) -> None:
         m.keyed_document(row, position)
 
 
-class DirectAdmissions:
-    """Admissions through scoped sessions: at once in one transaction, or staged chunk
-    by chunk on a ``rows.stage`` session."""
+class DirectAdmissions(SheetSessions):
+    """Admissions through scoped sessions (``SheetSessions``): at once in one
+    transaction, or staged chunk by chunk on a ``rows.stage`` session."""
 
     road: Road = "direct"
 
@@ -106,22 +106,9 @@ class DirectAdmissions:
         user_email: str | None,
         admitted: OpenPart,
     ) -> None:
+        super().__init__(sessions, sheet, contract, run_id, user_email)
         self._client = client
-        self._sessions = sessions
-        self._sheet = sheet
-        self._contract = contract
-        self._run_id = run_id
-        self._user_email = user_email
         self._admitted = admitted
-
-    def _shape(self, operation: str, limits: SessionLimits | None = None) -> AccessShape:
-        return AccessShape(
-            table_namespace=self._sheet.table_namespace,
-            operations=(operation,),
-            limits=limits or SessionLimits(),
-            contract=self._contract,
-            user_email=self._user_email,
-        )
 
     def _release(self, operation: str) -> None:
         """Close the admission's sessions of ``operation`` on the sheet: not used again,
@@ -148,7 +135,7 @@ class DirectAdmissions:
         if not served:
             return None
         try:
-            async with self._sessions.store(self._shape("rows.admit")) as store:
+            async with self._sessions.store(self._shape(("rows.admit",), SessionLimits())) as store:
                 outcome = await store.admit_in_one_transaction(
                     self._sheet,
                     self._contract,
@@ -169,7 +156,7 @@ class DirectAdmissions:
         begin: Callable[[], Awaitable[None]],
     ) -> None:
         await begin()
-        shape = self._shape("rows.stage", SessionLimits(max_rows=ADMISSION_CHUNK_ROWS))
+        shape = self._shape(("rows.stage",), SessionLimits(max_rows=ADMISSION_CHUNK_ROWS))
         for delay_ms in (0, *RETRY_DELAYS_MS):
             await trio.sleep(delay_ms / 1000)
             try:

@@ -122,19 +122,23 @@ class SheetSessions:
         self._run_id = run_id
         self._user_email = user_email
 
+    def _shape(self, operations: tuple[Operation, ...], limits: SessionLimits) -> AccessShape:
+        """The scoped session of ``operations`` on the sheet, under ``limits``."""
+        return AccessShape(
+            table_namespace=self._sheet.table_namespace,
+            operations=operations,
+            limits=limits,
+            contract=self._contract,
+            user_email=self._user_email,
+        )
+
     async def _on_session(
         self,
         operations: tuple[Operation, ...],
         rows: int,
         write: Callable[[SheetStore], Awaitable[_Result]],
     ) -> _Result:
-        shape = AccessShape(
-            table_namespace=self._sheet.table_namespace,
-            operations=operations,
-            limits=SessionLimits(max_rows=session_rows(rows)),
-            contract=self._contract,
-            user_email=self._user_email,
-        )
+        shape = self._shape(operations, SessionLimits(max_rows=session_rows(rows)))
 
         async def attempt() -> _Result:
             async with self._sessions.store(shape) as store:
