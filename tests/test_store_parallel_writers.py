@@ -39,22 +39,34 @@ DEADLINE_S = 240
 SAMPLE_S = 0.01
 
 
-def _sample(url: str, application: str, stop: threading.Event) -> list[tuple[int, int, int]]:
+Sample = tuple[int, int, int, str]
+
+
+def _sample(url: str, application: str, stop: threading.Event) -> list[Sample]:
     """``(writers' backends running a statement, those waiting for a lock, the
-    writers' lock requests not granted)`` per sample, until ``stop`` is set."""
-    samples: list[tuple[int, int, int]] = []
+    writers' lock requests not granted, the lock waits' events)`` per sample, until ``stop`` is set.
+
+    A wait to extend a relation (``wait_event = 'extend'``, a new page for the
+    rows the counting triggers append) is not a lock one writer holds against
+    another's rows, so neither count includes it: on two cores shared with other
+    tests, eight appending writers meet at the table's end now and then."""
+    samples: list[Sample] = []
     with psycopg.connect(url, autocommit=True) as conn:
         while not stop.wait(SAMPLE_S):
             row = conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE a.wait_event_type = 'Lock'),"
+                "SELECT count(*), count(*) FILTER (WHERE a.wait_event_type = 'Lock'"
+                "  AND a.wait_event <> 'extend'),"
                 " (SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS w"
-                "  ON w.pid = l.pid WHERE NOT l.granted AND w.application_name = %s)"
+                "  ON w.pid = l.pid WHERE NOT l.granted AND l.locktype <> 'extend'"
+                "  AND w.application_name = %s),"
+                " coalesce(string_agg(a.wait_event, ',') FILTER"
+                "  (WHERE a.wait_event_type = 'Lock'), '')"
                 " FROM pg_stat_activity AS a WHERE a.application_name = %s"
                 " AND a.state = 'active'",
                 (application, application),
             ).fetchone()
             assert row is not None
-            samples.append((int(row[0]), int(row[1]), int(row[2])))
+            samples.append((int(row[0]), int(row[1]), int(row[2]), str(row[3])))
     return samples
 
 
@@ -68,22 +80,21 @@ ROUNDS = 3
 async def test_eight_writers_of_one_sheet_do_not_queue_on_a_lock(
     store: SheetStore, database_url: str, tmp_path: Path
 ) -> None:
-    busy: list[tuple[int, int, int]] = []
+    busy: list[Sample] = []
     for round_ in range(ROUNDS):
         busy += await _eight_writers(store, database_url, tmp_path / f"round-{round_}")
         if len(busy) >= BUSY_SAMPLES:
             break
     assert len(busy) >= BUSY_SAMPLES, f"the sampler saw writers at work only {len(busy)} times"
-    waiting = [count for _, count, _ in busy]
-    not_granted = [count for _, _, count in busy]
-    assert statistics.median(waiting) == 0, (statistics.mean(waiting), max(waiting))
-    assert sum(count >= 2 for count in waiting) <= len(waiting) // 10, waiting
-    assert statistics.median(not_granted) == 0
+    waiting = [count for _, count, _, _ in busy]
+    not_granted = [count for _, _, count, _ in busy]
+    events = sorted({event for *_, events in busy for event in events.split(",") if event})
+    assert statistics.median(waiting) == 0, (statistics.mean(waiting), max(waiting), events)
+    assert sum(count >= 2 for count in waiting) <= len(waiting) // 10, (waiting, events)
+    assert statistics.median(not_granted) == 0, events
 
 
-async def _eight_writers(
-    store: SheetStore, database_url: str, tmp_path: Path
-) -> list[tuple[int, int, int]]:
+async def _eight_writers(store: SheetStore, database_url: str, tmp_path: Path) -> list[Sample]:
     """One round: eight writer processes complete disjoint rows of a new sheet, every
     row once and the counters equal to a recount; answers the samples taken while at
     least two of them ran a statement."""
@@ -122,7 +133,7 @@ async def _eight_writers(
             await trio.lowlevel.open_process([sys.executable, str(RUNNER), str(config)], env=env)
         )
     stop = threading.Event()
-    samples: list[tuple[int, int, int]] = []
+    samples: list[Sample] = []
 
     async def sample() -> None:
         samples.extend(await trio.to_thread.run_sync(_sample, database_url, application, stop))
