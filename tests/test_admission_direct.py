@@ -25,7 +25,7 @@ from _runtime_helpers import (
     runtime,
     sheet_of,
 )
-from sheetplane import InvalidInputError
+from sheetplane import InvalidInputError, budgets
 from sheetplane._types import SheetRef
 from sheetplane.pages import DirectAdmissions, GatewayAdmissions, _admits
 from sheetplane.runtime import Strategy
@@ -119,6 +119,28 @@ async def test_a_sequence_is_written_once_in_input_order_first_occurrence_kept(
     assert state["version"] == [(1,)]
     assert state["events"] == [("admission", 1, 329)]
     assert state["staged"] == []  # written straight into the sheet, nothing staged
+
+
+async def test_each_chunk_runs_with_the_admissions_work_mem(
+    gateway: CountingGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A chunk's inserted rows are kept for its statement triggers in memory, not
+    # spilled: the transaction's work_mem is the budget's from the first chunk on.
+    seen: list[str] = []
+    chunk = _direct._admit_chunk
+
+    def watched(conn: psycopg.Connection[Any], *args: Any) -> tuple[int, int]:
+        row = conn.execute("SELECT current_setting('work_mem')").fetchone()
+        assert row is not None
+        seen.append(row[0])
+        return chunk(conn, *args)
+
+    monkeypatch.setattr(_direct, "_admit_chunk", watched)
+    async with runtime(gateway, "direct", play=new_play()) as rt:
+        admission = await rt.writer("leads", CONTRACT).start(listed(list(range(250))))
+    assert admission.inserted == 250
+    expected = f"{budgets.DIRECT_ADMISSION_WORK_MEM_BYTES // budgets.MiB}MB"
+    assert seen == [expected] * 4  # three chunks, and the read that finds the input's end
 
 
 def _copy_text_value(field: str) -> Any:

@@ -469,6 +469,14 @@ DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_
 #: ``LOCK`` waits past its statement timeout fails with ``StatementTimeoutError``.
 DIRECT_ADMISSION_HOLD_MS: Final = DB_SESSION_TRANSACTION_TIMEOUT_MS * 3 // 4
 
+#: ``work_mem`` of the direct road's admission transaction: each chunk's ``COPY``
+#: keeps the rows it inserted for the statement triggers (counters, the admit
+#: guard) in a tuplestore that spills to a temporary file past ``work_mem``. A
+#: chunk of ``ADMISSION_CHUNK_ROWS`` rows of about 250 bytes is 5 MB, past
+#: Postgres' 4 MiB default: spilling cost 60 ms of a 300,000-row admission's
+#: 1.2 s (docs/benchmarks.md). The same as a staged commit's.
+DIRECT_ADMISSION_WORK_MEM_BYTES: Final = ADMISSION_COMMIT_WORK_MEM_BYTES
+
 #: A ceiling on the runner's work per input row on the direct road's one transaction
 #: (check, key, encode, COPY): ten times the 6 µs measured on the 2-core development
 #: machine at load 4. A chunk's ``COPY`` runs while the runner reads and encodes the
@@ -907,6 +915,10 @@ def _check() -> None:
             < DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS
             and ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
             <= DB_SESSION_STATEMENT_TIMEOUT_MS // 8
+        ),
+        "an admission's work_mem stays far under the backend memory the watchdog allows": (
+            4 * max(DIRECT_ADMISSION_WORK_MEM_BYTES, ADMISSION_COMMIT_WORK_MEM_BYTES)
+            <= DB_SESSION_MAX_BACKEND_MEMORY_BYTES
         ),
         "a staged chunk holds the largest row": MAX_ROW_BYTES <= ADMISSION_CHUNK_BYTES,
         "a staged chunk and its envelope fit the transport ceiling": (

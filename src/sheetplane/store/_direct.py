@@ -21,7 +21,9 @@ version. A ``rows.admit`` session runs, in one transaction:
    the chunk, or one an earlier chunk took: the sheet was empty, so every row
    in it is this admission's) fails the primary key; the savepoint rolls the
    chunk back and it is copied again without the repeats, the first
-   occurrence kept. ``_input_index`` is the row's position among the kept rows;
+   occurrence kept. ``_input_index`` is the row's position among the kept rows.
+   The transaction's ``work_mem`` is ``DIRECT_ADMISSION_WORK_MEM_BYTES``, so the
+   rows a chunk inserted, kept for its statement triggers, stay in memory;
 3. the finish function (the owner's): the admission's event, the counter
    log compacted, an ``ANALYZE`` when the sheet grew enough (as every
    admission does); it answers the sheet's row count, which is the rows this
@@ -59,7 +61,7 @@ import psycopg
 from psycopg import sql
 
 from .._types import AdmissionCounts, ContractColumn
-from ..budgets import ADMISSION_CHUNK_ROWS
+from ..budgets import ADMISSION_CHUNK_ROWS, DIRECT_ADMISSION_WORK_MEM_BYTES, KiB
 from ..protocol import ENCODE_OPTIONS, keyed_document
 from ._guards import admit_functions
 from ._names import SheetNames
@@ -284,6 +286,11 @@ def _admit(
     assert isinstance(version, int)
     if not empty:
         raise _SheetHasRows
+    # A chunk's inserted rows stay in memory for its statement triggers (budgets).
+    conn.execute(
+        "SELECT set_config('work_mem', %s, true)",
+        (f"{DIRECT_ADMISSION_WORK_MEM_BYTES // KiB}kB",),
+    )
     targets = ["_key", "_input_index", "_run_id", "seq"]
     targets += [c.sql_name for c in columns]
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
