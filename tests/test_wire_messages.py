@@ -163,6 +163,36 @@ def test_a_bad_field_is_named(body: dict[str, Any], message: str) -> None:
     assert str(excinfo.value) == message
 
 
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (["a", "b", 3], "keys[2] must be a string"),
+        (["a", None], "keys[1] must be a string"),
+        ("ab", "keys must be an array"),
+    ],
+)
+def test_a_list_of_strings_is_read_whole_and_a_bad_member_is_named(
+    keys: object, message: str
+) -> None:
+    """A chunk's keys are checked in one pass; a bad one is still named by its index."""
+    request = {
+        "action": "stage_sheet_admission_chunk",
+        "playName": "p",
+        "tableNamespace": "t",
+        "sheetContract": {"columns": []},
+        "admissionId": "0" * 32,
+        "seq": 0,
+        "firstPosition": 0,
+        "rows": [{}],
+    }
+    cls = REQUESTS["stage_sheet_admission_chunk"]
+    read = structure({**request, "keys": ["k0", "k1"]}, cls)
+    assert read.keys == ["k0", "k1"]
+    with pytest.raises(WireError) as excinfo:
+        structure({**request, "keys": keys}, cls)
+    assert str(excinfo.value) == message
+
+
 def test_absent_and_null_differ() -> None:
     cls = REQUESTS["runtime_sheet_read_rows"]
     base = {"action": "runtime_sheet_read_rows", "playName": "p"}

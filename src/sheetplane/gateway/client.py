@@ -807,7 +807,7 @@ class GatewayClient:
             admission_id=admission_id,
             seq=seq,
             first_position=first_position,
-            rows=[{}] * chunk.row_count,
+            rows=[{}],  # a stand-in: the encoded rows are spliced in below
         )
         fields = m.unstructure(request)
         del fields["rows"]  # spliced in below, already encoded

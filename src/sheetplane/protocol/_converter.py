@@ -398,6 +398,17 @@ class WireConverter:
                     raise _Located(f"[{index}]", exc) from None
             return out
 
+        if inner is _strict_str:
+
+            def strings(value: Any, _: Any) -> list[Any]:
+                """A list of strings (a chunk's keys): one pass over the members' types,
+                in C; the member by member walk names a bad one."""
+                members = _array(value)
+                if all(map(str.__instancecheck__, members)):
+                    return list(members)
+                return structure(value, _)
+
+            return strings
         if inner is not _object:
             return structure
 
