@@ -49,7 +49,7 @@ async def gateway(database_url: str) -> AsyncIterator[CountingGateway]:
 @pytest.fixture(autouse=True)
 def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of CHUNK rows, so a few hundred rows make several COPY statements."""
-    monkeypatch.setattr(_direct, "ADMISSION_CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(_direct, "DIRECT_ADMISSION_CHUNK_ROWS", CHUNK)
     monkeypatch.setattr(_admits, "ADMISSION_CHUNK_ROWS", CHUNK)
 
 

@@ -469,18 +469,28 @@ DB_SESSION_WATCHDOG_INTERVAL_MS: Final = DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_
 #: ``LOCK`` waits past its statement timeout fails with ``StatementTimeoutError``.
 DIRECT_ADMISSION_HOLD_MS: Final = DB_SESSION_TRANSACTION_TIMEOUT_MS * 3 // 4
 
+#: Rows one ``COPY`` of the direct road's admission in one transaction carries (a
+#: savepoint each; ``store/_direct.py``): two staged chunks. Each statement's end
+#: costs the transaction a few milliseconds (its statement triggers, the
+#: savepoint, the next piece's encoding while Postgres waits): at 300,000 rows,
+#: 40,000-row chunks took 1.10 s against 1.15 s for 20,000 (A/B, load 0.8-1).
+#: Bounded by the statement timeout and the idle-in-transaction timeout at the
+#: per-row ceiling (checked below), and by the runner's memory (one chunk's text).
+DIRECT_ADMISSION_CHUNK_ROWS: Final = 2 * ADMISSION_CHUNK_ROWS
+
 #: ``work_mem`` of the direct road's admission transaction: each chunk's ``COPY``
 #: keeps the rows it inserted for the statement triggers (counters, the admit
 #: guard) in a tuplestore that spills to a temporary file past ``work_mem``. A
 #: chunk of ``ADMISSION_CHUNK_ROWS`` rows of about 250 bytes is 5 MB, past
 #: Postgres' 4 MiB default: spilling cost 60 ms of a 300,000-row admission's
-#: 1.2 s (docs/benchmarks.md). The same as a staged commit's.
+#: 1.2 s (docs/benchmarks.md); ``DIRECT_ADMISSION_CHUNK_ROWS`` such rows are
+#: 10 MB. The same as a staged commit's.
 DIRECT_ADMISSION_WORK_MEM_BYTES: Final = ADMISSION_COMMIT_WORK_MEM_BYTES
 
 #: A ceiling on the runner's work per input row on the direct road's one transaction
 #: (check, key, encode, COPY): ten times the 6 µs measured on the 2-core development
 #: machine at load 4. A chunk's ``COPY`` runs while the runner reads and encodes the
-#: chunk (``ADMISSION_CHUNK_ROWS`` rows), and between two statements the transaction
+#: chunk (``DIRECT_ADMISSION_CHUNK_ROWS`` rows), and between two statements the transaction
 #: is idle while it encodes the next chunk's first piece, so at this ceiling a chunk
 #: stays well inside the statement timeout and a gap under the session's
 #: idle-in-transaction timeout (both checked below). A sequence slower than that
@@ -910,10 +920,10 @@ def _check() -> None:
         ),
         "a direct admission's chunk is encoded well inside the idle-in-transaction timeout "
         "and its COPY statement's timeout": (
-            ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
+            DIRECT_ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
             + DB_SESSION_WATCHDOG_INTERVAL_MS
             < DB_SESSION_IDLE_IN_TRANSACTION_TIMEOUT_MS
-            and ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
+            and DIRECT_ADMISSION_CHUNK_ROWS * DIRECT_ADMISSION_ROW_CEILING_US // 1_000
             <= DB_SESSION_STATEMENT_TIMEOUT_MS // 8
         ),
         "an admission's work_mem stays far under the backend memory the watchdog allows": (

@@ -11,7 +11,7 @@ version. A ``rows.admit`` session runs, in one transaction:
    left alone (the transaction rolls back, nothing was read from the input):
    re-admitting rows moves their status and version, which only the owner's
    statements do, so that admission goes the staged way (``_staging``);
-2. the input, a chunk of ``ADMISSION_CHUNK_ROWS`` rows at a time: each row
+2. the input, a chunk of ``DIRECT_ADMISSION_CHUNK_ROWS`` rows at a time: each row
    checked and keyed as the staged road does it (``keyed_document``, so a bad
    row is refused with the same message and position), its columns written as
    COPY text fields, then one ``COPY`` of the chunk into the sheet, as
@@ -61,7 +61,7 @@ import psycopg
 from psycopg import sql
 
 from .._types import AdmissionCounts, ContractColumn
-from ..budgets import ADMISSION_CHUNK_ROWS, DIRECT_ADMISSION_WORK_MEM_BYTES, KiB
+from ..budgets import DIRECT_ADMISSION_CHUNK_ROWS, DIRECT_ADMISSION_WORK_MEM_BYTES, KiB
 from ..protocol import ENCODE_OPTIONS, keyed_document
 from ._guards import admit_functions
 from ._names import SheetNames
@@ -216,13 +216,13 @@ def _admit_chunk(
     lookups: Sequence[Sequence[str]],
     same: str,
 ) -> tuple[int, int]:
-    """Read the next chunk of ``source`` (``ADMISSION_CHUNK_ROWS`` rows, fewer at its
+    """Read the next chunk of ``source`` (``DIRECT_ADMISSION_CHUNK_ROWS`` rows, fewer at its
     end; ``position`` is its first row's) and COPY it into the sheet in a savepoint,
     its input indexes counted from ``base``. The rows are encoded and sent
     ``_PIECE_ROWS`` at a time, so Postgres stores one piece while the runner encodes
     the next, on this one thread. On a repeated key, the chunk is read to its end and
     copied again without the repeats. Returns the rows read and the rows kept."""
-    chunk = _encoded(source, position, lookups, min(_PIECE_ROWS, ADMISSION_CHUNK_ROWS))
+    chunk = _encoded(source, position, lookups, min(_PIECE_ROWS, DIRECT_ADMISSION_CHUNK_ROWS))
     if not chunk:
         return 0, 0
     try:
@@ -235,7 +235,7 @@ def _admit_chunk(
                     source,
                     position + start,
                     lookups,
-                    min(_PIECE_ROWS, ADMISSION_CHUNK_ROWS - start),
+                    min(_PIECE_ROWS, DIRECT_ADMISSION_CHUNK_ROWS - start),
                 )
                 if not piece:
                     break
@@ -244,12 +244,12 @@ def _admit_chunk(
     except psycopg.errors.UniqueViolation:
         pass
     # The server may refuse the chunk before the runner has read all of it.
-    while len(chunk) < ADMISSION_CHUNK_ROWS:
+    while len(chunk) < DIRECT_ADMISSION_CHUNK_ROWS:
         piece = _encoded(
             source,
             position + len(chunk),
             lookups,
-            min(_PIECE_ROWS, ADMISSION_CHUNK_ROWS - len(chunk)),
+            min(_PIECE_ROWS, DIRECT_ADMISSION_CHUNK_ROWS - len(chunk)),
         )
         if not piece:
             break
