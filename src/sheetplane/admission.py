@@ -33,7 +33,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
@@ -190,6 +190,11 @@ async def _each(rows: AdmissionInput) -> AsyncIterator[Mapping[str, Any]]:
             yield row
 
 
+#: Rows encoded between two yields to the event loop (``_chunks``): often enough that
+#: the chunk in flight is sent while the next is encoded, not after it.
+_YIELD_ROWS: Final = 500
+
+
 @attrs.frozen
 class _Chunk:
     seq: int
@@ -209,6 +214,10 @@ async def _chunks(rows: AdmissionInput, send: trio.MemorySendChannel[_Chunk]) ->
     held = ChunkBuilder()
     async with send:
         async for row in _each(rows):
+            if not position % _YIELD_ROWS:
+                # Let the chunk in flight go out and its answer come in while this
+                # one is encoded (a sequence never yields to the loop by itself).
+                await trio.lowlevel.checkpoint()
             key, doc = encode_row(row, position)
             if held.row_count and (
                 held.row_count >= ADMISSION_CHUNK_ROWS
