@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import math
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -56,7 +57,7 @@ from sheetplane.budgets import (
     RETRY_DELAYS_MS,
     MiB,
 )
-from sheetplane.gateway.client import GatewayClient
+from sheetplane.gateway.client import GatewayClient, tls_context
 from sheetplane.pages import Page, PageRequest
 from sheetplane.protocol import prepare_chunk
 
@@ -1215,3 +1216,26 @@ async def test_refusals_for_the_tenants_share_end_at_the_call_budget(autojump_cl
             await client.post_action("ensure_sheet", {})
     assert excinfo.value.status == 429
     assert script.times[-1] < CALL_BUDGET_MS / 1000 <= script.times[-1] + 0.5
+
+
+async def test_clients_of_one_process_load_the_tls_trust_store_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each runtime opens a gateway client; loading the CA bundle cost each 22 ms.
+    made: list[ssl.SSLContext] = []
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(create(*args, **kwargs))
+        return made[-1]
+
+    create = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", counted)
+    tls_context.cache_clear()
+    try:
+        for _ in range(3):
+            async with GatewayClient("https://gateway.invalid", TOKEN, play_name="p"):
+                pass
+    finally:
+        tls_context.cache_clear()
+    assert len(made) == 1
+    assert made[0].verify_mode == ssl.CERT_REQUIRED and made[0].check_hostname
