@@ -33,6 +33,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from itertools import islice
 from typing import Any, Final
 
 import attrs
@@ -181,13 +182,17 @@ def check_input(rows: object) -> AdmissionInput:
     return rows
 
 
-async def _each(rows: AdmissionInput) -> AsyncIterator[Mapping[str, Any]]:
+async def _batches(rows: AdmissionInput) -> AsyncIterator[Sequence[Mapping[str, Any]]]:
+    """The input in runs of rows: ``_YIELD_ROWS`` at a time from a plain iterable (no
+    step of an async generator per row), one at a time from an async one (each row
+    handed on as it arrives)."""
     if isinstance(rows, AsyncIterable):
         async for row in rows:
-            yield row
+            yield (row,)
     else:
-        for row in rows:
-            yield row
+        source = iter(rows)
+        while batch := list(islice(source, _YIELD_ROWS)):
+            yield batch
 
 
 #: Rows encoded between two yields to the event loop (``_chunks``): often enough that
@@ -210,23 +215,25 @@ async def _chunks(rows: AdmissionInput, send: trio.MemorySendChannel[_Chunk]) ->
     Each row is encoded once, into the form both roads stage it in: the chunk's
     arrays go to Postgres as they are (direct) or inside the request (gateway).
     """
-    seq = position = first = 0
+    seq = position = first = yielded = 0
     held = ChunkBuilder()
     async with send:
-        async for row in _each(rows):
-            if not position % _YIELD_ROWS:
+        async for batch in _batches(rows):
+            if position - yielded >= _YIELD_ROWS:
                 # Let the chunk in flight go out and its answer come in while this
                 # one is encoded (a sequence never yields to the loop by itself).
+                yielded = position
                 await trio.lowlevel.checkpoint()
-            key, doc = encode_row(row, position)
-            if held.row_count and (
-                held.row_count >= ADMISSION_CHUNK_ROWS
-                or held.size + len(key) + len(doc) + 2 > ADMISSION_CHUNK_BYTES
-            ):
-                await send.send(_Chunk(seq, first, held.chunk()))
-                seq, first, held = seq + 1, position, ChunkBuilder()
-            held.add(key, doc)
-            position += 1
+            for row in batch:
+                key, doc = encode_row(row, position)
+                if held.row_count and (
+                    held.row_count >= ADMISSION_CHUNK_ROWS
+                    or held.size + len(key) + len(doc) + 2 > ADMISSION_CHUNK_BYTES
+                ):
+                    await send.send(_Chunk(seq, first, held.chunk()))
+                    seq, first, held = seq + 1, position, ChunkBuilder()
+                held.add(key, doc)
+                position += 1
         if held.row_count:
             await send.send(_Chunk(seq, first, held.chunk()))
             seq += 1

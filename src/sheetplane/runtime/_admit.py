@@ -79,11 +79,13 @@ async def _staged(t: WriteTarget, rows: AdmissionInput, served: bool | None) -> 
         road=t.admissions,
     )
     # Until the gateway is known to stage, keep what the staged attempt reads, so
-    # a gateway that admits only whole inputs gets the whole input (``_whole``).
+    # a gateway that admits only whole inputs gets the whole input (``_whole``). A
+    # sequence needs no keeping: it is read again from its start.
     tape = Tape(rows, lambda: t.client.serves(BEGIN_ADMISSION) is None)
+    taped = served is None and not _rereadable(rows)
     try:
         try:
-            counts = await staged.run(tape.play() if served is None else rows)
+            counts = await staged.run(tape.play() if taped else rows)
         except AdmissionStateError as exc:
             # The staging rows were lost (a database restart empties the unlogged
             # staging table; the next chunk or the commit finds it). A sequence
