@@ -203,3 +203,23 @@ def test_lane_that_stays_closed_and_then_opens_still_flushes_by_time() -> None:
     assert scheduler.idle is False
     scheduler.finish(second)
     assert scheduler.idle
+
+
+def test_next_batch_expires_first_and_more_ready_agrees_with_has_ready() -> None:
+    scheduler = core(max_batch_items=2, max_in_flight_batches=3)
+    late = scheduler.submit("a", "k", "late", 1, 0.0, 0.5)
+    for index in range(5):
+        scheduler.submit("b", "k", index, 1, 0.0, INF)
+    # At 0.5 the value of lane "a" has expired: it comes back in `expired`, never in a batch.
+    batch = scheduler.next_batch(0.5)
+    assert scheduler.expired == [late] and late is not None and late.state == EXPIRED
+    assert batch is not None and batch.values == (0, 1)
+    assert scheduler.more_ready == scheduler.has_ready(0.5) is True  # 2 and 3 still fill one
+    batch = scheduler.next_batch(0.5)
+    assert scheduler.expired == []
+    assert batch is not None and batch.values == (2, 3)
+    assert scheduler.more_ready == scheduler.has_ready(0.5) is False  # 4 lingers until 1.0
+    assert scheduler.next_batch(0.5) is None and scheduler.more_ready is False
+    batch = scheduler.next_batch(1.0)
+    assert batch is not None and batch.values == (4,)
+    assert scheduler.more_ready == scheduler.has_ready(1.0) is False  # the in-flight cap

@@ -214,6 +214,40 @@ class SchedulingCore(Generic[K, V]):
     keep its own per-value fields on the entries (a subclass of ``Entry``).
     """
 
+    __slots__ = (
+        "_abandoned",
+        "_admission",
+        "_batches",
+        "_closed",
+        "_deadlines",
+        "_draining",
+        "_entry_type",
+        "_heads",
+        "_lanes",
+        "_peak_bytes",
+        "_peak_in_flight",
+        "_peak_items",
+        "_running",
+        "_running_items",
+        "_seq",
+        "_timeline",
+        "_values",
+        "_wedged",
+        "_withdrawn",
+        "expired",
+        "flush_seconds",
+        "in_flight",
+        "max_batch_bytes",
+        "max_batch_items",
+        "max_in_flight_batches",
+        "max_retained_bytes",
+        "max_retained_items",
+        "more_ready",
+        "retained_bytes",
+        "retained_items",
+        "wakeup_hint",
+    )
+
     def __init__(
         self,
         *,
@@ -257,6 +291,10 @@ class SchedulingCore(Generic[K, V]):
         #: when this is sooner, and never needs to move it later.
         self.wakeup_hint = math.inf
         self._draining = False
+        #: Whether another batch could start right after the last ``dispatch``.
+        self.more_ready = False
+        #: The values the last ``next_batch`` expired (shared empty list when none).
+        self.expired: list[Entry[K, V]] = _NO_ENTRIES
 
         self.retained_items = 0
         self.retained_bytes = 0
@@ -480,11 +518,17 @@ class SchedulingCore(Generic[K, V]):
     def dispatch(self, now: float) -> Batch[K, V] | None:
         """Start the next batch, or return None when no lane is ready or the
         in-flight cap is reached. Call ``expire(now)`` first: an entry whose
-        deadline has passed must never be dispatched."""
-        if self.in_flight >= self.max_in_flight_batches:
+        deadline has passed must never be dispatched.
+
+        Afterwards ``more_ready`` says whether another batch could start at
+        ``now`` (``has_ready(now)``, as far as this batch changed it)."""
+        in_flight = self.in_flight
+        if in_flight >= self.max_in_flight_batches:
+            self.more_ready = False
             return None
         lane = self._ready_lane(now)
         if lane is None:
+            self.more_ready = False
             return None
         # The greedy prefix (as in ``_prefix``), taken off the lane as it is
         # measured; each entry is marked running as it joins the batch.
@@ -504,9 +548,10 @@ class SchedulingCore(Generic[K, V]):
         first.key = first.value = None
         nbytes = first.nbytes
         max_bytes = self.max_batch_bytes
+        max_items = self.max_batch_items
         if nbytes <= max_bytes:
             take = queue.popleft
-            for index in range(1, min(len(queue) + 1, self.max_batch_items)):
+            for index in range(1, min(len(queue) + 1, max_items)):
                 entry = take()
                 size = entry.nbytes
                 if nbytes + size > max_bytes:
@@ -522,8 +567,8 @@ class SchedulingCore(Generic[K, V]):
         batch.values = tuple(values)
         batch._nbytes = nbytes
         batch._live = count = len(entries)
-        max_items = self.max_batch_items
         self._running_items += count
+        self.in_flight = in_flight = in_flight + 1
         if queue and len(queue) >= max_items:
             # Still a full batch's worth queued: the lane stays closed whatever
             # the sizes (its prefix stops at the item cap or at a value that
@@ -536,17 +581,30 @@ class SchedulingCore(Generic[K, V]):
                 heapq.heapreplace(closed, head)  # the row of the batch's head: now stale
             else:
                 heapq.heappush(closed, head)
+            self.more_ready = in_flight < self.max_in_flight_batches
         else:
             self._lane_changed(lane)
+            self.more_ready = (
+                in_flight < self.max_in_flight_batches and self._ready_lane(now) is not None
+            )
         self._running[batch] = None
-        self.in_flight += 1
-        if self.in_flight > self._peak_in_flight:
-            self._peak_in_flight = self.in_flight
+        if in_flight > self._peak_in_flight:
+            self._peak_in_flight = in_flight
         self._batches += 1
         self._values += count
         if not self._batches % _COMPACT_EVERY:
             self._compact()
         return batch
+
+    def next_batch(self, now: float) -> Batch[K, V] | None:
+        """``expire(now)`` then ``dispatch(now)`` in one call (a batch runner's step).
+        The values that expired are in ``expired`` until the next call."""
+        timeline, deadlines = self._timeline, self._deadlines
+        if (timeline and timeline[0].deadline <= now) or (deadlines and deadlines[0][0] <= now):
+            self.expired = self.expire(now)
+        else:
+            self.expired = _NO_ENTRIES
+        return self.dispatch(now)
 
     def finish(self, batch: Batch[K, V]) -> list[Entry[K, V]]:
         """Release a batch's retention once ``execute`` returned, raised or was

@@ -272,6 +272,8 @@ class BoundedBatchFunction(Generic[K, V, R]):
         self._estimate_bytes = estimate_bytes
         # Neither hook: a value's lane id is its key and its size 1 byte.
         self._plain = key_id is None and estimate_bytes is None
+        # ``_plain`` and the block open: ``submit`` takes its short path.
+        self._fast = False
         self._max_retained_bytes = max_retained_bytes
         self._state = _NEW
         self._nursery_manager: Any = None
@@ -318,6 +320,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
         self._nursery = await manager.__aenter__()
         self._nursery_manager = manager
         self._state = _OPEN
+        self._fast = self._plain
         self._nursery.start_soon(self._schedule)
         return self
 
@@ -330,6 +333,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
         """Drain (normal exit) or tear down (exit by an exception); never swallows it."""
         if exc is None:
             self._state = _DRAINING
+            self._fast = False
             self._core.drain()
             try:
                 if not self._core.idle:
@@ -341,6 +345,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
                 await self._tear_down()
                 raise
             self._state = _CLOSED
+            self._fast = False
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()
             await self._exit_nursery()
@@ -351,6 +356,7 @@ class BoundedBatchFunction(Generic[K, V, R]):
     async def _tear_down(self) -> None:
         """Leave by an exception: cancel everything; waiting callers get BatcherClosedError."""
         self._state = _CLOSED
+        self._fast = False
         for entry in self._core.close():
             self._settle_closed(entry)
         assert self._nursery is not None
@@ -391,8 +397,32 @@ class BoundedBatchFunction(Generic[K, V, R]):
         when every caller of a batch has gone, the batch's cancel scope is
         cancelled.
         """
-        entry = self._take(key, value, max_wait, False)
-        entry.waiter = _current_task()
+        if self._fast:
+            # The common case (no hooks, the block open) without the checks only
+            # the hooks need; the rest is ``_take``'s.
+            core = self._core
+            now = self._now()
+            if max_wait is None:
+                deadline = _INF
+            elif type(max_wait) is float and 0.0 <= max_wait < _INF:
+                deadline = now + max_wait
+            else:
+                deadline = now + _checked_max_wait(max_wait)
+            entry: Pending[K, V] = core.submit(  # type: ignore[assignment]
+                key, key, value, 1, now, deadline
+            )
+            entry.batcher = self
+            entry.results = None
+            entry.waiter = _current_task()
+            if core.wakeup_hint < self._timer_at:
+                self._sync_timer()
+            if self._summoned == 0 and core.in_flight < core.max_in_flight_batches:
+                lane = entry.lane
+                if lane is not None and (lane.closed or now >= entry.flush_at):
+                    self._summon()
+        else:
+            entry = self._take(key, value, max_wait, False)
+            entry.waiter = _current_task()
         results = await _park(entry)
         if type(results) is _SharedFailure:
             raise results.error.with_traceback(results.traceback)
@@ -585,16 +615,14 @@ class BoundedBatchFunction(Generic[K, V, R]):
                         self._summoned += 1
                         await _yield_shielded()
                         self._summoned -= 1
-                    now = self._now()
-                    expired = core.expire(now)
-                    if expired:
-                        self._settle_wedged(expired)
-                    batch = core.dispatch(now)
+                    batch = core.next_batch(self._now())  # expire, then dispatch
+                    if core.expired:
+                        self._settle_wedged(core.expired)
                     if batch is None:
                         break
                     if core.wakeup_hint < self._timer_at:
                         self._sync_timer()
-                    if self._summoned == 0 and core.has_ready(now):
+                    if self._summoned == 0 and core.more_ready:
                         self._summon()  # someone else takes the rest if this one blocks
                     batch._scope = scope
                     try:
