@@ -75,6 +75,7 @@ from ._types import CompleteRow, FailRow, TerminalWriteResult, new_lease_token
 from .budgets import (
     SHARE_GROW_BELOW_MS,
     SHARE_MAX_ROWS,
+    SHARE_PREFETCH_LEAD,
     SHARE_ROUNDS,
     WORK_RECEIPT_RELEASE_TIMEOUT_MS,
 )
@@ -119,6 +120,8 @@ class _Held:
     """Every row of it has been handed to the map."""
     outstanding: int = 0
     """Rows handed to the map whose write has not landed."""
+    renewing: bool = False
+    """A renewal of it is in flight."""
 
     @property
     def number(self) -> int:
@@ -146,6 +149,20 @@ class AttemptTally:
     """Rows whose outputs came from a receipt."""
     lost: int = 0
     """Rounds that lost a share's lease and started again."""
+    ahead: int = 0
+    """Shares claimed and read while the calls still took rows from the one before."""
+    unreleased: int = 0
+    """Settled shares whose release did not land (each waits out its lease instead)."""
+
+
+@attrs.define(eq=False)
+class _Ahead:
+    """The next share, claimed and read by a task while the current one's rows go out."""
+
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    done: trio.Event = attrs.Factory(trio.Event)
+    share: tuple[_Held, Sequence[Row]] | None = None
+    error: Exception | None = None
 
 
 @attrs.define(eq=False)
@@ -156,6 +173,7 @@ class _Worker:
     lease: ShareLease
     max_rows: int
     holder: str
+    concurrency: int = 1
     held: dict[int, _Held] = attrs.Factory(dict)
     by_key: dict[str, _Held] = attrs.Factory(dict)
     by_receipt: dict[str, _Held] = attrs.Factory(dict)
@@ -163,6 +181,15 @@ class _Worker:
     error: BaseException | None = None
     body: trio.CancelScope | None = None
     changed: trio.Event = attrs.Factory(trio.Event)
+    tasks: trio.Nursery | None = None
+    """Where the claim ahead and the releases of settled shares run (inside ``body``)."""
+    ahead: _Ahead | None = None
+    releasing: int = 0
+    """Settled shares whose release is in flight."""
+    released: trio.Event = attrs.Factory(trio.Event)
+    fetched_in: float = 0.0
+    claim_sent: float = 0.0
+    """Seconds the last claim (its last request) and read of a share took."""
 
     # --- lease keeping ------------------------------------------------------------
 
@@ -212,21 +239,28 @@ class _Worker:
         if self.body is not None:
             self.body.cancel()
 
-    async def keep(self) -> None:
-        """Renew each held share on schedule; halt the map when one cannot be."""
-        a = self.attempt
+    async def keep(self, nursery: trio.Nursery) -> None:
+        """Renew each held share on its own schedule, each renewal a task of its own
+        (a slow renewal of one share delays no other's); halt the map when one cannot be."""
         while True:
-            if not self.held:
+            waiting = [h for h in self.held.values() if not h.renewing]
+            if not waiting:
                 await self.changed.wait()
                 continue
-            due = min(self.held.values(), key=lambda h: h.times.renew_at)
+            due = min(waiting, key=lambda h: h.times.renew_at)
             with trio.move_on_at(due.times.renew_at):
                 await self.changed.wait()
                 continue  # the held shares changed: look again
-            if self.held.get(due.number) is not due:
-                continue
-            sent = trio.current_time()
-            renewal = None
+            if self.held.get(due.number) is due:
+                due.renewing = True
+                nursery.start_soon(self.renew, due)
+
+    async def renew(self, due: _Held) -> None:
+        """One renewal of ``due``, bounded by its stop time."""
+        a = self.attempt
+        sent = trio.current_time()
+        renewal = None
+        try:
             with trio.move_on_at(due.times.stop_at):
                 try:
                     renewal = await self.shares.renew(
@@ -235,21 +269,21 @@ class _Worker:
                 except SheetplaneError as exc:
                     self.halt(LeaseLostError(self.key(due), f"a renewal failed: {exc}", "share"))
                     return
-            if self.held.get(due.number) is not due:
-                continue  # released meanwhile
-            if renewal is None:
-                self.halt(
-                    LeaseLostError(
-                        self.key(due), "no renewal landed before the lease would expire", "share"
-                    )
+        finally:
+            due.renewing = False
+        if self.held.get(due.number) is not due:
+            return  # released meanwhile
+        if renewal is None:
+            self.halt(
+                LeaseLostError(
+                    self.key(due), "no renewal landed before the lease would expire", "share"
                 )
-                return
-            if renewal.outcome == "superseded":
-                self.halt(superseded(a))
-                return
-            if renewal.outcome != "renewed":
-                self.halt(LeaseLostError(self.key(due), "a renewal was refused", "share"))
-                return
+            )
+        elif renewal.outcome == "superseded":
+            self.halt(superseded(a))
+        elif renewal.outcome != "renewed":
+            self.halt(LeaseLostError(self.key(due), "a renewal was refused", "share"))
+        else:
             due.times.renewed(sent)
             self.tally.renewals += 1
             self._deadline()
@@ -262,24 +296,42 @@ class _Worker:
         while True:
             token = new_lease_token()
             sent = trio.current_time()
-            # A claim cut short may have landed: its share is then claimed again once
-            # its lease ends (the answer that names it never arrived).
-            claim = await self.shares.claim(
-                a.write_version,
-                self.holder,
-                token,
-                ttl_ms=self.lease.ttl_ms,
-                max_rows=self.max_rows,
-            )
+            # Cancelled while in flight (the claim ahead often is), a claim waits for its
+            # answer, shielded and bounded: the share it names is then held and given
+            # back on the way out. One cut short by the bound may have landed: its
+            # share is claimed again once its lease ends.
+            claim: ShareClaim | None = None
+            with trio.CancelScope(
+                shield=True, relative_deadline=WORK_RECEIPT_RELEASE_TIMEOUT_MS / _MS
+            ):
+                claim = await self.shares.claim(
+                    a.write_version,
+                    self.holder,
+                    token,
+                    ttl_ms=self.lease.ttl_ms,
+                    max_rows=self.max_rows,
+                )
+            if claim is None:
+                raise LeaseLostError(
+                    f"{a.table_namespace}@{a.write_version}",
+                    "a claim got no answer in time",
+                    "a share of attempt",
+                )
             if claim.outcome == "superseded":
                 raise superseded(a)
             if claim.outcome == "claimed":
+                self.claim_sent = sent
                 held = _Held(claim, token, self._times(sent))
                 self.held[held.number] = held
                 self.tally.shares += 1
                 self.tally.taken_over += claim.taken_over
                 self._deadline()
                 return claim
+            if self.releasing:
+                # The store counted this worker's shares whose release is in flight
+                # as live: once they land, ask again and count exactly.
+                await self.releases_landed()
+                continue
             others = claim.live - len(self.held)
             if others <= 0:
                 return None
@@ -291,11 +343,58 @@ class _Worker:
     async def release(self, held: _Held, *, finished: bool) -> None:
         if self.held.get(held.number) is not held:
             return
-        del self.held[held.number]
-        self._deadline()
+        self.drop(held)
         await self.shares.release(
             self.attempt.write_version, held.number, held.token, finished=finished
         )
+
+    def drop(self, held: _Held) -> None:
+        """Hold ``held`` no more: no renewal, no part of the map's deadline."""
+        del self.held[held.number]
+        self._deadline()
+
+    def release_settled(self, held: _Held) -> None:
+        """Release ``held`` finished (all its rows written) in a task of the worker's, so
+        the write that settled it frees its slot at once."""
+        if self.held.get(held.number) is not held:
+            return
+        self.drop(held)
+        self.releasing += 1
+        assert self.tasks is not None
+        self.tasks.start_soon(self.released_finished, held)
+
+    async def released_finished(self, held: _Held) -> None:
+        """One settled share's release, shielded and bounded like ``release_all``. One that
+        does not land costs the share's lease: the next claim of it finds its rows
+        written and marks it done. It is counted and logged, never raised: the rows
+        are written, and the map goes on."""
+        failure: str | None = "it did not land in time"
+        try:
+            with trio.CancelScope(
+                shield=True, relative_deadline=WORK_RECEIPT_RELEASE_TIMEOUT_MS / _MS
+            ):
+                await self.shares.release(
+                    self.attempt.write_version, held.number, held.token, finished=True
+                )
+                failure = None
+        except SheetplaneError as exc:
+            failure = str(exc)
+        finally:
+            self.releasing -= 1
+            if not self.releasing:
+                self.released.set()
+                self.released = trio.Event()
+        if failure is not None:
+            self.tally.unreleased += 1
+            log.warning(
+                "map_attempt: the release of settled share %s failed (%s); its lease ends instead",
+                self.key(held),
+                failure,
+            )
+
+    async def releases_landed(self) -> None:
+        while self.releasing:
+            await self.released.wait()
 
     async def run(self, mapping: Callable[[], Awaitable[object]]) -> None:
         """Run ``mapping`` (the round's ``run_map`` over ``rows``) with the shares kept
@@ -304,20 +403,24 @@ class _Worker:
         finished = False
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.keep)
+                nursery.start_soon(self.keep, nursery)
                 try:
                     with trio.CancelScope() as body:
                         self.body = body
                         self._deadline()
-                        await mapping()
+                        async with trio.open_nursery() as tasks:
+                            self.tasks = tasks
+                            await mapping()
+                            if self.ahead is not None:  # the map stopped taking rows
+                                self.ahead.scope.cancel()
                         finished = True
                 finally:
-                    self.body = None
+                    self.body = self.tasks = None
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise_single(group)
         finally:
-            if not finished and not isinstance(self.error, AttemptSupersededError):
+            if self.held and not isinstance(self.error, AttemptSupersededError):
                 await self.release_all()
         if self.error is not None:
             raise self.error
@@ -340,9 +443,8 @@ class _Worker:
 
     # --- the rows --------------------------------------------------------------------
 
-    async def settled(self, rows: Sequence[CompleteRow] | Sequence[FailRow]) -> None:
+    def settled(self, rows: Sequence[CompleteRow] | Sequence[FailRow]) -> None:
         """Rows whose write landed: release every share all of whose rows are written."""
-        done: list[_Held] = []
         for row in rows:
             held = self.by_key.pop(row.key, None)
             if held is None:
@@ -350,12 +452,7 @@ class _Worker:
             held.outstanding -= 1
             self.by_receipt.pop(receipt_key(self.attempt.table_namespace, row.key), None)
             if held.read_all and held.outstanding == 0:
-                done.append(held)
-        for held in done:
-            # A release that does not land only costs the share's lease: the next
-            # claim of it finds its rows written and marks it done.
-            with contextlib.suppress(SheetplaneError):
-                await self.release(held, finished=True)
+                self.release_settled(held)
 
     def grow(self, rows: int, seconds: float) -> None:
         """After a full share's rows went out to the calls in ``seconds``: the next claim
@@ -364,26 +461,80 @@ class _Worker:
         if rows >= self.max_rows and seconds * _MS < SHARE_GROW_BELOW_MS:
             self.max_rows = min(SHARE_MAX_ROWS, 2 * self.max_rows)
 
+    async def fetch(self) -> tuple[_Held, Sequence[Row]] | None:
+        """Claim the next share and read its unsettled rows; None when none is left."""
+        claim = await self.claim()
+        if claim is None:
+            return None
+        held = self.held[claim.share or 0]
+        rows = await self.rows_of(claim)
+        self.fetched_in = trio.current_time() - self.claim_sent
+        return held, rows
+
+    def fetch_ahead(self) -> None:
+        """Start claiming and reading the next share in a task (one at a time)."""
+        assert self.ahead is None and self.tasks is not None
+        self.ahead = _Ahead()
+        self.tasks.start_soon(self.fetched_ahead, self.ahead)
+
+    async def fetched_ahead(self, ahead: _Ahead) -> None:
+        with ahead.scope:
+            try:
+                ahead.share = await self.fetch()
+            except Exception as exc:  # raised where the calls take rows, as inline
+                ahead.error = exc
+        ahead.done.set()
+
+    async def taken_ahead(self) -> tuple[_Held, Sequence[Row]] | None:
+        """The share fetched ahead, once it is there (its error, if it had one)."""
+        ahead = self.ahead
+        assert ahead is not None
+        await ahead.done.wait()
+        self.ahead = None
+        if ahead.error is not None:
+            raise ahead.error
+        if ahead.share is not None:
+            self.tally.ahead += 1
+        return ahead.share
+
+    def due_ahead(self, paced: int, left: int, elapsed: float) -> bool:
+        """Whether ``left`` rows, at the pace ``paced`` rows went out in ``elapsed`` seconds,
+        go out in less than ``SHARE_PREFETCH_LEAD`` times the last claim and read took."""
+        return paced > 0 and left * elapsed <= SHARE_PREFETCH_LEAD * self.fetched_in * paced
+
     async def rows(self) -> AsyncIterator[Row]:
-        """Every row this worker maps: share after share, until none is left."""
-        while True:
-            claim = await self.claim()
-            if claim is None:
-                return
-            held = self.held[claim.share or 0]
-            rows = await self.rows_of(claim)
-            handing = trio.current_time()
-            for row in rows:
+        """Every row this worker maps: share after share, until none is left.
+
+        The next share is claimed and read ahead, in a task, once this one's rows left
+        would go out in under ``SHARE_PREFETCH_LEAD`` times the last claim and read
+        took. The pace is taken over at least one round of calls after the first
+        ``concurrency`` rows (those go out at once, to calls that were waiting), and the
+        next share's size from the same pace (``grow``)."""
+        share = await self.fetch()
+        while share is not None:
+            held, rows = share
+            handing = paced_from = trio.current_time()
+            for handed, row in enumerate(rows):
+                if handed == self.concurrency:
+                    paced_from = trio.current_time()
+                elif self.ahead is None and handed >= 2 * self.concurrency:
+                    paced, elapsed = handed - self.concurrency, trio.current_time() - paced_from
+                    if self.due_ahead(paced, len(rows) - handed, elapsed):
+                        self.grow(len(rows), (elapsed / paced) * len(rows))
+                        self.fetch_ahead()
                 key = row["_key"]
                 self.by_key[key] = held
                 self.by_receipt[receipt_key(self.attempt.table_namespace, key)] = held
                 held.outstanding += 1
                 self.tally.rows += 1
                 yield row
-            self.grow(len(rows), trio.current_time() - handing)
+            if self.ahead is None:
+                self.grow(len(rows), trio.current_time() - handing)
+                self.fetch_ahead()
             held.read_all = True
             if held.outstanding == 0:
-                await self.release(held, finished=True)
+                self.release_settled(held)
+            share = await self.taken_ahead()
 
 
 async def run_attempt(
@@ -423,7 +574,14 @@ async def run_attempt(
         """A round: ``run_map`` over the shares a new worker claims."""
         holder = f"worker-{uuid.uuid4().hex}"
         worker = _Worker(
-            attempt, shares, rows_of, lease, share_rows(concurrency), holder=holder, tally=tally
+            attempt,
+            shares,
+            rows_of,
+            lease,
+            share_rows(concurrency),
+            holder=holder,
+            concurrency=concurrency,
+            tally=tally,
         )
         completed, failed = _settling(worker, tally, complete, fail)
         row_once = None if once is None else _row_once(worker, once, tally)
@@ -470,13 +628,13 @@ def _settling(
     async def completed(rows: Sequence[CompleteRow]) -> TerminalWriteResult:
         result = await complete(rows)
         tally.completed += len(rows)
-        await worker.settled(rows)
+        worker.settled(rows)
         return result
 
     async def failed(rows: Sequence[FailRow]) -> TerminalWriteResult:
         result = await fail(rows)
         tally.failed += len(rows)
-        await worker.settled(rows)
+        worker.settled(rows)
         return result
 
     return completed, failed

@@ -784,6 +784,18 @@ SHARE_MAX_ROWS: Final = READ_PAGE_MAX_ROWS
 #: of the worker's calls, so the workers of an attempt still end close together.
 SHARE_GROW_BELOW_MS: Final = 1_000
 
+#: Shares a worker claims and reads ahead of the one its calls take rows from, so
+#: its calls never wait for a claim and a read. It holds at most this many shares
+#: ahead, one whose rows are going out and the ones whose last writes are landing;
+#: its keeper renews each held share on its own schedule, one renewal per share in
+#: flight, so holding one more share delays no other share's renewal.
+SHARE_PREFETCH_SHARES: Final = 1
+#: A worker claims the next share once the rows left in the current one would go out
+#: to its calls in less than this many times its last claim and read took (at the
+#: current share's pace): early enough that the next share's rows are there when
+#: the current one's run out, late enough that slow calls hold no share long idle.
+SHARE_PREFETCH_LEAD: Final = 2
+
 #: A worker with nothing left to claim while other workers' shares are live asks
 #: again this often (one of them may die; its share is then this worker's to take).
 SHARE_POLL_MS: Final = RETRY_DELAYS_MS[1]
@@ -906,6 +918,13 @@ def _check() -> None:
             0 < SHARE_POLL_MS < SHARE_LEASE_TTL_MS
             and 0 < SHARE_ROUNDS <= SHARE_MAX_ROWS
             and 0 < SHARE_GROW_BELOW_MS < SHARE_LEASE_RENEWAL_MS
+        ),
+        "a worker reads no more rows ahead of its calls than map does, and a share of "
+        "fast calls claimed ahead goes out before its first renewal falls due": (
+            0 < SHARE_PREFETCH_SHARES
+            and (1 + SHARE_PREFETCH_SHARES) * SHARE_MAX_ROWS <= MAP_READ_AHEAD_ROWS
+            and (1 + SHARE_PREFETCH_SHARES) * 2 * SHARE_GROW_BELOW_MS <= SHARE_LEASE_RENEWAL_MS
+            and SHARE_PREFETCH_LEAD >= 1
         ),
         "four runner processes of one token fit its share of requests in flight": (
             0 < 4 * GATEWAY_CLIENT_MAX_CONNECTIONS <= GATEWAY_MAX_REQUESTS_PER_TOKEN
