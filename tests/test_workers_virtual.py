@@ -418,3 +418,116 @@ def test_a_worker_that_lost_a_lease_after_writing_starts_again_and_finishes() ->
     assert result[0][1] == 200 == tally.completed
     assert model.writes == dict.fromkeys(range(200), 1)
     assert tally.taken_over >= 1  # its own shares, given back and claimed again
+
+
+@attrs.define
+class Slow:
+    """A road to the model whose claims and reads take ``seconds`` each (a real store's
+    round trips), so a worker claims and reads its next share ahead; it records the
+    renewals that landed, ``(when, share)``."""
+
+    model: ModelShares
+    seconds: float = 0.05
+    renewed: list[tuple[float, int]] = attrs.Factory(list)
+
+    async def claim(self, *args: Any, **kwargs: Any) -> ShareClaim:
+        await trio.sleep(self.seconds)
+        return await self.model.claim(*args, **kwargs)
+
+    async def renew(self, write_version: int, share: int, *args: Any, **kwargs: Any) -> Any:
+        renewal = await self.model.renew(write_version, share, *args, **kwargs)
+        if renewal.outcome == "renewed":
+            self.renewed.append((trio.current_time(), share))
+        return renewal
+
+    async def release(self, *args: Any, **kwargs: Any) -> ShareRenewal:
+        return await self.model.release(*args, **kwargs)
+
+    async def status(self, write_version: int) -> AttemptStatus:
+        return await self.model.status(write_version)
+
+    async def rows_of(self, claim: ShareClaim) -> list[dict[str, Any]]:
+        await trio.sleep(self.seconds)
+        return await self.model.rows_of(claim)
+
+
+async def slow_work(road: Slow, fn: Any, tally: AttemptTally) -> tuple[int, int, int, int]:
+    return await run_attempt(
+        ATTEMPT,
+        road,
+        road.rows_of,
+        fn,
+        complete=road.model.write,
+        fail=road.model.write,
+        concurrency=4,
+        batch_rows=8,
+        flush_seconds=0.01,
+        lease=LEASE,
+        total=road.model.rows,
+        tally=tally,
+    )
+
+
+def test_a_share_claimed_ahead_is_given_back_when_its_worker_is_cancelled() -> None:
+    model = ModelShares(rows=640)
+    road = Slow(model)
+    first, second = AttemptTally(), AttemptTally()
+    held: list[list[int]] = []
+
+    async def main() -> None:
+        two_held = trio.Event()
+
+        called: set[int] = set()
+
+        async def hangs_once_two_are_held(row: dict[str, Any]) -> dict[str, Any]:
+            called.add(row["i"])
+            mine = [s for s in model.shares if s.token is not None and not s.done]
+            ahead = mine[-1:] and called.isdisjoint(range(mine[-1].first, mine[-1].last + 1))
+            if len(mine) == 2 and ahead and not two_held.is_set():
+                held.append([model.shares.index(s) + 1 for s in mine])
+                two_held.set()
+            if two_held.is_set():
+                await trio.sleep_forever()
+            await trio.sleep(0.01)
+            return {"i": row["i"]}
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow_work, road, hangs_once_two_are_held, first)
+            await two_held.wait()
+            nursery.cancel_scope.cancel()
+        # Both shares it held (the one its calls took rows from, and the next, claimed
+        # ahead, none of whose rows a call had taken) were given back: neither is held,
+        # neither is done.
+        given_back = [model.shares[n - 1] for n in held[0]]
+        assert all(s.token is None and not s.done for s in given_back)
+        await slow_work(Slow(model), sleeper(0.01), second)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert first.shares == 2
+    assert second.taken_over == 2
+    assert model.writes == dict.fromkeys(range(640), 1)
+    assert all(s.done for s in model.shares)
+
+
+def test_a_share_claimed_ahead_is_renewed_while_it_waits() -> None:
+    model = ModelShares(rows=128)  # two shares of 64 rows (16 rounds of 4 calls)
+    road = Slow(model)
+    tally = AttemptTally()
+    started: dict[int, float] = {}
+
+    async def slow_call(row: dict[str, Any]) -> dict[str, Any]:
+        started.setdefault(row["i"], trio.current_time())
+        await trio.sleep(0.5)
+        return {"i": row["i"]}
+
+    trio.run(slow_work, road, slow_call, tally, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert tally.ahead == 1
+    second = model.shares[1]
+    first_call = min(started[i] for i in range(second.first, second.last + 1))
+    claimed = next(when for when, _, share in model.claims if share == 2)
+    # Claimed ahead, it waited for the first share's rows to go out, and its lease was
+    # renewed meanwhile, on the same schedule as the share its calls took rows from.
+    assert claimed < first_call
+    assert any(claimed < when < first_call for when, share in road.renewed if share == 2)
+    assert [s.claims for s in model.shares] == [1, 1]
+    assert model.writes == dict.fromkeys(range(128), 1)

@@ -15,19 +15,27 @@ iterator of rows that claims shares as the map asks for rows:
   ``SHARE_GROW_BELOW_MS``, up to ``SHARE_MAX_ROWS``: fast calls pay a claim, a
   read and a release for more rows), reads the share's rows
   that are still unsettled (a share taken over from a dead worker holds only the
-  rows it had not written) and hands them out one by one; when they run out it
-  claims the next share, while the last calls of the previous one still run,
-  so a worker's calls never wait for a share's tail.
+  rows it had not written) and hands them out one by one. A task claims and
+  reads the next share (``SHARE_PREFETCH_SHARES``: one) once the rows left would
+  go out in under ``SHARE_PREFETCH_LEAD`` times the last claim and read took, so
+  the calls find its rows there when the current ones run out; the share ahead is
+  held (renewed, given back on the way out) like any other. A claim cancelled in
+  flight waits for its answer (shielded, bounded) so the share it names is given
+  back too.
 * A share is released *finished* as soon as every row handed out of it has
-  been written (the writes report their rows back here); the store marks it
-  done only when none of its rows is left unsettled.
+  been written (the writes report their rows back here), by a task of the
+  worker's (shielded, bounded), so the write that settled it frees its slot at
+  once; a release that does not land is counted (``unreleased``) and logged, and
+  the share's lease ends instead. The store marks it done only when none of its
+  rows is left unsettled.
 * When there is nothing left to claim but other workers still hold shares,
   the iterator asks again every ``ShareLease.poll_ms`` (or when the first of
   them would expire, if sooner): a worker that dies leaves its shares to the
   workers still running. The worker ends when no share of the attempt is held
   but its own, and its own are written.
 * One *keeper* task renews every held share ``renewal_ms`` after its last claim
-  or renewal landed, each renewal bounded by the share's stop time. The map runs
+  or renewal landed, each renewal a task of its own bounded by the share's stop
+  time (a slow renewal of one share delays no other's). The map runs
   in a cancel scope whose deadline is the earliest stop time of the shares held
   (``LeaseTimes``: the sent instant plus the TTL, less the guard, strictly
   before the store's expiry); a renewal that lands moves it on. A renewal

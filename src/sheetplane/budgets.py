@@ -794,7 +794,7 @@ SHARE_PREFETCH_SHARES: Final = 1
 #: to its calls in less than this many times its last claim and read took (at the
 #: current share's pace): early enough that the next share's rows are there when
 #: the current one's run out, late enough that slow calls hold no share long idle.
-SHARE_PREFETCH_LEAD: Final = 2
+SHARE_PREFETCH_LEAD: Final = 8
 
 #: A worker with nothing left to claim while other workers' shares are live asks
 #: again this often (one of them may die; its share is then this worker's to take).
@@ -921,7 +921,7 @@ def _check() -> None:
         ),
         "a worker reads no more rows ahead of its calls than map does, and a share of "
         "fast calls claimed ahead goes out before its first renewal falls due": (
-            0 < SHARE_PREFETCH_SHARES
+            SHARE_PREFETCH_SHARES > 0
             and (1 + SHARE_PREFETCH_SHARES) * SHARE_MAX_ROWS <= MAP_READ_AHEAD_ROWS
             and (1 + SHARE_PREFETCH_SHARES) * 2 * SHARE_GROW_BELOW_MS <= SHARE_LEASE_RENEWAL_MS
             and SHARE_PREFETCH_LEAD >= 1
