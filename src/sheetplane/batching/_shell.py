@@ -444,7 +444,31 @@ class BoundedBatchFunction(Generic[K, V, R]):
         without waiting; ``pending.cancel()`` withdraws the value while queued
         (never executed) and stops waiting for it while its batch runs.
         """
-        return self._take(key, value, max_wait, True)
+        if not self._fast:
+            return self._take(key, value, max_wait, True)
+        # As in ``submit``: the common case without ``_take``'s checks for the hooks.
+        core = self._core
+        now = self._now()
+        if max_wait is None:
+            deadline = _INF
+        elif type(max_wait) is float and 0.0 <= max_wait < _INF:
+            deadline = now + max_wait
+        else:
+            deadline = now + _checked_max_wait(max_wait)
+        entry: Pending[K, V] | None = core.submit(  # type: ignore[assignment]
+            key, key, value, 1, now, deadline, True
+        )
+        if entry is None:
+            raise trio.WouldBlock
+        entry.batcher = self
+        entry.results = None
+        if core.wakeup_hint < self._timer_at:
+            self._sync_timer()
+        if self._summoned == 0 and core.in_flight < core.max_in_flight_batches:
+            lane = entry.lane
+            if lane is not None and (lane.closed or now >= entry.flush_at):
+                self._summon()
+        return entry
 
     def _take(self, key: K, value: V, max_wait: float | None, nowait: bool) -> Pending[K, V]:
         """Both entry points up to the park: checks, the core's intake, the timer and
