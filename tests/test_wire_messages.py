@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
 from sheetplane import protocol as m
+from sheetplane._rowchecks import CheckedObject
 from sheetplane._types import CompleteRow, FailRow
 from sheetplane.crypto import generate_decryption_key
 from sheetplane.gateway.server import running_gateway
@@ -400,3 +401,53 @@ def test_terminal_rows_written_in_one_pass_are_what_the_converter_writes(
         except WireError as exc:
             got = str(exc)
         assert got == expected
+
+
+_MEMBER = st.sampled_from(["key", "data", "cellMetaPatch", "error", "other"])
+_VALUE = st.none() | st.text(max_size=4) | st.integers() | _OBJECTS | st.lists(st.integers())
+_BODY_ROWS = st.lists(st.dictionaries(_MEMBER, _VALUE, max_size=4), max_size=4) | _VALUE
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=_BODY_ROWS)
+def test_terminal_rows_read_from_the_body_are_what_the_wire_classes_read(rows: Any) -> None:
+    # The gateway reads a terminal write's rows straight from the decoded body
+    # (complete_rows_decoded, fail_rows_decoded), each data object checked once into
+    # a CheckedObject; a body it does not take (None) goes the wire classes' way.
+    for decoded, cls, of in (
+        (m.complete_rows_decoded, m.CompleteRowWire, m.complete_rows_of),
+        (m.fail_rows_decoded, m.FailRowWire, m.fail_rows_of),
+    ):
+        got = decoded(rows)
+        if got is None:
+            continue
+        assert got == of(m.structure(row, cls) for row in rows)
+        for row in got:
+            assert row.data is None or type(row.data) is CheckedObject
+            meta = getattr(row, "cell_meta_patch", None)
+            assert meta is None or type(meta) is CheckedObject
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"key": " ", "data": {}}],
+        [{"key": "a", "data": None}],
+        [{"key": "a", "data": {"x": float("nan")}}],
+        [{"key": "a", "data": {}, "extra": 1}],
+        [{"key": "a", "data": {}, "cellMetaPatch": []}],
+        {"key": "a"},
+    ],
+)
+def test_a_terminal_row_not_in_plain_form_goes_the_wire_classes_way(rows: Any) -> None:
+    assert m.complete_rows_decoded(rows) is None
+
+
+def test_plain_terminal_rows_are_read_from_the_body() -> None:
+    complete = m.complete_rows_decoded(
+        [{"key": "a", "data": {"x": 1}}, {"key": "b", "cellMetaPatch": {"x": {"s": 1}}}]
+    )
+    assert complete == [CompleteRow("a", {"x": 1}, None), CompleteRow("b", {}, {"x": {"s": 1}})]
+    fail = m.fail_rows_decoded([{"key": "a", "error": "boom"}, {"key": "b", "error": ""}])
+    assert fail == [FailRow("a", "boom", None), FailRow("b", "", None)]
+    assert m.fail_rows_decoded([{"key": "a"}]) is None

@@ -54,6 +54,7 @@ from ._domain import admitted_wire as admitted_wire
 from ._domain import attempt_status_answer as attempt_status_answer
 from ._domain import check_page as check_page
 from ._domain import claim_answer as claim_answer
+from ._domain import complete_rows_decoded as complete_rows_decoded
 from ._domain import complete_rows_json as complete_rows_json
 from ._domain import complete_rows_of as complete_rows_of
 from ._domain import complete_rows_wire as complete_rows_wire
@@ -61,6 +62,7 @@ from ._domain import contract_json as contract_json
 from ._domain import contract_of as contract_of
 from ._domain import contract_wire as contract_wire
 from ._domain import copy_fields as copy_fields
+from ._domain import fail_rows_decoded as fail_rows_decoded
 from ._domain import fail_rows_json as fail_rows_json
 from ._domain import fail_rows_of as fail_rows_of
 from ._domain import fail_rows_wire as fail_rows_wire
@@ -377,6 +379,7 @@ __all__ = [
     "check_text_cap",
     "chunk_body",
     "claim_answer",
+    "complete_rows_decoded",
     "complete_rows_json",
     "complete_rows_of",
     "complete_rows_wire",
@@ -390,6 +393,7 @@ __all__ = [
     "encode_body",
     "encode_row",
     "error_body",
+    "fail_rows_decoded",
     "fail_rows_json",
     "fail_rows_of",
     "fail_rows_wire",

@@ -22,11 +22,12 @@ from __future__ import annotations
 import datetime as dt
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
 from .._attempts import AttemptStatus, ShareClaim, ShareRenewal
+from .._rowchecks import CheckedObject, checked_outputs
 from .._types import (
     OPERATIONS,
     AdmittedPart,
@@ -58,7 +59,7 @@ from .._types import (
 )
 from ..errors import GatewayProtocolError, InvalidInputError
 from . import _messages as m
-from ._converter import Checked, build_checked, non_empty
+from ._converter import Checked, build_checked, check_text_cap, non_empty
 
 __all__ = [
     "admission_answer",
@@ -67,6 +68,7 @@ __all__ = [
     "attempt_status_answer",
     "check_page",
     "claim_answer",
+    "complete_rows_decoded",
     "complete_rows_json",
     "complete_rows_of",
     "complete_rows_wire",
@@ -74,6 +76,7 @@ __all__ = [
     "contract_of",
     "contract_wire",
     "copy_fields",
+    "fail_rows_decoded",
     "fail_rows_json",
     "fail_rows_of",
     "fail_rows_wire",
@@ -335,6 +338,79 @@ def _json_object(value: Mapping[str, Any]) -> dict[str, Any]:
 def complete_rows_of(rows: Iterable[m.CompleteRowWire]) -> list[CompleteRow]:
     """The rows a complete request carries."""
     return [CompleteRow(row.key, row.data, row.cell_meta_patch) for row in rows]
+
+
+#: The members a complete and a fail request's row may carry. A row with any other
+#: (which the wire classes ignore) goes the wire classes' way.
+_COMPLETE_MEMBERS: Final = frozenset({"key", "data", "cellMetaPatch"})
+_FAIL_MEMBERS: Final = frozenset({"key", "error", "data"})
+
+
+def complete_rows_decoded(rows: object) -> list[CompleteRow] | None:
+    """A complete request's ``rows`` member as its body decoded it, read in one pass
+    straight into the rows the store takes: each key held to ``CompleteRowWire``'s rules
+    and each data and cell meta patch checked once (``checked_outputs``: a
+    ``CheckedObject``, which the store takes as it is), with no wire object per row.
+
+    None when any row is not in that plain form or fails a check: the caller then
+    reads the request through the wire classes and the store, which refuse it with
+    the error they name, so a bad row has one answer whichever way it came."""
+    if type(rows) is not list:
+        return None
+    out = []
+    try:
+        for row in rows:
+            if type(row) is not dict or not row.keys() <= _COMPLETE_MEMBERS:
+                return None
+            key = row.get("key")
+            data = row.get("data", _EMPTY)
+            meta = row.get("cellMetaPatch")
+            if not _plain_key(key) or type(data) is not dict:
+                return None
+            if meta is not None and type(meta) is not dict:
+                return None
+            out.append(CompleteRow(key, _checked(data), None if meta is None else _checked(meta)))
+    except InvalidInputError:
+        return None
+    return out
+
+
+def fail_rows_decoded(rows: object) -> list[FailRow] | None:
+    """A fail request's ``rows`` member read straight into the store's rows, as
+    ``complete_rows_decoded`` reads a complete request's."""
+    if type(rows) is not list:
+        return None
+    out = []
+    try:
+        for row in rows:
+            if type(row) is not dict or not row.keys() <= _FAIL_MEMBERS:
+                return None
+            key = row.get("key")
+            error = row.get("error")
+            data = row.get("data")
+            if not _plain_key(key) or type(error) is not str:
+                return None
+            if check_text_cap(error, "error") is not None:
+                return None
+            if data is not None and type(data) is not dict:
+                return None
+            out.append(FailRow(key, error, None if data is None else _checked(data)))
+    except InvalidInputError:
+        return None
+    return out
+
+
+_EMPTY: Final[dict[str, Any]] = {}
+
+
+def _plain_key(key: object) -> typing.TypeGuard[str]:
+    """Whether ``key`` passes a row wire's ``key`` rules (non-empty text within its cap)."""
+    return non_empty(key) is None and check_text_cap(typing.cast(str, key), "key") is None
+
+
+def _checked(value: dict[str, Any]) -> CheckedObject:
+    """``value`` checked once as a row's JSON object (``InvalidInputError`` if it is not)."""
+    return checked_outputs(value, lambda: "a row's JSON object")[0]
 
 
 def fail_rows_wire(rows: Iterable[FailRow]) -> list[m.FailRowWire]:

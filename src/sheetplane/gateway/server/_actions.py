@@ -28,6 +28,8 @@ from ..._redact import Redactor
 from ..._threads import run_sync
 from ..._types import (
     OPERATIONS,
+    CompleteRow,
+    FailRow,
     InlineAdmission,
     LogicalTable,
     Operation,
@@ -120,6 +122,37 @@ def _read(call: Call, cls: type[R]) -> R:
         return m.structure(call.body, cls)
     except m.WireError as exc:
         raise bad_request(str(exc)) from None
+
+
+@attrs.frozen
+class TerminalRead:
+    """A complete or fail request as the store takes it: the request (its ``rows``
+    left empty when they were read straight from the body) and its rows."""
+
+    request: m.TerminalWriteRequest
+    rows: list[CompleteRow] | list[FailRow]
+
+
+def _read_terminal(
+    call: Call,
+    cls: type[m.CompleteMapRowsRequest] | type[m.FailMapRowsRequest],
+) -> TerminalRead:
+    """A terminal write's rows read straight from the decoded body into the store's
+    rows, each checked once (``complete_rows_decoded``), and the rest of the request
+    through its wire class. A body that is not in that plain form goes the wire
+    classes' way whole, and the store checks its rows: the same answer to a bad row."""
+    complete = cls is m.CompleteMapRowsRequest
+    decoded = m.complete_rows_decoded if complete else m.fail_rows_decoded
+    rows = decoded(call.body.get("rows"))
+    if rows is not None:
+        try:
+            return TerminalRead(m.structure({**call.body, "rows": []}, cls), rows)
+        except m.WireError:
+            pass
+    request = _read(call, cls)
+    if isinstance(request, m.CompleteMapRowsRequest):
+        return TerminalRead(request, m.complete_rows_of(request.rows))
+    return TerminalRead(request, m.fail_rows_of(request.rows))
 
 
 def _sheet(call: Call, play_name: str, table_namespace: str) -> SheetRef:
@@ -535,23 +568,24 @@ STORE_CALLS: Final[Mapping[type[m.Request], tuple[StoreCall, Encode]]] = {
         lambda c, r: _store(c).summary(_at(c, r)),
         lambda c, r, summary: m.summary_answer(summary),
     ),
+    # Their rows are read by ``_read_terminal`` (READERS).
     m.CompleteMapRowsRequest: (
-        lambda c, r: _store(c).complete_map_rows(
-            _at(c, r),
-            m.contract_of(r.sheet_contract),
-            m.complete_rows_of(r.rows),
-            run_id=r.run_id,
-            write_version=r.write_version,
+        lambda c, t: _store(c).complete_map_rows(
+            _at(c, t.request),
+            m.contract_of(t.request.sheet_contract),
+            t.rows,
+            run_id=t.request.run_id,
+            write_version=t.request.write_version,
         ),
         _terminal,
     ),
     m.FailMapRowsRequest: (
-        lambda c, r: _store(c).fail_map_rows(
-            _at(c, r),
-            m.contract_of(r.sheet_contract),
-            m.fail_rows_of(r.rows),
-            run_id=r.run_id,
-            write_version=r.write_version,
+        lambda c, t: _store(c).fail_map_rows(
+            _at(c, t.request),
+            m.contract_of(t.request.sheet_contract),
+            t.rows,
+            run_id=t.request.run_id,
+            write_version=t.request.write_version,
         ),
         _terminal,
     ),
@@ -686,6 +720,13 @@ OWN_BEHAVIOUR: Final[Mapping[type[m.Request], Callable[[Call, Any], Awaitable[An
 }
 
 
+#: Actions whose request is read otherwise than whole through its wire class.
+READERS: Final[Mapping[type[m.Request], Callable[[Call], Any]]] = {
+    m.CompleteMapRowsRequest: partial(_read_terminal, cls=m.CompleteMapRowsRequest),
+    m.FailMapRowsRequest: partial(_read_terminal, cls=m.FailMapRowsRequest),
+}
+
+
 def _handler(cls: type[m.Request]) -> Handler:
     """The handler of ``cls``'s action: decode, then its row of the exchange table."""
     own = OWN_BEHAVIOUR.get(cls)
@@ -696,9 +737,10 @@ def _handler(cls: type[m.Request]) -> Handler:
 
         return behave
     store_call, encode = STORE_CALLS[cls]
+    read = READERS.get(cls, partial(_read, cls=cls))
 
     async def exchange(call: Call) -> Any:
-        request = _read(call, cls)
+        request = read(call)
         return encode(call, request, await store_call(call, request))
 
     return exchange
