@@ -164,6 +164,24 @@ async def test_a_write_at_the_admission_version_commits(store: SheetStore, sheet
     assert counts == recount_columns == {"score_col": 2, "note": 1}
 
 
+async def test_a_terminal_write_stores_values_orjson_has_no_form_for(
+    store: SheetStore, sheet: SheetRef
+) -> None:
+    # A chunk's rows are written as JSON once (orjson); an integer past 64 bits, which
+    # the row checks let through, is written by the standard library instead.
+    version = await admit(store, sheet, [1, 2], "run-1")
+    result = await store.complete_map_rows(
+        sheet,
+        CONTRACT,
+        [CompleteRow("1", {"score": 2**70, "note": "é"}), CompleteRow("2", {"note": "b"})],
+        run_id="run-1",
+        write_version=version,
+    )
+    assert result == TerminalWriteResult(("1", "2"), (), 2)
+    rows = await stored_rows(store, sheet)
+    assert (rows["1"]["score_col"], rows["1"]["note"], rows["2"]["note"]) == (2**70, "é", "b")
+
+
 async def test_a_terminal_write_of_flat_outputs_bounds_them_instead_of_measuring(
     store: SheetStore, sheet: SheetRef, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -68,13 +68,14 @@ cancelled, the transaction is rolled back by the pool and nothing is written.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
+import orjson
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from .._rowchecks import CheckedObject, checked_json_object
 from .._types import (
@@ -230,6 +231,18 @@ def _checked_object(value: object, position: int, what: str) -> dict[str, Any]:
 # --- SQL -------------------------------------------------------------------------------
 
 
+def _encoded(rows: Sequence[_Incoming]) -> str:
+    """The rows as the JSON array ``_incoming_cte`` reads, written once per chunk and
+    sent as text (cast to ``jsonb`` in the statement). orjson writes it; a value the
+    row checks let through that orjson has no form for (an integer past 64 bits) is
+    written by the standard library, as psycopg's ``Jsonb`` writes it."""
+    payload = [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in rows]
+    try:
+        return orjson.dumps(payload).decode("utf-8")
+    except TypeError:
+        return json.dumps(payload)
+
+
 def _incoming_cte(names: SheetNames) -> sql.Composable:
     del names
     return sql.SQL(
@@ -259,13 +272,15 @@ def _update_rows(
     conn: psycopg.Connection[Any],
     names: SheetNames,
     to_write: Sequence[_Incoming],
+    writes: str,
     sql_names: Sequence[str],
     *,
     target: TerminalStatus,
     run_id: str,
     version: int | None,
 ) -> int:
-    """Write the rows the fence let through, in one ``UPDATE``; how many it wrote."""
+    """Write the rows the fence let through (``writes``: their JSON, ``_encoded``), in
+    one ``UPDATE``; how many it wrote."""
     sheet = names.ident("sheet_table")
     column_sets = [
         sql.SQL(
@@ -283,9 +298,6 @@ def _update_rows(
             sql.SQL("_cell_meta = t._cell_meta || i.meta"),
             *column_sets,
         ]
-    )
-    writes = Jsonb(
-        [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in to_write]
     )
     cur = conn.execute(
         sql.SQL(
@@ -322,9 +334,7 @@ def _write_chunk(
     """Decide and write one chunk. Returns committed keys, stale rows, conflict keys
     and how many rows it wrote."""
     sheet = names.ident("sheet_table")
-    payload = Jsonb(
-        [{"key": r.key, "data": r.data, "meta": r.cell_meta, "error": r.error} for r in chunk]
-    )
+    payload = _encoded(chunk)
     cur = conn.execute(
         sql.SQL(
             "WITH {incoming} SELECT t._key, t._status, (t.seq).write_version, {same}, "
@@ -361,8 +371,17 @@ def _write_chunk(
     if conflicts or not to_write:
         return committed, stale, conflicts, 0
 
+    # Every row of the chunk is written (the usual case): its JSON is the chunk's.
+    writes = payload if len(to_write) == len(chunk) else _encoded(to_write)
     written = _update_rows(
-        conn, names, to_write, sql_names, target=target, run_id=run_id, version=writer_version
+        conn,
+        names,
+        to_write,
+        writes,
+        sql_names,
+        target=target,
+        run_id=run_id,
+        version=writer_version,
     )
     return committed, stale, conflicts, written
 
